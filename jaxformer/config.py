@@ -1,0 +1,190 @@
+"""Frozen, validated configuration dataclasses and the dotted-override machinery.
+
+Every config is a frozen dataclass validated in __post_init__; errors name the field and the value.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from jaxformer.ops import activations, positional
+
+
+class ConfigError(ValueError):
+    """A config field has an impossible value; the message names the field and the value."""
+
+
+def choice(field: str, value: Any, options: tuple) -> None:
+    if value not in options:
+        raise ConfigError(f"{field}={value!r} is not one of {options}")
+
+
+def positive(field: str, value: Any, allow_zero: bool = False) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{field}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Transformer hyper-parameters. Defaults are the 2017 paper's base model (seed 000)."""
+    arch: str = "encoder_decoder"          # "encoder_decoder" (Transformer) | "decoder_only" (TransformerLM)
+    vocab_size: int = 32000                # V
+    d_model: int = 512                     # D
+    num_heads: int = 8                     # N
+    num_kv_heads: int | None = None        # K (None = N: multi-head; 1: multi-query; else grouped)
+    d_ff: int = 2048                       # F
+    num_encoder_layers: int = 6            # L (encoder)
+    num_decoder_layers: int = 6            # L (decoder)
+    max_len: int = 512                     # longest sequence for table/learned positions
+    dropout: float = 0.1                   # residual + embedding dropout, training only
+    norm_position: str = "post"            # "post": LN(x + f(x)) (paper, seed 000) | "pre": x + f(LN(x))
+    norm_type: str = "layernorm"           # "layernorm" | "rmsnorm"
+    norm_eps: float = 1e-5
+    final_norm: bool | None = None         # norm after the stack; None = yes for pre, no for post
+    positional: str = "sinusoidal"         # sinusoidal | learned | rope | alibi | none
+    rope_base: float = 10000.0
+    activation: str = "relu"               # relu | gelu | swiglu
+    use_bias: bool = True                  # biases in projections (the paper and PyTorch have them)
+    tie_embeddings: bool = True            # output head shares the token embedding
+    scale_embeddings: bool = True          # multiply embeddings by sqrt(D) as in the paper
+    pad_id: int = 0
+    dtype: str = "float32"                 # compute dtype of activations: float32 | bfloat16 | float16
+
+    def __post_init__(self):
+        choice("model.arch", self.arch, ("encoder_decoder", "decoder_only"))
+        for f in ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"model.{f}={v!r} must be a positive integer")
+        for f in ("num_encoder_layers", "num_decoder_layers"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 0:
+                raise ConfigError(f"model.{f}={v!r} must be an integer >= 0")
+        if self.num_decoder_layers == 0:
+            raise ConfigError("model.num_decoder_layers=0: every model needs at least one decoder layer")
+        if self.arch == "encoder_decoder" and self.num_encoder_layers == 0:
+            raise ConfigError("model.num_encoder_layers=0 with model.arch='encoder_decoder'")
+        if self.d_model % self.num_heads:
+            raise ConfigError(f"model.d_model={self.d_model} is not a multiple of model.num_heads={self.num_heads}")
+        kv = self.kv_heads
+        if not isinstance(kv, int) or kv <= 0 or self.num_heads % kv:
+            raise ConfigError(f"model.num_heads={self.num_heads} is not a multiple of model.num_kv_heads={kv!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout={self.dropout!r} must be in [0, 1)")
+        choice("model.norm_position", self.norm_position, ("pre", "post"))
+        choice("model.norm_type", self.norm_type, ("layernorm", "rmsnorm"))
+        choice("model.positional", self.positional, positional.KINDS)
+        choice("model.activation", self.activation, activations.NAMES)
+        choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        positive("model.norm_eps", self.norm_eps)
+        positive("model.rope_base", self.rope_base)
+        if self.positional == "rope" and self.head_dim % 2:
+            raise ConfigError(f"model.positional='rope' needs an even head dim; d_model/num_heads={self.head_dim}")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ConfigError(f"model.pad_id={self.pad_id} is outside the vocabulary [0, {self.vocab_size})")
+
+    @property
+    def head_dim(self) -> int:   # H
+        return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:   # K
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def use_final_norm(self) -> bool:
+        return self.norm_position == "pre" if self.final_norm is None else self.final_norm
+
+    def check_length(self, length: int, what: str = "sequence") -> None:
+        """Positions come from a table of model.max_len rows (sinusoidal/learned): refuse longer inputs."""
+        if self.positional in ("sinusoidal", "learned") and length > self.max_len:
+            raise ConfigError(f"{what} length {length} exceeds model.max_len={self.max_len} "
+                              f"(model.positional={self.positional!r} has no position beyond it)")
+
+
+# ----------------------------------------------------------------------------- generic helpers
+
+def to_dict(cfg: Any) -> Any:
+    """Dataclass tree -> plain JSON-able dict."""
+    return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg
+
+
+def _coerce(key: str, raw: str, typ: Any) -> Any:
+    """Parse a command-line string into the field's declared type, or raise ConfigError naming the key."""
+    origin = typing.get_origin(typ)
+    args = typing.get_args(typ)
+    if origin in (typing.Union, types.UnionType):
+        if raw.lower() in ("none", "null") and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(key, raw, a)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}={raw!r}: " + "; ".join(errors))
+    if typ is bool:
+        if raw.lower() in ("true", "1", "yes"):
+            return True
+        if raw.lower() in ("false", "0", "no"):
+            return False
+        raise ConfigError(f"{key}={raw!r} is not a boolean (true/false)")
+    if typ in (int, float):
+        try:
+            return typ(raw) if typ is float else int(raw, 10)
+        except ValueError:
+            raise ConfigError(f"{key}={raw!r} is not a valid {typ.__name__}") from None
+    if typ is str:
+        return raw
+    if origin is tuple:
+        vals = json.loads(raw) if raw.startswith("[") else raw.split(",")
+        return tuple(_coerce(key, str(v), args[0]) for v in vals)
+    raise ConfigError(f"{key}: cannot set a field of type {typ} from the command line")
+
+
+def override(cfg: Any, key: str, raw: str) -> Any:
+    """Return a copy of the frozen tree `cfg` with dotted `key` set from string `raw` (validated)."""
+    head, _, rest = key.partition(".")
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    if head not in fields:
+        raise ConfigError(f"unknown config key {key!r} (known at this level: {sorted(fields)})")
+    current = getattr(cfg, head)
+    if rest:
+        if not dataclasses.is_dataclass(current):
+            raise ConfigError(f"unknown config key {key!r}: {head!r} is a value, not a section")
+        new = override(current, rest, raw)
+    else:
+        if dataclasses.is_dataclass(current):
+            raise ConfigError(f"config key {key!r} is a section; set one of its fields")
+        hints = typing.get_type_hints(type(cfg))
+        new = _coerce(key, raw, hints[head])
+    return dataclasses.replace(cfg, **{head: new})
+
+
+def apply_overrides(cfg: Any, pairs: list[str]) -> Any:
+    for p in pairs:
+        if "=" not in p:
+            raise ConfigError(f"override {p!r} must look like key=value")
+        k, v = p.split("=", 1)
+        cfg = override(cfg, k.strip(), v.strip())
+    return cfg
+
+
+def load_config_file(path: str | Path) -> Any:
+    """Import a configs/*.py file and return its get_config()."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    spec = importlib.util.spec_from_file_location(f"jaxformer_config_{path.stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not hasattr(mod, "get_config"):
+        raise ConfigError(f"config file {str(path)!r} defines no get_config()")
+    return mod.get_config()

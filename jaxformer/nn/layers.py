@@ -1,0 +1,148 @@
+"""Norm, FeedForward, Encoder/Decoder blocks. Thin: parameters + calls into jaxformer.ops.
+
+Axis legend: B batch, T target length, S source length, D model width, F FFN width.
+Norm placement: "post" = LN(x + Sublayer(x)) (2017 paper, seed 000); "pre" = x + Sublayer(LN(x)).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer.config import ModelConfig
+from jaxformer.nn.attention import MultiHeadAttention
+from jaxformer.nn.params import dense_init, ones, param, zeros
+from jaxformer.ops import activations, norms
+
+
+def dropout(layer: nnx.Dropout, x: jax.Array, rngs: nnx.Rngs | None) -> jax.Array:
+    """Dropout only when training, i.e. when a dropout key stream is passed; inference passes none."""
+    if rngs is None or layer.rate == 0.0:
+        return x
+    return layer(x, deterministic=False, rngs=rngs)
+
+
+class Norm(nnx.Module):
+    """LayerNorm (scale + bias) or RMSNorm (scale) over D."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.kind, self.eps = cfg.norm_type, cfg.norm_eps
+        self.scale = param(rngs, ones, (cfg.d_model,), ("embed",))
+        if self.kind == "layernorm":
+            self.bias = param(rngs, zeros, (cfg.d_model,), ("embed",))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """[..., D] -> [..., D]."""
+        if self.kind == "layernorm":
+            return norms.layer_norm(x, self.scale[...], self.bias[...], self.eps)
+        return norms.rms_norm(x, self.scale[...], self.eps)
+
+
+class FeedForward(nnx.Module):
+    """Position-wise FFN: w2(act(w1 x)), or w2(swiglu(wg x, w1 x)). w1/wg [D,F], w2 [F,D]."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d, f = cfg.d_model, cfg.d_ff
+        self.activation, self.use_bias = cfg.activation, cfg.use_bias
+        self.w1 = param(rngs, dense_init(0, 1), (d, f), ("embed", "mlp"))
+        if self.activation in activations.GATED:
+            self.wg = param(rngs, dense_init(0, 1), (d, f), ("embed", "mlp"))
+        self.w2 = param(rngs, dense_init(0, 1), (f, d), ("mlp", "embed"))
+        if cfg.use_bias:
+            self.b1 = param(rngs, zeros, (f,), ("mlp",))
+            self.b2 = param(rngs, zeros, (d,), ("embed",))
+            if self.activation in activations.GATED:
+                self.bg = param(rngs, zeros, (f,), ("mlp",))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """[B,T,D] -> [B,T,D]."""
+        def dense(w, b, y, eq):
+            out = jnp.einsum(eq, y, w[...].astype(y.dtype))
+            return (out + b[...]).astype(y.dtype) if self.use_bias else out
+        h = dense(self.w1, getattr(self, "b1", None), x, "BTD,DF->BTF")
+        if self.activation in activations.GATED:
+            h = activations.GATED[self.activation](dense(self.wg, getattr(self, "bg", None), x, "BTD,DF->BTF"), h)
+        else:
+            h = activations.UNGATED[self.activation](h)
+        return dense(self.w2, getattr(self, "b2", None), h, "BTF,FD->BTD")
+
+
+class Residual(nnx.Module):
+    """One sublayer's residual wiring with pre/post norm placement and training-only dropout."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.pre = cfg.norm_position == "pre"
+        self.norm = Norm(cfg, rngs=rngs)
+        self.drop = nnx.Dropout(cfg.dropout)
+
+    def __call__(self, x: jax.Array, sublayer, rngs: nnx.Rngs | None):
+        """x [B,T,D]; sublayer: [B,T,D] -> [B,T,D] or ([B,T,D], extra). Returns (x, extra)."""
+        out = sublayer(self.norm(x) if self.pre else x)
+        out, extra = out if isinstance(out, tuple) else (out, None)
+        y = x + dropout(self.drop, out, rngs)
+        return (y if self.pre else self.norm(y)), extra
+
+
+class EncoderBlock(nnx.Module):
+    """Self-attention -> FFN, each wrapped by Residual."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.self_attn = MultiHeadAttention(cfg, self_attention=True, rngs=rngs)
+        self.ffn = FeedForward(cfg, rngs=rngs)
+        self.res_attn = Residual(cfg, rngs=rngs)
+        self.res_ffn = Residual(cfg, rngs=rngs)
+
+    def __call__(self, x: jax.Array, *, mask: jax.Array | None, positions: jax.Array | None,
+                 rngs: nnx.Rngs | None = None) -> jax.Array:
+        """x [B,S,D], mask [B,1,S,S]-broadcastable, positions [B,S] -> [B,S,D]."""
+        x, _ = self.res_attn(x, lambda y: self.self_attn(y, mask=mask, q_positions=positions), rngs)
+        x, _ = self.res_ffn(x, self.ffn, rngs)
+        return x
+
+
+class DecoderBlock(nnx.Module):
+    """Masked self-attention -> cross-attention over encoder memory (if cross) -> FFN.
+
+    With `cache=(k, v)` ([B,S,K,H] each) and `cache_index` (scalar slot), the self-attention writes this
+    step's keys and values at slots [cache_index, cache_index+T) and attends over the whole cache (its mask
+    must cover the cache's S slots); the block then also returns the updated (k, v).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, cross: bool, rngs: nnx.Rngs):
+        self.self_attn = MultiHeadAttention(cfg, self_attention=True, rngs=rngs)
+        self.res_self = Residual(cfg, rngs=rngs)
+        self.cross = cross
+        if cross:
+            self.cross_attn = MultiHeadAttention(cfg, self_attention=False, rngs=rngs)
+            self.res_cross = Residual(cfg, rngs=rngs)
+        self.ffn = FeedForward(cfg, rngs=rngs)
+        self.res_ffn = Residual(cfg, rngs=rngs)
+
+    def _self_attention(self, y, mask, positions, cache, index, kv_positions):
+        if cache is None:
+            return self.self_attn(y, mask=mask, q_positions=positions)
+        k_cache, v_cache = cache
+        q = self.self_attn.project_q(y, positions)
+        k, v = self.self_attn.project_kv(y, positions)
+        k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), index, axis=1)
+        v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), index, axis=1)
+        out = self.self_attn.attend(q, k, v, mask=mask, q_positions=positions, kv_positions=kv_positions)
+        return out, (k, v)
+
+    def __call__(self, x: jax.Array, *, mask: jax.Array | None, positions: jax.Array | None,
+                 memory: jax.Array | None = None, memory_kv: tuple[jax.Array, jax.Array] | None = None,
+                 memory_mask: jax.Array | None = None, rngs: nnx.Rngs | None = None,
+                 cache: tuple[jax.Array, jax.Array] | None = None, cache_index: jax.Array | int = 0,
+                 kv_positions: jax.Array | None = None):
+        """x [B,T,D]; memory [B,S,D] (or its precomputed cross k/v [B,S,K,H] x2); masks broadcast to
+        [B,N,T,S]. Returns [B,T,D], or ([B,T,D], (k, v)) when a cache is given."""
+        x, new_kv = self.res_self(x, lambda y: self._self_attention(y, mask, positions, cache, cache_index, kv_positions), rngs)
+        if self.cross:
+            def cross(y):
+                if memory_kv is not None:
+                    q = self.cross_attn.project_q(y)
+                    return self.cross_attn.attend(q, *memory_kv, mask=memory_mask)
+                return self.cross_attn(y, memory, mask=memory_mask)
+            x, _ = self.res_cross(x, cross, rngs)
+        x, _ = self.res_ffn(x, self.ffn, rngs)
+        return x if cache is None else (x, new_kv)

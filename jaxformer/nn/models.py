@@ -1,0 +1,169 @@
+"""Assembled models: Transformer (encoder-decoder, encode/decode) and TransformerLM (decoder-only).
+
+Axis legend: B batch, S source length, T target length, D model width, V vocab, L layers.
+"""
+from __future__ import annotations
+
+import collections
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer import ops
+from jaxformer.config import ModelConfig
+from jaxformer.nn.layers import DecoderBlock, EncoderBlock, Norm, dropout
+from jaxformer.nn.params import param
+from jaxformer.nn.stack import LayerStack
+from jaxformer.ops import positional
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def default_positions(tokens: jax.Array) -> jax.Array:
+    """tokens [B,T] -> positions [B,T] = 0..T-1 for every row."""
+    return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+class Embedder(nnx.Module):
+    """Token embedding [V,D] (scaled by sqrt(D) if configured) plus absolute positions (sinusoidal/learned),
+    and the output head (tied: x·Eᵀ, else its own [D,V])."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d = cfg.d_model
+        self.tokens = param(rngs, jax.nn.initializers.normal(d ** -0.5), (cfg.vocab_size, d), ("vocab", "embed"))
+        if cfg.positional == "learned":
+            self.positions = param(rngs, jax.nn.initializers.normal(0.02), (cfg.max_len, d), (None, "embed"))
+        if cfg.positional == "sinusoidal":
+            self.table = nnx.Variable(positional.sinusoidal_table(cfg.max_len, d))  # a constant, not a Param
+        if not cfg.tie_embeddings:
+            self.head = param(rngs, jax.nn.initializers.normal(d ** -0.5), (d, cfg.vocab_size), ("embed", "vocab"))
+        self.drop = nnx.Dropout(cfg.dropout)
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
+        """tokens [B,T] int, positions [B,T] int -> [B,T,D] in the compute dtype."""
+        if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+            raise ValueError(f"tokens must be an integer [B,T] array; got {tokens.shape} {tokens.dtype}")
+        self.cfg.check_length(tokens.shape[1])
+        x = jnp.take(self.tokens[...], tokens, axis=0)
+        if self.cfg.scale_embeddings:
+            x = x * math.sqrt(self.cfg.d_model)
+        if self.cfg.positional == "sinusoidal":
+            x = x + jnp.take(self.table[...], positions, axis=0)
+        elif self.cfg.positional == "learned":
+            x = x + jnp.take(self.positions[...], positions, axis=0)
+        return dropout(self.drop, x, rngs).astype(DTYPES[self.cfg.dtype])
+
+    def logits(self, x: jax.Array) -> jax.Array:
+        """x [B,T,D] -> logits [B,T,V] in float32."""
+        if self.cfg.tie_embeddings:
+            return jnp.einsum("BTD,VD->BTV", x, self.tokens[...].astype(x.dtype), preferred_element_type=jnp.float32)
+        return jnp.einsum("BTD,DV->BTV", x, self.head[...].astype(x.dtype), preferred_element_type=jnp.float32)
+
+
+class Encoder(nnx.Module):
+    """L encoder blocks (+ final norm for pre-LN) over embedded inputs."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.layers = LayerStack(lambda r: EncoderBlock(cfg, rngs=r), cfg.num_encoder_layers, rngs=rngs)
+        self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
+
+    def __call__(self, x, *, mask, positions, rngs=None):
+        """x [B,S,D], mask [B,1,1|S,S], positions [B,S] -> memory [B,S,D]."""
+        x = self.layers(x, mask=mask, positions=positions, rngs=rngs)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+
+class Decoder(nnx.Module):
+    """L decoder blocks (with cross-attention when `cross`) (+ final norm for pre-LN)."""
+
+    def __init__(self, cfg: ModelConfig, *, cross: bool, rngs: nnx.Rngs):
+        self.layers = LayerStack(lambda r: DecoderBlock(cfg, cross=cross, rngs=r), cfg.num_decoder_layers, rngs=rngs)
+        self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
+
+    def __call__(self, x, *, rngs=None, per_layer=None, **kwargs):
+        """x [B,T,D] -> [B,T,D] (and the stacked per-layer cache when per_layer is given)."""
+        out = self.layers(x, rngs=rngs, per_layer=per_layer, **kwargs)
+        x, ys = out if per_layer is not None else (out, None)
+        x = self.final_norm(x) if self.final_norm is not None else x
+        return x if per_layer is None else (x, ys)
+
+
+class Transformer(nnx.Module):
+    """Encoder-decoder Transformer (Vaswani et al. 2017) with one shared vocabulary and embedding."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        if cfg.arch != "encoder_decoder":
+            raise ValueError(f"Transformer needs model.arch='encoder_decoder'; got {cfg.arch!r}")
+        self.cfg = cfg
+        self.embed = Embedder(cfg, rngs=rngs)
+        self.encoder = Encoder(cfg, rngs=rngs)
+        self.decoder = Decoder(cfg, cross=True, rngs=rngs)
+
+    def encode(self, src: jax.Array, *, rngs: nnx.Rngs | None = None) -> tuple[jax.Array, jax.Array]:
+        """src [B,S] tokens (pad = cfg.pad_id) -> (memory [B,S,D], src_mask [B,1,1,S])."""
+        src_mask = ops.padding_mask(src, self.cfg.pad_id)
+        pos = default_positions(src)
+        x = self.embed(src, pos, rngs)
+        return self.encoder(x, mask=src_mask, positions=pos, rngs=rngs), src_mask
+
+    def decode(self, tgt: jax.Array, memory: jax.Array, src_mask: jax.Array, *,
+               rngs: nnx.Rngs | None = None) -> jax.Array:
+        """tgt [B,T] decoder input tokens, memory [B,S,D], src_mask [B,1,1,S] -> logits [B,T,V] (float32).
+        Self-attention is causal and ignores padded target keys."""
+        pos = default_positions(tgt)
+        mask = ops.combine_masks(ops.causal_mask(tgt.shape[1]), ops.padding_mask(tgt, self.cfg.pad_id))
+        y = self.embed(tgt, pos, rngs)
+        y = self.decoder(y, mask=mask, positions=pos, memory=memory, memory_mask=src_mask, rngs=rngs)
+        return self.embed.logits(y)
+
+    def __call__(self, src: jax.Array, tgt: jax.Array, *, rngs: nnx.Rngs | None = None) -> jax.Array:
+        """src [B,S], tgt [B,T] (teacher-forced decoder input) -> logits [B,T,V]."""
+        memory, src_mask = self.encode(src, rngs=rngs)
+        return self.decode(tgt, memory, src_mask, rngs=rngs)
+
+
+class TransformerLM(nnx.Module):
+    """Decoder-only causal language model."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        if cfg.arch != "decoder_only":
+            raise ValueError(f"TransformerLM needs model.arch='decoder_only'; got {cfg.arch!r}")
+        self.cfg = cfg
+        self.embed = Embedder(cfg, rngs=rngs)
+        self.decoder = Decoder(cfg, cross=False, rngs=rngs)
+
+    def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
+                 rngs: nnx.Rngs | None = None) -> jax.Array:
+        """tokens [B,T] -> logits [B,T,V] (float32). positions [B,T] default 0..T-1; the mask is causal over
+        positions and ignores pad keys, so left-padded rows with shifted positions work unchanged."""
+        pos = default_positions(tokens) if positions is None else positions
+        mask = ops.position_causal_mask(pos, pos, tokens != self.cfg.pad_id)
+        x = self.embed(tokens, pos, rngs)
+        x = self.decoder(x, mask=mask, positions=pos, rngs=rngs)
+        return self.embed.logits(x)
+
+
+def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer | TransformerLM:
+    """The model class named by cfg.arch, initialised from `seed`."""
+    cls = Transformer if cfg.arch == "encoder_decoder" else TransformerLM
+    return cls(cfg, rngs=nnx.Rngs(params=seed))
+
+
+def count_params(model: nnx.Module) -> dict[str, int]:
+    """Parameter counts per component: embedding, positions, head, and per stack its attention, cross-attention,
+    FFN and norms (totals over L layers), plus "total"."""
+    counts: dict[str, int] = collections.OrderedDict()
+    for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        keys = [str(p) for p in path]
+        if keys[0] == "embed":
+            name = {"tokens": "embedding", "positions": "learned positions", "head": "output head"}[keys[1]]
+        else:
+            sub = keys[3] if keys[1] == "layers" else keys[1]
+            kind = {"self_attn": "self-attention", "cross_attn": "cross-attention", "ffn": "FFN"}.get(sub, "norms")
+            name = f"{keys[0]} {kind}"
+        counts[name] = counts.get(name, 0) + int(v[...].size)
+    counts["total"] = sum(counts.values())
+    return counts

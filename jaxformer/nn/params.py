@@ -1,0 +1,35 @@
+"""Parameter creation with logical axis names (for issue D's sharding rules).
+
+Logical axes: "vocab" V, "embed" D, "q_heads" N, "kv_heads" K, "head_dim" H, "mlp" F, "layers" L
+(the last is prepended by the layer stack).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Init = jax.nn.initializers.Initializer
+
+
+def param(rngs: nnx.Rngs, init: Init, shape: tuple[int, ...], axes: tuple[str, ...],
+          dtype=jnp.float32) -> nnx.Param:
+    """An nnx.Param whose metadata `out_sharding` holds its logical axis names (not applied eagerly)."""
+    if len(axes) != len(shape):
+        raise ValueError(f"axes {axes} do not match shape {shape}")
+    return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=axes, eager_sharding=False)
+
+
+def dense_init(in_axes: int | tuple[int, ...], out_axes: int | tuple[int, ...]) -> Init:
+    """Glorot-uniform over grouped fan-in/fan-out axes (as PyTorch's MHA in_proj / the paper)."""
+    return jax.nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=in_axes, out_axis=out_axes)
+
+
+zeros = jax.nn.initializers.zeros
+ones = jax.nn.initializers.ones
+
+
+def logical_axes(module: nnx.Module) -> dict:
+    """{path: logical axis names} of every parameter (stacked ones carry "layers" first)."""
+    return {path: tuple(v.get_metadata().get("out_sharding") or ())
+            for path, v in nnx.to_flat_state(nnx.state(module, nnx.Param))}

@@ -1,0 +1,48 @@
+"""A stack of L identical blocks whose parameters are stacked on a leading "layers" axis and applied with
+jax.lax.scan: one compiled block body whatever L is (issue C's cached decoder and issue F's remat/scan build on it).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+from flax import nnx
+
+
+class LayerStack(nnx.Module):
+    """`make(rngs) -> block` is called once under nnx.vmap, giving parameters [L, ...]."""
+
+    def __init__(self, make: Callable[[nnx.Rngs], nnx.Module], num_layers: int, *, rngs: nnx.Rngs):
+        @nnx.split_rngs(splits=num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def create(r: nnx.Rngs):
+            return make(r)
+
+        self.num_layers = num_layers
+        self.blocks = create(rngs)
+
+    def __call__(self, x: jax.Array, *, rngs: nnx.Rngs | None = None, per_layer=None, **kwargs):
+        """Apply the L blocks in order. x [B,T,D] -> [B,T,D].
+
+        per_layer: optional pytree with leading axis L, sliced per layer and passed as `cache=` (decoding);
+        then returns (x, stacked per-layer outputs). kwargs are passed to every block unchanged.
+        rngs: a dropout stream (training); each layer gets its own key.
+        """
+        graphdef, state = nnx.split(self.blocks)
+        keys = jax.random.split(rngs.dropout(), self.num_layers) if rngs is not None else None
+
+        def body(h, xs):
+            layer_state, key, extra = xs
+            block = nnx.merge(graphdef, layer_state)
+            r = nnx.Rngs(dropout=key) if key is not None else None
+            if extra is None:
+                return block(h, rngs=r, **kwargs), None
+            return block(h, rngs=r, cache=extra, **kwargs)
+
+        x, ys = jax.lax.scan(body, x, (state, keys, per_layer))
+        return x if per_layer is None else (x, ys)
+
+    def layer(self, i: int) -> nnx.Module:
+        """Block i as a standalone module (a copy of its parameters), for inspection and tests."""
+        graphdef, state = nnx.split(self.blocks)
+        return nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state))

@@ -1,0 +1,13 @@
+"""Pure, jit/grad/vmap-compatible Transformer ops. No Flax import here.
+
+Axis legend: B batch, T query length, S key length, D model width, N query heads,
+K kv heads, H head dim, F FFN width, V vocab, L layers.
+"""
+from jaxformer.ops import activations, attention, masks, norms, positional
+from jaxformer.ops.attention import dot_product_attention
+from jaxformer.ops.masks import causal_mask, combine_masks, padding_mask, position_causal_mask
+
+__all__ = [
+    "activations", "attention", "masks", "norms", "positional",
+    "dot_product_attention", "causal_mask", "combine_masks", "padding_mask", "position_causal_mask",
+]
