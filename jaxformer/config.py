@@ -33,7 +33,7 @@ def positive(field: str, value: Any, allow_zero: bool = False) -> None:
 class ModelConfig:
     """Transformer hyper-parameters. Defaults are the 2017 paper's base model (seed 000)."""
     arch: str = "encoder_decoder"          # "encoder_decoder" (Transformer) | "decoder_only" (TransformerLM)
-    vocab_size: int = 32000                # V
+    vocab_size: int = 32000                # V (0 = take it from the data's tokenizer)
     d_model: int = 512                     # D
     num_heads: int = 8                     # N
     num_kv_heads: int | None = None        # K (None = N: multi-head; 1: multi-query; else grouped)
@@ -57,7 +57,9 @@ class ModelConfig:
 
     def __post_init__(self):
         choice("model.arch", self.arch, ("encoder_decoder", "decoder_only"))
-        for f in ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
+        if not isinstance(self.vocab_size, int) or self.vocab_size < 0:
+            raise ConfigError(f"model.vocab_size={self.vocab_size!r} must be a positive integer (or 0 = from data)")
+        for f in ("d_model", "num_heads", "d_ff", "max_len"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"model.{f}={v!r} must be a positive integer")
@@ -85,7 +87,7 @@ class ModelConfig:
         positive("model.rope_base", self.rope_base)
         if self.positional == "rope" and self.head_dim % 2:
             raise ConfigError(f"model.positional='rope' needs an even head dim; d_model/num_heads={self.head_dim}")
-        if not 0 <= self.pad_id < self.vocab_size:
+        if self.vocab_size and not 0 <= self.pad_id < self.vocab_size:
             raise ConfigError(f"model.pad_id={self.pad_id} is outside the vocabulary [0, {self.vocab_size})")
 
     @property
@@ -105,6 +107,120 @@ class ModelConfig:
         if self.positional in ("sinusoidal", "learned") and length > self.max_len:
             raise ConfigError(f"{what} length {length} exceeds model.max_len={self.max_len} "
                               f"(model.positional={self.positional!r} has no position beyond it)")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """What to train on. task: "reverse" | "copy" (digit seq2seq, seed 004) | "text" (char LM, seed 000)."""
+    task: str = "reverse"
+    batch_size: int = 32
+    seed: int = 0
+    # reverse / copy: random digit strings, a train set and a disjoint held-out set
+    num_train: int = 1000
+    num_eval: int = 200
+    min_len: int = 3
+    max_len: int = 6
+    eval_min_len: int | None = None        # None = min_len (issue E trains short, tests long)
+    eval_max_len: int | None = None        # None = max_len
+    # text: any UTF-8 file, a character slice, blocks of block_size (+1 for the shifted target)
+    path: str = ""
+    start: int = 0
+    num_chars: int | None = 10000          # None = to the end
+    gutenberg: bool = True                 # strip the Project Gutenberg header/footer
+    block_size: int = 10
+    eval_fraction: float = 0.1             # contiguous tail held out
+
+    def __post_init__(self):
+        choice("data.task", self.task, ("reverse", "copy", "text"))
+        for f in ("batch_size", "num_train", "num_eval", "min_len", "max_len", "block_size"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"data.{f}={v!r} must be a positive integer")
+        if self.min_len > self.max_len:
+            raise ConfigError(f"data.min_len={self.min_len} > data.max_len={self.max_len}")
+        if self.eval_lengths[0] > self.eval_lengths[1] or self.eval_lengths[0] <= 0:
+            raise ConfigError(f"data.eval_min_len/eval_max_len={self.eval_lengths} is not a valid range")
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise ConfigError(f"data.eval_fraction={self.eval_fraction!r} must be in (0, 1)")
+        if self.task == "text" and not self.path:
+            raise ConfigError("data.path='' : data.task='text' needs a text file path")
+        if self.num_chars is not None and self.num_chars <= 0:
+            raise ConfigError(f"data.num_chars={self.num_chars!r} must be positive or None")
+        if self.start < 0:
+            raise ConfigError(f"data.start={self.start!r} must be >= 0")
+
+    @property
+    def eval_lengths(self) -> tuple[int, int]:
+        return (self.eval_min_len or self.min_len, self.eval_max_len or self.max_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    name: str = "adamw"                    # adamw | sgd
+    lr: float = 1e-3                       # peak learning rate
+    schedule: str = "warmup_cosine"        # constant | noam (linear warmup, then inverse sqrt) | warmup_cosine
+    warmup_steps: int = 100
+    weight_decay: float = 0.01             # adamw only
+    b1: float = 0.9
+    b2: float = 0.98
+    clip_norm: float = 1.0                 # global-norm clipping, 0 = off
+    label_smoothing: float = 0.0
+
+    def __post_init__(self):
+        choice("optim.name", self.name, ("adamw", "sgd"))
+        choice("optim.schedule", self.schedule, ("constant", "noam", "warmup_cosine"))
+        positive("optim.lr", self.lr)
+        for f in ("warmup_steps", "weight_decay", "clip_norm"):
+            positive(f"optim.{f}", getattr(self, f), allow_zero=True)
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"optim.label_smoothing={self.label_smoothing!r} must be in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    seed: int = 0                          # parameter init, dropout and data order derive from it
+    log_every: int = 50
+    eval_every: int = 250
+    checkpoint_every: int = 250
+    keep_checkpoints: int = 2              # latest N kept; the best one (by best_metric) is kept apart
+    best_metric: str = "exact_match"       # an eval metric name
+    best_mode: str = "max"                 # max | min
+    eval_batch_size: int = 200
+    num_examples: int = 5                  # decoded examples printed after the final eval
+
+    def __post_init__(self):
+        for f in ("steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "eval_batch_size"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"train.{f}={v!r} must be a positive integer")
+        choice("train.best_mode", self.best_mode, ("max", "min"))
+        choice("train.best_metric", self.best_metric, ("loss", "token_accuracy", "exact_match"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    optim: OptimConfig = OptimConfig()
+    train: TrainConfig = TrainConfig()
+
+    def __post_init__(self):
+        seq2seq = self.data.task in ("reverse", "copy")
+        want = "encoder_decoder" if seq2seq else "decoder_only"
+        if self.model.arch != want:
+            raise ConfigError(f"model.arch={self.model.arch!r} does not fit data.task={self.data.task!r} "
+                              f"(needs {want!r})")
+        if not seq2seq and self.train.best_metric == "exact_match":
+            raise ConfigError("train.best_metric='exact_match' needs a seq2seq task; use 'loss' or 'token_accuracy'")
+        longest = max(self.data.max_len, self.data.eval_lengths[1]) + 1 if seq2seq else self.data.block_size
+        self.model.check_length(longest, "data")
+
+
+def from_dict(d: dict) -> Config:
+    """Inverse of to_dict for a Config (used to read a run's saved config.json)."""
+    return Config(model=ModelConfig(**d["model"]), data=DataConfig(**d["data"]),
+                  optim=OptimConfig(**d["optim"]), train=TrainConfig(**d["train"]))
 
 
 # ----------------------------------------------------------------------------- generic helpers

@@ -1,0 +1,106 @@
+"""Datasets as grain pipelines with checkpointable iterators.
+
+seq2seq batches: src [B,S], tgt_in [B,T] (BOS + answer), tgt_out [B,T] (answer + EOS), pad 0.
+LM batches: inputs [B,T], targets [B,T] (inputs shifted by one).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import grain
+import numpy as np
+
+from jaxformer.config import DataConfig
+from jaxformer.data.text import load_text
+from jaxformer.data.tokenizers import BOS, EOS, PAD, CharTokenizer, DataError, DigitTokenizer
+
+
+@dataclasses.dataclass
+class Task:
+    kind: str                      # "seq2seq" | "lm"
+    tokenizer: object
+    train: dict[str, np.ndarray]   # full training arrays, [num_examples, ...]
+    eval: dict[str, np.ndarray]    # full held-out arrays
+
+    def train_dataset(self, batch_size: int, seed: int) -> grain.MapDataset:
+        """Infinite, reshuffled every epoch, deterministic in `seed`; iter() of it has get_state/set_state."""
+        n = len(next(iter(self.train.values())))
+        if n < batch_size:
+            raise DataError(f"only {n} training examples for data.batch_size={batch_size}")
+        arrays = self.train
+        return (grain.MapDataset.range(n).shuffle(seed=seed).repeat()
+                .map(lambda i: {k: v[i] for k, v in arrays.items()}).batch(batch_size, drop_remainder=True))
+
+    def eval_batches(self, batch_size: int):
+        """The held-out set in order, in batches (the last one may be smaller)."""
+        n = len(next(iter(self.eval.values())))
+        for i in range(0, n, batch_size):
+            yield {k: v[i:i + batch_size] for k, v in self.eval.items()}
+
+
+# ----------------------------------------------------------------------------- digits (seed 004)
+
+def _unique_digit_strings(rng: np.random.Generator, count: int, lo: int, hi: int, exclude: set) -> list[tuple]:
+    capacity = sum(10 ** n for n in range(lo, hi + 1))
+    if count > capacity - len(exclude):
+        raise DataError(f"cannot draw {count} distinct digit strings of length {lo}..{hi} ({capacity} exist)")
+    out, seen = [], set(exclude)
+    while len(out) < count:
+        n = int(rng.integers(lo, hi + 1))
+        s = tuple(int(d) for d in rng.integers(0, 10, size=n))
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out
+
+
+def encode_digit_pairs(strings: list[tuple], reverse: bool, width: int) -> dict[str, np.ndarray]:
+    """Digit strings -> padded src (digits + EOS), tgt_in (BOS + answer), tgt_out (answer + EOS), each [N,width]."""
+    tok = DigitTokenizer()
+    src = np.full((len(strings), width), PAD, np.int32)
+    tgt_in, tgt_out = src.copy(), src.copy()
+    for i, s in enumerate(strings):
+        x = tok.encode(s)
+        y = x[::-1] if reverse else x
+        src[i, : len(x) + 1] = np.append(x, EOS)
+        tgt_in[i, : len(y) + 1] = np.append(BOS, y)
+        tgt_out[i, : len(y) + 1] = np.append(y, EOS)
+    return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out}
+
+
+def digit_task(cfg: DataConfig) -> Task:
+    rng = np.random.default_rng(cfg.seed)
+    train = _unique_digit_strings(rng, cfg.num_train, cfg.min_len, cfg.max_len, set())
+    lo, hi = cfg.eval_lengths
+    held = _unique_digit_strings(rng, cfg.num_eval, lo, hi, set(train))
+    width = max(cfg.max_len, hi) + 1
+    rev = cfg.task == "reverse"
+    return Task("seq2seq", DigitTokenizer(), encode_digit_pairs(train, rev, width), encode_digit_pairs(held, rev, width))
+
+
+# ----------------------------------------------------------------------------- text (seed 000)
+
+def lm_blocks(ids: np.ndarray, block_size: int) -> dict[str, np.ndarray]:
+    """Non-overlapping windows of block_size+1 ids -> inputs/targets [n, block_size] (seed 000's layout)."""
+    n = len(ids) // (block_size + 1)
+    w = ids[: n * (block_size + 1)].reshape(n, block_size + 1)
+    return {"inputs": w[:, :-1], "targets": w[:, 1:]}
+
+
+def text_task(cfg: DataConfig, tokenizer: CharTokenizer | None = None) -> Task:
+    text = load_text(cfg.path, gutenberg=cfg.gutenberg)
+    end = None if cfg.num_chars is None else cfg.start + cfg.num_chars
+    text = text[cfg.start:end]
+    need = 2 * (cfg.block_size + 1)
+    if len(text) < need:
+        raise DataError(f"{cfg.path!r} gives {len(text)} characters after slicing; data.block_size="
+                        f"{cfg.block_size} needs at least {need} (one training and one held-out block)")
+    tok = tokenizer or CharTokenizer(text)
+    ids = tok.encode(text)
+    cut = len(ids) - max(int(round(len(ids) * cfg.eval_fraction)), cfg.block_size + 1)
+    return Task("lm", tok, lm_blocks(ids[:cut], cfg.block_size), lm_blocks(ids[cut:], cfg.block_size))
+
+
+def build_task(cfg: DataConfig, tokenizer=None) -> Task:
+    """The task named by cfg.task. A saved tokenizer (resume, eval) is reused instead of rebuilt."""
+    return text_task(cfg, tokenizer) if cfg.task == "text" else digit_task(cfg)
