@@ -25,7 +25,8 @@ def choice(field: str, value: Any, options: tuple) -> None:
 
 
 def positive(field: str, value: Any, allow_zero: bool = False) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (value == 0 and not allow_zero):
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+    if not ok or value != value or value == float("inf"):  # NaN and Inf are not usable either
         raise ConfigError(f"{field}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
 
 
@@ -151,7 +152,8 @@ class DataConfig:
 
     @property
     def eval_lengths(self) -> tuple[int, int]:
-        return (self.eval_min_len or self.min_len, self.eval_max_len or self.max_len)
+        return (self.min_len if self.eval_min_len is None else self.eval_min_len,
+                self.max_len if self.eval_max_len is None else self.eval_max_len)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,22 +267,23 @@ def _coerce(key: str, raw: str, typ: Any) -> Any:
     raise ConfigError(f"{key}: cannot set a field of type {typ} from the command line")
 
 
-def override(cfg: Any, key: str, raw: str) -> Any:
+def override(cfg: Any, key: str, raw: str, _prefix: str = "") -> Any:
     """Return a copy of the frozen tree `cfg` with dotted `key` set from string `raw` (validated)."""
     head, _, rest = key.partition(".")
+    full = _prefix + key
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     if head not in fields:
-        raise ConfigError(f"unknown config key {key!r} (known at this level: {sorted(fields)})")
+        raise ConfigError(f"unknown config key {full!r} (known in {_prefix or 'the root'}: {sorted(fields)})")
     current = getattr(cfg, head)
     if rest:
         if not dataclasses.is_dataclass(current):
-            raise ConfigError(f"unknown config key {key!r}: {head!r} is a value, not a section")
-        new = override(current, rest, raw)
+            raise ConfigError(f"unknown config key {full!r}: {_prefix + head!r} is a value, not a section")
+        new = override(current, rest, raw, f"{_prefix}{head}.")
     else:
         if dataclasses.is_dataclass(current):
-            raise ConfigError(f"config key {key!r} is a section; set one of its fields")
+            raise ConfigError(f"config key {full!r} is a section; set one of its fields")
         hints = typing.get_type_hints(type(cfg))
-        new = _coerce(key, raw, hints[head])
+        new = _coerce(full, raw, hints[head])
     return dataclasses.replace(cfg, **{head: new})
 
 

@@ -42,7 +42,7 @@ class Task:
 
 def _unique_digit_strings(rng: np.random.Generator, count: int, lo: int, hi: int, exclude: set) -> list[tuple]:
     capacity = sum(10 ** n for n in range(lo, hi + 1))
-    if count > capacity - len(exclude):
+    if count > capacity - sum(lo <= len(s) <= hi for s in exclude):
         raise DataError(f"cannot draw {count} distinct digit strings of length {lo}..{hi} ({capacity} exist)")
     out, seen = [], set(exclude)
     while len(out) < count:
@@ -98,6 +98,9 @@ def text_task(cfg: DataConfig, tokenizer: CharTokenizer | None = None) -> Task:
     tok = tokenizer or CharTokenizer(text)
     ids = tok.encode(text)
     cut = len(ids) - max(int(round(len(ids) * cfg.eval_fraction)), cfg.block_size + 1)
+    if cut < cfg.block_size + 1:
+        raise DataError(f"data.eval_fraction={cfg.eval_fraction} leaves {cut} training characters, less than one "
+                        f"block of data.block_size={cfg.block_size} (+1)")
     return Task("lm", tok, lm_blocks(ids[:cut], cfg.block_size), lm_blocks(ids[cut:], cfg.block_size))
 
 
