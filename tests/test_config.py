@@ -207,12 +207,11 @@ def test_full_config_checks_data_lengths_against_model_max_len():
         Config(model=model, data=DataConfig(task="reverse", min_len=3, max_len=6))   # 6 + 1 tokens
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="bug: config.positive() accepts NaN (every comparison with NaN is False), "
-                          "so model.norm_eps=nan / model.rope_base=nan / optim.lr=nan pass validation")
 @pytest.mark.parametrize("field", ["norm_eps", "rope_base"])
-def test_nan_positive_floats_are_rejected(field):
-    with raises_naming(f"model.{field}", "nan"):
-        tiny(**{field: float("nan")})
-    with raises_naming(f"model.{field}", "nan"):
-        override(Config(), f"model.{field}", "nan")
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_nan_and_inf_positive_floats_are_rejected(field, value):
+    """NaN compares False with everything, so a plain `value <= 0` check would let it through."""
+    with raises_naming(f"model.{field}", value):
+        tiny(**{field: float(value)})
+    with raises_naming(f"model.{field}", value):
+        override(Config(), f"model.{field}", value)

@@ -24,8 +24,9 @@ class LayerStack(nnx.Module):
     def __call__(self, x: jax.Array, *, rngs: nnx.Rngs | None = None, per_layer=None, **kwargs):
         """Apply the L blocks in order. x [B,T,D] -> [B,T,D].
 
-        per_layer: optional pytree with leading axis L, sliced per layer and passed as `cache=` (decoding);
-        then returns (x, stacked per-layer outputs). kwargs are passed to every block unchanged.
+        per_layer: optional dict of keyword arguments whose leaves have a leading axis L (e.g. the KV cache), sliced
+        per layer and passed to block i; then blocks return (x, y) and this returns (x, ys stacked over L).
+        kwargs are passed to every block unchanged.
         rngs: a dropout stream (training); each layer gets its own key.
         """
         graphdef, state = nnx.split(self.blocks)
@@ -37,10 +38,15 @@ class LayerStack(nnx.Module):
             r = nnx.Rngs(dropout=key) if key is not None else None
             if extra is None:
                 return block(h, rngs=r, **kwargs), None
-            return block(h, rngs=r, cache=extra, **kwargs)
+            return block(h, rngs=r, **extra, **kwargs)
 
         x, ys = jax.lax.scan(body, x, (state, keys, per_layer))
         return x if per_layer is None else (x, ys)
+
+    def map(self, fn):
+        """Stacked results of fn(block) over the L blocks (e.g. each layer's cross-attention k/v)."""
+        graphdef, state = nnx.split(self.blocks)
+        return jax.lax.map(lambda st: fn(nnx.merge(graphdef, st)), state)
 
     def layer(self, i: int) -> nnx.Module:
         """Block i as a standalone module (a copy of its parameters), for inspection and tests."""

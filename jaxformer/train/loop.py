@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from jaxformer.config import Config, to_dict
 from jaxformer.data import Task, build_task, load_tokenizer, save_tokenizer
-from jaxformer.decode import greedy_naive
+from jaxformer.decode import generate_seq2seq
 from jaxformer.nn import build_model
 from jaxformer.train.checkpoint import Checkpoints, check_compatible
 from jaxformer.train.step import make_eval_step, make_train_step, optimizer, schedule
@@ -72,7 +72,7 @@ def evaluate(cfg: Config, task: Task, graphdef, state, eval_step=None) -> dict:
 
 def predict(model, task: Task, src, width: int):
     tok = task.tokenizer
-    return greedy_naive(model, src, width, bos_id=tok.bos_id, eos_id=tok.eos_id)
+    return generate_seq2seq(model, src, max_new=width, bos_id=tok.bos_id, eos_id=tok.eos_id)
 
 
 def examples(cfg: Config, task: Task, graphdef, state, k: int) -> list[dict]:
