@@ -184,3 +184,54 @@ def greedy_naive(model, src: jax.Array, max_new: int, *, bos_id: int, eos_id: in
     graphdef, state = nnx.split(model)
     return _greedy_naive(graphdef, state, jnp.asarray(src), max_new=max_new, bos_id=bos_id, eos_id=eos_id,
                          pad_id=model.cfg.pad_id)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "bos_id", "eos_id", "beam", "length_penalty"))
+def _beam_search(graphdef, state, src, *, max_new, bos_id, eos_id, beam, length_penalty):
+    model = nnx.merge(graphdef, state)
+    b, w, pad = src.shape[0], beam, model.cfg.pad_id
+    memory, src_mask = model.encode(jnp.repeat(src, w, axis=0))                        # [B*W, S, D]
+    mkv = cross_kv(model, memory)
+    cache = init_cache(model.cfg, b * w, max_new)
+    neg = jnp.finfo(jnp.float32).min / 4
+    scores = jnp.where(jnp.arange(w) == 0, 0.0, neg)[None].repeat(b, 0)               # [B,W]: start from beam 0
+    seqs = jnp.full((b, w, max_new), pad, jnp.int32)
+    finished = jnp.zeros((b, w), bool)
+    lengths = jnp.zeros((b, w), jnp.int32)
+    tok = jnp.full((b * w, 1), bos_id, jnp.int32)
+
+    def body(i, c):
+        tok, cache, scores, seqs, finished, lengths = c
+        logits, cache = decoder_step(model, cache, tok, jnp.full((b * w, 1), i, jnp.int32),
+                                     jnp.ones((b * w, 1), bool), mkv, src_mask)
+        logp = jax.nn.log_softmax(logits[:, 0], -1).reshape(b, w, -1)
+        v = logp.shape[-1]
+        only_pad = jnp.where(jnp.arange(v) == pad, 0.0, neg)
+        logp = jnp.where(finished[..., None], only_pad, logp)                           # finished beams stay put
+        top, idx = jax.lax.top_k((scores[..., None] + logp).reshape(b, w * v), w)
+        src_beam, new_tok = idx // v, (idx % v).astype(jnp.int32)
+        gather = lambda a: jnp.take_along_axis(a, src_beam, 1)
+        was_done = gather(finished)
+        seqs = jnp.take_along_axis(seqs, src_beam[..., None], 1).at[:, :, i].set(new_tok)
+        lengths = gather(lengths) + (~was_done).astype(jnp.int32)
+        finished = was_done | (new_tok == eos_id) if eos_id is not None else was_done
+        flat = (jnp.arange(b)[:, None] * w + src_beam).reshape(-1)                      # reorder the cache rows
+        cache = KVCache(cache.k[:, flat], cache.v[:, flat], cache.positions[flat], cache.valid[flat], cache.index)
+        return new_tok.reshape(b * w, 1), cache, top, seqs, finished, lengths
+
+    _, _, scores, seqs, finished, lengths = jax.lax.fori_loop(
+        0, max_new, body, (tok, cache, scores, seqs, finished, lengths))
+    norm = ((5.0 + lengths) / 6.0) ** length_penalty                                    # GNMT length penalty
+    best = jnp.argmax(scores / norm, -1)
+    return jnp.take_along_axis(seqs, best[:, None, None], 1)[:, 0]
+
+
+def beam_search(model, src, *, max_new: int, bos_id: int, eos_id: int | None, beam: int = 4,
+                length_penalty: float = 0.6):
+    """Encoder-decoder beam search. src [B,S] -> best hypothesis [B,max_new] (pad after EOS), ranked by
+    log-probability / ((5 + length) / 6) ** length_penalty. beam=1 is greedy decoding."""
+    if beam < 1 or beam > model.cfg.vocab_size:
+        raise ConfigError(f"beam={beam} must be in [1, vocab_size={model.cfg.vocab_size}]")
+    graphdef, state = nnx.split(model)
+    return _beam_search(graphdef, state, jnp.asarray(src, jnp.int32), max_new=max_new, bos_id=bos_id,
+                        eos_id=eos_id, beam=beam, length_penalty=float(length_penalty))

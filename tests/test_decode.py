@@ -141,3 +141,23 @@ def test_sampling_filters():
     b = generate_lm(build_model(cfg_for("decoder_only", "rope", "pre")), jnp.ones((2, 3), jnp.int32), max_new=5,
                     key=jax.random.key(7), temperature=1.0)
     np.testing.assert_array_equal(a, b)                               # explicit keys: reproducible
+
+
+def test_beam_search_beam1_is_greedy_and_wider_beams_score_at_least_as_well():
+    from jaxformer.decode import beam_search
+    model = build_model(cfg_for("encoder_decoder", "sinusoidal", "pre"), seed=5)
+    src = ragged_prompts(np.random.default_rng(4), "right")
+    greedy = np.asarray(generate_seq2seq(model, src, max_new=7, bos_id=1, eos_id=5))
+    np.testing.assert_array_equal(np.asarray(beam_search(model, src, max_new=7, bos_id=1, eos_id=5, beam=1)), greedy)
+
+    def logprob(seq):  # sum log p of a hypothesis up to and including EOS, by the full forward pass
+        tgt = jnp.asarray(np.concatenate([np.ones((3, 1), np.int32), seq[:, :-1]], 1))
+        logp = jax.nn.log_softmax(model(jnp.asarray(src), tgt), -1)
+        lp = np.take_along_axis(np.asarray(logp), seq[..., None], -1)[..., 0]
+        return np.where(seq != 0, lp, 0.0).sum(1)
+
+    wide = np.asarray(beam_search(model, src, max_new=7, bos_id=1, eos_id=None, beam=4, length_penalty=0.0))
+    narrow = np.asarray(beam_search(model, src, max_new=7, bos_id=1, eos_id=None, beam=1, length_penalty=0.0))
+    assert np.all(logprob(wide) >= logprob(narrow) - 1e-4)
+    with pytest.raises(ConfigError, match="beam=0"):
+        beam_search(model, src, max_new=3, bos_id=1, eos_id=5, beam=0)
