@@ -1,10 +1,17 @@
 """Autoregressive decoding with an explicit KV cache, compiled end to end.
 
-The cache is a pytree passed in and returned: k, v [L,B,S,K,H], per-slot absolute positions [B,S] and validity
+The cache is a pytree passed in and returned: k, v [L,B,K,S,H], per-slot absolute positions [B,S] and validity
 [B,S], and the next write slot. Attention over the cache is causal over *positions* and ignores invalid slots,
 so left-, right- or un-padded prompt batches all decode exactly as each prompt alone.
-Axis legend: B batch, P prompt length, S cache slots / source length, T step length, V vocab, L layers.
-`greedy_naive` recomputes the full forward pass each step (the baseline the cache is measured against).
+
+Layout: k/v keep kv-heads before slots ([L,B,K,S,H], not [L,B,S,K,H]) because the per-head q·kᵀ of a decode
+step then reads each head's [S,H] block contiguously; with slots first XLA:CPU transposes the whole cache in
+every layer of every step (6x slower at S=1089, `benchmarks/cache_layout.py`). Each step reads the cache once
+(as an attention segment, never concatenated) and writes only its T new slots, in place inside the loop.
+Axis legend: B batch, P prompt length, S cache slots / source length, T step length, V vocab, L layers,
+K kv heads, H head dim.
+`greedy_naive` / `generate_lm_naive` recompute the full forward pass each step (the baselines the cache is
+measured against).
 """
 from __future__ import annotations
 
@@ -21,40 +28,52 @@ from jaxformer.nn.models import DTYPES
 
 
 class KVCache(NamedTuple):
-    k: jax.Array          # [L,B,S,K,H]
-    v: jax.Array          # [L,B,S,K,H]
+    k: jax.Array          # [L,B,K,S,H]
+    v: jax.Array          # [L,B,K,S,H]
     positions: jax.Array  # [B,S] int32 absolute position of the token in each slot
     valid: jax.Array      # [B,S] bool, slot holds a real token
     index: jax.Array      # [] int32, next slot to write
 
 
 def init_cache(cfg, batch: int, length: int) -> KVCache:
-    """An empty cache of `length` slots for a model config."""
-    shape = (cfg.num_decoder_layers, batch, length, cfg.kv_heads, cfg.head_dim)
+    """An empty cache of `length` slots for a model config: k, v [L,B,K,S,H] zeros, no valid slot."""
+    shape = (cfg.num_decoder_layers, batch, cfg.kv_heads, length, cfg.head_dim)
     z = jnp.zeros(shape, DTYPES[cfg.dtype])
     return KVCache(z, z, jnp.zeros((batch, length), jnp.int32), jnp.zeros((batch, length), bool),
                    jnp.zeros((), jnp.int32))
 
 
-def decoder_step(model, cache: KVCache, tokens, positions, valid, memory_kv=None, memory_mask=None):
-    """Run T new tokens [B,T] (positions [B,T], valid [B,T]) through the decoder, writing them into the cache
-    at slots [index, index+T). Works for a whole prompt (prefill) and for one token. -> (logits [B,T,V], cache)."""
+def decoder_step(model, cache: KVCache, tokens, positions, valid, memory_kv=None, memory_mask=None, *,
+                 prefill: bool = False):
+    """Run T new tokens [B,T] (positions [B,T], valid [B,T]) through the decoder, writing their k/v into the
+    cache at slots [index, index+T). -> (logits [B,T,V], cache).
+
+    Each layer attends over its S cached slots followed by the T new keys (slots [index, index+T) are still
+    invalid in the old cache, so nothing is seen twice). prefill=True declares the cache empty, so the cached
+    slots are skipped and a prompt's first pass costs exactly a plain forward pass. memory_kv: cross-attention
+    k/v of the encoder memory, [L,B,K,S,H] each (`cross_kv`)."""
     i = cache.index
-    kv_pos = jax.lax.dynamic_update_slice_in_dim(cache.positions, positions.astype(jnp.int32), i, axis=1)
-    kv_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, i, axis=1)
-    mask = ops.position_causal_mask(positions, kv_pos, kv_valid)       # [B,1,T,S]
-    per_layer = {"cache": (cache.k, cache.v)}
+    positions = positions.astype(jnp.int32)
+    past = cache if not prefill else KVCache(cache.k[..., :0, :], cache.v[..., :0, :], cache.positions[:, :0],
+                                             cache.valid[:, :0], i)
+    kv_pos = jnp.concatenate([past.positions, positions], axis=1)                      # [B,S+T]
+    mask = ops.position_causal_mask(positions, kv_pos, jnp.concatenate([past.valid, valid], axis=1))
+    per_layer = {"cache": (past.k, past.v)}
     if memory_kv is not None:
         per_layer["memory_kv"] = memory_kv
     x = model.embed(tokens, positions)
     x, (k, v) = model.decoder(x, per_layer=per_layer, mask=mask, positions=positions, kv_positions=kv_pos,
-                              cache_index=i, memory_mask=memory_mask)
-    return model.embed.logits(x), KVCache(k, v, kv_pos, kv_valid, i + tokens.shape[1])
+                              memory_mask=memory_mask)                                  # k, v [L,B,T,K,H]
+    write = lambda buf, new, axis: jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), i, axis=axis)
+    new_cache = KVCache(write(cache.k, jnp.swapaxes(k, 2, 3), 3), write(cache.v, jnp.swapaxes(v, 2, 3), 3),
+                        write(cache.positions, positions, 1), write(cache.valid, valid, 1), i + tokens.shape[1])
+    return model.embed.logits(x), new_cache
 
 
 def cross_kv(model, memory):
-    """Each decoder layer's cross-attention k, v of the encoder memory, computed once: 2 x [L,B,S,K,H]."""
-    return model.decoder.layers.map(lambda blk: blk.cross_attn.project_kv(memory))
+    """Each decoder layer's cross-attention k, v of the encoder memory [B,S,D], computed once: 2 x [L,B,K,S,H]."""
+    return model.decoder.layers.map(
+        lambda blk: tuple(jnp.swapaxes(a, 1, 2) for a in blk.cross_attn.project_kv(memory)))
 
 
 def sample_logits(logits, key, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
@@ -113,7 +132,7 @@ def _generate_lm(graphdef, state, prompts, key, *, max_new, eos_id, sampling, ca
     valid = prompts != pad
     pos = jnp.maximum(jnp.cumsum(valid, 1) - 1, 0).astype(jnp.int32)
     cache = init_cache(model.cfg, prompts.shape[0], cache_len)
-    logits, cache = decoder_step(model, cache, prompts, pos, valid)                     # prefill, one pass
+    logits, cache = decoder_step(model, cache, prompts, pos, valid, prefill=True)      # one plain pass
     last = jnp.argmax(jnp.where(valid, jnp.arange(prompts.shape[1]), -1), 1)          # last real token's slot
     first = jnp.take_along_axis(logits, last[:, None, None], 1)[:, 0]
     step = lambda c, t, p: decoder_step(model, c, t, p, jnp.ones_like(t, bool))

@@ -55,7 +55,8 @@ class MultiHeadAttention(nnx.Module):
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax.Array | None = None,
                q_positions: jax.Array | None = None, kv_positions: jax.Array | None = None,
                return_weights: bool = False):
-        """q [B,T,N,H], k/v [B,S,K,H], mask broadcastable to [B,N,T,S] -> [B,T,D] (and weights [B,N,T,S])."""
+        """q [B,T,N,H], k/v [B,S,K,H] (or sequences of segments, see ops.dot_product_attention), mask
+        broadcastable to [B,N,T,S] -> [B,T,D] (and weights [B,N,T,S])."""
         bias = None
         if self.self_attention and self.cfg.positional == "alibi":
             if q_positions is None or kv_positions is None:

@@ -83,6 +83,11 @@ class Residual(nnx.Module):
         return (y if self.pre else self.norm(y)), extra
 
 
+def _bskh(x: jax.Array) -> jax.Array:
+    """A cache tensor [B,K,S,H] as the attention contract's [B,S,K,H] (XLA folds this into the dot, no copy)."""
+    return jnp.swapaxes(x, 1, 2)
+
+
 class EncoderBlock(nnx.Module):
     """Self-attention -> FFN, each wrapped by Residual."""
 
@@ -103,9 +108,11 @@ class EncoderBlock(nnx.Module):
 class DecoderBlock(nnx.Module):
     """Masked self-attention -> cross-attention over encoder memory (if cross) -> FFN.
 
-    With `cache=(k, v)` ([B,S,K,H] each) and `cache_index` (scalar slot), the self-attention writes this
-    step's keys and values at slots [cache_index, cache_index+T) and attends over the whole cache (its mask
-    must cover the cache's S slots); the block then also returns the updated (k, v).
+    With `cache=(k, v)` ([B,K,S,H] each: this layer's cached keys/values, kv-heads before slots) the
+    self-attention attends over the S cached keys followed by this step's T new keys, as two segments (no copy
+    of the cache); the caller's mask [B,1,T,S+T] and kv_positions [B,S+T] decide what is visible. The block
+    then also returns the new (k, v) [B,T,K,H] for the caller to write into its cache.
+    Precomputed cross-attention memory_kv is laid out the same way ([B,K,S,H] each).
     """
 
     def __init__(self, cfg: ModelConfig, *, cross: bool, rngs: nnx.Rngs):
@@ -118,30 +125,29 @@ class DecoderBlock(nnx.Module):
         self.ffn = FeedForward(cfg, rngs=rngs)
         self.res_ffn = Residual(cfg, rngs=rngs)
 
-    def _self_attention(self, y, mask, positions, cache, index, kv_positions):
+    def _self_attention(self, y, mask, positions, cache, kv_positions):
         if cache is None:
             return self.self_attn(y, mask=mask, q_positions=positions)
         k_cache, v_cache = cache
         q = self.self_attn.project_q(y, positions)
         k, v = self.self_attn.project_kv(y, positions)
-        k = jax.lax.dynamic_update_slice_in_dim(k_cache, k.astype(k_cache.dtype), index, axis=1)
-        v = jax.lax.dynamic_update_slice_in_dim(v_cache, v.astype(v_cache.dtype), index, axis=1)
-        out = self.self_attn.attend(q, k, v, mask=mask, q_positions=positions, kv_positions=kv_positions)
+        k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
+        keys, values = (_bskh(k_cache), k), (_bskh(v_cache), v)            # segments: S cached + T new
+        out = self.self_attn.attend(q, keys, values, mask=mask, q_positions=positions, kv_positions=kv_positions)
         return out, (k, v)
 
     def __call__(self, x: jax.Array, *, mask: jax.Array | None, positions: jax.Array | None,
                  memory: jax.Array | None = None, memory_kv: tuple[jax.Array, jax.Array] | None = None,
                  memory_mask: jax.Array | None = None, rngs: nnx.Rngs | None = None,
-                 cache: tuple[jax.Array, jax.Array] | None = None, cache_index: jax.Array | int = 0,
-                 kv_positions: jax.Array | None = None):
-        """x [B,T,D]; memory [B,S,D] (or its precomputed cross k/v [B,S,K,H] x2); masks broadcast to
-        [B,N,T,S]. Returns [B,T,D], or ([B,T,D], (k, v)) when a cache is given."""
-        x, new_kv = self.res_self(x, lambda y: self._self_attention(y, mask, positions, cache, cache_index, kv_positions), rngs)
+                 cache: tuple[jax.Array, jax.Array] | None = None, kv_positions: jax.Array | None = None):
+        """x [B,T,D]; memory [B,S,D] (or its precomputed cross k/v [B,K,S,H] x2); masks broadcast to
+        [B,N,T,S]. Returns [B,T,D], or ([B,T,D], (k, v) [B,T,K,H]) when a cache is given."""
+        x, new_kv = self.res_self(x, lambda y: self._self_attention(y, mask, positions, cache, kv_positions), rngs)
         if self.cross:
             def cross(y):
                 if memory_kv is not None:
                     q = self.cross_attn.project_q(y)
-                    return self.cross_attn.attend(q, *memory_kv, mask=memory_mask)
+                    return self.cross_attn.attend(q, *map(_bskh, memory_kv), mask=memory_mask)
                 return self.cross_attn(y, memory, mask=memory_mask)
             x, _ = self.res_cross(x, cross, rngs)
         x, _ = self.res_ffn(x, self.ffn, rngs)
