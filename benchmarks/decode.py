@@ -1,11 +1,18 @@
-"""ms/token: naive full recomputation vs one KV-cached step, same model, same run; plus time to first token.
+"""Decoding speed: naive full recomputation vs the KV-cached decoder, same model, same run (+ PyTorch reference).
 
-  .venv/bin/python benchmarks/decode.py [--sizes tiny base] [--contexts 32 64 128 256 512 1024] [--reps 5]
+  .venv/bin/python benchmarks/decode.py [--sizes tiny base] [--batches 1 8] [--contexts 32 ... 1024] [--reps 5]
 
-naive(c)  = one jitted full forward over c tokens (what each new token costs without a cache at context c);
-cached(c) = one jitted decoder_step of 1 token against a cache holding c tokens;
-ttft(c)   = the prefill of a c-token prompt (one pass). Medians of --reps runs after a warm-up.
-Writes benchmarks/results/decode.md and .json.
+Per context c (decoder-only, RoPE, pre-LN, float32, random weights):
+  naive(c)   one jitted full forward over c tokens: what each new token costs without a cache at context c;
+  torch(c)   the same forward in PyTorch 2.13 (nn.TransformerEncoder, norm_first, causal mask, inference mode);
+  cached(c)  per-token time of the compiled decode loop (decoder_step + greedy pick in a lax.fori_loop, cache
+             donated so it is updated in place, as inside generate_lm) running --steps tokens from context c;
+  ttft(c)    time to first token: the prefill of a c-token prompt (one pass).
+End to end: greedy generation of --new tokens after a --prompt-token prompt.
+  naive      a Python loop calling the jitted full forward on the growing sequence (each length compiled
+             before timing, so compile time is excluded);
+  cached     generate_lm: one compiled program (prefill + while_loop).
+All times are medians of --reps runs after a warm-up. Writes benchmarks/results/decode.md and .json.
 """
 from __future__ import annotations
 
@@ -18,48 +25,117 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxformer.config import ModelConfig
-from jaxformer.decode import decoder_step, init_cache
+from jaxformer.decode import decoder_step, generate_lm, init_cache
 from jaxformer.nn import build_model
 
 SIZES = {"tiny": dict(d_model=64, num_heads=4, d_ff=256, num_decoder_layers=2),
          "base": dict(d_model=512, num_heads=8, d_ff=2048, num_decoder_layers=6)}
+VOCAB = 256
 
 
-def median_ms(fn, reps):
-    jax.block_until_ready(fn())
+def median_ms(fn, reps, setup=lambda: ()):
+    """Median wall time of fn(*setup()) in ms; setup runs outside the timed region."""
+    jax.block_until_ready(fn(*setup()))
     ts = []
     for _ in range(reps):
+        args = jax.block_until_ready(setup())
         t = time.perf_counter()
-        jax.block_until_ready(fn())
+        jax.block_until_ready(fn(*args))
         ts.append(1e3 * (time.perf_counter() - t))
     return statistics.median(ts)
 
 
-def bench(size, batch, contexts, reps):
-    cfg = ModelConfig(arch="decoder_only", vocab_size=256, max_len=max(contexts) + 1, positional="rope",
-                      norm_position="pre", dropout=0.0, **SIZES[size])
+def torch_forward(size):
+    """A PyTorch decoder-only model of the same size; returns f(tokens np [B,T]) -> last logits, or None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.manual_seed(0)
+    s = SIZES[size]
+    d = s["d_model"]
+    layer = torch.nn.TransformerEncoderLayer(d, s["num_heads"], s["d_ff"], dropout=0.0, batch_first=True,
+                                             norm_first=True)
+    stack = torch.nn.TransformerEncoder(layer, s["num_decoder_layers"], enable_nested_tensor=False).eval()
+    emb, head = torch.nn.Embedding(VOCAB, d), torch.nn.Linear(d, VOCAB)
+
+    def f(tokens):
+        with torch.inference_mode():
+            x = torch.as_tensor(tokens)
+            mask = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+            return head(stack(emb(x), mask=mask, is_causal=True)[:, -1])
+    return f
+
+
+def bench_contexts(size, batch, contexts, reps, steps):
+    cfg = ModelConfig(arch="decoder_only", vocab_size=VOCAB, max_len=max(contexts) + steps + 1,
+                      positional="rope", norm_position="pre", dropout=0.0, **SIZES[size])
     graphdef, state = nnx.split(build_model(cfg))
     fwd = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t)[:, -1])
-    prefill = jax.jit(lambda s, c, t, p, v: decoder_step(nnx.merge(graphdef, s), c, t, p, v))
-    step = jax.jit(lambda s, c, t, p, v: decoder_step(nnx.merge(graphdef, s), c, t, p, v))
+    prefill = jax.jit(lambda s, c, t, p, v: decoder_step(nnx.merge(graphdef, s), c, t, p, v, prefill=True))
+
+    def run_steps(s, cache, tok, pos):
+        m = nnx.merge(graphdef, s)
+
+        def body(_, c):
+            cache, tok, pos = c
+            logits, cache = decoder_step(m, cache, tok, pos, jnp.ones_like(tok, bool))
+            return cache, jnp.argmax(logits, -1).astype(jnp.int32), pos + 1
+        return jax.lax.fori_loop(0, steps, body, (cache, tok, pos))[1]
+    loop = jax.jit(run_steps, donate_argnums=1)
+    tf = torch_forward(size)
     rows = []
     for c in contexts:
-        toks = jax.random.randint(jax.random.key(c), (batch, c), 1, 256)
+        toks = jax.random.randint(jax.random.key(c), (batch, c), 1, VOCAB)
         pos = jnp.broadcast_to(jnp.arange(c), (batch, c))
         ones = jnp.ones((batch, c), bool)
-        cache = init_cache(cfg, batch, c + 1)
+        cache = init_cache(cfg, batch, c + steps)
         naive = median_ms(lambda: fwd(state, toks), reps)
         ttft = median_ms(lambda: prefill(state, cache, toks, pos, ones), reps)
         _, filled = prefill(state, cache, toks, pos, ones)
-        one = (toks[:, :1], jnp.full((batch, 1), c), jnp.ones((batch, 1), bool))
-        cached = median_ms(lambda: step(state, filled, *one), reps)
-        rows.append({"size": size, "batch": batch, "context": c, "naive_ms": naive, "cached_ms": cached,
-                     "speedup": naive / cached, "ttft_ms": ttft})
-        print(rows[-1], flush=True)
+        start = (toks[:, -1:], jnp.full((batch, 1), c, jnp.int32))
+        cached = median_ms(lambda c2: loop(state, c2, *start), reps,
+                           setup=lambda: (jax.tree.map(jnp.copy, filled),)) / steps
+        row = {"size": size, "batch": batch, "context": c, "naive_ms": naive, "cached_ms": cached,
+               "speedup": naive / cached, "ttft_ms": ttft}
+        if tf is not None:
+            np_toks = np.asarray(toks).astype(np.int64)
+            row["torch_naive_ms"] = median_ms(lambda: tf(np_toks), reps)
+        rows.append(row)
+        print(row, flush=True)
     return rows
+
+
+def bench_end_to_end(size, batch, prompt, new, reps):
+    cfg = ModelConfig(arch="decoder_only", vocab_size=VOCAB, max_len=prompt + new, positional="rope",
+                      norm_position="pre", dropout=0.0, **SIZES[size])
+    model = build_model(cfg)
+    graphdef, state = nnx.split(model)
+    toks = jax.random.randint(jax.random.key(1), (batch, prompt), 1, VOCAB).astype(jnp.int32)
+    pick = jax.jit(lambda s, t: jnp.argmax(nnx.merge(graphdef, s)(t)[:, -1], -1).astype(jnp.int32))
+
+    def naive():
+        seq = toks
+        for _ in range(new):
+            seq = jnp.concatenate([seq, pick(state, seq)[:, None]], 1)
+        return seq[:, prompt:]
+
+    t = time.perf_counter()
+    naive_out = jax.block_until_ready(naive())                    # compiles each length once
+    compile_s = time.perf_counter() - t
+    naive_ms = median_ms(naive, reps)
+    cached = lambda: generate_lm(model, toks, max_new=new)        # noqa: E731
+    cached_ms = median_ms(cached, reps)
+    agree = float(np.mean(np.asarray(cached()) == np.asarray(naive_out)))
+    row = {"size": size, "batch": batch, "prompt": prompt, "new": new, "naive_ms": naive_ms,
+           "cached_ms": cached_ms, "speedup": naive_ms / cached_ms, "token_agreement": agree,
+           "naive_warmup_s": compile_s}
+    print(row, flush=True)
+    return row
 
 
 def main():
@@ -67,22 +143,53 @@ def main():
     ap.add_argument("--sizes", nargs="+", default=["tiny", "base"])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--contexts", type=int, nargs="+", default=[32, 64, 128, 256, 512, 1024])
+    ap.add_argument("--steps", type=int, default=16, help="cached tokens timed per context")
+    ap.add_argument("--prompt", type=int, default=32, help="end-to-end prompt length")
+    ap.add_argument("--new", type=int, default=128, help="end-to-end new tokens")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     machine = f"{platform.machine()} {jax.devices()[0].device_kind}, {jax.device_count()} device(s), jax {jax.__version__}"
-    rows = [r for s in args.sizes for b in args.batches for r in bench(s, b, args.contexts, args.reps)]
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "decode.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
-    lines = [f"# Decode: naive recomputation vs KV cache", "",
-             f"`benchmarks/decode.py --sizes {' '.join(args.sizes)} --batches {' '.join(map(str, args.batches))} "
-             f"--contexts {' '.join(map(str, args.contexts))} --reps {args.reps}` on {machine}, "
-             f"{time.strftime('%Y-%m-%d')}. Decoder-only, RoPE, pre-LN, float32; tiny = D64/2 layers, "
-             "base = D512/N8/F2048/6 layers. Medians; written by the script.", "",
-             "| size | batch | context | naive ms/token | cached ms/token | speed-up | TTFT (prefill) ms |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['size']} | {r['batch']} | {r['context']} | {r['naive_ms']:.2f} | {r['cached_ms']:.3f} | "
-              f"{r['speedup']:.1f}× | {r['ttft_ms']:.2f} |" for r in rows]
+    try:
+        import torch
+        machine += f", torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    except ImportError:
+        machine += ", no torch"
+    rows = [r for s in args.sizes for b in args.batches for r in bench_contexts(s, b, args.contexts, args.reps,
+                                                                                  args.steps)]
+    e2e = [bench_end_to_end(s, b, args.prompt, args.new, args.reps) for s in args.sizes for b in args.batches]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "decode.json").write_text(json.dumps({"machine": machine, "args": vars(args), "rows": rows,
+                                                 "end_to_end": e2e}, indent=1))
+    cmd = (f"benchmarks/decode.py --sizes {' '.join(args.sizes)} --batches {' '.join(map(str, args.batches))} "
+           f"--contexts {' '.join(map(str, args.contexts))} --steps {args.steps} --prompt {args.prompt} "
+           f"--new {args.new} --reps {args.reps}")
+    lines = ["# Decode: naive recomputation vs KV cache", "",
+             f"`{cmd}` on {machine}, {time.strftime('%Y-%m-%d')}. Decoder-only, RoPE, pre-LN, float32, random "
+             "weights; tiny = D64/N4/F256/2 layers, base = D512/N8/F2048/6 layers. Medians; written by the script.",
+             "", "## Per token at context c", "",
+             "naive = full forward over c tokens (JAX, jitted); torch = the same in PyTorch, no cache; cached = "
+             "per-token time inside the compiled decode loop from context c; TTFT = prefill of c tokens.", "",
+             "| size | batch | context | naive ms | torch naive ms | cached ms | naive/cached | TTFT ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['size']} | {r['batch']} | {r['context']} | {r['naive_ms']:.2f} | "
+              f"{r.get('torch_naive_ms', float('nan')):.2f} | {r['cached_ms']:.3f} | {r['speedup']:.1f}× | "
+              f"{r['ttft_ms']:.2f} |" for r in rows]
+    lines += ["", "Cached per-token time at the longest context over the shortest:", ""]
+    for s in args.sizes:
+        for b in args.batches:
+            rs = [r for r in rows if r["size"] == s and r["batch"] == b]
+            lo, hi = rs[0], rs[-1]
+            lines.append(f"- {s}, batch {b}: {hi['cached_ms']:.3f} / {lo['cached_ms']:.3f} ms = "
+                         f"**{hi['cached_ms'] / lo['cached_ms']:.2f}×** (context {hi['context']} vs "
+                         f"{lo['context']})")
+    lines += ["", f"## End to end: {args.new} new tokens after a {args.prompt}-token prompt (greedy)", "",
+              "naive = Python loop over the jitted full forward on the growing sequence (compile excluded); "
+              "cached = `generate_lm` (one compiled program). Agreement = fraction of identical tokens.", "",
+              "| size | batch | naive ms | cached ms | speed-up | token agreement |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['size']} | {r['batch']} | {r['naive_ms']:.1f} | {r['cached_ms']:.1f} | "
+              f"**{r['speedup']:.1f}×** | {100 * r['token_agreement']:.0f}% |" for r in e2e]
     (out / "decode.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

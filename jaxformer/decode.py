@@ -1,17 +1,17 @@
 """Autoregressive decoding with an explicit KV cache, compiled end to end.
 
-The cache is a pytree passed in and returned: k, v [L,B,K,S,H], per-slot absolute positions [B,S] and validity
+The cache is a pytree passed in and returned: k, v [L,B,S,K,H], per-slot absolute positions [B,S] and validity
 [B,S], and the next write slot. Attention over the cache is causal over *positions* and ignores invalid slots,
 so left-, right- or un-padded prompt batches all decode exactly as each prompt alone.
 
-Layout: k/v keep kv-heads before slots ([L,B,K,S,H], not [L,B,S,K,H]) because the per-head q·kᵀ of a decode
-step then reads each head's [S,H] block contiguously; with slots first XLA:CPU transposes the whole cache in
-every layer of every step (6x slower at S=1089, `benchmarks/cache_layout.py`). Each step reads the cache once
-(as an attention segment, never concatenated) and writes only its T new slots, in place inside the loop.
+Each step reads every layer's cache once, as the first of two attention segments (cache, new keys) that are
+never concatenated, and writes only its T new slots, in place inside the compiled loop: per-token time grows
+only with the bytes of cache read (`benchmarks/decode.py`). `benchmarks/cache_layout.py` measures the
+alternative layout [L,B,K,S,H] (kv-heads before slots), which XLA:CPU attends over without a transpose.
 Axis legend: B batch, P prompt length, S cache slots / source length, T step length, V vocab, L layers,
 K kv heads, H head dim.
-`greedy_naive` / `generate_lm_naive` recompute the full forward pass each step (the baselines the cache is
-measured against).
+`greedy_naive` recomputes the full forward pass each step (the baseline the cache is measured against;
+`benchmarks/decode.py` times the same for decoder-only models).
 """
 from __future__ import annotations
 
@@ -28,16 +28,16 @@ from jaxformer.nn.models import DTYPES
 
 
 class KVCache(NamedTuple):
-    k: jax.Array          # [L,B,K,S,H]
-    v: jax.Array          # [L,B,K,S,H]
+    k: jax.Array          # [L,B,S,K,H]
+    v: jax.Array          # [L,B,S,K,H]
     positions: jax.Array  # [B,S] int32 absolute position of the token in each slot
     valid: jax.Array      # [B,S] bool, slot holds a real token
     index: jax.Array      # [] int32, next slot to write
 
 
 def init_cache(cfg, batch: int, length: int) -> KVCache:
-    """An empty cache of `length` slots for a model config: k, v [L,B,K,S,H] zeros, no valid slot."""
-    shape = (cfg.num_decoder_layers, batch, cfg.kv_heads, length, cfg.head_dim)
+    """An empty cache of `length` slots for a model config: k, v [L,B,S,K,H] zeros, no valid slot."""
+    shape = (cfg.num_decoder_layers, batch, length, cfg.kv_heads, cfg.head_dim)
     z = jnp.zeros(shape, DTYPES[cfg.dtype])
     return KVCache(z, z, jnp.zeros((batch, length), jnp.int32), jnp.zeros((batch, length), bool),
                    jnp.zeros((), jnp.int32))
@@ -51,10 +51,10 @@ def decoder_step(model, cache: KVCache, tokens, positions, valid, memory_kv=None
     Each layer attends over its S cached slots followed by the T new keys (slots [index, index+T) are still
     invalid in the old cache, so nothing is seen twice). prefill=True declares the cache empty, so the cached
     slots are skipped and a prompt's first pass costs exactly a plain forward pass. memory_kv: cross-attention
-    k/v of the encoder memory, [L,B,K,S,H] each (`cross_kv`)."""
+    k/v of the encoder memory, [L,B,S,K,H] each (`cross_kv`)."""
     i = cache.index
     positions = positions.astype(jnp.int32)
-    past = cache if not prefill else KVCache(cache.k[..., :0, :], cache.v[..., :0, :], cache.positions[:, :0],
+    past = cache if not prefill else KVCache(cache.k[:, :, :0], cache.v[:, :, :0], cache.positions[:, :0],
                                              cache.valid[:, :0], i)
     kv_pos = jnp.concatenate([past.positions, positions], axis=1)                      # [B,S+T]
     mask = ops.position_causal_mask(positions, kv_pos, jnp.concatenate([past.valid, valid], axis=1))
@@ -65,15 +65,14 @@ def decoder_step(model, cache: KVCache, tokens, positions, valid, memory_kv=None
     x, (k, v) = model.decoder(x, per_layer=per_layer, mask=mask, positions=positions, kv_positions=kv_pos,
                               memory_mask=memory_mask)                                  # k, v [L,B,T,K,H]
     write = lambda buf, new, axis: jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), i, axis=axis)
-    new_cache = KVCache(write(cache.k, jnp.swapaxes(k, 2, 3), 3), write(cache.v, jnp.swapaxes(v, 2, 3), 3),
+    new_cache = KVCache(write(cache.k, k, 2), write(cache.v, v, 2),
                         write(cache.positions, positions, 1), write(cache.valid, valid, 1), i + tokens.shape[1])
     return model.embed.logits(x), new_cache
 
 
 def cross_kv(model, memory):
-    """Each decoder layer's cross-attention k, v of the encoder memory [B,S,D], computed once: 2 x [L,B,K,S,H]."""
-    return model.decoder.layers.map(
-        lambda blk: tuple(jnp.swapaxes(a, 1, 2) for a in blk.cross_attn.project_kv(memory)))
+    """Each decoder layer's cross-attention k, v of the encoder memory [B,S,D], computed once: 2 x [L,B,S,K,H]."""
+    return model.decoder.layers.map(lambda blk: blk.cross_attn.project_kv(memory))
 
 
 def sample_logits(logits, key, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):

@@ -92,6 +92,30 @@ def test_seq2seq_cached_logits_equal_full_forward(pe, norm, pad):
 
 
 @pytest.mark.parametrize("pe", PE)
+def test_prefill_flag_and_chunked_prefill_equal_the_generic_step(pe):
+    """prefill=True (skip the empty cache) gives the same logits and cache as attending over the empty cache;
+    a prompt fed in two chunks gives the same logits as one pass; cache k/v are [L,B,S,K,H]."""
+    cfg = cfg_for("decoder_only", pe, "pre")
+    m = build_model(cfg, seed=5)
+    prompts = jnp.asarray(ragged_prompts(np.random.default_rng(5), "left"))
+    valid = prompts != 0
+    pos = jnp.maximum(jnp.cumsum(valid, 1) - 1, 0)
+    cache = init_cache(cfg, 3, 10)
+    assert cache.k.shape == (cfg.num_decoder_layers, 3, 10, cfg.kv_heads, cfg.head_dim)
+    lg_a, c_a = decoder_step(m, cache, prompts, pos, valid)
+    lg_b, c_b = decoder_step(m, cache, prompts, pos, valid, prefill=True)
+    np.testing.assert_allclose(np.asarray(lg_b), np.asarray(lg_a), atol=1e-6)
+    for x, y in zip(c_a, c_b):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+    lg1, c = decoder_step(m, cache, prompts[:, :4], pos[:, :4], valid[:, :4], prefill=True)
+    lg2, c = decoder_step(m, c, prompts[:, 4:], pos[:, 4:], valid[:, 4:])
+    got = jnp.concatenate([lg1, lg2], 1)
+    err = jnp.max(jnp.abs(jnp.where(valid[..., None], got - lg_a, 0.0)))
+    assert float(err) <= 1e-5
+    assert int(c.index) == 6 and bool((c.valid[:, :6] == valid).all()) and not bool(c.valid[:, 6:].any())
+
+
+@pytest.mark.parametrize("pe", PE)
 def test_ragged_batched_greedy_equals_each_prompt_alone(pe):
     model = build_model(cfg_for("decoder_only", pe, "pre"), seed=3)
     prompts = ragged_prompts(np.random.default_rng(2), "left")

@@ -232,6 +232,35 @@ def test_unknown_backend_raises():
         dot_product_attention(q, k, v, backend="flash9000")
 
 
+@pytest.mark.parametrize("cuts", [(2,), (1, 4), (0, 6), (3, 3)])
+def test_attention_over_key_segments_equals_concatenated_keys(cuts):
+    """k/v given as segments along S (a cache + new keys) are the same attention as their concatenation,
+    including weights, bias, masks with dead rows, and gradients with respect to every segment."""
+    q, k, v = (jnp.asarray(a) for a in qkv(111, n=4, kh=2))
+    mask = jnp.asarray(random_mask(112, (2, 4, 5, 6)))
+    bias = jnp.asarray(np.random.default_rng(113).normal(size=(1, 4, 5, 6)), jnp.float32)
+    bounds = (0, *cuts, 6)
+    split = lambda a: tuple(a[:, i:j] for i, j in zip(bounds[:-1], bounds[1:]))  # noqa: E731
+    whole, w_whole = dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=True)
+    seg, w_seg = dot_product_attention(q, split(k), list(split(v)), mask=mask, bias=bias, return_weights=True)
+    np.testing.assert_allclose(np.asarray(seg), np.asarray(whole), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(w_seg), np.asarray(w_whole), atol=1e-7)
+    loss = lambda k, v: jnp.sum(jnp.sin(dot_product_attention(q, split(k), split(v), mask=mask)))  # noqa: E731
+    ref = lambda k, v: jnp.sum(jnp.sin(dot_product_attention(q, k, v, mask=mask)))  # noqa: E731
+    for g_seg, g_ref in zip(jax.jit(jax.grad(loss, (0, 1)))(k, v), jax.grad(ref, (0, 1))(k, v)):
+        np.testing.assert_allclose(np.asarray(g_seg), np.asarray(g_ref), atol=1e-6)
+
+
+def test_attention_segment_errors_are_named():
+    q, k, v = (jnp.asarray(a) for a in qkv(121))
+    with pytest.raises(ValueError, match="same number of segments"):
+        dot_product_attention(q, (k[:, :2], k[:, 2:]), v)
+    with pytest.raises(ValueError, match="non-empty"):
+        dot_product_attention(q, (), ())
+    with pytest.raises(ValueError, match="disagree on B, K or H"):
+        dot_product_attention(q, (k, k[:, :, :1]), (v, v[:, :, :1]))
+
+
 # ----------------------------------------------------------------------------- attention: transforms
 
 def test_attention_jit_equals_eager_and_vmap_equals_loop():

@@ -83,11 +83,6 @@ class Residual(nnx.Module):
         return (y if self.pre else self.norm(y)), extra
 
 
-def _bskh(x: jax.Array) -> jax.Array:
-    """A cache tensor [B,K,S,H] as the attention contract's [B,S,K,H] (XLA folds this into the dot, no copy)."""
-    return jnp.swapaxes(x, 1, 2)
-
-
 class EncoderBlock(nnx.Module):
     """Self-attention -> FFN, each wrapped by Residual."""
 
@@ -108,11 +103,10 @@ class EncoderBlock(nnx.Module):
 class DecoderBlock(nnx.Module):
     """Masked self-attention -> cross-attention over encoder memory (if cross) -> FFN.
 
-    With `cache=(k, v)` ([B,K,S,H] each: this layer's cached keys/values, kv-heads before slots) the
-    self-attention attends over the S cached keys followed by this step's T new keys, as two segments (no copy
-    of the cache); the caller's mask [B,1,T,S+T] and kv_positions [B,S+T] decide what is visible. The block
-    then also returns the new (k, v) [B,T,K,H] for the caller to write into its cache.
-    Precomputed cross-attention memory_kv is laid out the same way ([B,K,S,H] each).
+    With `cache=(k, v)` ([B,S,K,H] each: this layer's cached keys/values) the self-attention attends over
+    the S cached keys followed by this step's T new keys, as two segments (no copy of the cache); the
+    caller's mask [B,1,T,S+T] and kv_positions [B,S+T] decide what is visible. The block then also returns
+    the new (k, v) [B,T,K,H] for the caller to write into its cache.
     """
 
     def __init__(self, cfg: ModelConfig, *, cross: bool, rngs: nnx.Rngs):
@@ -132,7 +126,7 @@ class DecoderBlock(nnx.Module):
         q = self.self_attn.project_q(y, positions)
         k, v = self.self_attn.project_kv(y, positions)
         k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
-        keys, values = (_bskh(k_cache), k), (_bskh(v_cache), v)            # segments: S cached + T new
+        keys, values = (k_cache, k), (v_cache, v)                          # segments: S cached + T new
         out = self.self_attn.attend(q, keys, values, mask=mask, q_positions=positions, kv_positions=kv_positions)
         return out, (k, v)
 
@@ -140,14 +134,14 @@ class DecoderBlock(nnx.Module):
                  memory: jax.Array | None = None, memory_kv: tuple[jax.Array, jax.Array] | None = None,
                  memory_mask: jax.Array | None = None, rngs: nnx.Rngs | None = None,
                  cache: tuple[jax.Array, jax.Array] | None = None, kv_positions: jax.Array | None = None):
-        """x [B,T,D]; memory [B,S,D] (or its precomputed cross k/v [B,K,S,H] x2); masks broadcast to
+        """x [B,T,D]; memory [B,S,D] (or its precomputed cross k/v [B,S,K,H] x2); masks broadcast to
         [B,N,T,S]. Returns [B,T,D], or ([B,T,D], (k, v) [B,T,K,H]) when a cache is given."""
         x, new_kv = self.res_self(x, lambda y: self._self_attention(y, mask, positions, cache, kv_positions), rngs)
         if self.cross:
             def cross(y):
                 if memory_kv is not None:
                     q = self.cross_attn.project_q(y)
-                    return self.cross_attn.attend(q, *map(_bskh, memory_kv), mask=memory_mask)
+                    return self.cross_attn.attend(q, *memory_kv, mask=memory_mask)
                 return self.cross_attn(y, memory, mask=memory_mask)
             x, _ = self.res_cross(x, cross, rngs)
         x, _ = self.res_ffn(x, self.ffn, rngs)
