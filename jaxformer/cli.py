@@ -1,4 +1,5 @@
-"""Command line: `jaxformer train CONFIG [--set k=v ...] [--workdir DIR]`, `jaxformer eval`, `jaxformer params`."""
+"""Command line: `jaxformer train CONFIG [--set k=v ...] [--workdir DIR]`, `jaxformer eval --workdir RUN`,
+`jaxformer generate --workdir RUN [--prompt TEXT ...]`, `jaxformer params CONFIG`."""
 from __future__ import annotations
 
 import argparse
@@ -8,8 +9,10 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from jaxformer.config import ConfigError, apply_overrides, load_config_file
+from jaxformer.data import DataError
 
 console = Console()
 
@@ -67,6 +70,32 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_generate(args) -> int:
+    from jaxformer.inference import generate_text, load_run
+    run = load_run(args.workdir, args.which)
+    prompts = args.prompt or default_prompts(run)
+    outs = generate_text(run, prompts, max_new=args.max_new, temperature=args.temperature, top_k=args.top_k,
+                         top_p=args.top_p, beam=args.beam, seed=args.seed)
+    how = f"beam {args.beam}" if args.beam > 1 else ("greedy" if args.temperature == 0 else
+                                                      f"temperature {args.temperature}, top-k {args.top_k}, "
+                                                      f"top-p {args.top_p}, seed {args.seed}")
+    console.print(f"{args.workdir}: {args.which} checkpoint (step {run.step}), {how}")
+    seq2seq = run.cfg.model.arch == "encoder_decoder"
+    for p, o in zip(prompts, outs):
+        console.print(Text.assemble((p, "bold"), (" -> " if seq2seq else "", "dim"), (o, "green")))
+    return 0
+
+
+def default_prompts(run) -> list[str]:
+    """Three held-out inputs of the run's task (an LM gets their first half)."""
+    from jaxformer.data import build_task
+    task = build_task(run.cfg.data, run.tokenizer)
+    tok = task.tokenizer
+    if task.kind == "seq2seq":
+        return [tok.decode(s) for s in task.eval["src"][:3]]
+    return [tok.decode(x[: max(1, len(x) // 2)]) for x in task.eval["inputs"][:3]]
+
+
 def cmd_params(args) -> int:
     import jax
     import jax.numpy as jnp
@@ -99,11 +128,27 @@ def main(argv=None) -> int:
     q = sub.add_parser("params", help="build a config's model, print its parameter table, run a forward pass")
     q.add_argument("config")
     q.add_argument("--set", action="append", metavar="KEY=VALUE")
+    g = sub.add_parser("generate", help="decode prompts with a run's best (or latest) checkpoint (KV-cached)")
+    g.add_argument("--workdir", required=True)
+    g.add_argument("--prompt", action="append", help="a prompt (repeatable; batched in one call). Default: three "
+                   "held-out inputs of the run's task")
+    g.add_argument("--which", choices=("best", "latest"), default="best")
+    g.add_argument("--max-new", type=int, default=None, help="tokens to generate (default: enough for a seq2seq "
+                   "answer; up to 200 characters for an LM)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--beam", type=int, default=1, help="beam width (encoder-decoder runs)")
+    g.add_argument("--seed", type=int, default=0, help="sampling PRNG seed")
     args = p.parse_args(argv)
+    cmds = {"train": cmd_train, "eval": cmd_eval, "params": cmd_params, "generate": cmd_generate}
     try:
-        return {"train": cmd_train, "eval": cmd_eval, "params": cmd_params}[args.cmd](args)
+        return cmds[args.cmd](args)
     except ConfigError as e:
         console.print(f"[red]config error:[/red] {e}")
+        return 2
+    except DataError as e:
+        console.print(f"[red]data error:[/red] {e}")
         return 2
 
 

@@ -116,7 +116,20 @@ def _loop(step_fn, first_logits, start_pos, cache, key, max_new, eos_id, pad_id,
     return jax.lax.while_loop(cond, body, init)[-1]
 
 
+def _sampling(temperature: float, top_k: int, top_p: float) -> tuple[float, int, float]:
+    """Validated, hashable sampling settings (a static argument of the compiled programs)."""
+    if not temperature >= 0.0:
+        raise ConfigError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+    if top_k < 0:
+        raise ConfigError(f"top_k={top_k} must be >= 0 (0 = off)")
+    if not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_p={top_p} must be in (0, 1] (1 = off)")
+    return float(temperature), int(top_k), float(top_p)
+
+
 def _check_room(cfg, prompt_len: int, max_new: int, cache_len: int | None):
+    if max_new < 1:
+        raise ConfigError(f"max_new={max_new} must be >= 1")
     total = prompt_len + max_new
     if cache_len is not None and total > cache_len:
         raise ConfigError(f"prompt length {prompt_len} + max_new {max_new} = {total} exceeds the cache length "
@@ -148,7 +161,7 @@ def generate_lm(model, prompts, *, max_new: int, key=None, temperature: float = 
     graphdef, state = nnx.split(model)
     key = jax.random.key(0) if key is None else key
     return _generate_lm(graphdef, state, prompts, key, max_new=max_new, eos_id=eos_id,
-                        sampling=(float(temperature), int(top_k), float(top_p)), cache_len=cache_len)
+                        sampling=_sampling(temperature, top_k, top_p), cache_len=cache_len)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "bos_id", "eos_id", "sampling"))
@@ -168,11 +181,11 @@ def generate_seq2seq(model, src, *, max_new: int, bos_id: int, eos_id: int | Non
                      temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
     """Transformer (encoder-decoder) sampling. src [B,S] (pad = cfg.pad_id) -> [B,max_new] (pad after EOS).
     The encoder and the cross-attention k/v run once; the decoder runs cached steps in a while_loop."""
-    _check_room(model.cfg, 1, max_new - 1, None)
+    _check_room(model.cfg, 0, max_new, None)                       # positions 0 .. max_new-1
     graphdef, state = nnx.split(model)
     key = jax.random.key(0) if key is None else key
     return _generate_seq2seq(graphdef, state, jnp.asarray(src, jnp.int32), key, max_new=max_new, bos_id=bos_id,
-                             eos_id=eos_id, sampling=(float(temperature), int(top_k), float(top_p)))
+                             eos_id=eos_id, sampling=_sampling(temperature, top_k, top_p))
 
 
 def finish_after_eos(tokens: jax.Array, eos_id: int, pad_id: int) -> jax.Array:
@@ -250,6 +263,7 @@ def beam_search(model, src, *, max_new: int, bos_id: int, eos_id: int | None, be
     log-probability / ((5 + length) / 6) ** length_penalty. beam=1 is greedy decoding."""
     if beam < 1 or beam > model.cfg.vocab_size:
         raise ConfigError(f"beam={beam} must be in [1, vocab_size={model.cfg.vocab_size}]")
+    _check_room(model.cfg, 0, max_new, None)
     graphdef, state = nnx.split(model)
     return _beam_search(graphdef, state, jnp.asarray(src, jnp.int32), max_new=max_new, bos_id=bos_id,
                         eos_id=eos_id, beam=beam, length_penalty=float(length_penalty))

@@ -142,7 +142,7 @@ def test_every_config_file_loads_and_builds(path):
         cfg = apply_overrides(cfg, [f"data.path={ROOT / cfg.data.path}"])
         if not Path(cfg.data.path).exists():
             pytest.skip(f"corpus {cfg.data.path} absent")
-    cfg = resolve(cfg, build_task(cfg.data))
+    cfg = resolve(cfg, build_task(cfg.data).tokenizer)
     abstract = nnx.eval_shape(lambda: build_model(cfg.model))
     n = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
     assert n > 0

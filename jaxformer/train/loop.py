@@ -27,11 +27,11 @@ class NonFiniteLoss(RuntimeError):
     """The training loss became NaN/Inf; the message names the step. Checkpoints before it are kept."""
 
 
-def resolve(cfg: Config, task: Task) -> Config:
-    """Fill model.vocab_size from the task's tokenizer (0 = auto) and check it is large enough."""
+def resolve(cfg: Config, tokenizer) -> Config:
+    """Fill model.vocab_size from the tokenizer (0 = auto) and check it is large enough."""
     import dataclasses
     from jaxformer.config import ConfigError
-    v = task.tokenizer.vocab_size
+    v = tokenizer.vocab_size
     if cfg.model.vocab_size == 0:
         return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=v))
     if cfg.model.vocab_size < v:
@@ -39,14 +39,20 @@ def resolve(cfg: Config, task: Task) -> Config:
     return cfg
 
 
+def model_and_optimizer(cfg: Config):
+    """-> (graphdef, state) of (model, optimizer) for a resolved config: the training state and the
+    checkpoint layout."""
+    model = build_model(cfg.model, seed=cfg.train.seed)
+    opt = nnx.Optimizer(model, optimizer(cfg.optim, cfg.train.steps), wrt=nnx.Param)
+    return nnx.split((model, opt))
+
+
 def setup(cfg: Config, workdir: Path | None):
     """-> (cfg resolved, task, graphdef, state). Reuses a run's saved tokenizer when present."""
     tok_path = workdir / "tokenizer.json" if workdir else None
     task = build_task(cfg.data, load_tokenizer(tok_path) if tok_path and tok_path.exists() else None)
-    cfg = resolve(cfg, task)
-    model = build_model(cfg.model, seed=cfg.train.seed)
-    opt = nnx.Optimizer(model, optimizer(cfg.optim, cfg.train.steps), wrt=nnx.Param)
-    graphdef, state = nnx.split((model, opt))
+    cfg = resolve(cfg, task.tokenizer)
+    graphdef, state = model_and_optimizer(cfg)
     return cfg, task, graphdef, state
 
 

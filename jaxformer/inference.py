@@ -1,0 +1,101 @@
+"""Inference from a run directory: restore a checkpoint without the training data, decode text prompts.
+
+`load_run` rebuilds the model from the run's config.json + tokenizer.json and restores its best (or latest)
+checkpoint; `generate_text` turns prompts into continuations with the compiled, KV-cached decoder
+(`jaxformer.decode`): answers for seq2seq runs (e.g. digit reversal), continuations for language models.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxformer.config import Config, ConfigError
+from jaxformer.data import DataError, load_tokenizer
+from jaxformer.data.tokenizers import DigitTokenizer
+from jaxformer.decode import beam_search, generate_lm, generate_seq2seq
+from jaxformer.train.checkpoint import Checkpoints, load_run_config
+from jaxformer.train.loop import model_and_optimizer, resolve
+
+
+@dataclasses.dataclass
+class LoadedRun:
+    cfg: Config          # resolved (vocab_size filled in)
+    tokenizer: object
+    model: nnx.Module
+    step: int            # the restored checkpoint's step
+
+
+def load_run(workdir: str | Path, which: str = "best") -> LoadedRun:
+    """Restore a run's `which` checkpoint ("best", falling back to "latest", or "latest"); needs no data."""
+    workdir = Path(workdir)
+    if which not in ("best", "latest"):
+        raise ConfigError(f"which={which!r} must be 'best' or 'latest'")
+    cfg = load_run_config(workdir)
+    tok_path = workdir / "tokenizer.json"
+    if not tok_path.exists():
+        raise ConfigError(f"{workdir} has no tokenizer.json (not a finished run directory)")
+    tokenizer = load_tokenizer(tok_path)
+    cfg = resolve(cfg, tokenizer)
+    graphdef, state = model_and_optimizer(cfg)
+    ckpt = Checkpoints(workdir, cfg.train.keep_checkpoints, cfg.train.best_metric, cfg.train.best_mode)
+    try:
+        restored = ckpt.restore(state, which) or ckpt.restore(state, "latest")
+    finally:
+        ckpt.close()
+    if restored is None:
+        raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
+    step, state, _ = restored
+    return LoadedRun(cfg, tokenizer, nnx.merge(graphdef, state)[0], step)
+
+
+def _encode(tokenizer, prompt: str) -> np.ndarray:
+    if isinstance(tokenizer, DigitTokenizer):
+        if not prompt.isdigit():
+            raise DataError(f"prompt {prompt!r}: a digit-task run takes strings of digits 0-9")
+        return tokenizer.encode([int(c) for c in prompt])
+    if not prompt:
+        raise DataError("an empty prompt: a character LM needs at least one character to continue")
+    return tokenizer.encode(prompt)
+
+
+def _pad(rows: list[np.ndarray], pad_id: int, left: bool) -> np.ndarray:
+    width = max(len(r) for r in rows)
+    out = np.full((len(rows), width), pad_id, np.int32)
+    for i, r in enumerate(rows):
+        if left:
+            out[i, width - len(r):] = r
+        else:
+            out[i, : len(r)] = r
+    return out
+
+
+def generate_text(run: LoadedRun, prompts: list[str], *, max_new: int | None = None, temperature: float = 0.0,
+                  top_k: int = 0, top_p: float = 1.0, beam: int = 1, seed: int = 0) -> list[str]:
+    """Decode a batch of text prompts in one compiled call. Seq2seq runs: the answer to each prompt (up to
+    EOS; default max_new = longest prompt + 1, enough for reversal/copy). LM runs: each prompt's continuation
+    (default max_new = min(200, room left under model.max_len)). beam > 1: beam search (seq2seq only)."""
+    if not prompts:
+        raise DataError("no prompts given")
+    tok, cfg = run.tokenizer, run.cfg.model
+    rows = [_encode(tok, p) for p in prompts]
+    key = jax.random.key(seed)
+    if cfg.arch == "encoder_decoder":
+        src = _pad([np.append(r, tok.eos_id) for r in rows], tok.pad_id, left=False)
+        max_new = src.shape[1] if max_new is None else max_new
+        if beam > 1:
+            out = beam_search(run.model, src, max_new=max_new, bos_id=tok.bos_id, eos_id=tok.eos_id, beam=beam)
+        else:
+            out = generate_seq2seq(run.model, src, max_new=max_new, bos_id=tok.bos_id, eos_id=tok.eos_id,
+                                   key=key, temperature=temperature, top_k=top_k, top_p=top_p)
+    else:
+        if beam > 1:
+            raise ConfigError(f"beam={beam}: beam search is implemented for encoder-decoder runs only")
+        src = _pad(rows, cfg.pad_id, left=True)
+        max_new = max(1, min(200, cfg.max_len - src.shape[1])) if max_new is None else max_new
+        out = generate_lm(run.model, src, max_new=max_new, key=key, temperature=temperature, top_k=top_k,
+                          top_p=top_p)
+    return [tok.decode(r) for r in np.asarray(out)]
