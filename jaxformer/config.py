@@ -30,6 +30,30 @@ def positive(field: str, value: Any, allow_zero: bool = False) -> None:
         raise ConfigError(f"{field}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
 
 
+def _type_ok(value: Any, typ: Any) -> bool:
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(typ))
+    if typ is type(None):
+        return value is None
+    if typ is bool:
+        return isinstance(value, bool)
+    if typ is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if typ is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, typ) if isinstance(typ, type) else True
+
+
+def check_types(cfg: Any, section: str) -> None:
+    """Every field holds a value of its declared type (bool is not an int; an int is a float)."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if not _type_ok(v, hints[f.name]):
+            want = str(hints[f.name]).replace("<class '", "").replace("'>", "")
+            raise ConfigError(f"{section}.{f.name}={v!r} must be of type {want}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Transformer hyper-parameters. Defaults are the 2017 paper's base model (seed 000)."""
@@ -57,6 +81,7 @@ class ModelConfig:
     dtype: str = "float32"                 # compute dtype of activations: float32 | bfloat16 | float16
 
     def __post_init__(self):
+        check_types(self, "model")
         choice("model.arch", self.arch, ("encoder_decoder", "decoder_only"))
         if not isinstance(self.vocab_size, int) or self.vocab_size < 0:
             raise ConfigError(f"model.vocab_size={self.vocab_size!r} must be a positive integer (or 0 = from data)")
@@ -132,6 +157,7 @@ class DataConfig:
     eval_fraction: float = 0.1             # contiguous tail held out
 
     def __post_init__(self):
+        check_types(self, "data")
         choice("data.task", self.task, ("reverse", "copy", "text"))
         for f in ("batch_size", "num_train", "num_eval", "min_len", "max_len", "block_size"):
             v = getattr(self, f)
@@ -169,6 +195,7 @@ class OptimConfig:
     label_smoothing: float = 0.0
 
     def __post_init__(self):
+        check_types(self, "optim")
         choice("optim.name", self.name, ("adamw", "sgd"))
         choice("optim.schedule", self.schedule, ("constant", "noam", "warmup_cosine"))
         positive("optim.lr", self.lr)
@@ -192,6 +219,7 @@ class TrainConfig:
     num_examples: int = 5                  # decoded examples printed after the final eval
 
     def __post_init__(self):
+        check_types(self, "train")
         for f in ("steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "eval_batch_size"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:

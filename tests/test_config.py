@@ -126,6 +126,15 @@ def test_learned_lm_called_beyond_max_len_raises():
         model(jnp.ones((1, 7), jnp.int32))
 
 
+@pytest.mark.parametrize("kind", ["learned", "sinusoidal"])
+def test_explicit_positions_beyond_the_table_raise_eagerly(kind):
+    model = build_model(tiny(arch="decoder_only", num_encoder_layers=0, positional=kind, max_len=8))
+    x = jnp.ones((1, 3), jnp.int32)
+    assert np.isfinite(np.asarray(model(x, positions=jnp.asarray([[5, 6, 7]])))).all()   # last row of the table
+    with raises_naming("position 8", "model.max_len=8"):
+        model(x, positions=jnp.asarray([[6, 7, 8]]))
+
+
 def test_sinusoidal_encoder_decoder_called_beyond_max_len_raises():
     cfg = tiny(positional="sinusoidal", max_len=5)
     model = build_model(cfg)
@@ -215,3 +224,20 @@ def test_nan_and_inf_positive_floats_are_rejected(field, value):
         tiny(**{field: float(value)})
     with raises_naming(f"model.{field}", value):
         override(Config(), f"model.{field}", value)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: tiny(dropout="0.1"), "model.dropout='0.1' must be of type float"),
+    (lambda: tiny(num_decoder_layers=True), "model.num_decoder_layers=True must be of type int"),
+    (lambda: tiny(d_model=16.0), "model.d_model=16.0 must be of type int"),
+    (lambda: tiny(final_norm=1), "model.final_norm=1 must be of type bool | None"),
+    (lambda: DataConfig(gutenberg="no"), "data.gutenberg='no' must be of type bool"),
+    (lambda: DataConfig(num_chars=1e4), "data.num_chars=10000.0 must be of type int | None"),
+])
+def test_wrong_types_are_config_errors_naming_field_value_and_type(make, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make()
+
+
+def test_ints_are_accepted_where_floats_are_declared():
+    assert tiny(rope_base=10000, norm_eps=1).rope_base == 10000

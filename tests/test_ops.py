@@ -251,6 +251,25 @@ def test_attention_over_key_segments_equals_concatenated_keys(cuts):
         np.testing.assert_allclose(np.asarray(g_seg), np.asarray(g_ref), atol=1e-6)
 
 
+@pytest.mark.parametrize("n,kh", [(4, 4), (4, 2), (4, 1), (32, 8)])
+def test_single_query_path_matches_reference_values_and_gradients(n, kh):
+    """T=1 with N <= 16 heads contracts over the cache's own layout (all heads + diagonal); N=32 takes the
+    per-head path. Both must equal the NumPy reference, with masks, bias and a cache + new-key segment split."""
+    q, k, v = qkv(131, b=3, t=1, s=7, n=n, kh=kh)
+    mask = np.random.default_rng(132).random((3, 1, 1, 7)) < 0.7
+    mask[0] = False                                                  # a fully-masked row
+    bias = np.random.default_rng(133).normal(size=(1, n, 1, 7)).astype(np.float32)
+    want, _ = ref_attention(q, k, v, mask, bias)
+    args = [jnp.asarray(a) for a in (q, k, v)]
+    got = dot_product_attention(*args, mask=jnp.asarray(mask), bias=jnp.asarray(bias))
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+    seg = lambda a: (a[:, :6], a[:, 6:])  # noqa: E731
+    got_seg = jax.jit(lambda q, k, v: dot_product_attention(q, seg(k), seg(v), mask=jnp.asarray(mask)))(*args)
+    np.testing.assert_allclose(np.asarray(got_seg), ref_attention(q, k, v, mask)[0], atol=1e-5)
+    f = lambda q, k, v: dot_product_attention(q, k, v, mask=jnp.asarray(mask), bias=jnp.asarray(bias))  # noqa: E731
+    check_grads(f, args, order=1, modes=["rev"], eps=1e-2, atol=2e-2, rtol=2e-2)
+
+
 def test_attention_segment_errors_are_named():
     q, k, v = (jnp.asarray(a) for a in qkv(121))
     with pytest.raises(ValueError, match="same number of segments"):

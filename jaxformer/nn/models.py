@@ -9,10 +9,11 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxformer import ops
-from jaxformer.config import ModelConfig
+from jaxformer.config import ConfigError, ModelConfig
 from jaxformer.nn.layers import DecoderBlock, EncoderBlock, Norm, dropout
 from jaxformer.nn.params import param
 from jaxformer.nn.stack import LayerStack
@@ -47,6 +48,13 @@ class Embedder(nnx.Module):
         if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
             raise ValueError(f"tokens must be an integer [B,T] array; got {tokens.shape} {tokens.dtype}")
         self.cfg.check_length(tokens.shape[1])
+        if self.cfg.positional in ("sinusoidal", "learned") and not isinstance(positions, jax.core.Tracer):
+            # eager inputs only: under jit an out-of-table position cannot raise; it gives NaN (generate and
+            # the data pipeline check lengths up front)
+            top = int(np.max(np.asarray(positions), initial=-1))
+            if top >= self.cfg.max_len:
+                raise ConfigError(f"position {top} is outside model.max_len={self.cfg.max_len} "
+                                  f"(model.positional={self.cfg.positional!r} has no position beyond it)")
         x = jnp.take(self.tokens[...], tokens, axis=0)
         if self.cfg.scale_embeddings:
             x = x * math.sqrt(self.cfg.d_model)

@@ -35,6 +35,29 @@ def _check_shapes(q: jax.Array, ks: tuple[jax.Array, ...], vs: tuple[jax.Array, 
     return n, kh
 
 
+# One query position (a decode step) against a long [B,S,K,H] cache: a per-head dot would make XLA:CPU
+# transpose the whole cache to [B,K,S,H] first. Contracting over all K cache heads at once reads the cache in
+# its own layout (one matmul [S*K,H] x [H,N]) and keeps the K diagonal blocks: K times the flops of a
+# memory-bound step, so only for few heads (benchmarks/cache_layout.py measures it).
+_SINGLE_QUERY_MAX_HEADS = 16
+
+
+def _scores(qg: jax.Array, k: jax.Array, single: bool) -> jax.Array:
+    """qg [B,T,K,G,H], k [B,S,K,H] -> float32 logits [B,K,G,T,S]."""
+    if not single:
+        return jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32)
+    full = jnp.einsum("BSJH,BKGH->BSJKG", k, qg[:, 0], preferred_element_type=jnp.float32)
+    return jnp.transpose(jnp.diagonal(full, axis1=2, axis2=3), (0, 3, 2, 1))[:, :, :, None, :]  # [B,S,G,K]->
+
+
+def _mix(w: jax.Array, v: jax.Array, single: bool) -> jax.Array:
+    """weights [B,K,G,T,S], v [B,S,K,H] -> [B,K,G,T,H]."""
+    if not single:
+        return jnp.einsum("BKGTS,BSKH->BKGTH", w, v)   # this output order gives XLA:CPU a transpose-free dot
+    full = jnp.einsum("BKGTS,BSJH->BKGTJH", w, v)
+    return jnp.transpose(jnp.diagonal(full, axis1=1, axis2=4), (0, 4, 1, 2, 3))           # [B,G,T,H,K]->
+
+
 def dot_product_attention(q: jax.Array, k, v, *, mask: jax.Array | None = None,
                           bias: jax.Array | None = None, scale: float | None = None,
                           return_weights: bool = False, backend: str = "reference"):
@@ -66,8 +89,8 @@ def dot_product_attention(q: jax.Array, k, v, *, mask: jax.Array | None = None,
     g = n // kh
     scale = h ** -0.5 if scale is None else scale
     qg = q.reshape(b, t, kh, g, h)
-    logits = jnp.concatenate([jnp.einsum("BTKGH,BSKH->BKGTS", qg, x, preferred_element_type=jnp.float32)
-                              for x in ks], axis=-1)
+    single = t == 1 and n <= _SINGLE_QUERY_MAX_HEADS
+    logits = jnp.concatenate([_scores(qg, x, single) for x in ks], axis=-1)
     logits = logits.astype(jnp.float32) * scale
     if bias is not None:
         logits = logits + jnp.broadcast_to(bias, (b, n, t, s)).astype(jnp.float32).reshape(b, kh, g, t, s)
@@ -82,10 +105,9 @@ def dot_product_attention(q: jax.Array, k, v, *, mask: jax.Array | None = None,
     out, start = 0.0, 0
     for x, size in zip(vs, sizes):
         w = jax.lax.slice_in_dim(weights, start, start + size, axis=-1).astype(x.dtype)
-        out = out + jnp.einsum("BKGTS,BSKH->BKGTH", w, x)
+        out = out + _mix(w, x, single)
         start += size
-    out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, n, h).astype(q.dtype)  # BKGTH->BTKGH: XLA:CPU picks
-    # a transpose-free dot for this output order when T=1 (2x faster per decode step than einsum to BTKGH)
+    out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, n, h).astype(q.dtype)   # BKGTH -> BTKGH
     if return_weights:
         return out, weights.reshape(b, n, t, s)
     return out
