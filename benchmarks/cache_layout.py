@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer import ops
+from timing import median_ms  # benchmarks/timing.py (the script's folder is on sys.path)
 
 L, K, H = 6, 8, 64
 
@@ -70,17 +70,6 @@ def decode_loop(variant: str, steps: int):
     return jax.jit(run, donate_argnums=(0, 1))
 
 
-def time_ms(fn, make, reps):
-    jax.block_until_ready(fn(*make()))
-    ts = []
-    for _ in range(reps):
-        args = jax.block_until_ready(make())
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(1e3 * (time.perf_counter() - t))
-    return statistics.median(ts)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--slots", type=int, nargs="+", default=[128, 1089])
@@ -96,7 +85,7 @@ def main():
             for variant in ("per_head", "all_heads", "BKSH"):
                 shape = (L, b, K, s, H) if variant == "BKSH" else (L, b, s, K, H)
                 make = lambda: (jnp.zeros(shape), jnp.zeros(shape), x)  # noqa: E731
-                row[variant + "_ms"] = time_ms(decode_loop(variant, args.steps), make, args.reps) / args.steps
+                row[variant + "_ms"] = median_ms(decode_loop(variant, args.steps), args.reps, make) / args.steps
             rows.append(row)
             print(row, flush=True)
     machine = f"{platform.machine()} {jax.devices()[0].device_kind}, jax {jax.__version__}"

@@ -31,26 +31,11 @@ from flax import nnx
 from jaxformer.config import ModelConfig
 from jaxformer.decode import decoder_step, generate_lm, init_cache
 from jaxformer.nn import build_model
+from timing import median_ms, times_ms  # benchmarks/timing.py (the script's folder is on sys.path)
 
 SIZES = {"tiny": dict(d_model=64, num_heads=4, d_ff=256, num_decoder_layers=2),
          "base": dict(d_model=512, num_heads=8, d_ff=2048, num_decoder_layers=6)}
 VOCAB = 256
-
-
-def times_ms(fn, reps, setup=lambda: ()):
-    """Wall times of fn(*setup()) in ms after one warm-up call; setup runs outside the timed region."""
-    jax.block_until_ready(fn(*setup()))
-    ts = []
-    for _ in range(reps):
-        args = jax.block_until_ready(setup())
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(1e3 * (time.perf_counter() - t))
-    return ts
-
-
-def median_ms(fn, reps, setup=lambda: ()):
-    return statistics.median(times_ms(fn, reps, setup))
 
 
 def torch_forward(size):

@@ -83,15 +83,15 @@ class ModelConfig:
     def __post_init__(self):
         check_types(self, "model")
         choice("model.arch", self.arch, ("encoder_decoder", "decoder_only"))
-        if not isinstance(self.vocab_size, int) or self.vocab_size < 0:
+        if self.vocab_size < 0:
             raise ConfigError(f"model.vocab_size={self.vocab_size!r} must be a positive integer (or 0 = from data)")
         for f in ("d_model", "num_heads", "d_ff", "max_len"):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            if v <= 0:
                 raise ConfigError(f"model.{f}={v!r} must be a positive integer")
         for f in ("num_encoder_layers", "num_decoder_layers"):
             v = getattr(self, f)
-            if not isinstance(v, int) or v < 0:
+            if v < 0:
                 raise ConfigError(f"model.{f}={v!r} must be an integer >= 0")
         if self.num_decoder_layers == 0:
             raise ConfigError("model.num_decoder_layers=0: every model needs at least one decoder layer")
@@ -100,7 +100,7 @@ class ModelConfig:
         if self.d_model % self.num_heads:
             raise ConfigError(f"model.d_model={self.d_model} is not a multiple of model.num_heads={self.num_heads}")
         kv = self.kv_heads
-        if not isinstance(kv, int) or kv <= 0 or self.num_heads % kv:
+        if kv <= 0 or self.num_heads % kv:
             raise ConfigError(f"model.num_heads={self.num_heads} is not a multiple of model.num_kv_heads={kv!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout!r} must be in [0, 1)")
@@ -161,7 +161,7 @@ class DataConfig:
         choice("data.task", self.task, ("reverse", "copy", "text"))
         for f in ("batch_size", "num_train", "num_eval", "min_len", "max_len", "block_size"):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            if v <= 0:
                 raise ConfigError(f"data.{f}={v!r} must be a positive integer")
         if self.min_len > self.max_len:
             raise ConfigError(f"data.min_len={self.min_len} > data.max_len={self.max_len}")
@@ -222,7 +222,7 @@ class TrainConfig:
         check_types(self, "train")
         for f in ("steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "eval_batch_size"):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            if v <= 0:
                 raise ConfigError(f"train.{f}={v!r} must be a positive integer")
         choice("train.best_mode", self.best_mode, ("max", "min"))
         choice("train.best_metric", self.best_metric, ("loss", "token_accuracy", "exact_match"))

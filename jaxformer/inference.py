@@ -17,8 +17,8 @@ from jaxformer.config import Config, ConfigError
 from jaxformer.data import DataError, load_tokenizer
 from jaxformer.data.tokenizers import DigitTokenizer
 from jaxformer.decode import beam_search, generate_lm, generate_seq2seq
-from jaxformer.train.checkpoint import Checkpoints, load_run_config
-from jaxformer.train.loop import model_and_optimizer, resolve
+from jaxformer.train.checkpoint import load_run_config
+from jaxformer.train.loop import resolve, restore_run
 
 
 @dataclasses.dataclass
@@ -32,23 +32,13 @@ class LoadedRun:
 def load_run(workdir: str | Path, which: str = "best") -> LoadedRun:
     """Restore a run's `which` checkpoint ("best", falling back to "latest", or "latest"); needs no data."""
     workdir = Path(workdir)
-    if which not in ("best", "latest"):
-        raise ConfigError(f"which={which!r} must be 'best' or 'latest'")
     cfg = load_run_config(workdir)
     tok_path = workdir / "tokenizer.json"
     if not tok_path.exists():
         raise ConfigError(f"{workdir} has no tokenizer.json (not a finished run directory)")
     tokenizer = load_tokenizer(tok_path)
     cfg = resolve(cfg, tokenizer)
-    graphdef, state = model_and_optimizer(cfg)
-    ckpt = Checkpoints(workdir, cfg.train.keep_checkpoints, cfg.train.best_metric, cfg.train.best_mode)
-    try:
-        restored = ckpt.restore(state, which) or ckpt.restore(state, "latest")
-    finally:
-        ckpt.close()
-    if restored is None:
-        raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
-    step, state, _ = restored
+    step, graphdef, state = restore_run(workdir, cfg, which)
     return LoadedRun(cfg, tokenizer, nnx.merge(graphdef, state)[0], step)
 
 

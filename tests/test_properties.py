@@ -146,6 +146,19 @@ def token_arrays(shape, pad_weight=True):
     return hnp.arrays(np.int32, shape, elements=elem)
 
 
+def assert_causal_gradient_pattern(mag, toks):
+    """mag [B,T,B,T]: |d out[b,t] / d in[b2,t2]|. Zero across rows, from the future and from earlier pads;
+    positive on the residual path (t2 == t) and from every visible (non-pad, earlier) token."""
+    for b in range(B):
+        for t in range(T):
+            for b2 in range(B):
+                for t2 in range(T):
+                    if b2 != b or t2 > t or (t2 < t and toks[b, t2] == PAD):
+                        assert mag[b, t, b2, t2] == 0, (b, t, b2, t2)
+                    else:
+                        assert mag[b, t, b2, t2] > 0, (b, t, b2, t2)
+
+
 def readout(seed):
     return jnp.asarray(np.random.default_rng(seed).standard_normal(V), jnp.float32)
 
@@ -189,16 +202,7 @@ def test_lm_logit_gradients_wrt_future_and_pad_embeddings_are_exactly_zero(name,
     np.testing.assert_allclose(np.asarray(m.from_embeddings(m.state, tokens, x)), m(tokens), atol=1e-5)
     jac = np.asarray(m.jacobian(m.state, tokens, x, readout(seed)))
     assert jac.shape == (B, T, B, T, D)
-    mag = np.abs(jac).max(-1)                                   # [B,T,B,T]
-    toks = np.asarray(tokens)
-    for b in range(B):
-        for t in range(T):
-            for b2 in range(B):
-                for t2 in range(T):
-                    if b2 != b or t2 > t or (t2 < t and toks[b, t2] == PAD):
-                        assert mag[b, t, b2, t2] == 0, (b, t, b2, t2)
-                    else:   # the residual path (t2 == t) and every visible (non-pad, earlier) key carry gradient
-                        assert mag[b, t, b2, t2] > 0, (b, t, b2, t2)
+    assert_causal_gradient_pattern(np.abs(jac).max(-1), np.asarray(tokens))
 
 
 # ----------------------------------------------------------------------------- (a) causality: encoder-decoder
@@ -224,15 +228,7 @@ def test_ed_decoder_gradients_wrt_future_target_embeddings_are_exactly_zero(name
     y = m.embed(m.state, tgt)
     np.testing.assert_allclose(np.asarray(m.from_tgt_embeddings(m.state, src, tgt, y)), m(src, tgt), atol=1e-5)
     mag = np.abs(np.asarray(m.tgt_jacobian(m.state, src, tgt, y, readout(seed)))).max(-1)   # [B,T,B,T]
-    toks = np.asarray(tgt)
-    for b in range(B):
-        for t in range(T):
-            for b2 in range(B):
-                for t2 in range(T):
-                    if b2 != b or t2 > t or (t2 < t and toks[b, t2] == PAD):
-                        assert mag[b, t, b2, t2] == 0, (b, t, b2, t2)
-                    else:
-                        assert mag[b, t, b2, t2] > 0, (b, t, b2, t2)
+    assert_causal_gradient_pattern(mag, np.asarray(tgt))
 
 
 def test_ed_past_target_and_source_do_influence_logits():

@@ -2,6 +2,7 @@
 SIGINT/SIGTERM handling and a NaN/Inf guard."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import signal
@@ -15,7 +16,7 @@ from flax import nnx
 from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
-from jaxformer.config import Config, to_dict
+from jaxformer.config import Config, ConfigError, to_dict
 from jaxformer.data import Task, build_task, load_tokenizer, save_tokenizer
 from jaxformer.decode import generate_seq2seq
 from jaxformer.nn import build_model
@@ -29,8 +30,6 @@ class NonFiniteLoss(RuntimeError):
 
 def resolve(cfg: Config, tokenizer) -> Config:
     """Fill model.vocab_size from the tokenizer (0 = auto) and check it is large enough."""
-    import dataclasses
-    from jaxformer.config import ConfigError
     v = tokenizer.vocab_size
     if cfg.model.vocab_size == 0:
         return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=v))
@@ -193,17 +192,32 @@ def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, pr
             "wall_s": time.perf_counter() - t0}
 
 
+def restore_run(workdir: str | Path, cfg: Config, which: str = "best"):
+    """A run's `which` checkpoint ("best", falling back to "latest"; or "latest") for its resolved config
+    -> (step, graphdef, state) of (model, optimizer)."""
+    workdir = Path(workdir)
+    if which not in ("best", "latest"):
+        raise ConfigError(f"which={which!r} must be 'best' or 'latest'")
+    graphdef, state = model_and_optimizer(cfg)
+    ckpt = Checkpoints(workdir, cfg.train.keep_checkpoints, cfg.train.best_metric, cfg.train.best_mode)
+    try:
+        restored = ckpt.restore(state, which) or ckpt.restore(state, "latest")
+    finally:
+        ckpt.close()
+    if restored is None:
+        raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
+    step, state, _ = restored
+    return step, graphdef, state
+
+
 def evaluate_run(workdir: str | Path, which: str = "best") -> dict:
     """Restore a run's best (or latest) checkpoint and evaluate it on the held-out set."""
     from jaxformer.train.checkpoint import load_run_config
     workdir = Path(workdir)
     cfg = load_run_config(workdir)
-    cfg, task, graphdef, state = setup(cfg, workdir)
-    ckpt = Checkpoints(workdir, cfg.train.keep_checkpoints, cfg.train.best_metric, cfg.train.best_mode)
-    restored = ckpt.restore(state, which) or ckpt.restore(state, "latest")
-    ckpt.close()
-    if restored is None:
-        raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
-    step, state, _ = restored
+    tok_path = workdir / "tokenizer.json"
+    task = build_task(cfg.data, load_tokenizer(tok_path) if tok_path.exists() else None)
+    cfg = resolve(cfg, task.tokenizer)
+    step, graphdef, state = restore_run(workdir, cfg, which)
     return {"step": step, "eval": evaluate(cfg, task, graphdef, state),
             "examples": examples(cfg, task, graphdef, state, cfg.train.num_examples)}
