@@ -15,6 +15,9 @@ run: install
 	$(BIN)/jaxformer train configs/reverse.py
 
 test: install
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
-.PHONY: install run test
+test-all: install
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m "slow or not slow"
+
+.PHONY: install run test test-all

@@ -22,8 +22,10 @@ from pathlib import Path
 import jax
 
 from jaxformer.config import apply_overrides, load_config_file, to_dict
-from jaxformer.train.loop import evaluate, setup, train
-from jaxformer.train.checkpoint import Checkpoints
+from jaxformer.data import build_task
+from jaxformer.runs import load_model
+from jaxformer.train.evaluate import evaluate
+from jaxformer.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +39,7 @@ def ms(xs):
 
 def run(cfg, workdir):
     t = time.perf_counter()
-    out = train(cfg, workdir, progress=False)
+    out = train(cfg, workdir, progress="none")
     rows = [json.loads(x) for x in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
     return out, rows, time.perf_counter() - t
 
@@ -65,16 +67,13 @@ def alice(seeds, tmp):
     res = []
     for name, ov in variants:
         for s in seeds:
-            cfg = apply_overrides(load_config_file(ROOT / "configs/alice.py"),
-                                  ov + [f"train.seed={s}", f"data.path={ROOT / '../shared/data/alice_in_wonderland.txt'}"])
+            cfg = apply_overrides(load_config_file(ROOT / "configs/alice.py"), ov + [f"train.seed={s}"])
             wd = tmp / f"alice{len(res)}"
             out, rows, wall = run(cfg, wd)
             # train-set metrics of the final model: evaluate on the training blocks
-            rcfg, task, graphdef, state = setup(cfg, wd)
-            ck = Checkpoints(wd, 2, "loss", "min")
-            _, state, _ = ck.restore(state)
-            ck.close()
-            tr = evaluate(rcfg, dataclasses.replace(task, eval=task.train), graphdef, state)
+            final = load_model(wd, "latest")
+            rcfg, task = final.cfg, build_task(final.cfg.data, final.tokenizer)
+            tr = evaluate(rcfg, dataclasses.replace(task, eval=task.train), final.model)
             res.append({"variant": name, "seed": s, "vocab": rcfg.model.vocab_size, "train_loss": tr["loss"],
                         "train_accuracy": tr["token_accuracy"], "heldout_loss": out["eval"]["loss"],
                         "heldout_accuracy": out["eval"]["token_accuracy"], "wall_s": wall,

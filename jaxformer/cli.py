@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -11,10 +14,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from jaxformer.config import ConfigError, apply_overrides, load_config_file
-from jaxformer.data import DataError
+from jaxformer.config import apply_overrides, load_config_file
+from jaxformer.errors import JaxformerError
 
-console = Console()
+console = Console(soft_wrap=True)       # long lines stay whole in logs and pipes
 
 
 def _config(args):
@@ -46,40 +49,45 @@ def show_eval(ev: dict, title: str):
 
 
 def cmd_train(args) -> int:
-    from jaxformer.train.loop import setup, train
+    from jaxformer.train.loop import train
     cfg = _config(args)
     workdir = Path(args.workdir or f"runs/{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
-    rcfg, _, graphdef, state = setup(cfg, workdir if workdir.exists() else None)
-    from flax import nnx
-    console.print(params_table(nnx.merge(graphdef, state)[0]))
-    console.print(f"workdir: {workdir}")
-    out = train(cfg, workdir, progress=not args.no_progress)
-    console.print(f"status: {out['status']} after {out['wall_s']:.1f} s")
+
+    def on_start(p):
+        console.print(params_table(p.model))
+        console.print(f"workdir: {workdir}" + (f" (resuming at step {p.start})" if p.start else ""))
+
+    out = train(cfg, workdir, progress="lines" if args.no_progress else "auto", on_start=on_start)
+    console.print(f"status: {out['status']}" + (f" by {out['signal']}" if out["signal"] else "")
+                  + f" at step {out['step']} after {out['wall_s']:.1f} s")
     show_eval(out["eval"], f"held-out (step {out['step']})")
     if "exact_match" in out["eval"]:
         console.print(f"[bold green]held-out exact-match accuracy: {100 * out['eval']['exact_match']:.1f}%[/]")
     show_examples(out["examples"])
+    if out["signal"]:                        # a scheduler must tell an interrupted run from a finished one
+        return 128 + signal.Signals[out["signal"]].value
     return 0
 
 
 def cmd_eval(args) -> int:
-    from jaxformer.train.loop import evaluate_run
+    from jaxformer.train.evaluate import evaluate_run
     out = evaluate_run(args.workdir, args.which)
-    show_eval(out["eval"], f"held-out ({args.which} checkpoint, step {out['step']})")
+    show_eval(out["eval"], f"held-out ({out['which']} checkpoint, step {out['step']})")
     show_examples(out["examples"])
     return 0
 
 
 def cmd_generate(args) -> int:
-    from jaxformer.inference import generate_text, load_run
-    run = load_run(args.workdir, args.which)
+    from jaxformer.inference import generate_text
+    from jaxformer.runs import load_model
+    run = load_model(args.workdir, args.which)
     prompts = args.prompt or default_prompts(run)
     outs = generate_text(run, prompts, max_new=args.max_new, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, beam=args.beam, seed=args.seed)
     how = f"beam {args.beam}" if args.beam > 1 else ("greedy" if args.temperature == 0 else
                                                       f"temperature {args.temperature}, top-k {args.top_k}, "
                                                       f"top-p {args.top_p}, seed {args.seed}")
-    console.print(f"{args.workdir}: {args.which} checkpoint (step {run.step}), {how}")
+    console.print(f"{args.workdir}: {run.which} checkpoint (step {run.step}), {how}")
     seq2seq = run.cfg.model.arch == "encoder_decoder"
     for p, o in zip(prompts, outs):
         console.print(Text.assemble((p, "bold"), (" -> " if seq2seq else "", "dim"), (o, "green")))
@@ -99,13 +107,13 @@ def default_prompts(run) -> list[str]:
 def cmd_params(args) -> int:
     import jax
     import jax.numpy as jnp
+    from jaxformer.config import resolve_vocab
+    from jaxformer.data import build_task
     from jaxformer.nn import build_model
     cfg = _config(args)
+    if cfg.model.vocab_size == 0:
+        cfg = resolve_vocab(cfg, build_task(cfg.data).tokenizer.vocab_size)
     m = cfg.model
-    if m.vocab_size == 0:
-        import dataclasses
-        from jaxformer.data import build_task
-        m = dataclasses.replace(m, vocab_size=build_task(cfg.data).tokenizer.vocab_size)
     model = build_model(m)
     console.print(params_table(model))
     x = jnp.ones((2, 8), jnp.int32)
@@ -121,7 +129,8 @@ def main(argv=None) -> int:
     t.add_argument("config")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. optim.lr=3e-4")
     t.add_argument("--workdir")
-    t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--no-progress", action="store_true", help="print one line per log interval instead of a "
+                   "progress bar (the default when stdout is not a terminal)")
     e = sub.add_parser("eval", help="evaluate a run directory's best (or latest) checkpoint")
     e.add_argument("--workdir", required=True)
     e.add_argument("--which", choices=("best", "latest"), default="best")
@@ -143,13 +152,33 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     cmds = {"train": cmd_train, "eval": cmd_eval, "params": cmd_params, "generate": cmd_generate}
     try:
-        return cmds[args.cmd](args)
-    except ConfigError as e:
-        console.print(f"[red]config error:[/red] {e}")
-        return 2
-    except DataError as e:
-        console.print(f"[red]data error:[/red] {e}")
-        return 2
+        with _log_to_console():
+            return cmds[args.cmd](args)
+    except JaxformerError as e:
+        console.print(Text.assemble((f"{e.label}:", "red"), " ", str(e)), soft_wrap=True)   # one unbroken line
+        return e.exit_code
+    except KeyboardInterrupt:                # a second Ctrl-C during training, or one outside it
+        console.print("[red]interrupted[/red]")
+        return 128 + signal.SIGINT.value
+
+
+@contextlib.contextmanager
+def _log_to_console():
+    """While a command runs, jaxformer's log records (e.g. a checkpoint skipped as unreadable) go to stderr
+    as 'WARNING: ...' lines, and only there."""
+    logger = logging.getLogger("jaxformer")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
 
 
 if __name__ == "__main__":

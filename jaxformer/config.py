@@ -1,9 +1,13 @@
 """Frozen, validated configuration dataclasses and the dotted-override machinery.
 
-Every config is a frozen dataclass validated in __post_init__; errors name the field and the value.
+Every config section is a frozen dataclass with a `validate()` that raises ConfigError naming the field and the
+value. Constructing a section validates it; `apply_overrides` validates once, after all overrides, so the order
+of `--set` flags never matters.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import importlib.util
 import json
@@ -12,11 +16,31 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from jaxformer.errors import ConfigError
 from jaxformer.ops import activations, positional
 
+_DEFERRED = contextvars.ContextVar("jaxformer_config_validation_deferred", default=False)
 
-class ConfigError(ValueError):
-    """A config field has an impossible value; the message names the field and the value."""
+
+@contextlib.contextmanager
+def _deferred_validation():
+    """Inside: constructing or replacing a config section does not validate it (see `apply_overrides`)."""
+    token = _DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
+class _Validated:
+    """Mixin: validate on construction unless deferred."""
+
+    def __post_init__(self):
+        if not _DEFERRED.get():
+            self.validate()
+
+    def validate(self) -> None:
+        raise NotImplementedError
 
 
 def choice(field: str, value: Any, options: tuple) -> None:
@@ -55,7 +79,7 @@ def check_types(cfg: Any, section: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(_Validated):
     """Transformer hyper-parameters. Defaults are the 2017 paper's base model (seed 000)."""
     arch: str = "encoder_decoder"          # "encoder_decoder" (Transformer) | "decoder_only" (TransformerLM)
     vocab_size: int = 32000                # V (0 = take it from the data's tokenizer)
@@ -80,7 +104,7 @@ class ModelConfig:
     pad_id: int = 0
     dtype: str = "float32"                 # compute dtype of activations: float32 | bfloat16 | float16
 
-    def __post_init__(self):
+    def validate(self) -> None:
         check_types(self, "model")
         choice("model.arch", self.arch, ("encoder_decoder", "decoder_only"))
         if self.vocab_size < 0:
@@ -136,7 +160,7 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class DataConfig:
+class DataConfig(_Validated):
     """What to train on. task: "reverse" | "copy" (digit seq2seq, seed 004) | "text" (char LM, seed 000)."""
     task: str = "reverse"
     batch_size: int = 32
@@ -146,17 +170,17 @@ class DataConfig:
     num_eval: int = 200
     min_len: int = 3
     max_len: int = 6
-    eval_min_len: int | None = None        # None = min_len (issue E trains short, tests long)
+    eval_min_len: int | None = None        # None = min_len (train short, test long)
     eval_max_len: int | None = None        # None = max_len
     # text: any UTF-8 file, a character slice, blocks of block_size (+1 for the shifted target)
-    path: str = ""
+    path: str = ""                         # a UTF-8 file, or "builtin:alice" (shipped with the package)
     start: int = 0
     num_chars: int | None = 10000          # None = to the end
     gutenberg: bool = True                 # strip the Project Gutenberg header/footer
     block_size: int = 10
     eval_fraction: float = 0.1             # contiguous tail held out
 
-    def __post_init__(self):
+    def validate(self) -> None:
         check_types(self, "data")
         choice("data.task", self.task, ("reverse", "copy", "text"))
         for f in ("batch_size", "num_train", "num_eval", "min_len", "max_len", "block_size"):
@@ -170,7 +194,7 @@ class DataConfig:
         if not 0.0 < self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction={self.eval_fraction!r} must be in (0, 1)")
         if self.task == "text" and not self.path:
-            raise ConfigError("data.path='' : data.task='text' needs a text file path")
+            raise ConfigError("data.path='' : data.task='text' needs a text file path (or \"builtin:alice\")")
         if self.num_chars is not None and self.num_chars <= 0:
             raise ConfigError(f"data.num_chars={self.num_chars!r} must be positive or None")
         if self.start < 0:
@@ -183,7 +207,7 @@ class DataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimConfig:
+class OptimConfig(_Validated):
     name: str = "adamw"                    # adamw | sgd
     lr: float = 1e-3                       # peak learning rate
     schedule: str = "warmup_cosine"        # constant | noam (linear warmup, then inverse sqrt) | warmup_cosine
@@ -193,11 +217,13 @@ class OptimConfig:
     b2: float = 0.98
     clip_norm: float = 1.0                 # global-norm clipping, 0 = off
     label_smoothing: float = 0.0
+    weight_decay_mask: str = "matrices"    # matrices: projection/FFN/output-head weights only | all parameters
 
-    def __post_init__(self):
+    def validate(self) -> None:
         check_types(self, "optim")
         choice("optim.name", self.name, ("adamw", "sgd"))
         choice("optim.schedule", self.schedule, ("constant", "noam", "warmup_cosine"))
+        choice("optim.weight_decay_mask", self.weight_decay_mask, ("matrices", "all"))
         positive("optim.lr", self.lr)
         for f in ("warmup_steps", "weight_decay", "clip_norm"):
             positive(f"optim.{f}", getattr(self, f), allow_zero=True)
@@ -206,7 +232,7 @@ class OptimConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(_Validated):
     steps: int = 1000
     seed: int = 0                          # parameter init, dropout and data order derive from it
     log_every: int = 50
@@ -218,7 +244,7 @@ class TrainConfig:
     eval_batch_size: int = 200
     num_examples: int = 5                  # decoded examples printed after the final eval
 
-    def __post_init__(self):
+    def validate(self) -> None:
         check_types(self, "train")
         for f in ("steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "eval_batch_size"):
             v = getattr(self, f)
@@ -229,13 +255,16 @@ class TrainConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(_Validated):
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
     train: TrainConfig = TrainConfig()
 
-    def __post_init__(self):
+    def validate(self) -> None:
+        check_types(self, "config")
+        for section in (self.model, self.data, self.optim, self.train):
+            section.validate()
         seq2seq = self.data.task in ("reverse", "copy")
         want = "encoder_decoder" if seq2seq else "decoder_only"
         if self.model.arch != want:
@@ -247,10 +276,51 @@ class Config:
         self.model.check_length(longest, "data")
 
 
-def from_dict(d: dict) -> Config:
-    """Inverse of to_dict for a Config (used to read a run's saved config.json)."""
-    return Config(model=ModelConfig(**d["model"]), data=DataConfig(**d["data"]),
-                  optim=OptimConfig(**d["optim"]), train=TrainConfig(**d["train"]))
+def resolve_vocab(cfg: Config, vocab_size: int) -> Config:
+    """Fill model.vocab_size from the tokenizer's `vocab_size` (0 = take it from the data), or check that the
+    configured one is large enough."""
+    if cfg.model.vocab_size == 0:
+        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))
+    if cfg.model.vocab_size < vocab_size:
+        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's {vocab_size}")
+    return cfg
+
+
+# Sections that must match to resume from a checkpoint (train.* may change, e.g. more steps).
+RESUME_MUST_MATCH = ("model", "data", "optim")
+
+
+def resume_differences(saved: Config, new: Config) -> list[str]:
+    """'section.key: old -> new' for every key of RESUME_MUST_MATCH that differs between two resolved configs."""
+    old, cur = to_dict(saved), to_dict(new)
+    return [f"{sec}.{k}: {old[sec][k]!r} -> {v!r}" for sec in RESUME_MUST_MATCH for k, v in cur[sec].items()
+            if old[sec][k] != v]
+
+
+def from_dict(d: Any) -> Config:
+    """Inverse of to_dict for a Config (a run's saved config.json). Missing keys take their defaults;
+    unknown keys and invalid values raise ConfigError naming them."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"a config must be a JSON object; got {type(d).__name__}")
+    hints = typing.get_type_hints(Config)
+    unknown = sorted(set(d) - set(hints))
+    if unknown:
+        raise ConfigError(f"unknown config section(s) {unknown} (known: {sorted(hints)})")
+    kw = {}
+    for name, sub in d.items():
+        cls = hints[name]
+        if not isinstance(sub, dict):
+            raise ConfigError(f"config section {name!r} must be an object; got {sub!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        bad = sorted(set(sub) - known)
+        if bad:
+            raise ConfigError(f"unknown config key(s) {[f'{name}.{k}' for k in bad]}")
+        with _deferred_validation():
+            kw[name] = cls(**sub)
+    with _deferred_validation():
+        cfg = Config(**kw)
+    cfg.validate()
+    return cfg
 
 
 # ----------------------------------------------------------------------------- generic helpers
@@ -295,43 +365,62 @@ def _coerce(key: str, raw: str, typ: Any) -> Any:
     raise ConfigError(f"{key}: cannot set a field of type {typ} from the command line")
 
 
-def override(cfg: Any, key: str, raw: str, _prefix: str = "") -> Any:
-    """Return a copy of the frozen tree `cfg` with dotted `key` set from string `raw` (validated)."""
+def _set(cfg: Any, key: str, raw: str, prefix: str = "") -> Any:
+    """A copy of the frozen tree `cfg` with dotted `key` parsed from string `raw` (type-checked, not validated)."""
     head, _, rest = key.partition(".")
-    full = _prefix + key
+    full = prefix + key
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     if head not in fields:
-        raise ConfigError(f"unknown config key {full!r} (known in {_prefix or 'the root'}: {sorted(fields)})")
+        raise ConfigError(f"unknown config key {full!r} (known in {prefix or 'the root'}: {sorted(fields)})")
     current = getattr(cfg, head)
     if rest:
         if not dataclasses.is_dataclass(current):
-            raise ConfigError(f"unknown config key {full!r}: {_prefix + head!r} is a value, not a section")
-        new = override(current, rest, raw, f"{_prefix}{head}.")
+            raise ConfigError(f"unknown config key {full!r}: {prefix + head!r} is a value, not a section")
+        new = _set(current, rest, raw, f"{prefix}{head}.")
     else:
         if dataclasses.is_dataclass(current):
             raise ConfigError(f"config key {full!r} is a section; set one of its fields")
-        hints = typing.get_type_hints(type(cfg))
-        new = _coerce(full, raw, hints[head])
+        new = _coerce(full, raw, typing.get_type_hints(type(cfg))[head])
     return dataclasses.replace(cfg, **{head: new})
 
 
+def override(cfg: Any, key: str, raw: str) -> Any:
+    """Return a copy of the frozen tree `cfg` with dotted `key` set from string `raw`, validated."""
+    return apply_overrides(cfg, [f"{key}={raw}"])
+
+
 def apply_overrides(cfg: Any, pairs: list[str]) -> Any:
-    for p in pairs:
-        if "=" not in p:
-            raise ConfigError(f"override {p!r} must look like key=value")
-        k, v = p.split("=", 1)
-        cfg = override(cfg, k.strip(), v.strip())
+    """Apply `key=value` strings in order, then validate the result once: intermediate states may be
+    invalid (e.g. data.block_size=5000 before model.max_len=10000)."""
+    with _deferred_validation():
+        for p in pairs:
+            if "=" not in p:
+                raise ConfigError(f"override {p!r} must look like key=value")
+            k, v = p.split("=", 1)
+            cfg = _set(cfg, k.strip(), v.strip())
+    cfg.validate()
     return cfg
 
 
 def load_config_file(path: str | Path) -> Any:
-    """Import a configs/*.py file and return its get_config()."""
+    """Import a configs/*.py file and return its get_config(), which must return a Config."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
+    if path.suffix != ".py":
+        raise ConfigError(f"config file {str(path)!r} is not a Python file (.py) defining get_config()")
     spec = importlib.util.spec_from_file_location(f"jaxformer_config_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    if not hasattr(mod, "get_config"):
-        raise ConfigError(f"config file {str(path)!r} defines no get_config()")
-    return mod.get_config()
+    try:
+        spec.loader.exec_module(mod)
+        if not callable(getattr(mod, "get_config", None)):
+            raise ConfigError(f"config file {str(path)!r} defines no get_config()")
+        cfg = mod.get_config()
+    except ConfigError:
+        raise
+    except Exception as e:  # the file is user code: any failure in it is a config error, named
+        raise ConfigError(f"config file {str(path)!r} failed: {type(e).__name__}: {e}") from None
+    if not isinstance(cfg, Config):
+        raise ConfigError(f"config file {str(path)!r}: get_config() returned {type(cfg).__name__}, not a "
+                          f"jaxformer.config.Config")
+    return cfg

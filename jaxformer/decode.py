@@ -105,7 +105,7 @@ def _loop(step_fn, first_logits, start_pos, cache, key, max_new, eos_id, pad_id,
 
     def body(c):
         i, logits, pos, cache, done, out = c
-        tok = sample_logits(logits, jax.random.fold_in(key, i), *sampling)
+        tok = sample_logits(_no_pad(logits, pad_id), jax.random.fold_in(key, i), *sampling)
         tok = jnp.where(done, pad_id, tok)
         out = out.at[:, i].set(tok)
         done = done | (tok == eos_id) if eos_id is not None else done
@@ -116,12 +116,18 @@ def _loop(step_fn, first_logits, start_pos, cache, key, max_new, eos_id, pad_id,
     return jax.lax.while_loop(cond, body, init)[-1]
 
 
-def _sampling(temperature: float, top_k: int, top_p: float) -> tuple[float, int, float]:
+def _no_pad(logits, pad_id: int):
+    """logits [...,V] with the pad id made impossible: padding is never a generated token (it fills the slots
+    after EOS, and the loss never trains it), so decoded output is unambiguous."""
+    return jnp.where(jnp.arange(logits.shape[-1]) == pad_id, jnp.finfo(logits.dtype).min, logits)
+
+
+def _sampling(temperature: float, top_k: int, top_p: float, vocab_size: int) -> tuple[float, int, float]:
     """Validated, hashable sampling settings (a static argument of the compiled programs)."""
     if not temperature >= 0.0:
         raise ConfigError(f"temperature={temperature} must be >= 0 (0 = greedy)")
-    if top_k < 0:
-        raise ConfigError(f"top_k={top_k} must be >= 0 (0 = off)")
+    if not 0 <= top_k <= vocab_size:
+        raise ConfigError(f"top_k={top_k} must be in [0, vocab_size={vocab_size}] (0 = off)")
     if not 0.0 < top_p <= 1.0:
         raise ConfigError(f"top_p={top_p} must be in (0, 1] (1 = off)")
     return float(temperature), int(top_k), float(top_p)
@@ -161,7 +167,7 @@ def generate_lm(model, prompts, *, max_new: int, key=None, temperature: float = 
     graphdef, state = nnx.split(model)
     key = jax.random.key(0) if key is None else key
     return _generate_lm(graphdef, state, prompts, key, max_new=max_new, eos_id=eos_id,
-                        sampling=_sampling(temperature, top_k, top_p), cache_len=cache_len)
+                        sampling=_sampling(temperature, top_k, top_p, model.cfg.vocab_size), cache_len=cache_len)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "bos_id", "eos_id", "sampling"))
@@ -185,7 +191,7 @@ def generate_seq2seq(model, src, *, max_new: int, bos_id: int, eos_id: int | Non
     graphdef, state = nnx.split(model)
     key = jax.random.key(0) if key is None else key
     return _generate_seq2seq(graphdef, state, jnp.asarray(src, jnp.int32), key, max_new=max_new, bos_id=bos_id,
-                             eos_id=eos_id, sampling=_sampling(temperature, top_k, top_p))
+                             eos_id=eos_id, sampling=_sampling(temperature, top_k, top_p, model.cfg.vocab_size))
 
 
 def finish_after_eos(tokens: jax.Array, eos_id: int, pad_id: int) -> jax.Array:
@@ -203,7 +209,7 @@ def _greedy_naive(graphdef, state, src, *, max_new, bos_id, eos_id, pad_id):
 
     def body(i, buf):
         logits = model.decode(buf[:, :-1], memory, src_mask)          # [B,T,V], full recomputation
-        nxt = jnp.argmax(jax.lax.dynamic_index_in_dim(logits, i, axis=1, keepdims=False), -1)
+        nxt = jnp.argmax(_no_pad(jax.lax.dynamic_index_in_dim(logits, i, axis=1, keepdims=False), pad_id), -1)
         return jax.lax.dynamic_update_slice_in_dim(buf, nxt[:, None].astype(jnp.int32), i + 1, axis=1)
 
     buf = jax.lax.fori_loop(0, max_new, body, buf)
@@ -238,7 +244,7 @@ def _beam_search(graphdef, state, src, *, max_new, bos_id, eos_id, beam, length_
         logp = jax.nn.log_softmax(logits[:, 0], -1).reshape(b, w, -1)
         v = logp.shape[-1]
         only_pad = jnp.where(jnp.arange(v) == pad, 0.0, neg)
-        logp = jnp.where(finished[..., None], only_pad, logp)                           # finished beams stay put
+        logp = jnp.where(finished[..., None], only_pad, _no_pad(logp, pad))              # finished beams stay put
         top, idx = jax.lax.top_k((scores[..., None] + logp).reshape(b, w * v), w)
         src_beam, new_tok = idx // v, (idx % v).astype(jnp.int32)
         gather = lambda a: jnp.take_along_axis(a, src_beam, 1)

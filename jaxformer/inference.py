@@ -1,45 +1,20 @@
-"""Inference from a run directory: restore a checkpoint without the training data, decode text prompts.
+"""Inference from a run directory: decode text prompts with a restored model.
 
-`load_run` rebuilds the model from the run's config.json + tokenizer.json and restores its best (or latest)
-checkpoint; `generate_text` turns prompts into continuations with the compiled, KV-cached decoder
-(`jaxformer.decode`): answers for seq2seq runs (e.g. digit reversal), continuations for language models.
+`jaxformer.runs.load_model` restores the model alone (no optimizer, no training data) from the run's
+config.json, tokenizer.json and best (or latest) checkpoint; `generate_text` turns prompts into continuations
+with the compiled, KV-cached decoder (`jaxformer.decode`): answers for seq2seq runs (e.g. digit reversal),
+continuations for language models.
 """
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
-
 import jax
 import numpy as np
-from flax import nnx
 
-from jaxformer.config import Config, ConfigError
-from jaxformer.data import DataError, load_tokenizer
+from jaxformer.config import ConfigError
+from jaxformer.data import DataError
 from jaxformer.data.tokenizers import DigitTokenizer
 from jaxformer.decode import beam_search, generate_lm, generate_seq2seq
-from jaxformer.train.checkpoint import load_run_config
-from jaxformer.train.loop import resolve, restore_run
-
-
-@dataclasses.dataclass
-class LoadedRun:
-    cfg: Config          # resolved (vocab_size filled in)
-    tokenizer: object
-    model: nnx.Module
-    step: int            # the restored checkpoint's step
-
-
-def load_run(workdir: str | Path, which: str = "best") -> LoadedRun:
-    """Restore a run's `which` checkpoint ("best", falling back to "latest", or "latest"); needs no data."""
-    workdir = Path(workdir)
-    cfg = load_run_config(workdir)
-    tok_path = workdir / "tokenizer.json"
-    if not tok_path.exists():
-        raise ConfigError(f"{workdir} has no tokenizer.json (not a finished run directory)")
-    tokenizer = load_tokenizer(tok_path)
-    cfg = resolve(cfg, tokenizer)
-    step, graphdef, state = restore_run(workdir, cfg, which)
-    return LoadedRun(cfg, tokenizer, nnx.merge(graphdef, state)[0], step)
+from jaxformer.runs import LoadedModel
 
 
 def _encode(tokenizer, prompt: str) -> np.ndarray:
@@ -63,7 +38,7 @@ def _pad(rows: list[np.ndarray], pad_id: int, left: bool) -> np.ndarray:
     return out
 
 
-def generate_text(run: LoadedRun, prompts: list[str], *, max_new: int | None = None, temperature: float = 0.0,
+def generate_text(run: LoadedModel, prompts: list[str], *, max_new: int | None = None, temperature: float = 0.0,
                   top_k: int = 0, top_p: float = 1.0, beam: int = 1, seed: int = 0) -> list[str]:
     """Decode a batch of text prompts in one compiled call. Seq2seq runs: the answer to each prompt (up to
     EOS; default max_new = longest prompt + 1, enough for reversal/copy). LM runs: each prompt's continuation

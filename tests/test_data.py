@@ -178,13 +178,22 @@ def test_text_task_missing_file(tmp_path):
         build_task(DataConfig(task="text", path=str(tmp_path / "absent.txt")))
 
 
-def test_text_task_large_eval_fraction_keeps_a_training_block(tmp_path):
+@pytest.mark.parametrize("frac,train_blocks", [(0.95, None), (0.90, None), (0.89, 1), (0.5, 4)])
+def test_text_task_large_eval_fraction_keeps_a_training_block_or_names_the_field(tmp_path, frac, train_blocks):
+    """100 characters, block_size=10 (windows of 11). text_task holds out max(round(100·frac), 11) characters and
+    needs >= 11 left for training: frac=0.89 leaves exactly 11 (one block), 0.90 leaves 10 (an error naming
+    data.eval_fraction), 0.95 leaves 5."""
     p, _ = _text_file(tmp_path, n=100)
-    try:
-        task = build_task(DataConfig(task="text", path=str(p), num_chars=100, block_size=10, eval_fraction=0.95))
-    except DataError:
-        return                                      # a clear error is an acceptable answer
-    assert task.train["inputs"].shape[0] >= 1
+    cfg = DataConfig(task="text", path=str(p), num_chars=100, block_size=10, eval_fraction=frac)
+    cut = 100 - max(round(100 * frac), 11)                       # the documented split, recomputed here
+    assert (cut >= 11) == (train_blocks is not None) and (train_blocks is None or cut // 11 == train_blocks)
+    if train_blocks is None:
+        with pytest.raises(DataError, match=rf"data\.eval_fraction={frac}\b.*leaves {cut} training"):
+            build_task(cfg)
+    else:
+        task = build_task(cfg)
+        assert task.train["inputs"].shape == (train_blocks, 10)
+        assert task.eval["inputs"].shape == ((100 - cut) // 11, 10)
 
 
 def test_char_tokenizer_unknown_characters_are_listed(tmp_path):

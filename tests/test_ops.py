@@ -162,6 +162,42 @@ def test_low_precision_large_logits_do_not_overflow(dtype):
     np.testing.assert_allclose(out32, ref, atol=5e-2, rtol=5e-2)
 
 
+def test_bf16_attention_logits_and_softmax_are_float32():
+    """Discriminating by construction: logits q·k·scale ≈ 200 that differ by 0.25, while bfloat16's spacing in
+    [128, 256) is 1.0. q, k (small integers, 32 and 25) are exact in bfloat16 and q·k is an exact integer, so
+    float32 logits are exact and the float32 weights match the float64 reference to float32 rounding; logits held
+    in bfloat16 (e.g. a bf16-output einsum) collapse neighbours and move weights by ~0.1 (premise asserted)."""
+    import ml_dtypes
+    rng = np.random.default_rng(35)
+    b, t, s, n, kh, h = 2, 3, 8, 4, 2, 16                 # scale = 1/sqrt(16) = 0.25, exact
+    q = np.zeros((b, t, n, h), np.float32)
+    k = np.zeros((b, s, kh, h), np.float32)
+    q[..., 0], k[..., 0] = 32.0, 25.0                     # common part: 32·25·0.25 = 200
+    q[..., 1] = rng.choice([-1.0, 1.0], (b, t, n))
+    for bi in range(b):
+        for ki in range(kh):
+            k[bi, :, ki, 1] = rng.permutation(s)          # distinct offsets 0..7 -> logits 200 ± 0.25·j
+    q[..., 2:4] = rng.integers(-2, 3, (b, t, n, 2))       # a little more integer structure per head
+    k[..., 2:4] = rng.integers(-1, 2, (b, s, kh, 2))
+    v = rng.integers(-8, 9, (b, s, kh, h)).astype(np.float32)
+    for a in (q, k, v):                                   # premise: inputs exactly representable in bf16
+        np.testing.assert_array_equal(a.astype(ml_dtypes.bfloat16).astype(np.float32), a)
+    ref, ref_w = ref_attention(q, k, v)
+    logits = np.einsum("btnh,bsnh->bnts", q.astype(np.float64), np.repeat(k, n // kh, 2).astype(np.float64)) / 4
+    assert 190 < logits.min() and logits.max() < 256                       # bf16 spacing there: 1.0 (>= 128)
+    lb = logits.astype(ml_dtypes.bfloat16).astype(np.float64)
+    wb = np.exp(lb - lb.max(-1, keepdims=True))
+    wb /= wb.sum(-1, keepdims=True)
+    tol = 1e-4            # float32 softmax of exact logits: ~1e-7; bf16 weights alone would be off by up to 2^-10
+    assert np.abs(wb - ref_w).max() > 300 * tol                            # premise: bf16 logits are far off
+    out, w = dot_product_attention(jnp.asarray(q, jnp.bfloat16), jnp.asarray(k, jnp.bfloat16),
+                                   jnp.asarray(v, jnp.bfloat16), return_weights=True)
+    assert out.dtype == jnp.bfloat16 and w.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(w), ref_w, rtol=0, atol=tol)
+    # out = weights (cast to bf16) · v, rounded to bf16: a few bf16 ulps (2^-8 relative) of max|v|
+    np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), ref, rtol=0, atol=2 ** -6 * np.abs(v).max())
+
+
 def test_fully_masked_rows_are_zero_with_zero_gradient():
     q, k, v = qkv(51, n=4, kh=2)
     mask = random_mask(52, (2, 4, 5, 6), dead_rows=((0, 1, 2), (1, 0, 4)))
@@ -267,7 +303,7 @@ def test_single_query_path_matches_reference_values_and_gradients(n, kh):
     got_seg = jax.jit(lambda q, k, v: dot_product_attention(q, seg(k), seg(v), mask=jnp.asarray(mask)))(*args)
     np.testing.assert_allclose(np.asarray(got_seg), ref_attention(q, k, v, mask)[0], atol=1e-5)
     f = lambda q, k, v: dot_product_attention(q, k, v, mask=jnp.asarray(mask), bias=jnp.asarray(bias))  # noqa: E731
-    check_grads(f, args, order=1, modes=["rev"], eps=1e-2, atol=2e-2, rtol=2e-2)
+    check_grads(jax.jit(f), args, order=1, modes=["rev"], eps=1e-2, atol=2e-2, rtol=2e-2)
 
 
 def test_attention_segment_errors_are_named():
@@ -304,7 +340,7 @@ def test_attention_jit_equals_eager_and_vmap_equals_loop():
 def test_check_grads_attention_with_mask():
     q, k, v = (jnp.asarray(a) for a in qkv(101, b=1, t=3, s=4, n=2, kh=1, h=4))
     mask = jnp.asarray(np.array([[1, 1, 0, 1], [0, 0, 0, 0], [1, 0, 1, 1]], bool))  # row 1 fully masked
-    f = lambda q, k, v: dot_product_attention(q, k, v, mask=mask)  # noqa: E731
+    f = jax.jit(lambda q, k, v: dot_product_attention(q, k, v, mask=mask))
     check_grads(f, (q, k, v), order=1, modes=["rev"], eps=1e-2, atol=1e-2, rtol=1e-2)
 
 
@@ -422,12 +458,58 @@ def test_norms_keep_low_precision_dtype(fn):
     np.testing.assert_allclose(np.asarray(y.astype(jnp.float32)), ref, atol=3e-2, rtol=2e-2)
 
 
+def test_bf16_layer_norm_mean_is_float32():
+    """Discriminating by construction: rows ≈ 1000 + a small spread, every value exact in bfloat16 (spacing 4 in
+    [512, 1024), 8 above), whose mean is NOT representable in bfloat16. Holding the mean in bfloat16 shifts every
+    output by |bf16(mean) - mean| / std, asserted >= 0.1 here, far above the bf16 output tolerance (2 ulps, 2^-7)."""
+    import ml_dtypes
+    bf16 = ml_dtypes.bfloat16
+    rng = np.random.default_rng(191)
+    rows = []
+    while len(rows) < 6:
+        r = 1000.0 + 4.0 * rng.integers(-4, 5, 16)        # 984 .. 1016, exact in bf16
+        mu, sd = r.mean(), r.std()
+        if sd > 0 and abs(float(np.float64(mu).astype(bf16)) - mu) / sd >= 0.1:
+            rows.append(r)
+    x = np.stack(rows).reshape(2, 3, 16)
+    np.testing.assert_array_equal(x.astype(bf16).astype(np.float64), x)                 # premise: exact inputs
+    mu = x.mean(-1)
+    shift = np.abs(mu.astype(bf16).astype(np.float64) - mu) / x.std(-1)
+    assert (shift >= 0.1).all() and 0.1 > 4 * 2 ** -7                                   # premise: bf16 mean is off
+    scale = np.array([2.0, -0.5, 1.0, 0.75] * 4)          # exact in bf16
+    bias = np.array([0.5, 0.0, -1.0, 0.25] * 4)
+    y = norms.layer_norm(jnp.asarray(x, jnp.bfloat16), jnp.asarray(scale, jnp.bfloat16),
+                         jnp.asarray(bias, jnp.bfloat16), 1e-5)
+    assert y.dtype == jnp.bfloat16
+    ref = np_layer_norm(x, scale, bias, 1e-5)
+    np.testing.assert_allclose(np.asarray(y.astype(jnp.float32)), ref, rtol=2 ** -7, atol=2 ** -7)
+
+
+@pytest.mark.parametrize("fn", ["layer_norm", "rms_norm"])
+def test_fp16_norm_statistics_do_not_overflow(fn):
+    """|x| ≈ 300: x² ≈ 9e4 overflows float16 (max 65504), so statistics held in float16 give inf (outputs 0 or
+    NaN); in float32 they are finite and the output matches the float64 reference within float16 rounding."""
+    rng = np.random.default_rng(201)
+    x = (rng.choice([-1.0, 1.0], (2, 3, 16)) * rng.uniform(280, 320, (2, 3, 16))).astype(np.float16)
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.square(x)).any() and np.isinf(np.square(x - x.mean(-1, keepdims=True))).any()  # premise
+    xf = x.astype(np.float64)
+    if fn == "layer_norm":
+        y, ref = norms.layer_norm(jnp.asarray(x), None, None, 1e-5), np_layer_norm(xf, None, None, 1e-5)
+    else:
+        y, ref = norms.rms_norm(jnp.asarray(x), None, 1e-6), np_rms_norm(xf, None, 1e-6)
+    assert y.dtype == jnp.float16
+    y = np.asarray(y.astype(jnp.float32))
+    assert np.isfinite(y).all()
+    np.testing.assert_allclose(y, ref, rtol=2 ** -9, atol=2 ** -9)        # 2 ulps of float16 (2^-10 relative)
+
+
 def test_check_grads_layer_norm_and_rms_norm():
     x = jnp.asarray(rand(141, (2, 8)))
     scale, bias = jnp.asarray(rand(142, (8,))), jnp.asarray(rand(143, (8,)))
-    check_grads(lambda x, s, b: norms.layer_norm(x, s, b), (x, scale, bias), order=1, modes=["rev"],
+    check_grads(jax.jit(lambda x, s, b: norms.layer_norm(x, s, b)), (x, scale, bias), order=1, modes=["rev"],
                 eps=1e-2, atol=1e-2, rtol=1e-2)
-    check_grads(lambda x, s: norms.rms_norm(x, s), (x, scale), order=1, modes=["rev"],
+    check_grads(jax.jit(lambda x, s: norms.rms_norm(x, s)), (x, scale), order=1, modes=["rev"],
                 eps=1e-2, atol=1e-2, rtol=1e-2)
 
 

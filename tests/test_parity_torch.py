@@ -437,3 +437,37 @@ def test_decoder_only_parity(norm_first):
     h = te(x, mask=torch_causal(T), src_key_padding_mask=tt(np.asarray(tok) == cfg.pad_id))
     ref = h @ tt(np.asarray(lm.embed.tokens[...])).T
     check(f"TransformerLM[{'pre' if norm_first else 'post'}] logits", logits, ref)
+
+
+# ----------------------------------------------------------------------------- 7. training loss
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_token_losses_match_torch_cross_entropy_with_label_smoothing(eps):
+    """train.step.token_losses(objective) vs torch.nn.functional.cross_entropy(label_smoothing=eps,
+    ignore_index=pad, reduction="sum") on the same logits, with pad targets (whose logits are made extreme, so
+    counting them would show). nll is the eps=0 cross-entropy; count and correct are over non-pad targets."""
+    from jaxformer.train.step import token_losses
+
+    rng = seed(11)
+    b, t, v, pad = 3, 7, 13, 0
+    logits = randn(rng, b, t, v) * 3.0
+    targets = rng.integers(1, v, (b, t))
+    targets[0, 5:] = pad
+    targets[2, 2] = pad                                    # a pad target inside a row, too
+    logits[targets == pad] *= 50.0
+    s = token_losses(jnp.asarray(logits), jnp.asarray(targets, jnp.int32), pad, label_smoothing=eps)
+
+    flat, tgt = tt(logits.reshape(-1, v)), tt(targets.reshape(-1))
+    ref = F.cross_entropy(flat, tgt, label_smoothing=eps, ignore_index=pad, reduction="sum")
+    ref_nll = F.cross_entropy(flat, tgt, ignore_index=pad, reduction="sum")
+    rtol = 2 ** -16          # float32 sums of ~20 terms of size ~10, computed two ways: ~1e-6 relative
+    np.testing.assert_allclose(float(s["objective"]), float(ref), rtol=rtol)
+    np.testing.assert_allclose(float(s["nll"]), float(ref_nll), rtol=rtol)
+    live = targets != pad
+    assert float(s["count"]) == live.sum()
+    assert float(s["correct"]) == (logits.argmax(-1) == targets)[live].sum()
+    # the comparison discriminates: smoothing and the pad mask each move the sum far beyond rtol
+    if eps:
+        assert abs(float(ref) - float(ref_nll)) > 100 * rtol * abs(float(ref))
+    unmasked = F.cross_entropy(flat, tgt, label_smoothing=eps, reduction="sum")
+    assert abs(float(unmasked) - float(ref)) > 100 * rtol * abs(float(ref))

@@ -1,10 +1,13 @@
-"""Reading real text files: BOM, CRLF, and the Project Gutenberg header/footer."""
+"""Reading real text files: BOM, CRLF, and the Project Gutenberg header/footer; corpora shipped with the
+package are named "builtin:NAME" (Alice in Wonderland, exactly as Project Gutenberg distributes it)."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from jaxformer.data.tokenizers import DataError
+from jaxformer.errors import DataError
+
+BUILTIN = {"alice": "alice_in_wonderland.txt"}   # name -> file in jaxformer/data/corpora/
 
 _START = re.compile(r"^\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
 _END = re.compile(r"^\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
@@ -21,10 +24,21 @@ def strip_gutenberg(text: str) -> str:
     return text.strip("\n")
 
 
+def corpus_path(path: str | Path) -> Path:
+    """A file path, or "builtin:NAME" for a corpus shipped inside the package (see BUILTIN)."""
+    text = str(path)
+    if not text.startswith("builtin:"):
+        return Path(path)
+    name = text.removeprefix("builtin:")
+    if name not in BUILTIN:
+        raise DataError(f"unknown built-in corpus {text!r}; available: {['builtin:' + n for n in BUILTIN]}")
+    return Path(__file__).resolve().parent / "corpora" / BUILTIN[name]
+
+
 def load_text(path: str | Path, *, gutenberg: bool = True) -> str:
     """Read UTF-8 text (a byte-order mark is dropped), normalise CRLF/CR to LF, optionally strip the Gutenberg
-    boilerplate. Raises DataError for a missing or empty file."""
-    path = Path(path)
+    boilerplate. path: a file, or "builtin:NAME". Raises DataError for a missing or empty file."""
+    path = corpus_path(path)
     if not path.is_file():
         raise DataError(f"text file {str(path)!r} does not exist")
     raw = path.read_bytes()

@@ -6,11 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxformer.errors import DataError
+
 PAD, BOS, EOS = 0, 1, 2
-
-
-class DataError(ValueError):
-    """A data file or example cannot be used; the message says which and why."""
 
 
 class DigitTokenizer:
@@ -57,16 +55,20 @@ class CharTokenizer:
 
 
 def tokenizer_from_json(d: dict):
-    if d.get("kind") == "digits":
+    if isinstance(d, dict) and d.get("kind") == "digits":
         return DigitTokenizer()
-    if d.get("kind") == "char":
+    if isinstance(d, dict) and d.get("kind") == "char" and isinstance(d.get("chars"), str):
         return CharTokenizer(d["chars"])
-    raise DataError(f"unknown tokenizer description {d!r}")
+    raise DataError(f"unknown tokenizer description {str(d)[:200]!r}")
 
 
 def save_tokenizer(tok, path: Path) -> None:
-    Path(path).write_text(json.dumps(tok.to_json(), ensure_ascii=False))
+    Path(path).write_text(json.dumps(tok.to_json(), ensure_ascii=False), encoding="utf-8")
 
 
 def load_tokenizer(path: Path):
-    return tokenizer_from_json(json.loads(Path(path).read_text()))
+    """A tokenizer saved by save_tokenizer; DataError if the file is missing or unreadable."""
+    try:
+        return tokenizer_from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"tokenizer file {str(path)!r} is unreadable: {type(e).__name__}: {e}") from None

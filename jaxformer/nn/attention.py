@@ -21,10 +21,10 @@ class MultiHeadAttention(nnx.Module):
         d, n, k, h = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
         self.cfg = cfg
         self.self_attention = self_attention
-        self.wq = param(rngs, dense_init(0, (1, 2)), (d, n, h), ("embed", "q_heads", "head_dim"))
-        self.wk = param(rngs, dense_init(0, (1, 2)), (d, k, h), ("embed", "kv_heads", "head_dim"))
-        self.wv = param(rngs, dense_init(0, (1, 2)), (d, k, h), ("embed", "kv_heads", "head_dim"))
-        self.wo = param(rngs, dense_init((0, 1), 2), (n, h, d), ("q_heads", "head_dim", "embed"))
+        self.wq = param(rngs, dense_init(0, (1, 2)), (d, n, h), ("embed", "q_heads", "head_dim"), matrix=True)
+        self.wk = param(rngs, dense_init(0, (1, 2)), (d, k, h), ("embed", "kv_heads", "head_dim"), matrix=True)
+        self.wv = param(rngs, dense_init(0, (1, 2)), (d, k, h), ("embed", "kv_heads", "head_dim"), matrix=True)
+        self.wo = param(rngs, dense_init((0, 1), 2), (n, h, d), ("q_heads", "head_dim", "embed"), matrix=True)
         if cfg.use_bias:
             self.bq = param(rngs, zeros, (n, h), ("q_heads", "head_dim"))
             self.bk = param(rngs, zeros, (k, h), ("kv_heads", "head_dim"))

@@ -44,10 +44,10 @@ class FeedForward(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, f = cfg.d_model, cfg.d_ff
         self.activation, self.use_bias = cfg.activation, cfg.use_bias
-        self.w1 = param(rngs, dense_init(0, 1), (d, f), ("embed", "mlp"))
+        self.w1 = param(rngs, dense_init(0, 1), (d, f), ("embed", "mlp"), matrix=True)
         if self.activation in activations.GATED:
-            self.wg = param(rngs, dense_init(0, 1), (d, f), ("embed", "mlp"))
-        self.w2 = param(rngs, dense_init(0, 1), (f, d), ("mlp", "embed"))
+            self.wg = param(rngs, dense_init(0, 1), (d, f), ("embed", "mlp"), matrix=True)
+        self.w2 = param(rngs, dense_init(0, 1), (f, d), ("mlp", "embed"), matrix=True)
         if cfg.use_bias:
             self.b1 = param(rngs, zeros, (f,), ("mlp",))
             self.b2 = param(rngs, zeros, (d,), ("embed",))

@@ -40,7 +40,8 @@ class Embedder(nnx.Module):
         if cfg.positional == "sinusoidal":
             self.table = nnx.Variable(positional.sinusoidal_table(cfg.max_len, d))  # a constant, not a Param
         if not cfg.tie_embeddings:
-            self.head = param(rngs, jax.nn.initializers.normal(d ** -0.5), (d, cfg.vocab_size), ("embed", "vocab"))
+            self.head = param(rngs, jax.nn.initializers.normal(d ** -0.5), (d, cfg.vocab_size), ("embed", "vocab"),
+                              matrix=True)
         self.drop = nnx.Dropout(cfg.dropout)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:

@@ -1,4 +1,4 @@
-"""Parameter creation with logical axis names (for issue D's sharding rules).
+"""Parameter creation with logical axis names (what sharding rules map onto mesh axes) and weight-decay marks.
 
 Logical axes: "vocab" V, "embed" D, "q_heads" N, "kv_heads" K, "head_dim" H, "mlp" F, "layers" L
 (the last is prepended by the layer stack).
@@ -12,12 +12,14 @@ from flax import nnx
 Init = jax.nn.initializers.Initializer
 
 
-def param(rngs: nnx.Rngs, init: Init, shape: tuple[int, ...], axes: tuple[str, ...],
-          dtype=jnp.float32) -> nnx.Param:
-    """An nnx.Param whose metadata `out_sharding` holds its logical axis names (not applied eagerly)."""
+def param(rngs: nnx.Rngs, init: Init, shape: tuple[int, ...], axes: tuple[str, ...], dtype=jnp.float32, *,
+          matrix: bool = False) -> nnx.Param:
+    """An nnx.Param whose metadata `out_sharding` holds its logical axis names (not applied eagerly).
+    matrix=True marks a weight matrix (a projection), as opposed to a bias, a norm scale or an embedding
+    table: AdamW decays only these by default (optim.weight_decay_mask='matrices')."""
     if len(axes) != len(shape):
         raise ValueError(f"axes {axes} do not match shape {shape}")
-    return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=axes, eager_sharding=False)
+    return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=axes, eager_sharding=False, matrix=matrix)
 
 
 def dense_init(in_axes: int | tuple[int, ...], out_axes: int | tuple[int, ...]) -> Init:
@@ -27,6 +29,12 @@ def dense_init(in_axes: int | tuple[int, ...], out_axes: int | tuple[int, ...]) 
 
 zeros = jax.nn.initializers.zeros
 ones = jax.nn.initializers.ones
+
+
+def matrix_mask(module: nnx.Module) -> nnx.State:
+    """nnx.state(module, nnx.Param) with each parameter replaced by True for weight matrices (see `param`)."""
+    return jax.tree.map(lambda v: bool(v.get_metadata().get("matrix", False)), nnx.state(module, nnx.Param),
+                        is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def logical_axes(module: nnx.Module) -> dict:

@@ -1,5 +1,5 @@
 """A stack of L identical blocks whose parameters are stacked on a leading "layers" axis and applied with
-jax.lax.scan: one compiled block body whatever L is (issue C's cached decoder and issue F's remat/scan build on it).
+jax.lax.scan: one compiled block body whatever L is (the cached decoder scans the stacked cache alongside).
 """
 from __future__ import annotations
 

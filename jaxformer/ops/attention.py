@@ -72,7 +72,7 @@ def dot_product_attention(q: jax.Array, k, v, *, mask: jax.Array | None = None,
       bias: additive logits bias (e.g. ALiBi), broadcastable to [B,N,T,S].
       scale: logits scale, default 1/sqrt(H).
       return_weights: also return the attention weights [B,N,T,S] (float32).
-      backend: "reference" (the only one for now; issue F adds chunked/cuDNN/Pallas under this switch).
+      backend: "reference" (materialises the [B,N,T,S] logits; the one backend so far).
 
     Returns:
       [B,T,N,H] in q's dtype, and the weights [B,N,T,S] when asked. Logits and softmax are float32;

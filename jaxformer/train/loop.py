@@ -1,105 +1,111 @@
-"""The training loop: progress bar, JSONL + TensorBoard metrics, periodic eval, checkpoints, exact resume,
-SIGINT/SIGTERM handling and a NaN/Inf guard."""
+"""The training loop: prepare (resolve the config once, check it once, build or restore the state), loop
+(one jitted step per batch; metrics to JSONL + TensorBoard; periodic eval and checkpoints; SIGINT/SIGTERM save
+and stop; a NaN/Inf loss stops the run naming the step), finish (final eval and decoded examples).
+
+A run directory is resumable whatever happened to it: rerunning the same command continues from the newest
+readable checkpoint (an unreadable one is skipped with a warning and set aside), metrics.jsonl keeps exactly
+one record per step and split, and a directory whose earlier attempt left no checkpoint starts afresh, its
+earlier metrics set aside (jaxformer.runs).
+"""
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
 import signal
+import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
-from jaxformer.config import Config, ConfigError, to_dict
-from jaxformer.data import Task, build_task, load_tokenizer, save_tokenizer
-from jaxformer.decode import generate_seq2seq
-from jaxformer.nn import build_model
-from jaxformer.train.checkpoint import Checkpoints, check_compatible
-from jaxformer.train.step import make_eval_step, make_train_step, optimizer, schedule
+from jaxformer.checkpoints import Checkpoints
+from jaxformer.config import Config, resolve_vocab, resume_differences
+from jaxformer.data import Task, build_task
+from jaxformer.errors import IncompatibleCheckpoint, NonFiniteLoss
+from jaxformer.runs import RunDir
+from jaxformer.train.evaluate import evaluate, examples
+from jaxformer.train.step import Graphs, abstract_state, init_state, make_eval_step, make_train_step, schedule
 
 
-class NonFiniteLoss(RuntimeError):
-    """The training loss became NaN/Inf; the message names the step. Checkpoints before it are kept."""
+@dataclasses.dataclass
+class Prepared:
+    """Everything the loop needs, built once: the resolved config, the data, the state and where it starts."""
+    cfg: Config
+    task: Task
+    graphs: Graphs
+    state: dict
+    start: int
+    data_state: dict | None
+    ckpt: Checkpoints
+
+    @property
+    def model(self) -> nnx.Module:
+        return nnx.merge(self.graphs.model, self.state["model"])
 
 
-def resolve(cfg: Config, tokenizer) -> Config:
-    """Fill model.vocab_size from the tokenizer (0 = auto) and check it is large enough."""
-    v = tokenizer.vocab_size
-    if cfg.model.vocab_size == 0:
-        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=v))
-    if cfg.model.vocab_size < v:
-        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's {v}")
-    return cfg
+def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, progress: str = "auto",
+          on_start: Callable[[Prepared], None] | None = None) -> dict:
+    """Train (or resume) `cfg` in `workdir`.
+
+    progress: "bar" (tqdm), "lines" (one line per log interval, for logs and pipes), "none", or "auto" (a bar
+    when stdout is a terminal, else lines). on_start(prepared): called once the state is built or restored.
+    stop_after: stop at that step as if interrupted (tests).
+    Returns {"status": "completed" | "interrupted", "signal": "SIGINT" | "SIGTERM" | None, "step", "eval",
+    "examples", "workdir", "wall_s"}."""
+    run = RunDir(workdir)
+    with run.lock():
+        p = prepare(cfg, run)
+        try:
+            if on_start is not None:
+                on_start(p)
+            t0 = time.perf_counter()
+            state, step, signame, last_eval = _loop(p, run, stop_after, progress)
+            model = nnx.merge(p.graphs.model, state["model"])
+            if last_eval is None:                       # nothing ran, or the loop stopped between evals
+                last_eval = evaluate(p.cfg, p.task, model)
+            status = "completed" if step >= p.cfg.train.steps else "interrupted"
+            return {"status": status, "signal": signame, "step": step, "eval": last_eval,
+                    "examples": examples(p.task, model, p.cfg.train.num_examples), "workdir": str(run.path),
+                    "wall_s": time.perf_counter() - t0}
+        finally:
+            p.ckpt.close()
 
 
-def model_and_optimizer(cfg: Config):
-    """-> (graphdef, state) of (model, optimizer) for a resolved config: the training state and the
-    checkpoint layout."""
-    model = build_model(cfg.model, seed=cfg.train.seed)
-    opt = nnx.Optimizer(model, optimizer(cfg.optim, cfg.train.steps), wrt=nnx.Param)
-    return nnx.split((model, opt))
-
-
-def setup(cfg: Config, workdir: Path | None):
-    """-> (cfg resolved, task, graphdef, state). Reuses a run's saved tokenizer when present."""
-    tok_path = workdir / "tokenizer.json" if workdir else None
-    task = build_task(cfg.data, load_tokenizer(tok_path) if tok_path and tok_path.exists() else None)
-    cfg = resolve(cfg, task.tokenizer)
-    graphdef, state = model_and_optimizer(cfg)
-    return cfg, task, graphdef, state
-
-
-def evaluate(cfg: Config, task: Task, graphdef, state, eval_step=None) -> dict:
-    """Held-out loss and token accuracy (teacher forced); exact-match by greedy decoding for seq2seq."""
-    eval_step = eval_step or make_eval_step(graphdef, cfg)
-    tot = {"nll": 0.0, "correct": 0.0, "count": 0.0}
-    exact, n = 0, 0
-    model = nnx.merge(graphdef, state)[0]
-    for batch in task.eval_batches(cfg.train.eval_batch_size):
-        s = eval_step(state, batch)
-        for k in tot:
-            tot[k] += float(s[k])
-        if task.kind == "seq2seq":
-            pred = np.asarray(predict(model, task, batch["src"], batch["tgt_out"].shape[1]))
-            exact += int(np.all(pred == batch["tgt_out"], axis=1).sum())
-            n += len(pred)
-    out = {"loss": tot["nll"] / tot["count"], "token_accuracy": tot["correct"] / tot["count"]}
-    if task.kind == "seq2seq":
-        out["exact_match"] = exact / n
-    return out
-
-
-def predict(model, task: Task, src, width: int):
-    tok = task.tokenizer
-    return generate_seq2seq(model, src, max_new=width, bos_id=tok.bos_id, eos_id=tok.eos_id)
-
-
-def examples(cfg: Config, task: Task, graphdef, state, k: int) -> list[dict]:
-    """k decoded held-out examples: input, target, prediction, ok."""
-    model = nnx.merge(graphdef, state)[0]
-    tok, ev = task.tokenizer, {a: b[:k] for a, b in task.eval.items()}
-    rows = []
-    if task.kind == "seq2seq":
-        pred = np.asarray(predict(model, task, ev["src"], ev["tgt_out"].shape[1]))
-        for s, t, p in zip(ev["src"], ev["tgt_out"], pred):
-            rows.append({"input": tok.decode(s), "target": tok.decode(t), "prediction": tok.decode(p),
-                         "ok": bool(np.all(p == t))})
-    else:
-        logits = jax.jit(lambda st, x: nnx.merge(graphdef, st)[0](x))(state, ev["inputs"])
-        for x, y, p in zip(ev["inputs"], ev["targets"], np.asarray(logits.argmax(-1))):
-            rows.append({"input": tok.decode(x), "target": tok.decode(y), "prediction": tok.decode(p),
-                         "ok": bool(np.all(p == y))})
-    return rows
+def prepare(cfg: Config, run: RunDir) -> Prepared:
+    """Resolve the config, check it against the run's checkpoints, and build or restore the training state."""
+    ckpt = run.checkpoints(cfg)
+    try:
+        resuming, restored = not ckpt.empty(), None
+        task = build_task(cfg.data, run.read_tokenizer() if resuming and run.tokenizer_path.exists() else None)
+        cfg = resolve_vocab(cfg, task.tokenizer.vocab_size)
+        if resuming:
+            diffs = resume_differences(run.read_config(), cfg)
+            if diffs:
+                raise IncompatibleCheckpoint(f"{run.path} holds checkpoints of another config; differing keys: "
+                                             + "; ".join(diffs) + ". Use a new --workdir.")
+            graphs, target = abstract_state(cfg)
+            restored = ckpt.restore(target, ("latest", "best"), data=True)
+        if restored is not None:
+            state, start, data_state = {k: restored.items[k] for k in target}, restored.step, restored.items["data"]
+            run.truncate_metrics(start)
+        else:
+            graphs, state = init_state(cfg)
+            start, data_state = 0, None
+            run.set_aside_history("no checkpoint to resume from")
+        run.write(cfg, task.tokenizer)
+    except BaseException:
+        ckpt.close()
+        raise
+    return Prepared(cfg, task, graphs, state, start, data_state, ckpt)
 
 
 class _Signals:
-    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint and returns."""
+    """The first SIGINT/SIGTERM sets a flag (the loop saves and stops); a second one interrupts at once."""
 
     def __init__(self):
         self.received = None
@@ -109,6 +115,8 @@ class _Signals:
         return self
 
     def _handle(self, signum, frame):
+        if self.received is not None:
+            raise KeyboardInterrupt
         self.received = signal.Signals(signum).name
 
     def __exit__(self, *exc):
@@ -116,108 +124,86 @@ class _Signals:
             signal.signal(s, h)
 
 
-def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, progress: bool = True) -> dict:
-    """Train (or resume) `cfg` in `workdir`. stop_after: stop at that step as if interrupted (tests).
-    Returns a summary dict with the final eval metrics and the run status."""
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    check_compatible(workdir, cfg)
-    cfg, task, graphdef, state = setup(cfg, workdir)
-    check_compatible(workdir, cfg)
-    (workdir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-    save_tokenizer(task.tokenizer, workdir / "tokenizer.json")
+class _Progress:
+    """A tqdm bar when stdout is a terminal; otherwise one printed line per log interval (a log file gets no
+    carriage-return frames)."""
 
-    tc = cfg.train
-    ckpt = Checkpoints(workdir, tc.keep_checkpoints, tc.best_metric, tc.best_mode)
-    data_iter = iter(task.train_dataset(cfg.data.batch_size, cfg.train.seed))
-    start = 0
-    restored = ckpt.restore(state)
-    if restored is not None:
-        start, state, data_state = restored
-        data_iter.set_state(data_state)
-    train_step, eval_step = make_train_step(graphdef, cfg), make_eval_step(graphdef, cfg)
-    lr_at = schedule(cfg.optim, tc.steps)
-    base_key = jax.random.key(tc.seed)
-    log = (workdir / "metrics.jsonl").open("a")
-    tb = SummaryWriter(str(workdir / "tb"))
+    def __init__(self, mode: str, total: int, start: int):
+        if mode == "auto":
+            mode = "bar" if sys.stdout.isatty() else "lines"
+        self.mode, self.total = mode, total
+        self.bar = tqdm(total=total, initial=start, desc="train", dynamic_ncols=True) if mode == "bar" else None
+
+    def step(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def log(self, step: int, split: str, metrics: dict) -> None:
+        if self.bar is not None and split == "train":
+            self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:,.0f}")
+        elif self.mode != "none":
+            text = "  ".join(f"{k} {v:,.0f}" if abs(v) >= 1e4 else f"{k} {v:.4g}" for k, v in metrics.items())
+            line = f"{split} step {step}/{self.total}  {text}"
+            (self.bar.write(line) if self.bar is not None else print(line, flush=True))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str):
+    """-> (state, last step done, signal name or None, last eval metrics or None)."""
+    cfg, tc, ckpt = p.cfg, p.cfg.train, p.ckpt
+    data_iter = iter(p.task.train_dataset(cfg.data.batch_size, tc.seed))
+    if p.data_state is not None:
+        data_iter.set_state(p.data_state)
+    train_step, eval_step = make_train_step(p.graphs, cfg), make_eval_step(p.graphs.model, cfg)
+    lr_at, base_key = schedule(cfg.optim, tc.steps), jax.random.key(tc.seed)
+    log = run.metrics_path.open("a", encoding="utf-8")
+    tb = SummaryWriter(str(run.tb_path), purge_step=p.start or None)
+    bar = _Progress(progress, tc.steps, p.start)
 
     def emit(step, split, metrics):
-        rec = {"step": step, "split": split, **{k: float(v) for k, v in metrics.items()}}
-        log.write(json.dumps(rec) + "\n")
+        rec = {k: float(v) for k, v in metrics.items()}
+        log.write(json.dumps({"step": step, "split": split, **rec}) + "\n")
         log.flush()
-        for k, v in metrics.items():
-            tb.add_scalar(f"{split}/{k}", float(v), step)
+        for k, v in rec.items():
+            tb.add_scalar(f"{split}/{k}", v, step)
+        bar.log(step, split, rec)
 
-    status, last_eval, step = "completed", None, start
-    bar = tqdm(total=tc.steps, initial=start, disable=not progress, desc="train", dynamic_ncols=True)
-    t0, toks = time.perf_counter(), 0.0
+    state, step, last_eval = p.state, p.start, None
+    t_log, toks = time.perf_counter(), 0.0
     try:
         with _Signals() as sig:
-            for step in range(start, tc.steps):
-                batch = next(data_iter)
-                state, m = train_step(state, batch, jax.random.fold_in(base_key, step))
+            for step in range(p.start + 1, tc.steps + 1):
+                state, m = train_step(state, next(data_iter), jax.random.fold_in(base_key, step - 1))
                 loss = float(m["loss"])
                 if not math.isfinite(loss):
-                    raise NonFiniteLoss(f"loss is {loss} at step {step + 1}; last good checkpoint: step "
-                                        f"{ckpt.latest.latest_step()} in {workdir / 'checkpoints'}")
+                    good = ckpt.steps("latest")
+                    where = (f"last good checkpoint: step {good[-1]} in {ckpt.root / 'latest'}" if good else
+                             "no checkpoint was saved before it")
+                    raise NonFiniteLoss(f"loss is {loss} at step {step}; {where}. Lower optim.lr, raise "
+                                        f"optim.warmup_steps or set optim.clip_norm")
                 toks += float(m["tokens"])
-                done = step + 1
-                bar.update(1)
-                if done % tc.log_every == 0 or done == tc.steps:
-                    dt = time.perf_counter() - t0
+                bar.step()
+                if step % tc.log_every == 0 or step == tc.steps:
+                    now = time.perf_counter()
                     rec = {k: m[k] for k in ("loss", "token_accuracy", "grad_norm")}
-                    rec.update(lr=lr_at(step), tokens_per_s=toks / max(dt, 1e-9))
-                    emit(done, "train", rec)
-                    bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{toks / max(dt, 1e-9):,.0f}")
-                eval_now = done % tc.eval_every == 0 or done == tc.steps
+                    rec.update(lr=lr_at(step - 1), tokens_per_s=toks / max(now - t_log, 1e-9))
+                    emit(step, "train", rec)
+                    t_log, toks = now, 0.0
+                eval_now = step % tc.eval_every == 0 or step == tc.steps
+                last_eval = None
                 if eval_now:
-                    last_eval = evaluate(cfg, task, graphdef, state, eval_step)
-                    emit(done, "eval", last_eval)
-                if eval_now or done % tc.checkpoint_every == 0:
-                    ckpt.save(done, state, data_iter.get_state(), last_eval if eval_now else None)
-                if sig.received or (stop_after is not None and done >= stop_after):
-                    status = f"interrupted ({sig.received or 'stop_after'}) at step {done}"
-                    if not eval_now and done % tc.checkpoint_every:
-                        ckpt.save(done, state, data_iter.get_state())
-                    break
+                    last_eval = evaluate(cfg, p.task, nnx.merge(p.graphs.model, state["model"]), eval_step)
+                    emit(step, "eval", last_eval)
+                stopping = sig.received or (stop_after is not None and step >= stop_after)
+                if eval_now or step % tc.checkpoint_every == 0 or stopping:
+                    ckpt.save(step, state, data_iter.get_state(), last_eval)
+                if stopping:
+                    return state, step, sig.received, last_eval
     finally:
         bar.close()
         log.close()
         tb.close()
-        ckpt.close()
-    if last_eval is None:
-        last_eval = evaluate(cfg, task, graphdef, state, eval_step)
-    return {"status": status, "step": step + 1 if start < tc.steps else start, "eval": last_eval,
-            "examples": examples(cfg, task, graphdef, state, tc.num_examples), "workdir": str(workdir),
-            "wall_s": time.perf_counter() - t0}
-
-
-def restore_run(workdir: str | Path, cfg: Config, which: str = "best"):
-    """A run's `which` checkpoint ("best", falling back to "latest"; or "latest") for its resolved config
-    -> (step, graphdef, state) of (model, optimizer)."""
-    workdir = Path(workdir)
-    if which not in ("best", "latest"):
-        raise ConfigError(f"which={which!r} must be 'best' or 'latest'")
-    graphdef, state = model_and_optimizer(cfg)
-    ckpt = Checkpoints(workdir, cfg.train.keep_checkpoints, cfg.train.best_metric, cfg.train.best_mode)
-    try:
-        restored = ckpt.restore(state, which) or ckpt.restore(state, "latest")
-    finally:
-        ckpt.close()
-    if restored is None:
-        raise FileNotFoundError(f"no checkpoint in {workdir / 'checkpoints'}")
-    step, state, _ = restored
-    return step, graphdef, state
-
-
-def evaluate_run(workdir: str | Path, which: str = "best") -> dict:
-    """Restore a run's best (or latest) checkpoint and evaluate it on the held-out set."""
-    from jaxformer.train.checkpoint import load_run_config
-    workdir = Path(workdir)
-    cfg = load_run_config(workdir)
-    tok_path = workdir / "tokenizer.json"
-    task = build_task(cfg.data, load_tokenizer(tok_path) if tok_path.exists() else None)
-    cfg = resolve(cfg, task.tokenizer)
-    step, graphdef, state = restore_run(workdir, cfg, which)
-    return {"step": step, "eval": evaluate(cfg, task, graphdef, state),
-            "examples": examples(cfg, task, graphdef, state, cfg.train.num_examples)}
+    return state, step, None, last_eval

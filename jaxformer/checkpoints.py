@@ -1,0 +1,144 @@
+"""A run's orbax checkpoints: `latest` keeps the newest N steps, `best` the best one by an eval metric.
+
+Each step holds the items "model" and "opt" (the training state's two halves) and "data" (the input
+iterator's state, JSON), so a model restores without its optimizer. A step that cannot be read (truncated
+array files, a missing or garbled metadata file, a missing item) is skipped with a warning naming it and the
+next older one is tried; once one restores, a writable run moves the bad steps to its attic (nothing is
+deleted), so the resumed run can save those steps again.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import jax
+import orbax.checkpoint as ocp
+
+from jaxformer.errors import CheckpointError
+
+log = logging.getLogger("jaxformer")
+
+KINDS = ("latest", "best")
+
+
+class Restored(NamedTuple):
+    step: int
+    kind: str          # "latest" | "best": which manager it came from
+    items: dict        # item name -> restored pytree (or dict for "data")
+
+
+class Checkpoints:
+    """The two managers of `root` (= RUN/checkpoints). read_only: never create or move anything."""
+
+    def __init__(self, root: Path, *, keep: int = 2, best_metric: str = "loss", best_mode: str = "min",
+                 read_only: bool = False, set_aside: Callable[[Path, str], Path] | None = None):
+        self.root, self.read_only, self._set_aside = Path(root).absolute(), read_only, set_aside
+        common = dict(create=not read_only, read_only=read_only)
+        if read_only:       # what orbax would otherwise force, warning that it did
+            common.update(save_interval_steps=0)
+            keep = None
+        absl_log = logging.getLogger("absl")
+        level = absl_log.level
+        absl_log.setLevel(logging.ERROR)     # orbax warns "Given directory is read only" on every read_only open
+        try:
+            self.managers = {
+                "latest": ocp.CheckpointManager(self.root / "latest", options=ocp.CheckpointManagerOptions(
+                    max_to_keep=keep, **common)),
+                "best": ocp.CheckpointManager(self.root / "best", options=ocp.CheckpointManagerOptions(
+                    max_to_keep=None if read_only else 1, best_fn=lambda m: m[best_metric], best_mode=best_mode,
+                    **common)),
+            }
+        finally:
+            absl_log.setLevel(level)
+
+    def steps(self, kind: str = "latest") -> list[int]:
+        return sorted(self.managers[kind].all_steps())
+
+    def empty(self) -> bool:
+        """No step saved in either manager."""
+        return not any(self.steps(k) for k in KINDS)
+
+    def save(self, step: int, state: dict, data_state: dict, metrics: dict | None = None) -> None:
+        """Save `state` ({"model", "opt"}) and the data iterator state as `step` in latest, and in best when
+        eval `metrics` are given. Returns when the write is complete."""
+        args = ocp.args.Composite(**{k: ocp.args.StandardSave(v) for k, v in state.items()},
+                                  data=ocp.args.JsonSave(data_state))
+        self.managers["latest"].save(step, args=args, force=True)
+        if metrics is not None:
+            self.managers["best"].save(step, args=args, metrics=metrics, force=True)
+        for m in self.managers.values():
+            m.wait_until_finished()
+
+    def restore(self, target: dict, kinds: tuple[str, ...] = ("latest",), *, data: bool = False
+                ) -> Restored | None:
+        """Restore the items named in `target` (item -> abstract or live pytree: shapes, dtypes, shardings),
+        and the data iterator state if `data`, from the first readable candidate step: with one kind, "latest"
+        tries the newest first and "best" the best first; with several, the newest step of any kind first.
+        -> Restored, or None when no step exists. Raises CheckpointError when steps exist but none is readable."""
+        candidates = []
+        for kind in kinds:
+            steps = sorted(self.managers[kind].all_steps(), reverse=True)
+            best = self.managers[kind].best_step() if kind == "best" else None
+            candidates += [(kind, s) for s in ([best] if best is not None else []) + [s for s in steps if s != best]]
+        if len(kinds) > 1:
+            candidates.sort(key=lambda c: -c[1])                       # stable: kinds' order breaks ties
+        args = {k: ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, v))
+                for k, v in target.items()}
+        if data:
+            args["data"] = ocp.args.JsonRestore()
+        bad = []
+        for kind, step in candidates:
+            try:
+                out = self.managers[kind].restore(step, args=ocp.args.Composite(**args))
+            except Exception as e:  # orbax/tensorstore/JSON errors of one unreadable step: try the next
+                _quiet_failed_reads()
+                bad.append((kind, step, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"))
+                log.warning("checkpoint %s is unreadable (%s)", self.root / kind / str(step), bad[-1][2])
+                continue
+            if bad:
+                log.warning("restored step %d from %s instead of the unreadable step(s) %s", step, kind,
+                            ", ".join(f"{k} {s}" for k, s, _ in bad))
+                self._set_aside_steps([(k, s) for k, s, _ in bad], "unreadable")
+            return Restored(step, kind, {k: out[k] for k in args})
+        if bad:
+            raise CheckpointError(f"no readable checkpoint in {self.root}: "
+                                  + "; ".join(f"{k} step {s}: {why}" for k, s, why in bad))
+        return None
+
+    def _set_aside_steps(self, steps: list[tuple[str, int]], reason: str) -> None:
+        """Move (kind, step) checkpoints to the run's attic, so that those steps can be saved again."""
+        if self._set_aside is None or self.read_only:
+            return
+        for kind, step in steps:
+            moved = self._set_aside(self.root / kind / str(step), f"{reason}-{kind}-{step}")
+            log.warning("moved checkpoint %s/%s/%d to %s", self.root, kind, step, moved)
+        for kind in {k for k, _ in steps}:
+            self.managers[kind].reload()
+
+    def close(self) -> None:
+        for m in self.managers.values():
+            m.close()
+
+
+def _quiet_failed_reads() -> None:
+    """When one array of a step fails to read, orbax closes its event loop while tensorstore still completes
+    the other reads; their callbacks then raise "Event loop is closed" (printed as unraisable tracebacks, after
+    the restore has returned) and leave "Future exception was never retrieved" log records. That is noise about
+    a failure already reported by name: after the first failed read, this process drops exactly those two."""
+    global _QUIETED
+    if _QUIETED:
+        return
+    _QUIETED, hook = True, sys.unraisablehook
+
+    def quiet(u):
+        if not (isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"):
+            hook(u)
+
+    sys.unraisablehook = quiet
+    logging.getLogger("asyncio").addFilter(
+        lambda record: not record.getMessage().startswith("Future exception was never retrieved"))
+
+
+_QUIETED = False

@@ -1,0 +1,39 @@
+"""Named errors for everything a user can cause. The CLI prints the message (no traceback) and exits with the
+class's `exit_code`; library callers catch `JaxformerError` or a subclass."""
+from __future__ import annotations
+
+
+class JaxformerError(Exception):
+    """Base of the errors a user can cause (bad config, bad flag, bad file, bad run directory)."""
+    exit_code = 2
+    label = "error"
+
+
+class ConfigError(JaxformerError, ValueError):
+    """A config field, flag or config file is unusable; the message names the field and the value."""
+    label = "config error"
+
+
+class DataError(JaxformerError, ValueError):
+    """A data file or example cannot be used; the message says which and why."""
+    label = "data error"
+
+
+class RunDirError(JaxformerError):
+    """A run directory cannot be used: not a directory, not writable, or held by another trainer."""
+    label = "run directory error"
+
+
+class CheckpointError(JaxformerError):
+    """No usable checkpoint: none saved yet, or every saved one is unreadable."""
+    label = "checkpoint error"
+
+
+class IncompatibleCheckpoint(ConfigError):
+    """The run directory holds checkpoints of a different config."""
+
+
+class NonFiniteLoss(JaxformerError, RuntimeError):
+    """The training loss became NaN/Inf; the message names the step and the last good checkpoint."""
+    exit_code = 3
+    label = "training diverged"

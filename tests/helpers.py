@@ -1,0 +1,50 @@
+"""Small configs and run-directory readers shared by the training, run-directory and CLI tests."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jaxformer.config import apply_overrides, load_config_file
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The reversal config shrunk to a 1+1-layer D=32 model on 128 strings: a step costs milliseconds.
+TINY_REVERSE = ["model.d_model=32", "model.d_ff=64", "model.num_heads=2", "model.num_encoder_layers=1",
+                "model.num_decoder_layers=1", "data.num_train=128", "data.num_eval=32", "data.batch_size=16",
+                "train.eval_batch_size=32", "train.num_examples=2"]
+# The Alice char-LM config (vocab from the data, the built-in corpus) shrunk likewise; no decoding in its eval.
+TINY_LM = ["model.d_model=16", "model.d_ff=32", "model.num_heads=2", "model.num_decoder_layers=1",
+           "data.num_chars=2000", "data.batch_size=8", "train.eval_batch_size=64", "train.num_examples=2"]
+
+
+def tiny_reverse(*extra: str):
+    return apply_overrides(load_config_file(ROOT / "configs/reverse.py"), TINY_REVERSE + list(extra))
+
+
+def tiny_lm(*extra: str):
+    return apply_overrides(load_config_file(ROOT / "configs/alice.py"), TINY_LM + list(extra))
+
+
+def cli_args(config: str, overrides: list[str]) -> list[str]:
+    """[config, --set k=v, ...] for `jaxformer train`."""
+    return [str(ROOT / config)] + [a for o in overrides for a in ("--set", o)]
+
+
+def records(workdir, timing: bool = True) -> list[dict]:
+    """metrics.jsonl's records; timing=False drops the wall-clock fields (tokens_per_s)."""
+    p = Path(workdir) / "metrics.jsonl"
+    rows = [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+    return rows if timing else [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]
+
+
+def train_losses(workdir) -> dict[int, float]:
+    """{step: loss} of the train records; asserts there is at most one record per step."""
+    rows = [r for r in records(workdir) if r["split"] == "train"]
+    steps = [r["step"] for r in rows]
+    assert len(steps) == len(set(steps)), f"duplicate train steps in metrics.jsonl: {steps}"
+    return {r["step"]: r["loss"] for r in rows}
+
+
+def checkpoint_steps(workdir, kind: str = "latest") -> list[int]:
+    d = Path(workdir) / "checkpoints" / kind
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.exists() else []

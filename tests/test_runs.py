@@ -1,0 +1,244 @@
+"""Run directories resume or recover whatever happened to them, and say what they did: corrupt or partial
+checkpoints, failed first attempts, deleted checkpoints, a second trainer, signals, a diverging loss."""
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from helpers import TINY_LM, checkpoint_steps, cli_args, records, tiny_lm, train_losses
+
+from jaxformer.checkpoints import Checkpoints
+from jaxformer.cli import main as cli_main
+from jaxformer.data import build_task
+from jaxformer.errors import CheckpointError, DataError, IncompatibleCheckpoint, NonFiniteLoss, RunDirError
+from jaxformer.runs import RunDir, load_model
+from jaxformer.train.loop import train
+from jaxformer.train.step import init_state
+
+# checkpoints at 2 and 4 (latest keeps both), an eval (and best) at 4 only; steps 3-4 logged after step 2
+LM = tiny_lm("train.steps=4", "train.log_every=1", "train.checkpoint_every=2", "train.eval_every=4",
+             "train.keep_checkpoints=3")
+
+
+@pytest.fixture(scope="module")
+def finished_lm(tmp_path_factory):
+    """A finished 4-step LM run; tests copy it before touching it."""
+    d = tmp_path_factory.mktemp("lm") / "run"
+    train(LM, d, progress="none")
+    assert checkpoint_steps(d) == [2, 4] and checkpoint_steps(d, "best") == [4]
+    return d
+
+
+def copy_run(src, tmp_path) -> Path:
+    dst = tmp_path / "run"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def truncate_arrays(step_dir: Path):
+    for f in (step_dir / "model").rglob("*"):
+        if f.is_file() and f.parent.name == "d":
+            f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 3])
+
+
+CORRUPTIONS = {
+    "truncated-arrays": truncate_arrays,
+    "deleted-metadata": lambda d: (d / "model" / "_METADATA").unlink(),
+    "garbled-metadata": lambda d: (d / "opt" / "_METADATA").write_text("{not json"),
+    "garbled-data-state": lambda d: (d / "data" / "metadata").write_text("{not json"),
+    "missing-item": lambda d: shutil.rmtree(d / "opt"),
+}
+
+
+@pytest.mark.parametrize("kind", list(CORRUPTIONS))
+def test_corrupt_newest_checkpoint_resumes_from_the_previous_one_naming_the_bad_step(finished_lm, tmp_path,
+                                                                                      kind, caplog):
+    run = copy_run(finished_lm, tmp_path)
+    before = train_losses(run)
+    for which in ("latest", "best"):                     # step 4 exists in both managers
+        CORRUPTIONS[kind](run / "checkpoints" / which / "4")
+    with caplog.at_level(logging.WARNING, logger="jaxformer"):
+        out = train(LM, run, progress="none")
+    assert out["status"] == "completed" and out["step"] == 4
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "checkpoints/latest/4" in warned and "unreadable" in warned, warned
+    assert train_losses(run) == before                  # steps 3-4 recomputed bit for bit, no duplicates
+    assert checkpoint_steps(run) == [2, 4]              # step 4 saved anew ...
+    attic = [p.name for p in (run / "attic").iterdir()]
+    assert any("unreadable-latest-4" in n for n in attic), attic   # ... and the bad one kept aside
+    assert len([r for r in records(run) if r["split"] == "eval"]) == 1
+
+
+def test_no_readable_checkpoint_is_a_named_error_and_moves_nothing(finished_lm, tmp_path):
+    run = copy_run(finished_lm, tmp_path)
+    for which, step in (("latest", 2), ("latest", 4), ("best", 4)):
+        truncate_arrays(run / "checkpoints" / which / str(step))
+    with pytest.raises(CheckpointError, match=r"latest step 4.*latest step 2"):
+        train(LM, run, progress="none")
+    assert checkpoint_steps(run) == [2, 4] and not (run / "attic").exists()
+    assert cli_main(["train", *cli_args("configs/alice.py", TINY_LM), "--workdir", str(run)]) == 2
+
+
+def test_a_crash_after_the_last_checkpoint_leaves_one_history(finished_lm, tmp_path):
+    """Metrics logged after the newest checkpoint (a crash before the next save) are recomputed, not
+    appended a second time."""
+    run = copy_run(finished_lm, tmp_path)
+    before = records(run, timing=False)
+    for which in ("latest", "best"):                     # as if the process died before saving step 4
+        shutil.rmtree(run / "checkpoints" / which / "4")
+    train(LM, run, progress="none")
+    assert records(run, timing=False) == before and checkpoint_steps(run) == [2, 4]
+
+
+def test_a_failed_first_attempt_does_not_block_the_corrected_rerun(tmp_path):
+    bad = tiny_lm("data.batch_size=4096", "train.steps=2")          # more than the training blocks
+    with pytest.raises(DataError, match="training examples"):
+        train(bad, tmp_path, progress="none")
+    assert json.loads((tmp_path / "config.json").read_text())["data"]["batch_size"] == 4096
+    out = train(tiny_lm("train.steps=2", "train.eval_every=2"), tmp_path, progress="none")
+    assert out["status"] == "completed" and json.loads((tmp_path / "config.json").read_text())["data"][
+        "batch_size"] == 8
+
+
+def test_deleted_checkpoints_restart_with_a_warning_and_keep_the_old_history(finished_lm, tmp_path, caplog):
+    run = copy_run(finished_lm, tmp_path)
+    old = records(run)
+    shutil.rmtree(run / "checkpoints")
+    with caplog.at_level(logging.WARNING, logger="jaxformer"):
+        train(LM, run, progress="none")
+    assert "no checkpoint to resume from" in caplog.text
+    kept = [p for p in (run / "attic").iterdir() if p.name.endswith("history")]
+    assert len(kept) == 1 and records(kept[0]) == old and (kept[0] / "tb").is_dir()
+    assert records(run, timing=False) == records(kept[0], timing=False)   # one history, recomputed alike
+
+
+def test_incompatible_checkpoint_dir_is_refused(finished_lm, tmp_path):
+    run = copy_run(finished_lm, tmp_path)
+    with pytest.raises(IncompatibleCheckpoint, match=r"model\.d_model: 16 -> 32"):
+        train(tiny_lm("train.steps=4", "model.d_model=32"), run, progress="none")
+    resumed = train(tiny_lm("train.steps=5", "train.eval_every=5"), run, progress="none")   # train.* may change
+    assert resumed["step"] == 5
+
+
+def test_a_second_trainer_on_the_same_workdir_is_refused(tmp_path):
+    with RunDir(tmp_path).lock():
+        with pytest.raises(RunDirError, match=f"in use by another trainer \\(pid {os.getpid()}\\)"):
+            train(LM, tmp_path, progress="none")
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_unusable_workdirs_are_named_errors(tmp_path, monkeypatch, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(RunDirError, match="is a file, not a directory"):
+        train(LM, f, progress="none")
+    assert cli_main(["train", *cli_args("configs/alice.py", TINY_LM), "--workdir", str(f)]) == 2
+    assert "is a file" in capsys.readouterr().out
+    real_open = os.open
+
+    def read_only_fs(path, *a, **k):   # EROFS for anything under tmp_path/ro (root ignores chmod, so fake it)
+        if str(path).startswith(str(tmp_path / "ro")):
+            raise OSError(30, "Read-only file system", str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(os, "open", read_only_fs)
+    with pytest.raises(RunDirError, match="cannot write to workdir .*Read-only file system"):
+        train(LM, tmp_path / "ro", progress="none")
+
+
+# ----------------------------------------------------------------------------- restoring for inference
+
+def test_best_and_latest_restore_their_own_steps_and_fall_back_without_writing(tmp_path, caplog):
+    """Best (min loss) is step 1, latest is step 2, and their parameters differ: each restores its own.
+    With latest/ gone, --which latest falls back to best and says so; nothing is created."""
+    cfg = tiny_lm()
+    task = build_task(cfg.data)
+    run = RunDir(tmp_path)
+    from jaxformer.config import resolve_vocab
+    cfg = resolve_vocab(cfg, task.tokenizer.vocab_size)
+    run.write(cfg, task.tokenizer)
+    graphs, state = init_state(cfg)
+    ck = run.checkpoints(cfg)
+    ck.save(1, state, {}, {"loss": 0.5})
+    state2 = dict(state, model=jax.tree.map(lambda x: x + 1.0, state["model"]))
+    ck.save(2, state2, {}, {"loss": 0.9})
+    ck.close()
+    leaf = lambda m: np.asarray(jax.tree.leaves(nnx.state(m, nnx.Param))[0])
+    best, latest = load_model(tmp_path, "best"), load_model(tmp_path, "latest")
+    assert (best.step, best.which, latest.step, latest.which) == (1, "best", 2, "latest")
+    np.testing.assert_array_equal(leaf(best.model), np.asarray(jax.tree.leaves(state["model"])[0]))
+    np.testing.assert_array_equal(leaf(latest.model), leaf(best.model) + 1.0)
+    shutil.rmtree(tmp_path / "checkpoints" / "latest")
+    with caplog.at_level(logging.WARNING, logger="jaxformer"):
+        fell = load_model(tmp_path, "latest")
+    assert (fell.step, fell.which) == (1, "best") and "using the best one" in caplog.text
+    assert not (tmp_path / "checkpoints" / "latest").exists()
+
+
+def test_generate_and_eval_without_a_checkpoint_are_named_errors(tmp_path, capsys):
+    cfg = tiny_lm()
+    task = build_task(cfg.data)
+    RunDir(tmp_path).write(cfg, task.tokenizer)
+    for cmd in ("generate", "eval"):
+        assert cli_main([cmd, "--workdir", str(tmp_path)]) == 2
+        assert "has no checkpoint yet" in capsys.readouterr().out.replace("\n", " ")
+    assert not (tmp_path / "checkpoints").exists()
+    with pytest.raises(CheckpointError):
+        load_model(tmp_path, "latest")
+
+
+# ----------------------------------------------------------------------------- divergence and signals
+
+NAN = ["optim.name=sgd", "optim.lr=1e12", "optim.clip_norm=0", "optim.schedule=constant", "train.steps=20",
+       "train.eval_every=1000"]
+
+
+def test_nan_loss_stops_naming_the_step_and_the_last_good_checkpoint(tmp_path):
+    with pytest.raises(NonFiniteLoss, match=r"at step \d+") as e:
+        train(tiny_lm(*NAN, "train.checkpoint_every=1"), tmp_path, progress="none")
+    bad = int(str(e.value).split("at step ")[1].split(";")[0])
+    assert checkpoint_steps(tmp_path) == list(range(1, bad))[-2:]          # keep_checkpoints=2, none with NaN
+    assert f"last good checkpoint: step {bad - 1} in {tmp_path / 'checkpoints' / 'latest'}" in str(e.value)
+
+
+def test_nan_loss_before_any_checkpoint_exits_3_saying_so(tmp_path, capsys):
+    argv = ["train", *cli_args("configs/alice.py", TINY_LM + NAN + ["train.checkpoint_every=1000"]),
+            "--workdir", str(tmp_path), "--no-progress"]
+    assert cli_main(argv) == 3
+    out = " ".join(capsys.readouterr().out.split())
+    assert "training diverged: loss is nan at step" in out and "no checkpoint was saved before it" in out
+    assert "None" not in out and "Traceback" not in out and checkpoint_steps(tmp_path) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_saves_a_checkpoint_and_exits_128_plus_signum(tmp_path, sig):
+    cmd = [sys.executable, "-m", "jaxformer.cli", "train",
+           *cli_args("configs/alice.py", TINY_LM + ["train.steps=100000", "train.log_every=1",
+                                                    "train.eval_every=100000"]),
+           "--workdir", str(tmp_path), "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while not train_losses_or_none(tmp_path) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)   # poll for the loop to run (its handlers are installed before step 1's record)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig.value, out
+    assert f"interrupted by {sig.name}" in out
+    last = max(train_losses(tmp_path))
+    assert checkpoint_steps(tmp_path)[-1] == last       # saved at the step it stopped at
+
+
+def train_losses_or_none(workdir):
+    try:
+        return train_losses(workdir)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
