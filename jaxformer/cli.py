@@ -60,10 +60,12 @@ def cmd_train(args) -> int:
     out = train(cfg, workdir, progress="lines" if args.no_progress else "auto", on_start=on_start)
     console.print(f"status: {out['status']}" + (f" by {out['signal']}" if out["signal"] else "")
                   + f" at step {out['step']} after {out['wall_s']:.1f} s")
-    show_eval(out["eval"], f"held-out (step {out['step']})")
+    if out["eval"]:
+        show_eval(out["eval"], f"held-out (step {out['step']})")
     if "exact_match" in out["eval"]:
         console.print(f"[bold green]held-out exact-match accuracy: {100 * out['eval']['exact_match']:.1f}%[/]")
-    show_examples(out["examples"])
+    if out["examples"]:
+        show_examples(out["examples"])
     if out["signal"]:                        # a scheduler must tell an interrupted run from a finished one
         return 128 + signal.Signals[out["signal"]].value
     return 0
@@ -157,6 +159,9 @@ def main(argv=None) -> int:
     except JaxformerError as e:
         console.print(Text.assemble((f"{e.label}:", "red"), " ", str(e)), soft_wrap=True)   # one unbroken line
         return e.exit_code
+    except OSError as e:                     # the machine's doing, not ours: a full disk, a vanished mount
+        console.print(Text.assemble(("I/O error:", "red"), " ", str(e)), soft_wrap=True)
+        return 2
     except KeyboardInterrupt:                # a second Ctrl-C during training, or one outside it
         console.print("[red]interrupted[/red]")
         return 128 + signal.SIGINT.value

@@ -71,8 +71,8 @@ class RunDir:
                     holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
                     raise RunDirError(f"workdir {str(self.path)!r} is in use by another trainer (pid {holder}); "
                                       f"wait for it to finish, or use another --workdir") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
             yield self
         finally:
             os.close(fd)                               # releases the flock

@@ -155,6 +155,13 @@ def test_unusable_workdirs_are_named_errors(tmp_path, monkeypatch, capsys):
         train(LM, tmp_path / "ro", progress="none")
 
 
+def test_an_io_error_in_the_run_directory_is_one_line_not_a_traceback(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").mkdir()                  # e.g. a clobbered file: reading it raises OSError
+    assert cli_main(["train", *cli_args("configs/alice.py", TINY_LM), "--workdir", str(tmp_path)]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("I/O error:") and "metrics.jsonl" in out and "Traceback" not in out
+
+
 # ----------------------------------------------------------------------------- restoring for inference
 
 def test_best_and_latest_restore_their_own_steps_and_fall_back_without_writing(tmp_path, caplog):
@@ -232,7 +239,7 @@ def test_a_signal_saves_a_checkpoint_and_exits_128_plus_signum(tmp_path, sig):
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 128 + sig.value, out
-    assert f"interrupted by {sig.name}" in out
+    assert f"interrupted by {sig.name}" in out and "decoded held-out examples" not in out   # exits promptly
     last = max(train_losses(tmp_path))
     assert checkpoint_steps(tmp_path)[-1] == last       # saved at the step it stopped at
 

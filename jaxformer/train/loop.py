@@ -55,8 +55,9 @@ def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, pr
     progress: "bar" (tqdm), "lines" (one line per log interval, for logs and pipes), "none", or "auto" (a bar
     when stdout is a terminal, else lines). on_start(prepared): called once the state is built or restored.
     stop_after: stop at that step as if interrupted (tests).
-    Returns {"status": "completed" | "interrupted", "signal": "SIGINT" | "SIGTERM" | None, "step", "eval",
-    "examples", "workdir", "wall_s"}."""
+    Returns {"status": "completed" | "interrupted", "signal": "SIGINT" | "SIGTERM" | None, "step", "eval"
+    (held-out metrics at "step"; empty after a signal unless that step evaluated), "examples" (decoded held-out
+    rows; none after a signal), "workdir", "wall_s"}."""
     run = RunDir(workdir)
     with run.lock():
         p = prepare(cfg, run)
@@ -65,13 +66,14 @@ def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, pr
                 on_start(p)
             t0 = time.perf_counter()
             state, step, signame, last_eval = _loop(p, run, stop_after, progress)
-            model = nnx.merge(p.graphs.model, state["model"])
-            if last_eval is None:                       # nothing ran, or the loop stopped between evals
-                last_eval = evaluate(p.cfg, p.task, model)
+            model, rows = nnx.merge(p.graphs.model, state["model"]), []
+            if signame is None:     # after a signal, exit promptly (a scheduler's grace period is short)
+                if last_eval is None:                   # nothing ran, or the loop stopped between evals
+                    last_eval = evaluate(p.cfg, p.task, model)
+                rows = examples(p.task, model, p.cfg.train.num_examples)
             status = "completed" if step >= p.cfg.train.steps else "interrupted"
-            return {"status": status, "signal": signame, "step": step, "eval": last_eval,
-                    "examples": examples(p.task, model, p.cfg.train.num_examples), "workdir": str(run.path),
-                    "wall_s": time.perf_counter() - t0}
+            return {"status": status, "signal": signame, "step": step, "eval": last_eval or {}, "examples": rows,
+                    "workdir": str(run.path), "wall_s": time.perf_counter() - t0}
         finally:
             p.ckpt.close()
 
