@@ -21,7 +21,8 @@ from pathlib import Path
 
 import jax
 
-from jaxformer.config import apply_overrides, load_config_file, to_dict
+from jaxformer.config import to_dict
+from jaxformer.configio import apply_overrides, load_config_file
 from jaxformer.data import build_task
 from jaxformer.runs import load_model
 from jaxformer.train.evaluate import evaluate

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from jaxformer.config import apply_overrides, load_config_file
+from jaxformer.configio import apply_overrides, load_config_file
 from jaxformer.errors import JaxformerError
 
 console = Console(soft_wrap=True)       # long lines stay whole in logs and pipes
@@ -49,15 +49,20 @@ def show_eval(ev: dict, title: str):
 
 
 def cmd_train(args) -> int:
+    from jaxformer.distributed import is_primary
     from jaxformer.train.loop import train
     cfg = _config(args)
     workdir = Path(args.workdir or f"runs/{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
 
     def on_start(p):
-        console.print(params_table(p.model))
-        console.print(f"workdir: {workdir}" + (f" (resuming at step {p.start})" if p.start else ""))
+        if is_primary():                      # one process of a multi-host run reports
+            console.print(params_table(p.model))
+            console.print(f"workdir: {workdir}" + (f" (resuming at step {p.start})" if p.start else "")
+                          + f"; mesh {p.plan.describe()}")
 
     out = train(cfg, workdir, progress="lines" if args.no_progress else "auto", on_start=on_start)
+    if not is_primary():
+        return 0 if out["signal"] is None else 128 + signal.Signals[out["signal"]].value
     console.print(f"status: {out['status']}" + (f" by {out['signal']}" if out["signal"] else "")
                   + f" at step {out['step']} after {out['wall_s']:.1f} s")
     if out["eval"]:

@@ -1,19 +1,16 @@
-"""Frozen, validated configuration dataclasses and the dotted-override machinery.
+"""Frozen, validated configuration dataclasses (files, overrides and JSON: `jaxformer.configio`).
 
 Every config section is a frozen dataclass with a `validate()` that raises ConfigError naming the field and the
-value. Constructing a section validates it; `apply_overrides` validates once, after all overrides, so the order
-of `--set` flags never matters.
+value. Constructing a section validates it; `configio.apply_overrides` validates once, after all overrides, so
+the order of `--set` flags never matters.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import dataclasses
-import importlib.util
-import json
 import types
 import typing
-from pathlib import Path
 from typing import Any
 
 from jaxformer.errors import ConfigError
@@ -254,16 +251,70 @@ class TrainConfig(_Validated):
         choice("train.best_metric", self.best_metric, ("loss", "token_accuracy", "exact_match"))
 
 
+MESH_AXES = ("data", "fsdp", "tensor")
+# Logical axis names: parameters carry them (jaxformer.nn.params); activations and the KV cache are
+# constrained with them. "embed" is a parameter's D; "act_embed" is an activation's D.
+LOGICAL_AXES = ("batch", "length", "vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "layers",
+                "act_embed", "cache_slots")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig(_Validated):
+    """How one step runs over many devices and hosts: a mesh (data × fsdp × tensor) and rules that map logical
+    axes onto it (the table: `jaxformer.parallel.RULES`, printed by `jaxformer rules`)."""
+    mode: str = "jit"                      # jit: GSPMD over the mesh | shard_map: explicit per-device data parallel
+    data: int = -1                         # mesh axis sizes; one may be -1 = the devices left
+    fsdp: int = 1
+    tensor: int = 1
+    rules: tuple[str, ...] = ()            # overrides of the rule table: "logical:axis[+axis]" ("logical:" = none)
+    distributed: str = "auto"              # auto (when configured or launched by SLURM/Open MPI) | on | off
+    coordinator: str = ""                  # host:port of process 0 (else $JAX_COORDINATOR_ADDRESS or detected)
+    num_processes: int | None = None       # else $JAX_NUM_PROCESSES or detected
+    process_id: int | None = None          # else $JAX_PROCESS_ID or detected
+    heartbeat_timeout_s: int = 100         # a process that stops answering fails the others after this long
+
+    def validate(self) -> None:
+        check_types(self, "parallel")
+        choice("parallel.mode", self.mode, ("jit", "shard_map"))
+        choice("parallel.distributed", self.distributed, ("auto", "on", "off"))
+        sizes = {a: getattr(self, a) for a in MESH_AXES}
+        for a, v in sizes.items():
+            if v == 0 or v < -1:
+                raise ConfigError(f"parallel.{a}={v} must be a positive mesh axis size or -1 (the devices left)")
+        if sum(v == -1 for v in sizes.values()) > 1:
+            raise ConfigError(f"parallel: only one mesh axis size may be -1; got {sizes}")
+        if self.mode == "shard_map" and (self.fsdp != 1 or self.tensor != 1):
+            raise ConfigError(f"parallel.mode='shard_map' is the explicit data-parallel step; it needs "
+                              f"parallel.fsdp=1 and parallel.tensor=1 (got {self.fsdp}, {self.tensor})")
+        for r in self.rules:
+            logical, sep, axes = r.partition(":")
+            if not sep:
+                raise ConfigError(f"parallel.rules entry {r!r} must look like 'logical:axis[+axis]'")
+            if logical not in LOGICAL_AXES:
+                raise ConfigError(f"parallel.rules entry {r!r} names an unknown logical axis {logical!r} "
+                                  f"(known: {LOGICAL_AXES})")
+            for a in filter(None, axes.split("+")):
+                if a not in MESH_AXES:
+                    raise ConfigError(f"parallel.rules entry {r!r} names an unknown mesh axis {a!r} "
+                                      f"(mesh axes: {MESH_AXES})")
+        if self.num_processes is not None and self.num_processes < 1:
+            raise ConfigError(f"parallel.num_processes={self.num_processes} must be >= 1")
+        if self.process_id is not None and not 0 <= self.process_id < (self.num_processes or self.process_id + 1):
+            raise ConfigError(f"parallel.process_id={self.process_id} must be in [0, parallel.num_processes)")
+        positive("parallel.heartbeat_timeout_s", self.heartbeat_timeout_s)
+
+
 @dataclasses.dataclass(frozen=True)
 class Config(_Validated):
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
     train: TrainConfig = TrainConfig()
+    parallel: ParallelConfig = ParallelConfig()
 
     def validate(self) -> None:
         check_types(self, "config")
-        for section in (self.model, self.data, self.optim, self.train):
+        for section in (self.model, self.data, self.optim, self.train, self.parallel):
             section.validate()
         seq2seq = self.data.task in ("reverse", "copy")
         want = "encoder_decoder" if seq2seq else "decoder_only"
@@ -297,130 +348,6 @@ def resume_differences(saved: Config, new: Config) -> list[str]:
             if old[sec][k] != v]
 
 
-def from_dict(d: Any) -> Config:
-    """Inverse of to_dict for a Config (a run's saved config.json). Missing keys take their defaults;
-    unknown keys and invalid values raise ConfigError naming them."""
-    if not isinstance(d, dict):
-        raise ConfigError(f"a config must be a JSON object; got {type(d).__name__}")
-    hints = typing.get_type_hints(Config)
-    unknown = sorted(set(d) - set(hints))
-    if unknown:
-        raise ConfigError(f"unknown config section(s) {unknown} (known: {sorted(hints)})")
-    kw = {}
-    for name, sub in d.items():
-        cls = hints[name]
-        if not isinstance(sub, dict):
-            raise ConfigError(f"config section {name!r} must be an object; got {sub!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        bad = sorted(set(sub) - known)
-        if bad:
-            raise ConfigError(f"unknown config key(s) {[f'{name}.{k}' for k in bad]}")
-        with _deferred_validation():
-            kw[name] = cls(**sub)
-    with _deferred_validation():
-        cfg = Config(**kw)
-    cfg.validate()
-    return cfg
-
-
-# ----------------------------------------------------------------------------- generic helpers
-
 def to_dict(cfg: Any) -> Any:
     """Dataclass tree -> plain JSON-able dict."""
     return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg
-
-
-def _coerce(key: str, raw: str, typ: Any) -> Any:
-    """Parse a command-line string into the field's declared type, or raise ConfigError naming the key."""
-    origin = typing.get_origin(typ)
-    args = typing.get_args(typ)
-    if origin in (typing.Union, types.UnionType):
-        if raw.lower() in ("none", "null") and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(key, raw, a)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(f"{key}={raw!r}: " + "; ".join(errors))
-    if typ is bool:
-        if raw.lower() in ("true", "1", "yes"):
-            return True
-        if raw.lower() in ("false", "0", "no"):
-            return False
-        raise ConfigError(f"{key}={raw!r} is not a boolean (true/false)")
-    if typ in (int, float):
-        try:
-            return typ(raw) if typ is float else int(raw, 10)
-        except ValueError:
-            raise ConfigError(f"{key}={raw!r} is not a valid {typ.__name__}") from None
-    if typ is str:
-        return raw
-    if origin is tuple:
-        vals = json.loads(raw) if raw.startswith("[") else raw.split(",")
-        return tuple(_coerce(key, str(v), args[0]) for v in vals)
-    raise ConfigError(f"{key}: cannot set a field of type {typ} from the command line")
-
-
-def _set(cfg: Any, key: str, raw: str, prefix: str = "") -> Any:
-    """A copy of the frozen tree `cfg` with dotted `key` parsed from string `raw` (type-checked, not validated)."""
-    head, _, rest = key.partition(".")
-    full = prefix + key
-    fields = {f.name: f for f in dataclasses.fields(cfg)}
-    if head not in fields:
-        raise ConfigError(f"unknown config key {full!r} (known in {prefix or 'the root'}: {sorted(fields)})")
-    current = getattr(cfg, head)
-    if rest:
-        if not dataclasses.is_dataclass(current):
-            raise ConfigError(f"unknown config key {full!r}: {prefix + head!r} is a value, not a section")
-        new = _set(current, rest, raw, f"{prefix}{head}.")
-    else:
-        if dataclasses.is_dataclass(current):
-            raise ConfigError(f"config key {full!r} is a section; set one of its fields")
-        new = _coerce(full, raw, typing.get_type_hints(type(cfg))[head])
-    return dataclasses.replace(cfg, **{head: new})
-
-
-def override(cfg: Any, key: str, raw: str) -> Any:
-    """Return a copy of the frozen tree `cfg` with dotted `key` set from string `raw`, validated."""
-    return apply_overrides(cfg, [f"{key}={raw}"])
-
-
-def apply_overrides(cfg: Any, pairs: list[str]) -> Any:
-    """Apply `key=value` strings in order, then validate the result once: intermediate states may be
-    invalid (e.g. data.block_size=5000 before model.max_len=10000)."""
-    with _deferred_validation():
-        for p in pairs:
-            if "=" not in p:
-                raise ConfigError(f"override {p!r} must look like key=value")
-            k, v = p.split("=", 1)
-            cfg = _set(cfg, k.strip(), v.strip())
-    cfg.validate()
-    return cfg
-
-
-def load_config_file(path: str | Path) -> Any:
-    """Import a configs/*.py file and return its get_config(), which must return a Config."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
-    if path.suffix != ".py":
-        raise ConfigError(f"config file {str(path)!r} is not a Python file (.py) defining get_config()")
-    spec = importlib.util.spec_from_file_location(f"jaxformer_config_{path.stem}", path)
-    mod = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(mod)
-        if not callable(getattr(mod, "get_config", None)):
-            raise ConfigError(f"config file {str(path)!r} defines no get_config()")
-        cfg = mod.get_config()
-    except ConfigError:
-        raise
-    except Exception as e:  # the file is user code: any failure in it is a config error, named
-        raise ConfigError(f"config file {str(path)!r} failed: {type(e).__name__}: {e}") from None
-    if not isinstance(cfg, Config):
-        raise ConfigError(f"config file {str(path)!r}: get_config() returned {type(cfg).__name__}, not a "
-                          f"jaxformer.config.Config")
-    return cfg

@@ -25,6 +25,9 @@ from flax import nnx
 from jaxformer import ops
 from jaxformer.config import ConfigError
 from jaxformer.nn.models import DTYPES
+from jaxformer.parallel import constrain, replicate
+
+CACHE_AXES = ("layers", "batch", "cache_slots", "kv_heads", "head_dim")   # k, v [L,B,S,K,H] under a plan
 
 
 class KVCache(NamedTuple):
@@ -38,7 +41,7 @@ class KVCache(NamedTuple):
 def init_cache(cfg, batch: int, length: int) -> KVCache:
     """An empty cache of `length` slots for a model config: k, v [L,B,S,K,H] zeros, no valid slot."""
     shape = (cfg.num_decoder_layers, batch, length, cfg.kv_heads, cfg.head_dim)
-    z = jnp.zeros(shape, DTYPES[cfg.dtype])
+    z = constrain(jnp.zeros(shape, DTYPES[cfg.dtype]), CACHE_AXES)
     return KVCache(z, z, jnp.zeros((batch, length), jnp.int32), jnp.zeros((batch, length), bool),
                    jnp.zeros((), jnp.int32))
 
@@ -65,7 +68,7 @@ def decoder_step(model, cache: KVCache, tokens, positions, valid, memory_kv=None
     x, (k, v) = model.decoder(x, per_layer=per_layer, mask=mask, positions=positions, kv_positions=kv_pos,
                               memory_mask=memory_mask)                                  # k, v [L,B,T,K,H]
     write = lambda buf, new, axis: jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), i, axis=axis)
-    new_cache = KVCache(write(cache.k, k, 2), write(cache.v, v, 2),
+    new_cache = KVCache(constrain(write(cache.k, k, 2), CACHE_AXES), constrain(write(cache.v, v, 2), CACHE_AXES),
                         write(cache.positions, positions, 1), write(cache.valid, valid, 1), i + tokens.shape[1])
     return model.embed.logits(x), new_cache
 
@@ -154,7 +157,8 @@ def _generate_lm(graphdef, state, prompts, key, *, max_new, eos_id, sampling, ca
     last = jnp.argmax(jnp.where(valid, jnp.arange(prompts.shape[1]), -1), 1)          # last real token's slot
     first = jnp.take_along_axis(logits, last[:, None, None], 1)[:, 0]
     step = lambda c, t, p: decoder_step(model, c, t, p, jnp.ones_like(t, bool))
-    return _loop(step, first, valid.sum(1).astype(jnp.int32), cache, key, max_new, eos_id, pad, sampling)
+    return replicate(_loop(step, first, valid.sum(1).astype(jnp.int32), cache, key, max_new, eos_id, pad,
+                           sampling))
 
 
 def generate_lm(model, prompts, *, max_new: int, key=None, temperature: float = 0.0, top_k: int = 0,
@@ -179,8 +183,8 @@ def _generate_seq2seq(graphdef, state, src, key, *, max_new, bos_id, eos_id, sam
     cache = init_cache(model.cfg, b, max_new)
     step = lambda c, t, p: decoder_step(model, c, t, p, jnp.ones_like(t, bool), mkv, src_mask)
     logits, cache = step(cache, jnp.full((b, 1), bos_id, jnp.int32), jnp.zeros((b, 1), jnp.int32))
-    return _loop(step, logits[:, 0], jnp.ones((b,), jnp.int32), cache, key, max_new, eos_id, model.cfg.pad_id,
-                 sampling)
+    return replicate(_loop(step, logits[:, 0], jnp.ones((b,), jnp.int32), cache, key, max_new, eos_id,
+                           model.cfg.pad_id, sampling))
 
 
 def generate_seq2seq(model, src, *, max_new: int, bos_id: int, eos_id: int | None, key=None,
@@ -213,7 +217,7 @@ def _greedy_naive(graphdef, state, src, *, max_new, bos_id, eos_id, pad_id):
         return jax.lax.dynamic_update_slice_in_dim(buf, nxt[:, None].astype(jnp.int32), i + 1, axis=1)
 
     buf = jax.lax.fori_loop(0, max_new, body, buf)
-    return finish_after_eos(buf[:, 1:], eos_id, pad_id)
+    return replicate(finish_after_eos(buf[:, 1:], eos_id, pad_id))
 
 
 def greedy_naive(model, src: jax.Array, max_new: int, *, bos_id: int, eos_id: int) -> jax.Array:
@@ -260,7 +264,7 @@ def _beam_search(graphdef, state, src, *, max_new, bos_id, eos_id, beam, length_
         0, max_new, body, (tok, cache, scores, seqs, finished, lengths))
     norm = ((5.0 + lengths) / 6.0) ** length_penalty                                    # GNMT length penalty
     best = jnp.argmax(scores / norm, -1)
-    return jnp.take_along_axis(seqs, best[:, None, None], 1)[:, 0]
+    return replicate(jnp.take_along_axis(seqs, best[:, None, None], 1)[:, 0])
 
 
 def beam_search(model, src, *, max_new: int, bos_id: int, eos_id: int | None, beam: int = 4,

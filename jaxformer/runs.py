@@ -22,13 +22,17 @@ import shutil
 import time
 from pathlib import Path
 
+import jax
 from flax import nnx
 
 from jaxformer.checkpoints import Checkpoints
-from jaxformer.config import Config, ConfigError, from_dict, resolve_vocab, to_dict
+from jaxformer.config import Config, ConfigError, resolve_vocab, to_dict
+from jaxformer.configio import from_dict
 from jaxformer.data import load_tokenizer, save_tokenizer
 from jaxformer.errors import CheckpointError, RunDirError
+from jaxformer.distributed import is_primary
 from jaxformer.nn import build_model
+from jaxformer.parallel import Plan, no_mesh
 
 try:
     import fcntl
@@ -126,7 +130,8 @@ class RunDir:
     def checkpoints(self, cfg: Config, read_only: bool = False) -> Checkpoints:
         t = cfg.train
         return Checkpoints(self.checkpoints_path, keep=t.keep_checkpoints, best_metric=t.best_metric,
-                           best_mode=t.best_mode, read_only=read_only, set_aside=self.set_aside)
+                           best_mode=t.best_mode, read_only=read_only,
+                           set_aside=self.set_aside if is_primary() else None)     # one process moves files
 
     def read_metrics(self) -> list[dict]:
         """The records of metrics.jsonl (a torn last line, from a crash mid-write, is skipped)."""
@@ -168,10 +173,12 @@ class LoadedModel:
     which: str               # "best" | "latest": where it actually came from
 
 
-def load_model(workdir: str | Path, which: str = "best") -> LoadedModel:
+def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = None) -> LoadedModel:
     """Restore a run's model (no optimizer, no training data) from its `which` checkpoint ("best" or "latest");
     when that kind has no readable step, the other kind is used with a warning, and `which` of the result
-    says so. Never writes to the run directory."""
+    says so. plan: restore straight into that plan's shardings, else onto one device, whatever mesh the run
+    was saved from.
+    Never writes to the run directory."""
     if which not in ("best", "latest"):
         raise ConfigError(f"which={which!r} must be 'best' or 'latest'")
     run = RunDir(workdir)
@@ -182,7 +189,11 @@ def load_model(workdir: str | Path, which: str = "best") -> LoadedModel:
         raise ConfigError(f"{run.path} has no tokenizer.json (not a run directory)")
     tokenizer = run.read_tokenizer()
     cfg = resolve_vocab(cfg, tokenizer.vocab_size)
-    graph, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg.model, seed=cfg.train.seed)))
+    with no_mesh():
+        graph, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg.model, seed=cfg.train.seed)))
+    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    shardings = plan.state_shardings(abstract) if plan is not None else jax.tree.map(lambda _: one, abstract)
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
     ckpt = run.checkpoints(cfg, read_only=True)
     try:
         other = "latest" if which == "best" else "best"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jaxformer.config import apply_overrides, load_config_file
+from jaxformer.configio import apply_overrides, load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.config import Config, ConfigError, DataConfig, ModelConfig, apply_overrides, override
+from jaxformer.config import Config, ConfigError, DataConfig, ModelConfig
+from jaxformer.configio import apply_overrides, override
 from jaxformer.nn import build_model
 
 TINY = dict(vocab_size=11, d_model=16, num_heads=4, d_ff=32, num_encoder_layers=1, num_decoder_layers=1,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import tiny_reverse
 from jaxformer.config import ConfigError, DataConfig
 from jaxformer.data import (CharTokenizer, DataError, DigitTokenizer, build_task, load_text, load_tokenizer,
                             save_tokenizer)
@@ -413,3 +414,14 @@ def test_data_config_defaults_valid():
 def test_data_config_rejects_zero_eval_min_len():
     with pytest.raises(ConfigError, match="eval_min_len"):
         DataConfig(eval_min_len=0)
+
+
+def test_each_process_reads_its_rows_of_the_same_global_batches():
+    task = build_task(tiny_reverse().data)
+    whole = iter(task.train_dataset(16, seed=3))
+    parts = [iter(task.train_dataset(16, seed=3, rows=slice(i, i + 4))) for i in range(0, 16, 4)]
+    for _ in range(10):                                   # across an epoch boundary (128 rows = 8 batches)
+        full = next(whole)
+        got = [next(p) for p in parts]
+        for k in full:
+            np.testing.assert_array_equal(np.concatenate([g[k] for g in got]), full[k])

@@ -12,7 +12,8 @@ from flax import nnx
 from helpers import ROOT, records, tiny_lm, tiny_reverse, train_losses
 
 from jaxformer.cli import main as cli_main
-from jaxformer.config import ConfigError, OptimConfig, apply_overrides, load_config_file, resolve_vocab
+from jaxformer.config import ConfigError, OptimConfig, resolve_vocab
+from jaxformer.configio import apply_overrides, load_config_file
 from jaxformer.data import DataError, build_task
 from jaxformer.nn import build_model
 from jaxformer.nn.params import matrix_mask

@@ -22,20 +22,28 @@ class Task:
     train: dict[str, np.ndarray]   # full training arrays, [num_examples, ...]
     eval: dict[str, np.ndarray]    # full held-out arrays
 
-    def train_dataset(self, batch_size: int, seed: int) -> grain.MapDataset:
-        """Infinite, reshuffled every epoch, deterministic in `seed`; iter() of it has get_state/set_state."""
+    def train_dataset(self, batch_size: int, seed: int, rows: slice = slice(None)) -> grain.MapDataset:
+        """Batches of the global batch_size, infinite, reshuffled every epoch, deterministic in `seed`; iter()
+        of it has get_state/set_state. rows: the part of each global batch this process reads (its devices'
+        rows, `Plan.local_rows`): indices are batched first, then only those rows are gathered, so every
+        process sees the same global batches as a single process would, row for row."""
         n = len(next(iter(self.train.values())))
         if n < batch_size:
             raise DataError(f"only {n} training examples for data.batch_size={batch_size}")
         arrays = self.train
-        return (grain.MapDataset.range(n).shuffle(seed=seed).repeat()
-                .map(lambda i: {k: v[i] for k, v in arrays.items()}).batch(batch_size, drop_remainder=True))
+        return (grain.MapDataset.range(n).shuffle(seed=seed).repeat().batch(batch_size, drop_remainder=True)
+                .map(lambda idx: {k: v[idx[rows]] for k, v in arrays.items()}))
 
-    def eval_batches(self, batch_size: int):
-        """The held-out set in order, in batches (the last one may be smaller)."""
+    def eval_batches(self, batch_size: int, pad_id: int | None = None):
+        """The held-out set in order, in batches. The last one is smaller, or with pad_id, padded to batch_size
+        with all-pad rows (no target token: they add nothing to any metric; one compiled shape)."""
         n = len(next(iter(self.eval.values())))
         for i in range(0, n, batch_size):
-            yield {k: v[i:i + batch_size] for k, v in self.eval.items()}
+            b = {k: v[i:i + batch_size] for k, v in self.eval.items()}
+            if pad_id is not None and len(next(iter(b.values()))) < batch_size:
+                b = {k: np.concatenate([v, np.full((batch_size - len(v), *v.shape[1:]), pad_id, v.dtype)])
+                     for k, v in b.items()}
+            yield b
 
 
 # ----------------------------------------------------------------------------- digits (seed 004)

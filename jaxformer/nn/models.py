@@ -17,6 +17,7 @@ from jaxformer.config import ConfigError, ModelConfig
 from jaxformer.nn.layers import DecoderBlock, EncoderBlock, Norm, dropout
 from jaxformer.nn.params import param
 from jaxformer.nn.stack import LayerStack
+from jaxformer.parallel import constrain
 from jaxformer.ops import positional
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -56,7 +57,9 @@ class Embedder(nnx.Module):
             if top >= self.cfg.max_len:
                 raise ConfigError(f"position {top} is outside model.max_len={self.cfg.max_len} "
                                   f"(model.positional={self.cfg.positional!r} has no position beyond it)")
-        x = jnp.take(self.tokens[...], tokens, axis=0)
+        # under a plan: the table's D gathered (vocab stays split), rows looked up straight into the batch layout
+        table = constrain(self.tokens[...], ("vocab", None))
+        x = constrain(jnp.take(table, tokens, axis=0), ("batch", "length", "act_embed"))
         if self.cfg.scale_embeddings:
             x = x * math.sqrt(self.cfg.d_model)
         if self.cfg.positional == "sinusoidal":
@@ -68,8 +71,10 @@ class Embedder(nnx.Module):
     def logits(self, x: jax.Array) -> jax.Array:
         """x [B,T,D] -> logits [B,T,V] in float32."""
         if self.cfg.tie_embeddings:
-            return jnp.einsum("BTD,VD->BTV", x, self.tokens[...].astype(x.dtype), preferred_element_type=jnp.float32)
-        return jnp.einsum("BTD,DV->BTV", x, self.head[...].astype(x.dtype), preferred_element_type=jnp.float32)
+            out = jnp.einsum("BTD,VD->BTV", x, self.tokens[...].astype(x.dtype), preferred_element_type=jnp.float32)
+        else:
+            out = jnp.einsum("BTD,DV->BTV", x, self.head[...].astype(x.dtype), preferred_element_type=jnp.float32)
+        return constrain(out, ("batch", "length", "vocab"))
 
 
 class Encoder(nnx.Module):

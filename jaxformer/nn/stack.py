@@ -8,6 +8,10 @@ from typing import Callable
 import jax
 from flax import nnx
 
+from jaxformer.parallel import constrain
+
+ACTIVATION = ("batch", "length", "act_embed")     # the residual stream [B,T,D] between blocks
+
 
 class LayerStack(nnx.Module):
     """`make(rngs) -> block` is called once under nnx.vmap, giving parameters [L, ...]."""
@@ -33,6 +37,7 @@ class LayerStack(nnx.Module):
         keys = jax.random.split(rngs.dropout(), self.num_layers) if rngs is not None else None
 
         def body(h, xs):
+            h = constrain(h, ACTIVATION)                   # block boundary: sharded by the active plan's rules
             layer_state, key, extra = xs
             block = nnx.merge(graphdef, layer_state)
             r = nnx.Rngs(dropout=key) if key is not None else None
@@ -41,6 +46,7 @@ class LayerStack(nnx.Module):
             return block(h, rngs=r, **extra, **kwargs)
 
         x, ys = jax.lax.scan(body, x, (state, keys, per_layer))
+        x = constrain(x, ACTIVATION)
         return x if per_layer is None else (x, ys)
 
     def map(self, fn):

@@ -11,29 +11,49 @@ from flax import nnx
 from jaxformer.config import Config
 from jaxformer.data import Task, build_task
 from jaxformer.decode import generate_seq2seq
+from jaxformer.parallel import Plan, active, replicate
 from jaxformer.runs import load_model
 from jaxformer.train.step import make_eval_step
 
 
-def evaluate(cfg: Config, task: Task, model: nnx.Module, eval_step=None) -> dict:
+def evaluate(cfg: Config, task: Task, model: nnx.Module, eval_step=None, plan: Plan | None = None) -> dict:
     """Held-out loss and token accuracy (teacher forced); exact match by greedy decoding for seq2seq.
-    eval_step: `make_eval_step(nnx.graphdef(model), cfg)`, built once by a caller that evaluates often."""
+    eval_step: `make_eval_step(nnx.graphdef(model), cfg, plan)`, built once by a caller that evaluates often.
+    Batches have one shape (the last is padded with all-pad rows that count nowhere), so each compiles once;
+    under a plan they are global arrays of which this process reads only its rows."""
     graph, state = nnx.split(model)
-    eval_step = eval_step or make_eval_step(graph, cfg)
+    eval_step = eval_step or make_eval_step(graph, cfg, plan)
+    n_eval, pad = len(next(iter(task.eval.values()))), cfg.model.pad_id
+    size = min(cfg.train.eval_batch_size, n_eval)
+    if plan is not None:
+        size = -(-size // plan.batch_shards) * plan.batch_shards
     tot = {"nll": 0.0, "correct": 0.0, "count": 0.0}
     exact, n = 0, 0
-    for batch in task.eval_batches(cfg.train.eval_batch_size):
+    for batch in task.eval_batches(size, pad_id=pad):
+        if plan is not None:
+            batch = plan.global_batch({k: v[plan.local_rows(size)] for k, v in batch.items()}, size)
         s = eval_step(state, batch)
         for k in tot:
             tot[k] += float(s[k])
         if task.kind == "seq2seq":
-            pred = np.asarray(predict(model, task, batch["src"], batch["tgt_out"].shape[1]))
-            exact += int(np.all(pred == batch["tgt_out"], axis=1).sum())
-            n += len(pred)
+            pred, tgt = predict(model, task, batch["src"], batch["tgt_out"].shape[1]), batch["tgt_out"]
+            real = np.asarray(replicate_host(((tgt != pad).any(1), (pred == tgt).all(1))))
+            exact += int((real[0] & real[1]).sum())
+            n += int(real[0].sum())
     out = {"loss": tot["nll"] / tot["count"], "token_accuracy": tot["correct"] / tot["count"]}
     if task.kind == "seq2seq":
         out["exact_match"] = exact / n
     return out
+
+
+@jax.jit
+def _replicated(x):
+    return replicate(x)
+
+
+def replicate_host(x):
+    """A pytree of arrays (possibly spread over processes) -> the same values, readable by every process."""
+    return _replicated(x) if active() is not None else x
 
 
 def predict(model, task: Task, src, width: int):
@@ -51,8 +71,8 @@ def examples(task: Task, model: nnx.Module, k: int) -> list[dict]:
         pairs = zip(ev["src"], ev["tgt_out"], pred)
     else:
         graph, state = nnx.split(model)
-        logits = jax.jit(lambda st, x: nnx.merge(graph, st)(x))(state, ev["inputs"])
-        pairs = zip(ev["inputs"], ev["targets"], np.asarray(logits.argmax(-1)))
+        best = jax.jit(lambda st, x: replicate(nnx.merge(graph, st)(x).argmax(-1)))(state, ev["inputs"])
+        pairs = zip(ev["inputs"], ev["targets"], np.asarray(best))
     for x, y, p in pairs:
         rows.append({"input": tok.decode(x), "target": tok.decode(y), "prediction": tok.decode(p),
                      "ok": bool(np.all(p == y))})

@@ -6,9 +6,15 @@ A run directory is resumable whatever happened to it: rerunning the same command
 readable checkpoint (an unreadable one is skipped with a warning and set aside), metrics.jsonl keeps exactly
 one record per step and split, and a directory whose earlier attempt left no checkpoint starts afresh, its
 earlier metrics set aside (jaxformer.runs).
+
+Scale-out is configuration (`parallel.*`): the run connects to its peer processes (jaxformer.distributed),
+builds the mesh and rules (jaxformer.parallel.Plan), creates or restores the state in its shards, and each
+process feeds only its rows of every global batch. Process 0 alone writes metrics, TensorBoard and the run's
+files; every process takes part in each step, evaluation and checkpoint.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -26,7 +32,9 @@ from tqdm.auto import tqdm
 from jaxformer.checkpoints import Checkpoints
 from jaxformer.config import Config, resolve_vocab, resume_differences
 from jaxformer.data import Task, build_task
+from jaxformer.distributed import initialize, is_primary
 from jaxformer.errors import IncompatibleCheckpoint, NonFiniteLoss
+from jaxformer.parallel import Plan
 from jaxformer.runs import RunDir
 from jaxformer.train.evaluate import evaluate, examples
 from jaxformer.train.step import Graphs, abstract_state, init_state, make_eval_step, make_train_step, schedule
@@ -42,6 +50,7 @@ class Prepared:
     start: int
     data_state: dict | None
     ckpt: Checkpoints
+    plan: Plan
 
     @property
     def model(self) -> nnx.Module:
@@ -58,19 +67,21 @@ def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, pr
     Returns {"status": "completed" | "interrupted", "signal": "SIGINT" | "SIGTERM" | None, "step", "eval"
     (held-out metrics at "step"; empty after a signal unless that step evaluated), "examples" (decoded held-out
     rows; none after a signal), "workdir", "wall_s"}."""
-    run = RunDir(workdir)
-    with run.lock():
-        p = prepare(cfg, run)
+    initialize(cfg.parallel)                       # multi-host: before any JAX computation
+    run, plan = RunDir(workdir), Plan(cfg.parallel)
+    with run.lock() if is_primary() else contextlib.nullcontext():
+        p = prepare(cfg, run, plan)
         try:
             if on_start is not None:
                 on_start(p)
             t0 = time.perf_counter()
-            state, step, signame, last_eval = _loop(p, run, stop_after, progress)
-            model, rows = nnx.merge(p.graphs.model, state["model"]), []
-            if signame is None:     # after a signal, exit promptly (a scheduler's grace period is short)
-                if last_eval is None:                   # nothing ran, or the loop stopped between evals
-                    last_eval = evaluate(p.cfg, p.task, model)
-                rows = examples(p.task, model, p.cfg.train.num_examples)
+            with plan.use():
+                state, step, signame, last_eval = _loop(p, run, stop_after, progress)
+                model, rows = nnx.merge(p.graphs.model, state["model"]), []
+                if signame is None:     # after a signal, exit promptly (a scheduler's grace period is short)
+                    if last_eval is None:               # nothing ran, or the loop stopped between evals
+                        last_eval = evaluate(p.cfg, p.task, model, plan=plan)
+                    rows = examples(p.task, model, p.cfg.train.num_examples)
             status = "completed" if step >= p.cfg.train.steps else "interrupted"
             return {"status": status, "signal": signame, "step": step, "eval": last_eval or {}, "examples": rows,
                     "workdir": str(run.path), "wall_s": time.perf_counter() - t0}
@@ -78,8 +89,9 @@ def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, pr
             p.ckpt.close()
 
 
-def prepare(cfg: Config, run: RunDir) -> Prepared:
-    """Resolve the config, check it against the run's checkpoints, and build or restore the training state."""
+def prepare(cfg: Config, run: RunDir, plan: Plan) -> Prepared:
+    """Resolve the config, check it against the run's checkpoints and the plan (before anything compiles),
+    and build or restore the training state in the plan's shardings."""
     ckpt = run.checkpoints(cfg)
     try:
         resuming, restored = not ckpt.empty(), None
@@ -90,20 +102,26 @@ def prepare(cfg: Config, run: RunDir) -> Prepared:
             if diffs:
                 raise IncompatibleCheckpoint(f"{run.path} holds checkpoints of another config; differing keys: "
                                              + "; ".join(diffs) + ". Use a new --workdir.")
-            graphs, target = abstract_state(cfg)
+        plan.check_batch(cfg.data.batch_size, "data.batch_size")
+        graphs, target = abstract_state(cfg, plan)          # checks every sharded dimension
+        if resuming:
             restored = ckpt.restore(target, ("latest", "best"), data=True)
+        primary = is_primary()
         if restored is not None:
             state, start, data_state = {k: restored.items[k] for k in target}, restored.step, restored.items["data"]
-            run.truncate_metrics(start)
+            if primary:
+                run.truncate_metrics(start)
         else:
-            graphs, state = init_state(cfg)
+            graphs, state = init_state(cfg, plan)
             start, data_state = 0, None
-            run.set_aside_history("no checkpoint to resume from")
-        run.write(cfg, task.tokenizer)
+            if primary:
+                run.set_aside_history("no checkpoint to resume from")
+        if primary:
+            run.write(cfg, task.tokenizer)
     except BaseException:
         ckpt.close()
         raise
-    return Prepared(cfg, task, graphs, state, start, data_state, ckpt)
+    return Prepared(cfg, task, graphs, state, start, data_state, ckpt, plan)
 
 
 class _Signals:
@@ -155,18 +173,23 @@ class _Progress:
 
 def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str):
     """-> (state, last step done, signal name or None, last eval metrics or None)."""
-    cfg, tc, ckpt = p.cfg, p.cfg.train, p.ckpt
-    data_iter = iter(p.task.train_dataset(cfg.data.batch_size, tc.seed))
+    cfg, tc, ckpt, plan = p.cfg, p.cfg.train, p.ckpt, p.plan
+    rows = cfg.data.batch_size
+    data_iter = iter(p.task.train_dataset(rows, tc.seed, plan.local_rows(rows)))
     if p.data_state is not None:
         data_iter.set_state(p.data_state)
-    train_step, eval_step = make_train_step(p.graphs, cfg), make_eval_step(p.graphs.model, cfg)
+    train_step = make_train_step(p.graphs, cfg, plan)
+    eval_step = make_eval_step(p.graphs.model, cfg, plan)
     lr_at, base_key = schedule(cfg.optim, tc.steps), jax.random.key(tc.seed)
-    log = run.metrics_path.open("a", encoding="utf-8")
-    tb = SummaryWriter(str(run.tb_path), purge_step=p.start or None)
-    bar = _Progress(progress, tc.steps, p.start)
+    primary = is_primary()
+    log = run.metrics_path.open("a", encoding="utf-8") if primary else None
+    tb = SummaryWriter(str(run.tb_path), purge_step=p.start or None) if primary else None
+    bar = _Progress(progress if primary else "none", tc.steps, p.start)
 
     def emit(step, split, metrics):
         rec = {k: float(v) for k, v in metrics.items()}
+        if not primary:
+            return
         log.write(json.dumps({"step": step, "split": split, **rec}) + "\n")
         log.flush()
         for k, v in rec.items():
@@ -178,7 +201,8 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str):
     try:
         with _Signals() as sig:
             for step in range(p.start + 1, tc.steps + 1):
-                state, m = train_step(state, next(data_iter), jax.random.fold_in(base_key, step - 1))
+                batch = plan.global_batch(next(data_iter), rows)
+                state, m = train_step(state, batch, jax.random.fold_in(base_key, step - 1))
                 loss = float(m["loss"])
                 if not math.isfinite(loss):
                     good = ckpt.steps("latest")
@@ -197,7 +221,7 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str):
                 eval_now = step % tc.eval_every == 0 or step == tc.steps
                 last_eval = None
                 if eval_now:
-                    last_eval = evaluate(cfg, p.task, nnx.merge(p.graphs.model, state["model"]), eval_step)
+                    last_eval = evaluate(cfg, p.task, nnx.merge(p.graphs.model, state["model"]), eval_step, plan)
                     emit(step, "eval", last_eval)
                 stopping = sig.received or (stop_after is not None and step >= stop_after)
                 if eval_now or step % tc.checkpoint_every == 0 or stopping:
@@ -206,6 +230,7 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str):
                     return state, step, sig.received, last_eval
     finally:
         bar.close()
-        log.close()
-        tb.close()
+        if primary:
+            log.close()
+            tb.close()
     return state, step, None, last_eval

@@ -3,20 +3,25 @@
 The training state is a dict {"model": State, "opt": State} of the model's and the optimizer's nnx.split
 states (one checkpoint item each, so a model restores without its optimizer); `Graphs` holds their graphdefs.
 Batches: seq2seq {"src" [B,S], "tgt_in" [B,T], "tgt_out" [B,T]}; LM {"inputs" [B,T], "targets" [B,T]}.
+
+Under a `jaxformer.parallel.Plan` the state is created sharded (a jitted init with the plan's out-shardings:
+no device ever holds more than its shards) and the steps are jitted with explicit in/out shardings; with
+parallel.mode="shard_map" the train step is per-device code with an explicit all-reduce of the gradients.
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from jaxformer.config import Config, OptimConfig
 from jaxformer.nn import build_model
 from jaxformer.nn.params import matrix_mask
+from jaxformer.parallel import Plan, no_mesh
 
 
 def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -61,14 +66,28 @@ def _split(model, opt) -> tuple[Graphs, dict]:
     return Graphs(mg, og), {"model": ms, "opt": os_}
 
 
-def init_state(cfg: Config) -> tuple[Graphs, dict]:
-    """A fresh training state for a resolved config (model.vocab_size filled in): (graphs, state)."""
-    return _split(*_build(cfg))
+def abstract_state(cfg: Config, plan: Plan | None = None) -> tuple[Graphs, dict]:
+    """Shapes and dtypes of the training state (nothing allocated), with the plan's shardings when given:
+    the target to create or restore a state into. -> (graphs, {"model": State, "opt": State})."""
+    with no_mesh():
+        graphs, state = _split(*nnx.eval_shape(lambda: _build(cfg)))
+    if plan is not None:
+        shardings = plan.state_shardings(state)
+        state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings)
+    return graphs, state
 
 
-def abstract_state(cfg: Config) -> tuple[Graphs, dict]:
-    """As init_state, but shapes and dtypes only (nothing allocated): the target to restore a checkpoint into."""
-    return _split(*nnx.eval_shape(lambda: _build(cfg)))
+def shardings_of(state):
+    """The shardings of an abstract state (`abstract_state(cfg, plan)`), same pytree."""
+    return jax.tree.map(lambda a: a.sharding, state)
+
+
+def init_state(cfg: Config, plan: Plan | None = None) -> tuple[Graphs, dict]:
+    """A fresh training state for a resolved config (model.vocab_size filled in): (graphs, state).
+    One jitted init: under a plan its outputs are created directly in their shards."""
+    graphs, abstract = abstract_state(cfg, plan)
+    out = shardings_of(abstract) if plan is not None else None
+    return graphs, jax.jit(lambda: _split(*_build(cfg))[1], out_shardings=out)()
 
 
 def token_losses(logits: jax.Array, targets: jax.Array, pad_id: int, label_smoothing: float = 0.0):
@@ -90,38 +109,72 @@ def forward(model, batch: dict, rngs: nnx.Rngs | None = None):
     return model(batch["inputs"], rngs=rngs), batch["targets"]
 
 
-def make_train_step(graphs: Graphs, cfg: Config):
-    """train_step(state, batch, rng) -> (state, metrics); state {"model", "opt"} (see `init_state`), donated."""
+def _metrics(s: dict, grads) -> dict:
+    n = jnp.maximum(s["count"], 1.0)
+    return {"loss": s["nll"] / n, "objective": s["objective"] / n, "token_accuracy": s["correct"] / n,
+            "tokens": s["count"], "grad_norm": optax.global_norm(grads)}
+
+
+def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
+    """train_step(state, batch, rng) -> (state, metrics); state {"model", "opt"} (see `init_state`), donated.
+    Under a plan: in/out shardings from it (mode "jit"), or the shard_map data-parallel step."""
     pad, ls = cfg.model.pad_id, cfg.optim.label_smoothing
 
-    def loss_fn(model, batch, rng):
+    def loss_fn(model, batch, rng, total=None):
+        """-> objective / tokens (of the global batch: `total` in per-device code), sums."""
         logits, targets = forward(model, batch, nnx.Rngs(dropout=rng))
         s = token_losses(logits, targets, pad, ls)
-        n = jnp.maximum(s["count"], 1.0)
-        return s["objective"] / n, s
+        return s["objective"] / jnp.maximum(s["count"] if total is None else total, 1.0), s
 
-    @functools.partial(jax.jit, donate_argnums=0)
     def train_step(state, batch, rng):
         model, opt = nnx.merge(graphs.model, state["model"]), nnx.merge(graphs.opt, state["opt"])
         (_, s), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch, rng)
         opt.update(model, grads)
-        n = jnp.maximum(s["count"], 1.0)
-        metrics = {"loss": s["nll"] / n, "objective": s["objective"] / n, "token_accuracy": s["correct"] / n,
-                   "tokens": s["count"], "grad_norm": optax.global_norm(grads)}
-        return {"model": nnx.state(model), "opt": nnx.state(opt)}, metrics
+        return {"model": nnx.state(model), "opt": nnx.state(opt)}, _metrics(s, grads)
 
-    return train_step
+    if plan is None:
+        return jax.jit(train_step, donate_argnums=0)
+    state_sh = shardings_of(abstract_state(cfg, plan)[1])
+    batch_sh, rep = plan.batch_sharding(2), plan.replicated
+    if plan.mode == "shard_map":
+        train_step = _shard_map_step(graphs, cfg, plan, loss_fn)
+    return jax.jit(train_step, donate_argnums=0, in_shardings=(state_sh, batch_sh, rep),
+                   out_shardings=(state_sh, rep))
 
 
-def make_eval_step(model_graph: nnx.GraphDef, cfg: Config):
+def _shard_map_step(graphs: Graphs, cfg: Config, plan: Plan, loss_fn):
+    """Data parallelism written per device, as with pmap: each device holds the whole (replicated) state and
+    its rows of the batch, computes gradients of its tokens' objective divided by the global token count,
+    and all-reduces them with an explicit `lax.psum` (the token-weighted mean over devices: `lax.pmean` of
+    per-device means would weight a device with fewer target tokens too heavily). Dropout keys are folded
+    with the device's index, so masks differ per device (same distribution as one device, not the same bits)."""
+    axes = plan.batch_axes
+    pad = cfg.model.pad_id
+
+    def per_device(state, batch, rng):
+        model, opt = nnx.merge(graphs.model, state["model"]), nnx.merge(graphs.opt, state["opt"])
+        rng = jax.random.fold_in(rng, jax.lax.axis_index(axes))
+        targets = batch["tgt_out"] if "tgt_out" in batch else batch["targets"]
+        total = jax.lax.psum((targets != pad).sum().astype(jnp.float32), axes)
+        (_, s), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch, rng, total)
+        grads, s = jax.lax.psum((grads, s), axes)                     # the explicit gradient all-reduce
+        opt.update(model, grads)
+        return {"model": nnx.state(model), "opt": nnx.state(opt)}, _metrics(s, grads)
+
+    return jax.shard_map(per_device, mesh=plan.mesh, in_specs=(P(), P(axes), P()), out_specs=(P(), P()),
+                         check_vma=False)
+
+
+def make_eval_step(model_graph: nnx.GraphDef, cfg: Config, plan: Plan | None = None):
     """eval_step(model_state, batch) -> sums {nll, correct, count} (teacher forced, no dropout)."""
     pad = cfg.model.pad_id
 
-    @jax.jit
     def eval_step(model_state, batch):
         model = nnx.merge(model_graph, model_state)
         logits, targets = forward(model, batch)
         s = token_losses(logits, targets, pad)
         return {k: s[k] for k in ("nll", "correct", "count")}
 
-    return eval_step
+    if plan is None:
+        return jax.jit(eval_step)
+    return jax.jit(eval_step, in_shardings=(None, plan.batch_sharding(2)), out_shardings=plan.replicated)

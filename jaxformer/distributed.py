@@ -1,0 +1,72 @@
+"""Multi-host: start JAX's multi-controller runtime from the config or the environment.
+
+Every process runs the same program on its own devices; `jax.distributed.initialize` connects them (process 0
+hosts the coordinator) and must run before any JAX computation. Only process 0 writes the run's logs, metrics
+and checkpoint metadata (`is_primary`); every process takes part in each step and checkpoint.
+
+Where the values come from, first found wins: parallel.coordinator / num_processes / process_id; then
+$JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES, $JAX_PROCESS_ID; then JAX's own cluster detection (SLURM,
+Open MPI, Kubernetes, Cloud TPU). parallel.distributed="auto" initializes when one of these says there is
+more than one process; "on" always asks JAX (e.g. on a TPU slice, where it finds everything itself).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+
+from jaxformer.config import ParallelConfig
+from jaxformer.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_LAUNCHERS = {"SLURM_NTASKS": "SLURM", "OMPI_COMM_WORLD_SIZE": "Open MPI"}
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"${name}={raw!r} is not an integer") from None
+
+
+def settings(cfg: ParallelConfig) -> dict | None:
+    """The keyword arguments for jax.distributed.initialize, or None when this is a single-process run."""
+    kw = {"coordinator_address": cfg.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS") or None,
+          "num_processes": cfg.num_processes if cfg.num_processes is not None else _env_int("JAX_NUM_PROCESSES"),
+          "process_id": cfg.process_id if cfg.process_id is not None else _env_int("JAX_PROCESS_ID"),
+          "heartbeat_timeout_seconds": cfg.heartbeat_timeout_s}
+    if cfg.distributed == "off":
+        return None
+    if cfg.distributed == "auto":
+        launched = any((_env_int(v) or 1) > 1 for v in _LAUNCHERS)
+        if not launched and kw["coordinator_address"] is None and (kw["num_processes"] or 1) == 1:
+            return None
+        if kw["num_processes"] == 1:
+            return None
+    return kw
+
+
+def initialize(cfg: ParallelConfig) -> None:
+    """Connect this process to the others (see the module docstring); a no-op for a single process or when
+    already connected. ConfigError when the settings are incomplete or the coordinator cannot be reached."""
+    kw = settings(cfg)
+    if kw is None or jax.distributed.is_initialized():
+        return
+    try:
+        jax.distributed.initialize(**kw)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise ConfigError(f"multi-host start failed ({', '.join(f'{k}={v}' for k, v in kw.items())}): "
+                          f"{(str(e).splitlines() or [''])[0][:300]}. Set parallel.coordinator=HOST:PORT, "
+                          f"parallel.num_processes and parallel.process_id (or the $JAX_* variables)") from None
+    log.info("process %d of %d, %d local devices of %d", jax.process_index(), jax.process_count(),
+             jax.local_device_count(), jax.device_count())
+
+
+def is_primary() -> bool:
+    """True in process 0: the one that writes logs, metrics and run metadata."""
+    return jax.process_index() == 0

@@ -1,0 +1,143 @@
+"""Runs in its own process with N fake CPU devices (the device count is fixed when JAX starts, so the rest of the
+suite keeps its single device): `python tests/parallel_worker.py JOB.json OUT.json`. The assertions live in
+tests/test_parallel.py; this file only computes and records.
+
+JOB keys (all optional but "devices"):
+  strategies {name: overrides}   5 train steps of the tiny reversal config under each plan (the train step alone,
+                                 as train() runs it), plus the same on one device: losses, the PartitionSpec and
+                                 logical axes of every state array, per-device bytes
+  errors {name: overrides}       train() must refuse these with a named error before compiling anything
+  configs [path, ...]            shipped configs: the plan each gives on these devices (nothing compiled)
+  reshard {overrides, workdir, meshes {name: overrides}}
+                                 train() under `overrides` (saving a checkpoint), then load that checkpoint onto
+                                 each mesh: every parameter's values and greedy / beam outputs there
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+job = json.loads(Path(sys.argv[1]).read_text())
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           f" --xla_force_host_platform_device_count={job['devices']}").strip()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import jax  # noqa: E402
+import jax.monitoring  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from helpers import train_losses, tiny_reverse  # noqa: E402
+from jaxformer.config import resolve_vocab  # noqa: E402
+from jaxformer.configio import load_config_file  # noqa: E402
+from jaxformer.data import build_task  # noqa: E402
+from jaxformer.decode import beam_search, generate_seq2seq  # noqa: E402
+from jaxformer.errors import JaxformerError  # noqa: E402
+from jaxformer.parallel import Plan, shard_bytes  # noqa: E402
+from jaxformer.runs import load_model  # noqa: E402
+from jaxformer.train.loop import train  # noqa: E402
+from jaxformer.train.step import abstract_state, init_state, make_train_step  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")
+COMPILES = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, duration, **kw: COMPILES.append(event) if event.endswith("backend_compile_duration") else None)
+
+
+def specs(state) -> dict:
+    """{path: PartitionSpec as a list} of every array of a state."""
+    flat = jax.tree_util.tree_flatten_with_path(state)[0]
+    return {jax.tree_util.keystr(p): [list(a) if isinstance(a, tuple) else a for a in x.sharding.spec]
+            for p, x in flat}
+
+
+def logical(state) -> dict:
+    """{path: logical axis names} of every array (those without are absent)."""
+    out = {}
+    leaves = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
+    for p, v in leaves:
+        names = v.get_metadata().get("out_sharding") if isinstance(v, nnx.Variable) else None
+        if names:
+            out[jax.tree_util.keystr(p) + ".value"] = list(names)
+    return out
+
+
+def steps(overrides: list[str], devices=None, n: int = 5) -> dict:
+    cfg = tiny_reverse(*overrides)
+    plan = Plan(cfg.parallel, devices)
+    graphs, state = init_state(cfg, plan)
+    task = build_task(cfg.data)
+    rows, out = cfg.data.batch_size, {"mesh": plan.sizes, "specs": specs(state), "logical": logical(state),
+                                      "bytes": {k: shard_bytes(state[k]) for k in ("model", "opt")},
+                                      "array_bytes": {p: shard_bytes(a) for p, a in
+                                                      zip(specs(state), jax.tree.leaves(state))}}
+    it = iter(task.train_dataset(rows, cfg.train.seed, plan.local_rows(rows)))
+    step, key, losses = make_train_step(graphs, cfg, plan), jax.random.key(cfg.train.seed), []
+    with plan.use():
+        for i in range(n):
+            state, m = step(state, plan.global_batch(next(it), rows), jax.random.fold_in(key, i))
+            losses.append(float(m["loss"]))
+    out["losses"] = losses
+    return out
+
+
+def refused(overrides: list[str]) -> dict:
+    before = len(COMPILES)
+    try:
+        train(tiny_reverse(*overrides), Path(job["tmp"]) / "refused", progress="none")
+    except JaxformerError as e:
+        return {"error": type(e).__name__, "message": str(e), "compiled": len(COMPILES) - before}
+    return {"error": None}
+
+
+def reshard(spec: dict) -> dict:
+    """Train under spec["overrides"] in two sittings (stopped, then resumed on the same mesh) and in one, then
+    restore the final checkpoint onto each of spec["meshes"]."""
+    cfg = tiny_reverse(*spec["overrides"])
+    once = Path(spec["workdir"] + "-once")
+    train(cfg, once, progress="none")
+    train(cfg, spec["workdir"], progress="none", stop_after=cfg.train.steps // 2)
+    train(cfg, spec["workdir"], progress="none")
+    src = np.array([[3, 4, 5, 6, 2, 0, 0], [9, 8, 7, 2, 0, 0, 0], [5, 5, 6, 7, 8, 2, 0], [4, 3, 2, 0, 0, 0, 0]] * 2,
+                   np.int32)
+    out = {"losses": train_losses(spec["workdir"]), "losses_once": train_losses(once)}
+    for name, overrides in spec["meshes"].items():
+        cfg = tiny_reverse(*overrides)
+        plan = Plan(cfg.parallel, jax.devices()[:1] if name == "one" else None)
+        loaded = load_model(spec["workdir"], "latest", plan)
+        state = nnx.state(loaded.model)
+        with plan.use():
+            greedy = generate_seq2seq(loaded.model, src, max_new=7, bos_id=1, eos_id=2)
+            beam = beam_search(loaded.model, src, max_new=7, bos_id=1, eos_id=2, beam=3)
+            sampled = generate_seq2seq(loaded.model, src, max_new=7, bos_id=1, eos_id=2, temperature=1.0,
+                                       key=jax.random.key(7))
+        out[name] = {"specs": specs(state), "greedy": np.asarray(greedy).tolist(), "beam": np.asarray(beam).tolist(),
+                     "sampled": np.asarray(sampled).tolist(),
+                     "values": {k: hashlib.sha256(np.asarray(v).tobytes()).hexdigest()     # bitwise equality
+                                for k, v in zip(specs(state), jax.tree.leaves(state))}}
+    return out
+
+
+def shipped(path: str) -> dict:
+    """A shipped parallel config: its plan on these devices, and that every parameter fits the plan."""
+    cfg = resolve_vocab(load_config_file(path), 13)
+    plan = Plan(cfg.parallel)
+    abstract_state(cfg, plan)
+    return {"mesh": plan.sizes, "mode": plan.mode}
+
+
+results: dict = {"devices": jax.device_count(), "strategies": {}, "errors": {}, "configs": {}}
+for path in job.get("configs", []):
+    results["configs"][Path(path).stem] = shipped(path)
+for name, overrides in job.get("strategies", {}).items():
+    results["strategies"][name] = steps(overrides)
+if job.get("strategies"):
+    results["strategies"]["one device"] = steps(job["baseline"], jax.devices()[:1])
+for name, overrides in job.get("errors", {}).items():
+    results["errors"][name] = refused(overrides)
+if "reshard" in job:
+    results["reshard"] = reshard(job["reshard"])
+Path(sys.argv[2]).write_text(json.dumps(results))

@@ -1,0 +1,270 @@
+"""Scale-out: every parallel strategy against one device, shardings against the rules, FSDP memory, refused
+meshes, checkpoints restored onto other meshes, sharded decoding, and a real 2-process run.
+
+Eight fake CPU devices need their own process (the device count is fixed when JAX starts): the module fixture
+runs tests/parallel_worker.py once, and the tests assert on what it recorded. The 2-process tests start two
+`jaxformer train` processes of 4 devices each, connected through a coordinator on 127.0.0.1.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from helpers import ROOT, TINY_REVERSE, cli_args, train_losses
+from jaxformer import distributed
+from jaxformer.config import ConfigError, ParallelConfig
+from jaxformer.parallel import RULES, rules_table
+
+# float32 tolerance for 5 optimizer steps computed in another reduction order: 2^7 ulps of headroom over the
+# worst difference seen (~3e-7 relative, i.e. a couple of ulps)
+RTOL = 2 ** 7 * float(np.finfo(np.float32).eps)
+SMALL = ["model.num_heads=4", "model.vocab_size=16", "model.dropout=0.0"]   # tensor-parallel divisible
+STRATEGIES = {
+    "data parallel": ["parallel.data=8"],
+    "fsdp": ["parallel.data=1", "parallel.fsdp=8"],
+    "data x tensor": ["parallel.data=2", "parallel.tensor=4"],
+    "fsdp x tensor": ["parallel.data=1", "parallel.fsdp=2", "parallel.tensor=4"],
+    "data x fsdp x tensor": ["parallel.data=2", "parallel.fsdp=2", "parallel.tensor=2"],
+    "shard_map": ["parallel.mode=shard_map", "parallel.data=8"],
+}
+REFUSED = {
+    "sizes that do not multiply to 8": (["parallel.data=3"], "needs 3 devices; 8 are available"),
+    "a rule naming an unknown mesh axis": (["parallel.rules=mlp:expert"], "unknown mesh axis 'expert'"),
+    "kv heads not divisible by tensor": (["parallel.data=1", "parallel.tensor=8"], "not divisible by mesh axes"),
+    "batch not divisible by data": (["parallel.data=8", "data.batch_size=12"], "data.batch_size=12"),
+}
+
+
+def _worker(job: dict, tmp) -> dict:
+    (tmp / "job.json").write_text(json.dumps(job))
+    proc = subprocess.run([sys.executable, str(ROOT / "tests/parallel_worker.py"), str(tmp / "job.json"),
+                           str(tmp / "out.json")], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return json.loads((tmp / "out.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def eight(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("eight")
+    steps = ["train.steps=4", "train.eval_every=4", "train.checkpoint_every=2", "train.log_every=1"]
+    return _worker({
+        "devices": 8, "tmp": str(tmp), "baseline": SMALL + ["parallel.data=1"],
+        "strategies": {k: SMALL + v for k, v in STRATEGIES.items()},
+        "errors": {k: v[0] for k, v in REFUSED.items()},
+        "configs": [str(p) for p in sorted((ROOT / "configs/parallel").glob("*.py"))],
+        "reshard": {"overrides": SMALL + STRATEGIES["fsdp"] + steps, "workdir": str(tmp / "fsdp-run"),
+                    "meshes": {"fsdp": SMALL + STRATEGIES["fsdp"],
+                               "data x tensor": SMALL + STRATEGIES["data x tensor"],
+                               "one": SMALL + ["parallel.data=1"]}},
+    }, tmp)
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_every_strategy_trains_like_one_device(eight, name):
+    base, got = eight["strategies"]["one device"]["losses"], eight["strategies"][name]["losses"]
+    assert len(got) == len(base) == 5
+    np.testing.assert_allclose(got, base, rtol=RTOL)
+    assert base[0] != base[-1]                                  # the steps did change the model
+
+
+def _expected_spec(names, sizes, shape):
+    """PartitionSpec (as a list) that the rule table gives logical `names` on a mesh of `sizes`."""
+    out, used = [], set()
+    for name, dim in zip(names, shape):
+        axes = [a for a in (RULES[name] if name else ()) if sizes[a] > 1 and a not in used]
+        used.update(axes)
+        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return out
+
+
+@pytest.mark.parametrize("name", [n for n in STRATEGIES if n != "shard_map"])
+def test_parameter_and_optimizer_shardings_follow_the_rules(eight, name):
+    r = eight["strategies"][name]
+    sized = {p: b["total"] for p, b in r["array_bytes"].items()}
+    checked = 0
+    for path, spec in r["specs"].items():
+        names = r["logical"].get(path)
+        if names is None:                                        # step counters, the sinusoidal table
+            assert all(s is None for s in spec), (path, spec)
+            continue
+        assert spec == _expected_spec(names, r["mesh"], [None] * len(names)), (path, names, spec)
+        checked += 1
+    assert checked > 50 and sized
+    # the optimizer's moments are sharded exactly like their parameters
+    mu = {p.split("['mu']")[1]: s for p, s in r["specs"].items() if "['mu']" in p}
+    params = {p.removeprefix("['model']"): s for p, s in r["specs"].items() if p.startswith("['model']")}
+    assert mu and all(params[k] == s for k, s in mu.items())
+
+
+def test_shardings_of_fsdp_x_tensor_spelled_out(eight):
+    specs = eight["strategies"]["fsdp x tensor"]["specs"]
+    get = lambda suffix: next(s for p, s in specs.items() if p.endswith(suffix) and p.startswith("['model']"))
+    assert get("['self_attn']['wq'].value") == [None, "fsdp", "tensor", None]      # [L, D, N, H]
+    assert get("['ffn']['w2'].value") == [None, "tensor", "fsdp"]                  # [L, F, D]
+    assert get("['embed']['tokens'].value") == ["tensor", "fsdp"]                  # [V, D]
+    assert all(s is None for s in get("['embed']['table'].value"))
+
+
+def test_shard_map_mode_keeps_the_state_replicated(eight):
+    r = eight["strategies"]["shard_map"]
+    assert all(all(s is None for s in spec) for spec in r["specs"].values())
+    assert r["bytes"]["model"]["per_device_max"] == r["bytes"]["model"]["total"]
+
+
+def test_fsdp_holds_an_eighth_of_each_sharded_array_per_device(eight):
+    r = eight["strategies"]["fsdp"]
+    replicated_extra = 0
+    for path, b in r["array_bytes"].items():
+        if "embed" in (r["logical"].get(path) or []):
+            assert b["per_device_max"] * 8 == b["total"], path
+        else:
+            replicated_extra += b["total"]                       # biases of heads/mlp, counters, the PE table
+    for part in ("model", "opt"):
+        total, per_device = r["bytes"][part]["total"], r["bytes"][part]["per_device_max"]
+        assert per_device < total / 4
+    dp = eight["strategies"]["data parallel"]["bytes"]["model"]
+    assert dp["per_device_max"] == dp["total"]                   # data parallel replicates
+    assert r["bytes"]["model"]["per_device_max"] <= r["bytes"]["model"]["total"] / 8 + replicated_extra
+
+
+def test_shipped_parallel_configs_plan_eight_devices(eight):
+    assert eight["configs"] == {
+        "data": {"mesh": {"data": 8, "fsdp": 1, "tensor": 1}, "mode": "jit"},
+        "fsdp": {"mesh": {"data": 1, "fsdp": 8, "tensor": 1}, "mode": "jit"},
+        "tensor": {"mesh": {"data": 4, "fsdp": 1, "tensor": 2}, "mode": "jit"},
+        "hybrid": {"mesh": {"data": 2, "fsdp": 2, "tensor": 2}, "mode": "jit"},
+        "shard_map": {"mesh": {"data": 8, "fsdp": 1, "tensor": 1}, "mode": "shard_map"}}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_bad_meshes_are_refused_by_name_before_compiling(eight, name):
+    r = eight["errors"][name]
+    assert r["error"] == "ConfigError", r
+    assert REFUSED[name][1] in r["message"]
+    assert r["compiled"] == 0
+
+
+def test_resume_on_a_mesh_is_bitwise(eight):
+    r = eight["reshard"]
+    assert r["losses"] == r["losses_once"] and len(r["losses"]) == 4
+
+
+@pytest.mark.parametrize("mesh", ["data x tensor", "one"])
+def test_checkpoint_saved_under_fsdp_restores_onto_another_mesh(eight, mesh):
+    r = eight["reshard"]
+    assert r[mesh]["values"] == r["fsdp"]["values"]                 # every parameter, bitwise
+    if mesh == "data x tensor":
+        assert r[mesh]["specs"] != r["fsdp"]["specs"]                # and it really was resharded
+
+
+@pytest.mark.parametrize("mesh", ["data x tensor", "fsdp"])
+def test_sharded_decoding_gives_the_tokens_of_one_device(eight, mesh):
+    r = eight["reshard"]
+    for how in ("greedy", "beam", "sampled"):
+        assert r[mesh][how] == r["one"][how], how
+    assert len({t for row in r["one"]["sampled"] for t in row}) > 3   # sampling really varies
+
+
+# ----------------------------------------------------------------------------- two processes
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(workdir, overrides, n=2):
+    port = _free_port()
+    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4")
+    procs = []
+    for i in range(n):
+        args = cli_args("configs/reverse.py", TINY_REVERSE + SMALL + overrides + [
+            f"parallel.coordinator=127.0.0.1:{port}", f"parallel.num_processes={n}", f"parallel.process_id={i}"])
+        procs.append(subprocess.Popen([sys.executable, "-m", "jaxformer.cli", "train", *args, "--workdir",
+                                       str(workdir), "--no-progress"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def test_two_processes_train_like_one_process_and_one_device(eight, tmp_path):
+    procs = _launch(tmp_path / "run", ["train.steps=5", "train.log_every=1", "train.eval_every=5"])
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    assert "process 0 of 2, 4 local devices of 8" in outs[0][1]
+    assert "status: completed" in outs[0][0] and "status: completed" not in outs[1][0]   # process 0 reports
+    losses = [train_losses(tmp_path / "run")[s] for s in range(1, 6)]
+    np.testing.assert_allclose(losses, eight["strategies"]["data parallel"]["losses"], rtol=RTOL)
+    np.testing.assert_allclose(losses, eight["strategies"]["one device"]["losses"], rtol=RTOL)
+
+
+def test_a_dead_process_fails_the_other_within_the_heartbeat_timeout(tmp_path):
+    workdir = tmp_path / "run"
+    procs = _launch(workdir, ["train.steps=100000", "train.log_every=1", "parallel.heartbeat_timeout_s=5"])
+    try:
+        deadline = time.monotonic() + 300
+        while not (workdir / "metrics.jsonl").exists() or not (workdir / "metrics.jsonl").read_text():
+            assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].communicate()[1][-3000:]
+            time.sleep(0.2)
+        procs[1].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = procs[0].communicate(timeout=120)
+        waited = time.monotonic() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert procs[0].returncode != 0
+    assert "another task died" in err                     # JAX's coordination service says why
+    assert waited < 60
+
+
+# ----------------------------------------------------------------------------- config, rules, launch settings
+
+@pytest.mark.parametrize("kw, message", [
+    ({"data": -1, "fsdp": -1}, "only one mesh axis size may be -1"),
+    ({"data": 0}, "parallel.data=0"),
+    ({"mode": "shard_map", "fsdp": 2}, "parallel.mode='shard_map'"),
+    ({"rules": ("mlp",)}, "must look like 'logical:axis[+axis]'"),
+    ({"rules": ("heads:tensor",)}, "unknown logical axis 'heads'"),
+    ({"mode": "pmap"}, "parallel.mode='pmap'"),
+    ({"num_processes": 2, "process_id": 2}, "parallel.process_id=2"),
+])
+def test_parallel_config_errors_name_the_field(kw, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[").replace("+", r"\+")):
+        ParallelConfig(**kw)
+
+
+def test_readme_prints_the_rule_table():
+    assert rules_table() in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_launch_settings_come_from_config_then_environment(monkeypatch):
+    for v in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "SLURM_NTASKS",
+              "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(v, raising=False)
+    assert distributed.settings(ParallelConfig()) is None                       # one process: nothing to start
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+    monkeypatch.setenv("JAX_PROCESS_ID", "3")
+    kw = distributed.settings(ParallelConfig())
+    assert (kw["coordinator_address"], kw["num_processes"], kw["process_id"]) == ("10.0.0.1:1234", 4, 3)
+    kw = distributed.settings(ParallelConfig(coordinator="h:1", num_processes=2, process_id=0))
+    assert (kw["coordinator_address"], kw["num_processes"], kw["process_id"]) == ("h:1", 2, 0)
+    assert distributed.settings(ParallelConfig(distributed="off")) is None
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+    with pytest.raises(ConfigError, match="JAX_NUM_PROCESSES"):
+        distributed.settings(ParallelConfig())
+    for v in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(v)
+    monkeypatch.setenv("SLURM_NTASKS", "2")                                      # srun: JAX detects the rest
+    assert distributed.settings(ParallelConfig()) == {"coordinator_address": None, "num_processes": None,
+                                                      "process_id": None, "heartbeat_timeout_seconds": 100}
