@@ -1,5 +1,5 @@
 """Command line: `jaxformer train CONFIG [--set k=v ...] [--workdir DIR]`, `jaxformer eval --workdir RUN`,
-`jaxformer generate --workdir RUN [--prompt TEXT ...]`, `jaxformer params CONFIG`."""
+`jaxformer generate --workdir RUN [--prompt TEXT ...]`, `jaxformer params CONFIG`, `jaxformer plan CONFIG`."""
 from __future__ import annotations
 
 import argparse
@@ -129,6 +129,36 @@ def cmd_params(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    """The parallel plan of a config on this machine's devices, computed from shapes (nothing compiled)."""
+    import math
+
+    import jax
+    from flax import nnx
+    from jaxformer.config import resolve_vocab
+    from jaxformer.data import build_task
+    from jaxformer.parallel import Plan, rules_table
+    from jaxformer.train.step import abstract_state
+    cfg = _config(args)
+    if cfg.model.vocab_size == 0:
+        cfg = resolve_vocab(cfg, build_task(cfg.data).tokenizer.vocab_size)
+    plan = Plan(cfg.parallel)
+    plan.check_batch(cfg.data.batch_size, "data.batch_size")
+    _, state = abstract_state(cfg, plan)
+    console.print(f"mesh: {plan.describe()} on {jax.device_count()} {jax.devices()[0].platform} device(s)")
+    console.print(rules_table(cfg.parallel))
+    console.print("model parameters: shape, sharding (optimizer moments are sharded alike)")
+    for path, a in nnx.to_flat_state(state["model"]):
+        console.print(f"  {'/'.join(map(str, path)):56} {str(a.shape):18} {tuple(a.sharding.spec)}", markup=False)
+    per_device = lambda tree: sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
+                                  for a in jax.tree.leaves(tree))
+    total = lambda tree: sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(tree))
+    for part in ("model", "opt"):
+        console.print(f"{part} state: {total(state[part]) / 2**20:,.1f} MiB in all, "
+                      f"{per_device(state[part]) / 2**20:,.1f} MiB per device")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="jaxformer")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -144,6 +174,10 @@ def main(argv=None) -> int:
     q = sub.add_parser("params", help="build a config's model, print its parameter table, run a forward pass")
     q.add_argument("config")
     q.add_argument("--set", action="append", metavar="KEY=VALUE")
+    m = sub.add_parser("plan", help="show how a config's mesh and rules shard its parameters on this machine's "
+                       "devices (XLA_FLAGS=--xla_force_host_platform_device_count=N previews N devices on a CPU)")
+    m.add_argument("config")
+    m.add_argument("--set", action="append", metavar="KEY=VALUE")
     g = sub.add_parser("generate", help="decode prompts with a run's best (or latest) checkpoint (KV-cached)")
     g.add_argument("--workdir", required=True)
     g.add_argument("--prompt", action="append", help="a prompt (repeatable; batched in one call). Default: three "
@@ -157,7 +191,8 @@ def main(argv=None) -> int:
     g.add_argument("--beam", type=int, default=1, help="beam width (encoder-decoder runs)")
     g.add_argument("--seed", type=int, default=0, help="sampling PRNG seed")
     args = p.parse_args(argv)
-    cmds = {"train": cmd_train, "eval": cmd_eval, "params": cmd_params, "generate": cmd_generate}
+    cmds = {"train": cmd_train, "eval": cmd_eval, "params": cmd_params, "generate": cmd_generate,
+            "plan": cmd_plan}
     try:
         with _log_to_console():
             return cmds[args.cmd](args)

@@ -261,7 +261,7 @@ LOGICAL_AXES = ("batch", "length", "vocab", "embed", "q_heads", "kv_heads", "hea
 @dataclasses.dataclass(frozen=True)
 class ParallelConfig(_Validated):
     """How one step runs over many devices and hosts: a mesh (data × fsdp × tensor) and rules that map logical
-    axes onto it (the table: `jaxformer.parallel.RULES`, printed by `jaxformer rules`)."""
+    axes onto it (the table: `jaxformer.parallel.RULES`, printed by `jaxformer plan`)."""
     mode: str = "jit"                      # jit: GSPMD over the mesh | shard_map: explicit per-device data parallel
     data: int = -1                         # mesh axis sizes; one may be -1 = the devices left
     fsdp: int = 1

@@ -7,7 +7,8 @@ and checkpoint metadata (`is_primary`); every process takes part in each step an
 Where the values come from, first found wins: parallel.coordinator / num_processes / process_id; then
 $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES, $JAX_PROCESS_ID; then JAX's own cluster detection (SLURM,
 Open MPI, Kubernetes, Cloud TPU). parallel.distributed="auto" initializes when one of these says there is
-more than one process; "on" always asks JAX (e.g. on a TPU slice, where it finds everything itself).
+more than one process (SLURM_NTASKS or OMPI_COMM_WORLD_SIZE > 1, or several TPU worker hosts listed in the
+environment); "on" always asks JAX (e.g. on a Cloud TPU VM slice, where it asks the metadata server).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from jaxformer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-_LAUNCHERS = {"SLURM_NTASKS": "SLURM", "OMPI_COMM_WORLD_SIZE": "Open MPI"}
+_LAUNCHERS = {"SLURM_NTASKS": "SLURM", "OMPI_COMM_WORLD_SIZE": "Open MPI"}       # process counts
+_TPU_HOSTS = ("TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES")                     # comma-separated hosts
 
 
 def _env_int(name: str) -> int | None:
@@ -43,7 +45,8 @@ def settings(cfg: ParallelConfig) -> dict | None:
     if cfg.distributed == "off":
         return None
     if cfg.distributed == "auto":
-        launched = any((_env_int(v) or 1) > 1 for v in _LAUNCHERS)
+        launched = (any((_env_int(v) or 1) > 1 for v in _LAUNCHERS)
+                    or any("," in os.environ.get(v, "") for v in _TPU_HOSTS))
         if not launched and kw["coordinator_address"] is None and (kw["num_processes"] or 1) == 1:
             return None
         if kw["num_processes"] == 1:

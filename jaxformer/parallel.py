@@ -57,7 +57,7 @@ def rules_for(cfg: ParallelConfig) -> dict[str, tuple[str, ...]]:
 
 
 def rules_table(cfg: ParallelConfig = ParallelConfig()) -> str:
-    """The rule table as Markdown (README, `jaxformer rules`)."""
+    """The rule table as Markdown (README, `jaxformer plan`)."""
     rows = ["| logical axis | mesh axes |", "|---|---|"]
     rows += [f"| {k} | {' × '.join(v) if v else '— (replicated)'} |" for k, v in rules_for(cfg).items()]
     return "\n".join(rows)

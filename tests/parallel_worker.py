@@ -8,6 +8,7 @@ JOB keys (all optional but "devices"):
                                  logical axes of every state array, per-device bytes
   errors {name: overrides}       train() must refuse these with a named error before compiling anything
   configs [path, ...]            shipped configs: the plan each gives on these devices (nothing compiled)
+  lm_decode {name: overrides}    a fresh tiny char LM decoded (generate_lm) under each mesh ("one" = one device)
   reshard {overrides, workdir, meshes {name: overrides}}
                                  train() under `overrides` (saving a checkpoint), then load that checkpoint onto
                                  each mesh: every parameter's values and greedy / beam outputs there
@@ -30,11 +31,11 @@ import jax.monitoring  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from helpers import train_losses, tiny_reverse  # noqa: E402
+from helpers import tiny_lm, train_losses, tiny_reverse  # noqa: E402
 from jaxformer.config import resolve_vocab  # noqa: E402
 from jaxformer.configio import load_config_file  # noqa: E402
 from jaxformer.data import build_task  # noqa: E402
-from jaxformer.decode import beam_search, generate_seq2seq  # noqa: E402
+from jaxformer.decode import beam_search, generate_lm, generate_seq2seq  # noqa: E402
 from jaxformer.errors import JaxformerError  # noqa: E402
 from jaxformer.parallel import Plan, shard_bytes  # noqa: E402
 from jaxformer.runs import load_model  # noqa: E402
@@ -121,6 +122,24 @@ def reshard(spec: dict) -> dict:
     return out
 
 
+def lm_decode(meshes: dict) -> dict:
+    """A freshly initialised tiny char LM (the tests' TINY_LM) decoded under each mesh: greedy and sampled
+    continuations of ragged, left-padded prompts."""
+    out = {}
+    prompts = np.array([[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14], [0, 0, 0, 0, 3, 4], [7, 7, 7, 7, 7, 7]] * 2,
+                       np.int32)
+    for name, overrides in meshes.items():
+        cfg = resolve_vocab(tiny_lm(*overrides), 32)
+        plan = Plan(cfg.parallel, jax.devices()[:1] if name == "one" else None)
+        graphs, state = init_state(cfg, plan)
+        model = nnx.merge(graphs.model, state["model"])
+        with plan.use():
+            greedy = generate_lm(model, prompts, max_new=8)
+            sampled = generate_lm(model, prompts, max_new=8, temperature=1.0, key=jax.random.key(3))
+        out[name] = {"greedy": np.asarray(greedy).tolist(), "sampled": np.asarray(sampled).tolist()}
+    return out
+
+
 def shipped(path: str) -> dict:
     """A shipped parallel config: its plan on these devices, and that every parameter fits the plan."""
     cfg = resolve_vocab(load_config_file(path), 13)
@@ -138,6 +157,8 @@ if job.get("strategies"):
     results["strategies"]["one device"] = steps(job["baseline"], jax.devices()[:1])
 for name, overrides in job.get("errors", {}).items():
     results["errors"][name] = refused(overrides)
+if "lm_decode" in job:
+    results["lm_decode"] = lm_decode(job["lm_decode"])
 if "reshard" in job:
     results["reshard"] = reshard(job["reshard"])
 Path(sys.argv[2]).write_text(json.dumps(results))

@@ -3,7 +3,7 @@ terminal, the checkpoint actually used named in the output."""
 import shutil
 
 import pytest
-from helpers import TINY_LM, cli_args
+from helpers import ROOT, TINY_LM, cli_args
 
 from jaxformer.cli import main as cli_main
 
@@ -51,3 +51,12 @@ def test_train_off_a_terminal_prints_lines_and_eval_names_the_checkpoint_it_used
 def test_params_runs_on_the_builtin_corpus(capsys):
     assert cli_main(["params", *cli_args("configs/alice.py", [])]) == 0
     assert "finite=True" in capsys.readouterr().out
+
+
+def test_plan_shows_the_sharding_of_every_parameter_without_compiling(capsys):
+    assert cli_main(["plan", str(ROOT / "configs/parallel/fsdp.py")]) == 0
+    out = capsys.readouterr().out
+    assert "mesh: data 1 × fsdp 1 × tensor 1 (jit) on 1 cpu device(s)" in out.replace("gpu", "cpu")
+    assert "| embed | fsdp |" in out and "encoder/layers/blocks/ffn/w1" in out
+    assert cli_main(["plan", str(ROOT / "configs/parallel/tensor.py")]) == 2           # tensor=2 needs 2 devices
+    assert "config error: parallel: 1 devices cannot be split" in capsys.readouterr().out

@@ -60,6 +60,8 @@ def eight(tmp_path_factory):
         "strategies": {k: SMALL + v for k, v in STRATEGIES.items()},
         "errors": {k: v[0] for k, v in REFUSED.items()},
         "configs": [str(p) for p in sorted((ROOT / "configs/parallel").glob("*.py"))],
+        "lm_decode": {"one": ["parallel.data=1", "model.num_heads=4"],
+                      "data x tensor": ["parallel.data=2", "parallel.tensor=4", "model.num_heads=4"]},
         "reshard": {"overrides": SMALL + STRATEGIES["fsdp"] + steps, "workdir": str(tmp / "fsdp-run"),
                     "meshes": {"fsdp": SMALL + STRATEGIES["fsdp"],
                                "data x tensor": SMALL + STRATEGIES["data x tensor"],
@@ -173,6 +175,12 @@ def test_sharded_decoding_gives_the_tokens_of_one_device(eight, mesh):
     assert len({t for row in r["one"]["sampled"] for t in row}) > 3   # sampling really varies
 
 
+def test_sharded_lm_decoding_gives_the_tokens_of_one_device(eight):
+    r = eight["lm_decode"]
+    assert r["data x tensor"] == r["one"]
+    assert len({t for row in r["one"]["sampled"] for t in row}) > 3
+
+
 # ----------------------------------------------------------------------------- two processes
 
 def _free_port() -> int:
@@ -204,6 +212,12 @@ def test_two_processes_train_like_one_process_and_one_device(eight, tmp_path):
     losses = [train_losses(tmp_path / "run")[s] for s in range(1, 6)]
     np.testing.assert_allclose(losses, eight["strategies"]["data parallel"]["losses"], rtol=RTOL)
     np.testing.assert_allclose(losses, eight["strategies"]["one device"]["losses"], rtol=RTOL)
+    # the same command with more steps resumes both processes from the checkpoint
+    procs = _launch(tmp_path / "run", ["train.steps=7", "train.log_every=1", "train.eval_every=5"])
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    assert "resuming at step 5" in outs[0][0]
+    assert sorted(train_losses(tmp_path / "run")) == list(range(1, 8))
 
 
 def test_a_dead_process_fails_the_other_within_the_heartbeat_timeout(tmp_path):
@@ -249,7 +263,7 @@ def test_readme_prints_the_rule_table():
 
 def test_launch_settings_come_from_config_then_environment(monkeypatch):
     for v in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "SLURM_NTASKS",
-              "OMPI_COMM_WORLD_SIZE"):
+              "OMPI_COMM_WORLD_SIZE", "TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES"):
         monkeypatch.delenv(v, raising=False)
     assert distributed.settings(ParallelConfig()) is None                       # one process: nothing to start
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
@@ -265,6 +279,12 @@ def test_launch_settings_come_from_config_then_environment(monkeypatch):
         distributed.settings(ParallelConfig())
     for v in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         monkeypatch.delenv(v)
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    assert distributed.settings(ParallelConfig()) is None
+    detect = {"coordinator_address": None, "num_processes": None, "process_id": None,
+              "heartbeat_timeout_seconds": 100}
     monkeypatch.setenv("SLURM_NTASKS", "2")                                      # srun: JAX detects the rest
-    assert distributed.settings(ParallelConfig()) == {"coordinator_address": None, "num_processes": None,
-                                                      "process_id": None, "heartbeat_timeout_seconds": 100}
+    assert distributed.settings(ParallelConfig()) == detect
+    monkeypatch.delenv("SLURM_NTASKS")
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "t1,t2")                          # a multi-host TPU slice
+    assert distributed.settings(ParallelConfig()) == detect

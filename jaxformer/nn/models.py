@@ -57,9 +57,10 @@ class Embedder(nnx.Module):
             if top >= self.cfg.max_len:
                 raise ConfigError(f"position {top} is outside model.max_len={self.cfg.max_len} "
                                   f"(model.positional={self.cfg.positional!r} has no position beyond it)")
-        # under a plan: the table's D gathered (vocab stays split), rows looked up straight into the batch layout
-        table = constrain(self.tokens[...], ("vocab", None))
-        x = constrain(jnp.take(table, tokens, axis=0), ("batch", "length", "act_embed"))
+        # under a plan, rows are looked up straight into the batch layout (constraining the table too, to
+        # gather its D first, silences an XLA resharding warning on 3-axis meshes but more than doubles FSDP's
+        # temporary memory in the train step: benchmarks/parallel.py)
+        x = constrain(jnp.take(self.tokens[...], tokens, axis=0), ("batch", "length", "act_embed"))
         if self.cfg.scale_embeddings:
             x = x * math.sqrt(self.cfg.d_model)
         if self.cfg.positional == "sinusoidal":
