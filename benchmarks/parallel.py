@@ -2,9 +2,9 @@
 
   .venv/bin/python benchmarks/parallel.py [--devices 8] [--steps 5]
 
-1. Losses: the tiny reversal config of the tests (D32, 1+1 layers, 4 heads, vocab 16, batch 16, no dropout),
-   --steps train steps under each strategy and on one device (same data, same keys): the largest relative
-   difference of the per-step losses.
+1. Losses: the tiny reversal config of the tests (D32, 1+1 layers, 4 heads, vocab 16, batch 16, no dropout,
+   AdamW at a constant 0.01), --steps train steps under each strategy and on one device (same data, same
+   keys): the largest relative difference of the per-step losses.
 2. Memory: configs/base.py (the 2017 base model: D512, 8 heads, F2048, 6+6 layers, vocab 32000; batch 32 of the
    reversal data, length 7) under each strategy, compiled but not run. Per device: the train step's arguments
    (parameters + optimizer state + batch, from XLA's memory analysis of the partitioned program), its temporary
@@ -51,7 +51,7 @@ STRATEGIES = {
 }
 TINY = ["model.d_model=32", "model.d_ff=64", "model.num_heads=4", "model.num_encoder_layers=1",
         "model.num_decoder_layers=1", "data.num_train=128", "data.num_eval=32", "data.batch_size=16",
-        "model.vocab_size=16", "model.dropout=0.0"]
+        "model.vocab_size=16", "model.dropout=0.0", "optim.schedule=constant", "optim.lr=0.01", "optim.warmup_steps=0"]
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
@@ -110,8 +110,18 @@ def comm_bytes(cfg, sizes: dict, length: int) -> float:
     return grads + fsdp + tensor
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def main():
-    results = {"machine": {"platform": platform.machine(), "processor": platform.processor() or "unknown",
+    results = {"machine": {"platform": platform.machine(), "processor": cpu_name(),
                            "cpus": os.cpu_count(), "jax": jax.__version__, "devices": jax.device_count(),
                            "date": time.strftime("%Y-%m-%d")}, "strategies": {}}
     base = None
@@ -129,14 +139,16 @@ def main():
 def report(r: dict) -> str:
     m = r["machine"]
     mib = lambda b: f"{b / 2 ** 20:,.1f}"
+    first, last = r["strategies"]["one device"]["losses"][0], r["strategies"]["one device"]["losses"][-1]
     one = r["strategies"]["one device"]["base_model"]
     lines = [
         "# Scale-out: strategies against one device", "",
-        f"`benchmarks/parallel.py --devices {m['devices']} --steps {args.steps}` on {m['platform']} "
-        f"({m['cpus']} cores) with {m['devices']} fake CPU devices (`--xla_force_host_platform_device_count`), "
+        f"`benchmarks/parallel.py --devices {m['devices']} --steps {args.steps}` on {m['processor']}, "
+        f"{m['platform']} ({m['cpus']} cores) with {m['devices']} fake CPU devices (`--xla_force_host_platform_device_count`), "
         f"jax {m['jax']}, {m['date']}. Written by the script.", "",
-        "**Losses**: the tests' tiny reversal config (D32, 1+1 layers, 4 heads, vocab 16, batch 16, dropout 0), "
-        f"{args.steps} train steps, float32: largest relative difference of a step's loss against one device.", "",
+        "**Losses**: the tests' tiny reversal config (D32, 1+1 layers, 4 heads, vocab 16, batch 16, dropout 0, "
+        f"AdamW at a constant 0.01), {args.steps} train steps, float32: largest relative difference of a step's "
+        f"loss against one device (the loss falls from {first:.3f} to {last:.3f} over those steps).", "",
         "**Memory**: `configs/base.py` (D512, 8 heads, F2048, 6+6 layers, vocab 32000; "
         f"{mib(one['state_bytes_total'])} MiB of parameters + AdamW state in float32), batch 32 × length 7, "
         "compiled for the mesh and not run: XLA's memory analysis of the partitioned program, per device. "

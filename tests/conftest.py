@@ -43,3 +43,10 @@ def data_dir() -> Path:
     if not d.is_dir():
         pytest.skip(f"corpus folder {d} not found (set JAXFORMER_DATA to the folder holding the real text files)")
     return d
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest file (tests/test_parallel.py: an 8-device worker process and two 2-process runs) goes first:
+    `--dist loadfile` hands files to the workers in collection order, so the other files fill the time around
+    it instead of waiting behind it."""
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/test_parallel.py"))

@@ -26,7 +26,10 @@ from jaxformer.parallel import RULES, rules_table
 # float32 tolerance for 5 optimizer steps computed in another reduction order: 2^7 ulps of headroom over the
 # worst difference seen (~3e-7 relative, i.e. a couple of ulps)
 RTOL = 2 ** 7 * float(np.finfo(np.float32).eps)
-SMALL = ["model.num_heads=4", "model.vocab_size=16", "model.dropout=0.0"]   # tensor-parallel divisible
+# heads and vocab that split 4 ways; a constant, large learning rate, so that 5 steps move the losses and 20
+# give a model whose decoded tokens vary (a near-initial model decodes one token everywhere)
+SMALL = ["model.num_heads=4", "model.vocab_size=16", "model.dropout=0.0", "optim.schedule=constant",
+         "optim.lr=0.01", "optim.warmup_steps=0"]
 STRATEGIES = {
     "data parallel": ["parallel.data=8"],
     "fsdp": ["parallel.data=1", "parallel.fsdp=8"],
@@ -54,7 +57,7 @@ def _worker(job: dict, tmp) -> dict:
 @pytest.fixture(scope="module")
 def eight(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("eight")
-    steps = ["train.steps=4", "train.eval_every=4", "train.checkpoint_every=2", "train.log_every=1"]
+    steps = ["train.steps=20", "train.eval_every=20", "train.checkpoint_every=10", "train.log_every=1"]
     return _worker({
         "devices": 8, "tmp": str(tmp), "baseline": SMALL + ["parallel.data=1"],
         "strategies": {k: SMALL + v for k, v in STRATEGIES.items()},
@@ -155,8 +158,10 @@ def test_bad_meshes_are_refused_by_name_before_compiling(eight, name):
 
 
 def test_resume_on_a_mesh_is_bitwise(eight):
+    """Stopped at step 2 and resumed (train()) vs 5 uninterrupted steps of the same FSDP plan: equal bits."""
     r = eight["reshard"]
-    assert r["losses"] == r["losses_once"] and len(r["losses"]) == 4
+    assert sorted(map(int, r["losses"])) == list(range(1, 21))
+    assert [r["losses"][str(s)] for s in range(1, 6)] == eight["strategies"]["fsdp"]["losses"]
 
 
 @pytest.mark.parametrize("mesh", ["data x tensor", "one"])
@@ -170,15 +175,15 @@ def test_checkpoint_saved_under_fsdp_restores_onto_another_mesh(eight, mesh):
 @pytest.mark.parametrize("mesh", ["data x tensor", "fsdp"])
 def test_sharded_decoding_gives_the_tokens_of_one_device(eight, mesh):
     r = eight["reshard"]
-    for how in ("greedy", "beam", "sampled"):
+    for how in ("greedy", "beam"):
         assert r[mesh][how] == r["one"][how], how
-    assert len({t for row in r["one"]["sampled"] for t in row}) > 3   # sampling really varies
+        assert len({tuple(row) for row in r["one"][how]}) > 1, how         # the inputs get different answers
 
 
 def test_sharded_lm_decoding_gives_the_tokens_of_one_device(eight):
     r = eight["lm_decode"]
     assert r["data x tensor"] == r["one"]
-    assert len({t for row in r["one"]["sampled"] for t in row}) > 3
+    assert len({t for row in r["one"]["sampled"] for t in row}) > 3            # sampling really varies
 
 
 # ----------------------------------------------------------------------------- two processes
