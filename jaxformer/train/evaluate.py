@@ -11,7 +11,7 @@ from flax import nnx
 from jaxformer.config import Config
 from jaxformer.data import Task, build_task
 from jaxformer.decode import generate_seq2seq
-from jaxformer.parallel import Plan, active, replicate
+from jaxformer.parallel import Plan, replicate
 from jaxformer.runs import load_model
 from jaxformer.train.step import make_eval_step
 
@@ -29,31 +29,21 @@ def evaluate(cfg: Config, task: Task, model: nnx.Module, eval_step=None, plan: P
         size = -(-size // plan.batch_shards) * plan.batch_shards
     tot = {"nll": 0.0, "correct": 0.0, "count": 0.0}
     exact, n = 0, 0
-    for batch in task.eval_batches(size, pad_id=pad):
-        if plan is not None:
-            batch = plan.global_batch({k: v[plan.local_rows(size)] for k, v in batch.items()}, size)
+    for host in task.eval_batches(size, pad_id=pad):
+        batch = host if plan is None else plan.global_batch({k: v[plan.local_rows(size)] for k, v in host.items()},
+                                                            size)
         s = eval_step(state, batch)
         for k in tot:
             tot[k] += float(s[k])
-        if task.kind == "seq2seq":
-            pred, tgt = predict(model, task, batch["src"], batch["tgt_out"].shape[1]), batch["tgt_out"]
-            real = np.asarray(replicate_host(((tgt != pad).any(1), (pred == tgt).all(1))))
-            exact += int((real[0] & real[1]).sum())
-            n += int(real[0].sum())
+        if task.kind == "seq2seq":     # decoded tokens come back replicated: every process reads them whole
+            pred = np.asarray(predict(model, task, batch["src"], host["tgt_out"].shape[1]))
+            real = (host["tgt_out"] != pad).any(1)
+            exact += int((real & (pred == host["tgt_out"]).all(1)).sum())
+            n += int(real.sum())
     out = {"loss": tot["nll"] / tot["count"], "token_accuracy": tot["correct"] / tot["count"]}
     if task.kind == "seq2seq":
         out["exact_match"] = exact / n
     return out
-
-
-@jax.jit
-def _replicated(x):
-    return replicate(x)
-
-
-def replicate_host(x):
-    """A pytree of arrays (possibly spread over processes) -> the same values, readable by every process."""
-    return _replicated(x) if active() is not None else x
 
 
 def predict(model, task: Task, src, width: int):
