@@ -29,6 +29,7 @@ ap.add_argument("--steps", type=int, default=5)
 args = ap.parse_args()
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            f" --xla_force_host_platform_device_count={args.devices}").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")     # fake CPU devices, also on a GPU machine
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

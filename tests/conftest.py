@@ -11,6 +11,8 @@ precision is TF32 / bfloat16 passes) as they do on CPU. Compiled programs go to 
 trainings compile the same few programs, and a cache hit skips XLA's compile, not any computation. The tests'
 programs are tiny and compiling them costs far more than running them, so XLA's backend (LLVM) optimisation level
 is 0: a code-generation setting (no change to the HLO, nor to what the tests compute), about 30% off the suite.
+On a GPU, memory is allocated on demand so that the two xdist workers can share it; the scale-out tests run their
+8 (or 2 × 4) devices as fake CPU devices in their own processes on any machine (tests/test_parallel.py).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax-compilation-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # on a GPU, the xdist workers share its memory
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):   # see the module docstring
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 

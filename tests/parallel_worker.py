@@ -24,6 +24,7 @@ from pathlib import Path
 job = json.loads(Path(sys.argv[1]).read_text())
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            f" --xla_force_host_platform_device_count={job['devices']}").strip()
+os.environ["JAX_PLATFORMS"] = "cpu"            # the fake devices are CPU devices, on a GPU machine too
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import jax  # noqa: E402

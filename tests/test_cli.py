@@ -54,9 +54,12 @@ def test_params_runs_on_the_builtin_corpus(capsys):
 
 
 def test_plan_shows_the_sharding_of_every_parameter_without_compiling(capsys):
+    import jax
+    n, platform = jax.device_count(), jax.devices()[0].platform
     assert cli_main(["plan", str(ROOT / "configs/parallel/fsdp.py")]) == 0
     out = capsys.readouterr().out
-    assert "mesh: data 1 × fsdp 1 × tensor 1 (jit) on 1 cpu device(s)" in out.replace("gpu", "cpu")
+    assert f"mesh: data 1 × fsdp {n} × tensor 1 (jit) on {n} {platform} device(s)" in out
     assert "| embed | fsdp |" in out and "encoder/layers/blocks/ffn/w1" in out
-    assert cli_main(["plan", str(ROOT / "configs/parallel/tensor.py")]) == 2           # tensor=2 needs 2 devices
-    assert "config error: parallel: 1 devices cannot be split" in capsys.readouterr().out
+    if n % 2:                                                           # tensor=2 needs an even device count
+        assert cli_main(["plan", str(ROOT / "configs/parallel/tensor.py")]) == 2
+        assert f"config error: parallel: {n} devices cannot be split" in capsys.readouterr().out

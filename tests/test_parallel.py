@@ -196,7 +196,8 @@ def _free_port() -> int:
 
 def _launch(workdir, overrides, n=2):
     port = _free_port()
-    env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4")
     procs = []
     for i in range(n):
         args = cli_args("configs/reverse.py", TINY_REVERSE + SMALL + overrides + [
