@@ -56,6 +56,8 @@ def examples(task: Task, model: nnx.Module, k: int) -> list[dict]:
     predictions for a language model)."""
     tok, ev = task.tokenizer, {a: b[:k] for a, b in task.eval.items()}
     rows = []
+    if k <= 0:
+        return rows
     if task.kind == "seq2seq":
         pred = np.asarray(predict(model, task, ev["src"], ev["tgt_out"].shape[1]))
         pairs = zip(ev["src"], ev["tgt_out"], pred)
