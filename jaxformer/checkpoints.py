@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -126,7 +127,8 @@ def _quiet_failed_reads() -> None:
     """When one array of a step fails to read, orbax closes its event loop while tensorstore still completes
     the other reads; their callbacks then raise "Event loop is closed" (printed as unraisable tracebacks, after
     the restore has returned) and leave "Future exception was never retrieved" log records. That is noise about
-    a failure already reported by name: after the first failed read, this process drops exactly those two."""
+    a failure already reported by name: after the first failed read, this process drops exactly those (and the
+    "coroutine was never awaited" warning of the same aborted read)."""
     global _QUIETED
     if _QUIETED:
         return
@@ -139,6 +141,8 @@ def _quiet_failed_reads() -> None:
     sys.unraisablehook = quiet
     logging.getLogger("asyncio").addFilter(
         lambda record: not record.getMessage().startswith("Future exception was never retrieved"))
+    warnings.filterwarnings("ignore", message="coroutine 'Store._get_array_metadatas' was never awaited",
+                            category=RuntimeWarning)      # the same aborted read, seen from tensorstore's side
 
 
 _QUIETED = False
