@@ -178,11 +178,6 @@ class Plan:
 _ACTIVE: contextvars.ContextVar[Plan | None] = contextvars.ContextVar("jaxformer_plan", default=None)
 
 
-def active() -> Plan | None:
-    """The plan of the enclosing `Plan.use()`, or None."""
-    return _ACTIVE.get()
-
-
 def no_mesh():
     """A context without jax's mesh: nnx.eval_shape would otherwise read the parameters' logical axis names
     as mesh axes."""

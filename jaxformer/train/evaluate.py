@@ -27,11 +27,11 @@ def evaluate(cfg: Config, task: Task, model: nnx.Module, eval_step=None, plan: P
     size = min(cfg.train.eval_batch_size, n_eval)
     if plan is not None:
         size = -(-size // plan.batch_shards) * plan.batch_shards
+        mine = plan.local_rows(size)
     tot = {"nll": 0.0, "correct": 0.0, "count": 0.0}
     exact, n = 0, 0
     for host in task.eval_batches(size, pad_id=pad):
-        batch = host if plan is None else plan.global_batch({k: v[plan.local_rows(size)] for k, v in host.items()},
-                                                            size)
+        batch = host if plan is None else plan.global_batch({k: v[mine] for k, v in host.items()}, size)
         s = eval_step(state, batch)
         for k in tot:
             tot[k] += float(s[k])
