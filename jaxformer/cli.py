@@ -1,5 +1,7 @@
 """Command line: `jaxformer train CONFIG [--set k=v ...] [--workdir DIR]`, `jaxformer eval --workdir RUN`,
-`jaxformer generate --workdir RUN [--prompt TEXT ...]`, `jaxformer params CONFIG`, `jaxformer plan CONFIG`."""
+`jaxformer generate --workdir RUN [--prompt TEXT ...]`, `jaxformer params CONFIG`, `jaxformer plan CONFIG`,
+`jaxformer sweep SWEEP.py`, `jaxformer report SWEEP.py`,
+`jaxformer viz --workdir RUN [--prompt TEXT ...] [--out DIR]` (attention heatmaps)."""
 from __future__ import annotations
 
 import argparse
@@ -101,6 +103,15 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_viz(args) -> int:
+    from jaxformer.viz import write_heatmaps
+    paths = write_heatmaps(args.workdir, args.prompt, args.which, args.out)
+    console.print(f"{len(paths)} attention heatmap(s) written:")
+    for p in paths:
+        console.print(str(p), markup=False, highlight=False)
+    return 0
+
+
 def default_prompts(run) -> list[str]:
     """Three held-out inputs of the run's task (an LM gets their first half)."""
     from jaxformer.data import build_task
@@ -126,6 +137,32 @@ def cmd_params(args) -> int:
     x = jnp.ones((2, 8), jnp.int32)
     y = model(x, x) if m.arch == "encoder_decoder" else model(x)
     console.print(f"forward pass: tokens {x.shape} -> logits {y.shape}, finite={bool(jax.numpy.isfinite(y).all())}")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from jaxformer.sweep import command, load_sweep, run_sweep, runs, select
+    sweep = load_sweep(args.sweep)
+    if args.print_commands or args.list:
+        all_runs = runs(sweep, args.root)
+        for r in select(all_runs, args.run) if args.run else all_runs:
+            if args.print_commands:
+                print(command(sweep, r))
+            else:
+                from jaxformer.sweep import read_status
+                st = read_status(r)
+                print(f"{r.index:4d}  {r.id}  {st['status'] if st else 'not finished'}  "
+                      f"{' '.join(r.overrides)}")
+        return 0
+    run_sweep(sweep, args.root, jobs=args.jobs, only=args.run, echo=lambda m: console.print(m, markup=False))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from jaxformer.report import write_report
+    from jaxformer.sweep import load_sweep
+    path = write_report(load_sweep(args.sweep), args.root, args.out)
+    console.print(f"report: {path}")
     return 0
 
 
@@ -190,9 +227,29 @@ def main(argv=None) -> int:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--beam", type=int, default=1, help="beam width (encoder-decoder runs)")
     g.add_argument("--seed", type=int, default=0, help="sampling PRNG seed")
+    w = sub.add_parser("sweep", help="run a sweep file's grid of config values x seeds (finished runs are skipped)")
+    w.add_argument("sweep")
+    w.add_argument("--jobs", type=int, default=1, help="run N at a time as child processes (default: one after "
+                   "another in this process)")
+    w.add_argument("--run", action="append", metavar="INDEX|ID", help="only this run (repeatable): its index "
+                   "(as printed by --list; a job array's task id) or ARM/seed-S")
+    w.add_argument("--print-commands", action="store_true", help="print one shell command per run for a "
+                   "scheduler, run nothing")
+    w.add_argument("--list", action="store_true", help="list the runs, their status and overrides, run nothing")
+    w.add_argument("--root", default="runs/sweeps", help="where run directories go (ROOT/NAME/ARM/seed-S)")
+    r = sub.add_parser("report", help="aggregate a sweep's runs into Markdown, CSV, plots and TensorBoard HParams")
+    r.add_argument("sweep")
+    r.add_argument("--root", default="runs/sweeps")
+    r.add_argument("--out", default="docs/ablations", help="directory for NAME.md, PNGs and CSVs")
+    v = sub.add_parser("viz", help="write per-layer attention heatmaps (PNG) of a run's best (or latest) checkpoint")
+    v.add_argument("--workdir", required=True)
+    v.add_argument("--prompt", action="append", help="an input (repeatable; one set of figures each). Default: the "
+                   "run's first held-out inputs. An encoder-decoder run is shown decoding its own greedy answer")
+    v.add_argument("--which", choices=("best", "latest"), default="best")
+    v.add_argument("--out", help="output folder (default: RUN/viz/)")
     args = p.parse_args(argv)
     cmds = {"train": cmd_train, "eval": cmd_eval, "params": cmd_params, "generate": cmd_generate,
-            "plan": cmd_plan}
+            "plan": cmd_plan, "sweep": cmd_sweep, "report": cmd_report, "viz": cmd_viz}
     try:
         with _log_to_console():
             return cmds[args.cmd](args)

@@ -14,7 +14,7 @@ import typing
 from typing import Any
 
 from jaxformer.errors import ConfigError
-from jaxformer.ops import activations, positional
+from jaxformer.ops import activations, norms, positional
 
 _DEFERRED = contextvars.ContextVar("jaxformer_config_validation_deferred", default=False)
 
@@ -89,7 +89,7 @@ class ModelConfig(_Validated):
     max_len: int = 512                     # longest sequence for table/learned positions
     dropout: float = 0.1                   # residual + embedding dropout, training only
     norm_position: str = "post"            # "post": LN(x + f(x)) (paper, seed 000) | "pre": x + f(LN(x))
-    norm_type: str = "layernorm"           # "layernorm" | "rmsnorm"
+    norm_type: str = "layernorm"           # "layernorm" | "rmsnorm" | any name in ops.norms.NORMS
     norm_eps: float = 1e-5
     final_norm: bool | None = None         # norm after the stack; None = yes for pre, no for post
     positional: str = "sinusoidal"         # sinusoidal | learned | rope | alibi | none
@@ -100,6 +100,11 @@ class ModelConfig(_Validated):
     scale_embeddings: bool = True          # multiply embeddings by sqrt(D) as in the paper
     pad_id: int = 0
     dtype: str = "float32"                 # compute dtype of activations: float32 | bfloat16 | float16
+    attention_scale: str = "rsqrt"         # logits scale: "rsqrt" = 1/sqrt(H) (the paper) | "none" = 1
+    # Ablation switches: wrong on purpose, to measure what the seeds claim (docs/ablations/masking.md).
+    # Training with either set to its non-default value prints a warning; nothing else should flip them.
+    ablation_mask_value: str = "min"       # masked logits: "min" = float32's most negative | "zero" = 0 (leaks)
+    ablation_causal: str = "tril"          # decoder self-attention: "tril" = past | "triu" = future (a bug)
 
     def validate(self) -> None:
         check_types(self, "model")
@@ -126,10 +131,13 @@ class ModelConfig(_Validated):
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout!r} must be in [0, 1)")
         choice("model.norm_position", self.norm_position, ("pre", "post"))
-        choice("model.norm_type", self.norm_type, ("layernorm", "rmsnorm"))
+        choice("model.norm_type", self.norm_type, tuple(norms.NORMS))        # registered norms
         choice("model.positional", self.positional, positional.KINDS)
         choice("model.activation", self.activation, activations.NAMES)
         choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        choice("model.attention_scale", self.attention_scale, ("rsqrt", "none"))
+        choice("model.ablation_mask_value", self.ablation_mask_value, ("min", "zero"))
+        choice("model.ablation_causal", self.ablation_causal, ("tril", "triu"))
         positive("model.norm_eps", self.norm_eps)
         positive("model.rope_base", self.rope_base)
         if self.positional == "rope" and self.head_dim % 2:
@@ -144,6 +152,12 @@ class ModelConfig(_Validated):
     @property
     def kv_heads(self) -> int:   # K
         return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def ablations(self) -> list[str]:
+        """The ablation switches set away from their correct default, as 'model.key=value'."""
+        return [f"model.{k}={v!r}" for k, v, ok in (("ablation_mask_value", self.ablation_mask_value, "min"),
+                                                    ("ablation_causal", self.ablation_causal, "tril")) if v != ok]
 
     @property
     def use_final_norm(self) -> bool:

@@ -22,9 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer import ops
 from jaxformer.config import ConfigError
-from jaxformer.nn.models import DTYPES
+from jaxformer.nn.models import DTYPES, decoder_self_mask
 from jaxformer.parallel import constrain, replicate
 
 CACHE_AXES = ("layers", "batch", "cache_slots", "kv_heads", "head_dim")   # k, v [L,B,S,K,H] under a plan
@@ -60,7 +59,7 @@ def decoder_step(model, cache: KVCache, tokens, positions, valid, memory_kv=None
     past = cache if not prefill else KVCache(cache.k[:, :, :0], cache.v[:, :, :0], cache.positions[:, :0],
                                              cache.valid[:, :0], i)
     kv_pos = jnp.concatenate([past.positions, positions], axis=1)                      # [B,S+T]
-    mask = ops.position_causal_mask(positions, kv_pos, jnp.concatenate([past.valid, valid], axis=1))
+    mask = decoder_self_mask(model.cfg, positions, kv_pos, jnp.concatenate([past.valid, valid], axis=1))
     per_layer = {"cache": (past.k, past.v)}
     if memory_kv is not None:
         per_layer["memory_kv"] = memory_kv

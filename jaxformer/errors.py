@@ -37,3 +37,8 @@ class NonFiniteLoss(JaxformerError, RuntimeError):
     """The training loss became NaN/Inf; the message names the step and the last good checkpoint."""
     exit_code = 3
     label = "training diverged"
+
+
+class SweepError(JaxformerError):
+    """A sweep file cannot be used, a --run names no run of it, or some of its runs did not finish."""
+    label = "sweep error"

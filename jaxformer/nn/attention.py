@@ -62,7 +62,10 @@ class MultiHeadAttention(nnx.Module):
             if q_positions is None or kv_positions is None:
                 raise ValueError("positional='alibi' needs explicit query and key positions")
             bias = positional.alibi_bias(self.cfg.num_heads, q_positions, kv_positions)
-        res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=return_weights)
+        cfg = self.cfg
+        res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=return_weights,
+                                        scale=1.0 if cfg.attention_scale == "none" else None,
+                                        mask_value=0.0 if cfg.ablation_mask_value == "zero" else None)
         ctx, w = res if return_weights else (res, None)
         out = (jnp.einsum("BTNH,NHD->BTD", ctx, self.wo[...].astype(ctx.dtype)) + self._bias("bo")).astype(q.dtype)
         return (out, w) if return_weights else out

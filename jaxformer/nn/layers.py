@@ -23,19 +23,20 @@ def dropout(layer: nnx.Dropout, x: jax.Array, rngs: nnx.Rngs | None) -> jax.Arra
 
 
 class Norm(nnx.Module):
-    """LayerNorm (scale + bias) or RMSNorm (scale) over D."""
+    """The norm named by cfg.norm_type, looked up in `ops.norms.NORMS`: LayerNorm (scale + bias), RMSNorm
+    (scale), or any registered with `ops.norms.register_norm`. A scale [D] (ones) always; a bias [D] (zeros)
+    only for norms registered with bias=True."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.kind, self.eps = cfg.norm_type, cfg.norm_eps
         self.scale = param(rngs, ones, (cfg.d_model,), ("embed",))
-        if self.kind == "layernorm":
+        if norms.NORM_BIAS[self.kind]:
             self.bias = param(rngs, zeros, (cfg.d_model,), ("embed",))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """[..., D] -> [..., D]."""
-        if self.kind == "layernorm":
-            return norms.layer_norm(x, self.scale[...], self.bias[...], self.eps)
-        return norms.rms_norm(x, self.scale[...], self.eps)
+        bias = self.bias[...] if norms.NORM_BIAS[self.kind] else None
+        return norms.NORMS[self.kind](x, self.scale[...], bias, self.eps)
 
 
 class FeedForward(nnx.Module):
@@ -93,11 +94,13 @@ class EncoderBlock(nnx.Module):
         self.res_ffn = Residual(cfg, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, mask: jax.Array | None, positions: jax.Array | None,
-                 rngs: nnx.Rngs | None = None) -> jax.Array:
-        """x [B,S,D], mask [B,1,S,S]-broadcastable, positions [B,S] -> [B,S,D]."""
-        x, _ = self.res_attn(x, lambda y: self.self_attn(y, mask=mask, q_positions=positions), rngs)
+                 rngs: nnx.Rngs | None = None, return_weights: bool = False):
+        """x [B,S,D], mask [B,1,S,S]-broadcastable, positions [B,S] -> [B,S,D]; with return_weights also
+        {"self": attention weights [B,N,S,S] float32}."""
+        x, w = self.res_attn(x, lambda y: self.self_attn(y, mask=mask, q_positions=positions,
+                                                         return_weights=return_weights), rngs)
         x, _ = self.res_ffn(x, self.ffn, rngs)
-        return x
+        return (x, {"self": w}) if return_weights else x
 
 
 class DecoderBlock(nnx.Module):
@@ -119,9 +122,9 @@ class DecoderBlock(nnx.Module):
         self.ffn = FeedForward(cfg, rngs=rngs)
         self.res_ffn = Residual(cfg, rngs=rngs)
 
-    def _self_attention(self, y, mask, positions, cache, kv_positions):
+    def _self_attention(self, y, mask, positions, cache, kv_positions, return_weights=False):
         if cache is None:
-            return self.self_attn(y, mask=mask, q_positions=positions)
+            return self.self_attn(y, mask=mask, q_positions=positions, return_weights=return_weights)
         k_cache, v_cache = cache
         q = self.self_attn.project_q(y, positions)
         k, v = self.self_attn.project_kv(y, positions)
@@ -133,16 +136,24 @@ class DecoderBlock(nnx.Module):
     def __call__(self, x: jax.Array, *, mask: jax.Array | None, positions: jax.Array | None,
                  memory: jax.Array | None = None, memory_kv: tuple[jax.Array, jax.Array] | None = None,
                  memory_mask: jax.Array | None = None, rngs: nnx.Rngs | None = None,
-                 cache: tuple[jax.Array, jax.Array] | None = None, kv_positions: jax.Array | None = None):
+                 cache: tuple[jax.Array, jax.Array] | None = None, kv_positions: jax.Array | None = None,
+                 return_weights: bool = False):
         """x [B,T,D]; memory [B,S,D] (or its precomputed cross k/v [B,S,K,H] x2); masks broadcast to
-        [B,N,T,S]. Returns [B,T,D], or ([B,T,D], (k, v) [B,T,K,H]) when a cache is given."""
-        x, new_kv = self.res_self(x, lambda y: self._self_attention(y, mask, positions, cache, kv_positions), rngs)
+        [B,N,T,S]. Returns [B,T,D], or ([B,T,D], (k, v) [B,T,K,H]) when a cache is given, or with
+        return_weights (no cache) ([B,T,D], {"self": [B,N,T,T], "cross": [B,N,T,S] (if cross)}) float32 weights."""
+        if return_weights and cache is not None:
+            raise ValueError("return_weights is for uncached passes (cache=None)")
+        x, extra = self.res_self(x, lambda y: self._self_attention(y, mask, positions, cache, kv_positions,
+                                                                   return_weights), rngs)
+        weights = {"self": extra}
         if self.cross:
             def cross(y):
                 if memory_kv is not None:
                     q = self.cross_attn.project_q(y)
-                    return self.cross_attn.attend(q, *memory_kv, mask=memory_mask)
-                return self.cross_attn(y, memory, mask=memory_mask)
-            x, _ = self.res_cross(x, cross, rngs)
+                    return self.cross_attn.attend(q, *memory_kv, mask=memory_mask, return_weights=return_weights)
+                return self.cross_attn(y, memory, mask=memory_mask, return_weights=return_weights)
+            x, weights["cross"] = self.res_cross(x, cross, rngs)
         x, _ = self.res_ffn(x, self.ffn, rngs)
-        return x if cache is None else (x, new_kv)
+        if return_weights:
+            return x, weights
+        return x if cache is None else (x, extra)

@@ -1,6 +1,7 @@
 """Assembled models: Transformer (encoder-decoder, encode/decode) and TransformerLM (decoder-only).
 
-Axis legend: B batch, S source length, T target length, D model width, V vocab, L layers.
+Axis legend: B batch, S source length, T target length, D model width, V vocab, L layers, N heads.
+Attention weights (`attention_weights`, or return_weights=True) are [L,B,N,T,S]: query rows T, key columns S.
 """
 from __future__ import annotations
 
@@ -26,6 +27,16 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 def default_positions(tokens: jax.Array) -> jax.Array:
     """tokens [B,T] -> positions [B,T] = 0..T-1 for every row."""
     return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+def decoder_self_mask(cfg: ModelConfig, q_positions: jax.Array, k_positions: jax.Array,
+                      k_valid: jax.Array | None = None) -> jax.Array:
+    """The decoder's self-attention mask: causal over positions, valid keys only. [B,T], [B,S], [B,S] ->
+    [B,1,T,S]. With the ablation switch model.ablation_causal='triu' a query sees itself and the future."""
+    if cfg.ablation_causal == "triu":
+        m = (k_positions[:, None, :] >= q_positions[:, :, None])[:, None]
+        return m if k_valid is None else m & k_valid[:, None, None, :]
+    return ops.position_causal_mask(q_positions, k_positions, k_valid)
 
 
 class Embedder(nnx.Module):
@@ -85,10 +96,13 @@ class Encoder(nnx.Module):
         self.layers = LayerStack(lambda r: EncoderBlock(cfg, rngs=r), cfg.num_encoder_layers, rngs=rngs)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
 
-    def __call__(self, x, *, mask, positions, rngs=None):
-        """x [B,S,D], mask [B,1,1|S,S], positions [B,S] -> memory [B,S,D]."""
-        x = self.layers(x, mask=mask, positions=positions, rngs=rngs)
-        return self.final_norm(x) if self.final_norm is not None else x
+    def __call__(self, x, *, mask, positions, rngs=None, return_weights: bool = False):
+        """x [B,S,D], mask [B,1,1|S,S], positions [B,S] -> memory [B,S,D]; with return_weights also
+        {"self": weights [L,B,N,S,S]}."""
+        out = self.layers(x, mask=mask, positions=positions, rngs=rngs, return_weights=return_weights)
+        x, ys = out if return_weights else (out, None)
+        x = self.final_norm(x) if self.final_norm is not None else x
+        return (x, ys) if return_weights else x
 
 
 class Decoder(nnx.Module):
@@ -99,11 +113,12 @@ class Decoder(nnx.Module):
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
 
     def __call__(self, x, *, rngs=None, per_layer=None, **kwargs):
-        """x [B,T,D] -> [B,T,D] (and the stacked per-layer cache when per_layer is given)."""
+        """x [B,T,D] -> [B,T,D] (and the blocks' stacked extra outputs [L,...]: the per-layer cache when
+        per_layer is given, the attention weights with return_weights=True)."""
         out = self.layers(x, rngs=rngs, per_layer=per_layer, **kwargs)
-        x, ys = out if per_layer is not None else (out, None)
+        x, ys = out if isinstance(out, tuple) else (out, None)
         x = self.final_norm(x) if self.final_norm is not None else x
-        return x if per_layer is None else (x, ys)
+        return x if ys is None else (x, ys)
 
 
 class Transformer(nnx.Module):
@@ -117,27 +132,43 @@ class Transformer(nnx.Module):
         self.encoder = Encoder(cfg, rngs=rngs)
         self.decoder = Decoder(cfg, cross=True, rngs=rngs)
 
-    def encode(self, src: jax.Array, *, rngs: nnx.Rngs | None = None) -> tuple[jax.Array, jax.Array]:
-        """src [B,S] tokens (pad = cfg.pad_id) -> (memory [B,S,D], src_mask [B,1,1,S])."""
+    def encode(self, src: jax.Array, *, rngs: nnx.Rngs | None = None, return_weights: bool = False):
+        """src [B,S] tokens (pad = cfg.pad_id) -> (memory [B,S,D], src_mask [B,1,1,S]); with return_weights
+        also the encoder's self-attention weights [L,B,N,S,S]."""
         src_mask = ops.padding_mask(src, self.cfg.pad_id)
         pos = default_positions(src)
         x = self.embed(src, pos, rngs)
-        return self.encoder(x, mask=src_mask, positions=pos, rngs=rngs), src_mask
+        out = self.encoder(x, mask=src_mask, positions=pos, rngs=rngs, return_weights=return_weights)
+        return (out[0], src_mask, out[1]["self"]) if return_weights else (out, src_mask)
 
     def decode(self, tgt: jax.Array, memory: jax.Array, src_mask: jax.Array, *,
-               rngs: nnx.Rngs | None = None) -> jax.Array:
-        """tgt [B,T] decoder input tokens, memory [B,S,D], src_mask [B,1,1,S] -> logits [B,T,V] (float32).
+               rngs: nnx.Rngs | None = None, return_weights: bool = False):
+        """tgt [B,T] decoder input tokens, memory [B,S,D], src_mask [B,1,1,S] -> logits [B,T,V] (float32);
+        with return_weights also {"self": [L,B,N,T,T], "cross": [L,B,N,T,S]} weights.
         Self-attention is causal and ignores padded target keys."""
         pos = default_positions(tgt)
-        mask = ops.combine_masks(ops.causal_mask(tgt.shape[1]), ops.padding_mask(tgt, self.cfg.pad_id))
+        mask = decoder_self_mask(self.cfg, pos, pos, tgt != self.cfg.pad_id)
         y = self.embed(tgt, pos, rngs)
-        y = self.decoder(y, mask=mask, positions=pos, memory=memory, memory_mask=src_mask, rngs=rngs)
-        return self.embed.logits(y)
+        y = self.decoder(y, mask=mask, positions=pos, memory=memory, memory_mask=src_mask, rngs=rngs,
+                         return_weights=return_weights)
+        return (self.embed.logits(y[0]), y[1]) if return_weights else self.embed.logits(y)
 
-    def __call__(self, src: jax.Array, tgt: jax.Array, *, rngs: nnx.Rngs | None = None) -> jax.Array:
-        """src [B,S], tgt [B,T] (teacher-forced decoder input) -> logits [B,T,V]."""
-        memory, src_mask = self.encode(src, rngs=rngs)
-        return self.decode(tgt, memory, src_mask, rngs=rngs)
+    def __call__(self, src: jax.Array, tgt: jax.Array, *, rngs: nnx.Rngs | None = None,
+                 return_weights: bool = False):
+        """src [B,S], tgt [B,T] (teacher-forced decoder input) -> logits [B,T,V]; with return_weights
+        (logits, `attention_weights`'s dict)."""
+        if not return_weights:
+            memory, src_mask = self.encode(src, rngs=rngs)
+            return self.decode(tgt, memory, src_mask, rngs=rngs)
+        memory, src_mask, enc = self.encode(src, rngs=rngs, return_weights=True)
+        logits, dec = self.decode(tgt, memory, src_mask, rngs=rngs, return_weights=True)
+        return logits, {"encoder_self": enc, "decoder_self": dec["self"], "decoder_cross": dec["cross"]}
+
+    def attention_weights(self, src: jax.Array, tgt: jax.Array) -> dict[str, jax.Array]:
+        """Every layer's attention weights (float32, a distribution over the visible keys; 0 on masked ones) for
+        src [B,S] and decoder input tgt [B,T]: {"encoder_self": [L,B,N,S,S], "decoder_self": [L,B,N,T,T],
+        "decoder_cross": [L,B,N,T,S]} (L layers, N heads, T queries, S keys)."""
+        return self(src, tgt, return_weights=True)[1]
 
 
 class TransformerLM(nnx.Module):
@@ -151,14 +182,20 @@ class TransformerLM(nnx.Module):
         self.decoder = Decoder(cfg, cross=False, rngs=rngs)
 
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
-                 rngs: nnx.Rngs | None = None) -> jax.Array:
+                 rngs: nnx.Rngs | None = None, return_weights: bool = False):
         """tokens [B,T] -> logits [B,T,V] (float32). positions [B,T] default 0..T-1; the mask is causal over
-        positions and ignores pad keys, so left-padded rows with shifted positions work unchanged."""
+        positions and ignores pad keys, so left-padded rows with shifted positions work unchanged.
+        With return_weights: (logits, `attention_weights`'s dict)."""
         pos = default_positions(tokens) if positions is None else positions
-        mask = ops.position_causal_mask(pos, pos, tokens != self.cfg.pad_id)
+        mask = decoder_self_mask(self.cfg, pos, pos, tokens != self.cfg.pad_id)
         x = self.embed(tokens, pos, rngs)
-        x = self.decoder(x, mask=mask, positions=pos, rngs=rngs)
-        return self.embed.logits(x)
+        x = self.decoder(x, mask=mask, positions=pos, rngs=rngs, return_weights=return_weights)
+        return (self.embed.logits(x[0]), {"self": x[1]["self"]}) if return_weights else self.embed.logits(x)
+
+    def attention_weights(self, tokens: jax.Array, *, positions: jax.Array | None = None) -> dict[str, jax.Array]:
+        """Every layer's causal self-attention weights for tokens [B,T] (float32, a distribution over the
+        visible keys; 0 on masked ones): {"self": [L,B,N,T,T]} (L layers, N heads, T queries and keys)."""
+        return self(tokens, positions=positions, return_weights=True)[1]
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer | TransformerLM:

@@ -30,7 +30,8 @@ class LayerStack(nnx.Module):
 
         per_layer: optional dict of keyword arguments whose leaves have a leading axis L (e.g. the KV cache), sliced
         per layer and passed to block i; then blocks return (x, y) and this returns (x, ys stacked over L).
-        kwargs are passed to every block unchanged.
+        kwargs are passed to every block unchanged. Whenever the blocks return (x, y) (per_layer, or a kwarg such
+        as return_weights=True), this returns (x, ys) with every leaf of y stacked on a leading axis L.
         rngs: a dropout stream (training); each layer gets its own key.
         """
         graphdef, state = nnx.split(self.blocks)
@@ -41,13 +42,12 @@ class LayerStack(nnx.Module):
             layer_state, key, extra = xs
             block = nnx.merge(graphdef, layer_state)
             r = nnx.Rngs(dropout=key) if key is not None else None
-            if extra is None:
-                return block(h, rngs=r, **kwargs), None
-            return block(h, rngs=r, **extra, **kwargs)
+            out = block(h, rngs=r, **(extra or {}), **kwargs)
+            return out if isinstance(out, tuple) else (out, None)
 
         x, ys = jax.lax.scan(body, x, (state, keys, per_layer))
         x = constrain(x, ACTIVATION)
-        return x if per_layer is None else (x, ys)
+        return x if ys is None else (x, ys)
 
     def map(self, fn):
         """Stacked results of fn(block) over the L blocks (e.g. each layer's cross-attention k/v)."""

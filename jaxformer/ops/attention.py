@@ -60,7 +60,8 @@ def _mix(w: jax.Array, v: jax.Array, single: bool) -> jax.Array:
 
 def dot_product_attention(q: jax.Array, k, v, *, mask: jax.Array | None = None,
                           bias: jax.Array | None = None, scale: float | None = None,
-                          return_weights: bool = False, backend: str = "reference"):
+                          return_weights: bool = False, backend: str = "reference",
+                          mask_value: float | None = None):
     """softmax(q·kᵀ·scale + bias, masked) · v.
 
     Args:
@@ -73,6 +74,9 @@ def dot_product_attention(q: jax.Array, k, v, *, mask: jax.Array | None = None,
       scale: logits scale, default 1/sqrt(H).
       return_weights: also return the attention weights [B,N,T,S] (float32).
       backend: "reference" (materialises the [B,N,T,S] logits; the one backend so far).
+      mask_value: for ablations only. None (always, otherwise): masked logits take float32's most negative
+        finite value and masked weights are exactly 0. A float: masked logits take that value and keep their
+        softmax weight (seed 004's masked_fill(..., 0) leaks this way).
 
     Returns:
       [B,T,N,H] in q's dtype, and the weights [B,N,T,S] when asked. Logits and softmax are float32;
@@ -98,9 +102,10 @@ def dot_product_attention(q: jax.Array, k, v, *, mask: jax.Array | None = None,
         if mask.dtype != jnp.bool_:
             raise TypeError(f"mask must be boolean (True = may attend); got dtype {mask.dtype}")
         mask = jnp.broadcast_to(mask, (b, n, t, s)).reshape(b, kh, g, t, s)
-        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+        fill = jnp.finfo(jnp.float32).min if mask_value is None else mask_value
+        logits = jnp.where(mask, logits, jnp.float32(fill))
     weights = jax.nn.softmax(logits, axis=-1)
-    if mask is not None:
+    if mask is not None and mask_value is None:
         weights = jnp.where(mask, weights, 0.0)  # all-masked rows: uniform -> zeros
     out, start = 0.0, 0
     for x, size in zip(vs, sizes):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import signal
 import sys
@@ -68,6 +69,9 @@ def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, pr
     (held-out metrics at "step"; empty after a signal unless that step evaluated), "examples" (decoded held-out
     rows; none after a signal), "workdir", "wall_s"}."""
     initialize(cfg.parallel)                       # multi-host: before any JAX computation
+    if cfg.model.ablations:
+        logging.getLogger("jaxformer").warning("ablation switches set, this model is wrong on purpose: %s",
+                                               ", ".join(cfg.model.ablations))
     run, plan = RunDir(workdir), Plan(cfg.parallel)
     with run.lock() if is_primary() else contextlib.nullcontext():
         p = prepare(cfg, run, plan)

@@ -1,0 +1,301 @@
+"""Sweeps: a grid (or an explicit list) of config values × seeds, each run a normal, resumable training run.
+
+A sweep file is a Python file with `get_sweep() -> Sweep` (configs/sweeps/ has the shipped ablations):
+
+    from jaxformer.sweep import Sweep
+    def get_sweep():
+        return Sweep(name="norm", base="configs/alice.py", set=("train.steps=300",),
+                     grid={"model.norm_position": ("post", "pre"), "model.num_decoder_layers": (2, 6)},
+                     seeds=(0, 1, 2), metrics={"held-out loss": "eval/loss"})
+
+Runs live in ROOT/NAME/ARM/seed-S (ROOT default runs/sweeps). Each is `jaxformer train BASE --set ...
+--workdir DIR`, followed by the sweep's extra held-out evaluations (`evals`), and ends by writing DIR/sweep.json;
+a run with that file (completed, or diverged: a non-finite loss) is finished and skipped on rerun, any other
+run resumes from its checkpoints. `jaxformer sweep FILE --run I` runs one run, which is also what `--jobs N`
+launches and what `--print-commands` prints for a scheduler (a SLURM job array: `--run $SLURM_ARRAY_TASK_ID`).
+`jaxformer report FILE` aggregates the runs (jaxformer.report).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import itertools
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from jaxformer.config import Config
+from jaxformer.configio import apply_overrides, load_config_file
+from jaxformer.errors import ConfigError, JaxformerError, NonFiniteLoss, SweepError
+
+FINISHED = ("completed", "diverged")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """A sweep: the base config, what varies, the seeds, and what the report shows.
+
+    grid: config key -> values; every combination is an arm. arms: an explicit list of arms, each a dict of
+    config key -> value (plus an optional "name"); with both, every explicit arm is crossed with the grid.
+    set: overrides common to every run. evals: extra held-out evaluations of each trained run, name ->
+    overrides of data.* (e.g. longer test strings); one that the model cannot run (e.g. positions past a
+    table's end) is recorded with its reason. metrics: report label -> spec (jaxformer.report.metric_value):
+    "SPLIT/KEY" (last logged value), "SPLIT/KEY<X" or ">X" (first step that crosses X), "evals:NAME/KEY",
+    "diverged". curves: "SPLIT/KEY" learning curves to plot; panels: a grid key, one subplot per value.
+    summary(report) and extra(report) return Markdown for the report (a verdict computed from the numbers;
+    extra figures)."""
+    name: str
+    base: str
+    seeds: tuple[int, ...] = (0, 1, 2)
+    grid: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    arms: tuple[dict, ...] = ()
+    set: tuple[str, ...] = ()
+    evals: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    metrics: dict[str, str] = dataclasses.field(default_factory=lambda: {"held-out loss": "eval/loss"})
+    curves: tuple[str, ...] = ("train/loss",)
+    panels: str | None = None
+    title: str = ""
+    doc: str = ""
+    summary: Callable[[Any], str] | None = None
+    extra: Callable[[Any], str] | None = None
+    source: str = ""                       # the sweep file (set by load_sweep)
+
+    def __post_init__(self):
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name or ""):
+            raise ConfigError(f"sweep name={self.name!r} must be a non-empty file-name-safe string")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"sweep seeds={self.seeds!r} must be a non-empty list of distinct integers")
+        for k, vs in self.grid.items():
+            if isinstance(vs, (str, bytes)) or not len(vs):
+                raise ConfigError(f"sweep grid[{k!r}]={vs!r} must be a non-empty list of values")
+        if self.panels is not None and self.panels not in self.grid:
+            raise ConfigError(f"sweep panels={self.panels!r} is not a grid key ({list(self.grid)})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    name: str                    # "norm_position=pre, num_decoder_layers=6"
+    values: dict                 # config key -> value
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.=-]+", "_", self.name.replace(", ", "__")) or "base"
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    index: int
+    arm: Arm
+    seed: int
+    workdir: Path
+    overrides: tuple[str, ...]
+
+    @property
+    def id(self) -> str:
+        return f"{self.arm.slug}/seed-{self.seed}"
+
+
+def _fmt(v) -> str:
+    return json.dumps(v) if isinstance(v, (tuple, list, dict)) or v is None else str(v)
+
+
+def arms(sweep: Sweep) -> list[Arm]:
+    """Every arm of the sweep, in order (explicit arms outermost, then the grid in key order)."""
+    explicit = [dict(a) for a in sweep.arms] or [{}]
+    keys = list(sweep.grid)
+    out = []
+    for a in explicit:
+        for combo in itertools.product(*(sweep.grid[k] for k in keys)):
+            values = {k: v for k, v in a.items() if k != "name"} | dict(zip(keys, combo))
+            parts = ([a["name"]] if "name" in a else [f"{k.split('.')[-1]}={_fmt(v)}" for k, v in a.items()])
+            parts += [f"{k.split('.')[-1]}={_fmt(v)}" for k, v in zip(keys, combo)]
+            out.append(Arm(", ".join(parts) or "base", values))
+    names = [a.name for a in out]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"sweep {sweep.name}: two arms share a name ({names}); give explicit arms a 'name'")
+    return out
+
+
+def runs(sweep: Sweep, root: str | Path = "runs/sweeps") -> list[Run]:
+    """Every run: arms × seeds, arm-major."""
+    out = []
+    for arm in arms(sweep):
+        for seed in sweep.seeds:
+            ov = tuple(sweep.set) + tuple(f"{k}={_fmt(v)}" for k, v in arm.values.items()) + (f"train.seed={seed}",)
+            out.append(Run(len(out), arm, seed, Path(root) / sweep.name / arm.slug / f"seed-{seed}", ov))
+    return out
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Import a sweep file and call its get_sweep(). Named errors for a missing or broken file."""
+    import importlib.util
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"sweep file {str(path)!r} does not exist")
+    spec = importlib.util.spec_from_file_location(f"_jaxformer_sweep_{path.stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+    except JaxformerError:
+        raise
+    except Exception as e:
+        raise SweepError(f"sweep file {str(path)!r} failed to load: {type(e).__name__}: {e}") from None
+    if not callable(getattr(mod, "get_sweep", None)):
+        raise SweepError(f"sweep file {str(path)!r} has no get_sweep() function")
+    sweep = mod.get_sweep()
+    if not isinstance(sweep, Sweep):
+        raise SweepError(f"get_sweep() in {str(path)!r} returned {type(sweep).__name__}, not a jaxformer Sweep")
+    return dataclasses.replace(sweep, source=str(path))
+
+
+def base_config(sweep: Sweep) -> Config:
+    """The base config: its path as given, else relative to a directory above the sweep file (a sweep in
+    configs/sweeps/ may name configs/alice.py from any working directory)."""
+    path = Path(sweep.base)
+    if not path.is_absolute() and not path.exists() and sweep.source:
+        for up in Path(sweep.source).resolve().parents:
+            if (up / path).exists():
+                path = up / path
+                break
+    return load_config_file(path)
+
+
+def check(sweep: Sweep, all_runs: list[Run]) -> None:
+    """Resolve every run's config once, up front: a bad key or value names the arm before anything trains."""
+    base = base_config(sweep)
+    for r in all_runs:
+        try:
+            apply_overrides(base, list(r.overrides))
+        except ConfigError as e:
+            raise ConfigError(f"sweep {sweep.name}, arm {r.arm.name!r}: {e}") from None
+
+
+def read_status(run: Run) -> dict | None:
+    p = run.workdir / "sweep.json"
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def finished(run: Run) -> bool:
+    st = read_status(run)
+    return st is not None and st.get("status") in FINISHED
+
+
+def run_one(sweep: Sweep, run: Run) -> dict:
+    """Train one run (resuming if it has checkpoints), then its extra evaluations; write RUN/sweep.json.
+    A non-finite loss finishes the run as "diverged". Returns the status dict."""
+    from jaxformer.train.loop import train
+    if finished(run):
+        return read_status(run)
+    cfg = apply_overrides(base_config(sweep), list(run.overrides))
+    t0 = time.perf_counter()
+    try:
+        out = train(cfg, run.workdir, progress="none")
+        status = {"status": "completed" if out["status"] == "completed" else "interrupted", "step": out["step"],
+                  "eval": out["eval"]}
+    except NonFiniteLoss as e:
+        status = {"status": "diverged", "error": str(e), "eval": {}}
+    if status["status"] == "completed":
+        status["evals"] = {name: _extra_eval(run, ov) for name, ov in sweep.evals.items()}
+    status.update(arm=run.arm.name, seed=run.seed, overrides=list(run.overrides),
+                  wall_s=time.perf_counter() - t0 + _earlier_wall(run))
+    if status["status"] == "interrupted":       # resumed later: its wall time so far counts then
+        (run.workdir / "sweep.partial").write_text(str(status["wall_s"]))
+    else:
+        tmp = run.workdir / "sweep.json.tmp"
+        tmp.write_text(json.dumps(status, indent=1))
+        os.replace(tmp, run.workdir / "sweep.json")
+    return status
+
+
+def _earlier_wall(run: Run) -> float:
+    """Wall time of earlier, interrupted attempts (kept in RUN/sweep.partial)."""
+    p = run.workdir / "sweep.partial"
+    try:
+        return float(p.read_text())
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _extra_eval(run: Run, overrides: tuple[str, ...]) -> dict:
+    """Evaluate the run's final model on a changed held-out set (data.* overrides)."""
+    from jaxformer.data import build_task
+    from jaxformer.runs import load_model
+    from jaxformer.train.evaluate import evaluate
+    try:
+        loaded = load_model(run.workdir, "latest")
+        cfg = apply_overrides(loaded.cfg, list(overrides))
+        task = build_task(cfg.data, loaded.tokenizer)
+        return evaluate(cfg, task, loaded.model)
+    except JaxformerError as e:                 # e.g. no position past model.max_len: a result, not a crash
+        return {"error": str(e)}
+
+
+def command(sweep: Sweep, run: Run) -> str:
+    return shlex.join(["jaxformer", "sweep", sweep.source, "--run", str(run.index), "--root",
+                       str(run.workdir.parents[2])])
+
+
+def select(all_runs: list[Run], which: list[str]) -> list[Run]:
+    """--run values: an index (0-based) or a run id ARM/seed-S."""
+    out = []
+    for w in which:
+        hit = [r for r in all_runs if (w.isdigit() and r.index == int(w)) or r.id == w]
+        if not hit:
+            raise SweepError(f"--run {w!r} is neither an index in [0, {len(all_runs)}) nor a run id of this sweep")
+        out += hit
+    return out
+
+
+def run_sweep(sweep: Sweep, root: str | Path = "runs/sweeps", jobs: int = 1, only: list[str] | None = None,
+              echo: Callable[[str], None] = print) -> dict[str, int]:
+    """Run every unfinished run (or the selected ones), one after another in this process, or `jobs` at a
+    time as child processes (`jaxformer sweep FILE --run I`, output in RUN/sweep.log). Returns counts per
+    status ("skipped" = finished before). SweepError at the end if any run failed."""
+    all_runs = runs(sweep, root)
+    check(sweep, all_runs)
+    todo = select(all_runs, only) if only else all_runs
+    counts: dict[str, int] = {}
+    pending = []
+    for r in todo:
+        if finished(r):
+            counts["skipped"] = counts.get("skipped", 0) + 1
+        else:
+            pending.append(r)
+    echo(f"sweep {sweep.name}: {len(all_runs)} runs, {len(todo) - len(pending)} finished before, "
+         f"{len(pending)} to run" + (f", {jobs} at a time" if jobs > 1 else ""))
+    failed = []
+    if jobs <= 1:
+        for r in pending:
+            echo(f"[{r.index + 1}/{len(all_runs)}] {r.id}")
+            st = run_one(sweep, r)
+            counts[st["status"]] = counts.get(st["status"], 0) + 1
+            if st["status"] == "interrupted":
+                raise KeyboardInterrupt
+    else:
+        def child(r: Run) -> tuple[Run, int]:
+            r.workdir.mkdir(parents=True, exist_ok=True)
+            argv = [sys.executable, "-m", "jaxformer.cli", "sweep", sweep.source, "--run", str(r.index),
+                    "--root", str(root)]
+            with open(r.workdir / "sweep.log", "a") as log:
+                return r, subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT).returncode
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            for r, rc in pool.map(child, pending):
+                st = read_status(r)
+                status = st["status"] if st else "failed"
+                counts[status] = counts.get(status, 0) + 1
+                echo(f"{r.id}: {status}" + (f" (exit {rc}, see {r.workdir / 'sweep.log'})" if rc else ""))
+                if status not in FINISHED:
+                    failed.append(r)
+    echo("sweep " + sweep.name + ": " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    if failed:
+        raise SweepError(f"{len(failed)} run(s) did not finish: " + ", ".join(r.id for r in failed))
+    return counts

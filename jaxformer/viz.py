@@ -1,0 +1,179 @@
+"""Attention heatmaps of a trained run: `jaxformer viz --workdir RUN [--prompt TEXT ...] [--which best|latest]
+[--out DIR]`.
+
+For each prompt, every layer's attention weights (`Transformer.attention_weights`,
+`TransformerLM.attention_weights`: the weights the attention op itself returns) are drawn as one PNG per layer
+and attention kind, the heads as a grid of subplots, rows = queries, columns = keys, one token per row/column.
+Encoder-decoder runs: encoder self-attention over the prompt (+ EOS), decoder self- and cross-attention for the
+decoder input BOS + the model's own greedy answer (without its EOS), so the axes show what the model produced.
+Decoder-only runs: the causal self-attention over the prompt.
+
+Files: OUT/prompt{i}-{kind}-layer{l}.png (kind: encoder_self, decoder_self, decoder_cross, or self), OUT defaults
+to RUN/viz/. Rendering uses matplotlib's Agg canvas directly (no pyplot, no global backend switch).
+Axis legend: L layers, N heads, T query length, S key length.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from jaxformer.decode import generate_seq2seq
+from jaxformer.errors import ConfigError, DataError
+from jaxformer.inference import _encode, _pad
+from jaxformer.runs import LoadedModel, load_model
+
+log = logging.getLogger("jaxformer")
+
+KINDS = {   # kind -> (title, query axis, key axis)
+    "encoder_self": ("encoder self-attention", "source (query)", "source (key)"),
+    "decoder_self": ("decoder self-attention", "decoder input (query)", "decoder input (key)"),
+    "decoder_cross": ("decoder cross-attention", "decoder input (query)", "source (key)"),
+    "self": ("self-attention", "prompt (query)", "prompt (key)"),
+}
+_READABLE = {" ": "␣", "\n": "⏎", "\t": "\\t", "\r": "\\r"}
+
+
+@dataclasses.dataclass
+class AttentionMaps:
+    """One prompt's attention: weights[kind] [L,N,T,S] float32 with the T query and S key token labels."""
+    prompt: str
+    answer: str | None                     # the greedy answer's token labels (encoder-decoder runs), else None
+    weights: dict[str, np.ndarray]
+    queries: dict[str, list[str]]
+    keys: dict[str, list[str]]
+
+
+def token_label(tokenizer, i: int) -> str:
+    """A readable label for one token id: <pad>/<bos>/<eos>, ␣ for a space, ⏎ for a newline, escapes otherwise."""
+    i = int(i)
+    for name in ("pad", "bos", "eos"):
+        if getattr(tokenizer, f"{name}_id", None) == i:
+            return f"<{name}>"
+    s = tokenizer.decode([i])
+    if not s:
+        return f"<{i}>"
+    return "".join(_READABLE.get(c, c if c.isprintable() else repr(c)[1:-1]) for c in s)
+
+
+def encode_prompt(run: LoadedModel, prompt: str) -> np.ndarray:
+    """A prompt's token ids as the model reads them (+ EOS for an encoder-decoder's source). DataError for a
+    character outside the vocabulary (or a non-digit for a digit task), an empty prompt, or one too long."""
+    tok, cfg = run.tokenizer, run.cfg.model
+    ids = _encode(tok, prompt)
+    if cfg.arch == "encoder_decoder":
+        ids = np.append(ids, tok.eos_id).astype(np.int32)
+    try:
+        cfg.check_length(len(ids), f"prompt {prompt[:40]!r}" + (" (with its EOS)" if cfg.arch == "encoder_decoder"
+                                                                 else ""))
+    except ConfigError as e:
+        raise DataError(str(e)) from None
+    return ids
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _weights(graphdef, state, *inputs):
+    return nnx.merge(graphdef, state).attention_weights(*inputs)
+
+
+def attention_maps(run: LoadedModel, prompts: list[str]) -> list[AttentionMaps]:
+    """Every layer's attention weights for each prompt. The prompts run as one right-padded batch (one compiled
+    program whatever their lengths); each prompt's maps are cut to its own tokens, which padding does not
+    change (padded keys get weight 0, padded queries are dropped)."""
+    tok, cfg = run.tokenizer, run.cfg.model
+    rows = [encode_prompt(run, p) for p in prompts]
+    src = _pad(rows, cfg.pad_id, left=False)
+    graphdef, state = nnx.split(run.model)
+    label = lambda xs: [token_label(tok, x) for x in xs]
+    if cfg.arch != "encoder_decoder":
+        w = np.asarray(_weights(graphdef, state, src)["self"])                          # [L,B,N,T,T]
+        return [AttentionMaps(p, None, {"self": w[:, b, :, :len(r), :len(r)]}, {"self": label(r)},
+                              {"self": label(r)}) for b, (p, r) in enumerate(zip(prompts, rows))]
+    width = src.shape[1]                                       # the answer's length (+ EOS) for reversal/copy
+    max_new = min(width, cfg.max_len - 1) if cfg.positional in ("sinusoidal", "learned") else width
+    out = np.asarray(generate_seq2seq(run.model, src, max_new=max_new, bos_id=tok.bos_id, eos_id=tok.eos_id))
+    answers = [o[: int(np.argmax(o == tok.eos_id))] if (o == tok.eos_id).any() else o for o in out]
+    tgts = [np.concatenate([[tok.bos_id], a[a != cfg.pad_id]]).astype(np.int32) for a in answers]
+    w = {k: np.asarray(v) for k, v in _weights(graphdef, state, src, _pad(tgts, cfg.pad_id, left=False)).items()}
+    maps = []
+    for b, (p, r, t) in enumerate(zip(prompts, rows, tgts)):
+        n, m = len(r), len(t)
+        maps.append(AttentionMaps(
+            p, "".join(label(t[1:])),
+            {"encoder_self": w["encoder_self"][:, b, :, :n, :n], "decoder_self": w["decoder_self"][:, b, :, :m, :m],
+             "decoder_cross": w["decoder_cross"][:, b, :, :m, :n]},
+            {"encoder_self": label(r), "decoder_self": label(t), "decoder_cross": label(t)},
+            {"encoder_self": label(r), "decoder_self": label(t), "decoder_cross": label(r)}))
+    return maps
+
+
+def plot_heads(w: np.ndarray, queries: list[str], keys: list[str], *, title: str, query_axis: str = "query",
+               key_axis: str = "key", dpi: int = 100) -> Figure:
+    """w [N,T,S] -> a figure of N heatmaps (a grid, up to 4 per row) on a shared 0..1 colour scale."""
+    n, t, s = w.shape
+    cols = min(n, 4)
+    rows = -(-n // cols)
+    cell = min(0.3, 7.0 / max(t, s))                      # inches per token; a head stays within ~7 inches
+    font = max(4.0, min(8.0, 26 * cell))
+    fig = Figure(figsize=(cols * (cell * s + 1.0) + 1.2, rows * (cell * t + 1.1) + 0.6), dpi=dpi,
+                 layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    image = None
+    for h, ax in enumerate(axes.flat):
+        if h >= n:
+            ax.set_axis_off()
+            continue
+        image = ax.imshow(w[h], vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest", aspect="equal")
+        ax.set_title(f"head {h}", fontsize=font + 1)
+        ax.set_xticks(range(s), keys, rotation=90, fontsize=font, parse_math=False)
+        ax.set_yticks(range(t), queries, fontsize=font, parse_math=False)
+        ax.tick_params(length=0)
+        if h % cols == 0:
+            ax.set_ylabel(query_axis, fontsize=font)
+        if h // cols == rows - 1:
+            ax.set_xlabel(key_axis, fontsize=font)
+    fig.colorbar(image, ax=axes, shrink=0.8).set_label("attention weight", fontsize=font)
+    fig.suptitle(title, fontsize=font + 2, parse_math=False)
+    return fig
+
+
+def write_maps(maps: AttentionMaps, index: int, out: Path, dpi: int = 100) -> list[Path]:
+    """One PNG per layer and kind of one prompt's maps, in `out` (created)."""
+    out.mkdir(parents=True, exist_ok=True)
+    shown = repr(maps.prompt) if len(maps.prompt) <= 60 else repr(maps.prompt[:57] + "...")
+    if maps.answer is not None:
+        shown += f" -> {maps.answer!r}"
+    paths = []
+    for kind, w in maps.weights.items():
+        name, q_axis, k_axis = KINDS[kind]
+        for layer in range(w.shape[0]):
+            fig = plot_heads(w[layer], maps.queries[kind], maps.keys[kind], dpi=dpi, query_axis=q_axis,
+                             key_axis=k_axis, title=f"{name}, layer {layer} — prompt {index}: {shown}")
+            path = out / f"prompt{index}-{kind}-layer{layer}.png"
+            fig.savefig(path, dpi=dpi)
+            paths.append(path)
+    return paths
+
+
+def write_heatmaps(workdir: str | Path, prompts: list[str] | None = None, which: str = "best",
+                   out: str | Path | None = None, *, dpi: int = 100) -> list[Path]:
+    """Restore a run's best (or latest) model and write its attention heatmaps for `prompts` (default: the
+    first held-out inputs, `jaxformer.cli.default_prompts`) into `out` (default RUN/viz/): one set of figures
+    per prompt, see the module docstring. -> the written paths, in order. Every prompt is checked before any
+    figure is written (a bad prompt raises DataError, naming it)."""
+    from jaxformer.cli import default_prompts
+    run = load_model(workdir, which)
+    prompts = list(prompts) if prompts else default_prompts(run)
+    maps = attention_maps(run, prompts)                 # checks every prompt before anything is written
+    out = Path(workdir) / "viz" if out is None else Path(out)
+    log.info("%s: %s checkpoint (step %d); heatmaps of %d prompt(s) into %s", workdir, run.which, run.step,
+             len(prompts), out)
+    return [path for i, m in enumerate(maps) for path in write_maps(m, i, out, dpi)]

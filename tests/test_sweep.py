@@ -1,0 +1,148 @@
+"""Sweeps and reports: a 2x2-arm x 2-seed grid on a tiny config, resumed and reported; named errors."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from helpers import ROOT, TINY_LM, records
+from jaxformer.cli import main
+from jaxformer.errors import ConfigError, SweepError
+from jaxformer.report import Report, metric_value, stat, write_report
+from jaxformer.sweep import load_sweep, run_sweep, runs
+from jaxformer.train.loop import train
+
+STEPS = 6
+
+
+def _sweep_file(tmp_path, name="grid", grid=None, extra="", evals=None):
+    grid = grid or {"optim.lr": (1e-3, 3e-3), "model.norm_position": ("post", "pre")}
+    common = tuple(TINY_LM) + (f"train.steps={STEPS}", "train.log_every=2", f"train.eval_every={STEPS}",
+                                f"train.checkpoint_every={STEPS}", "train.num_examples=0")
+    text = textwrap.dedent(f"""
+        from jaxformer.sweep import Sweep
+        def get_sweep():
+            return Sweep(name={name!r}, base={str(ROOT / 'configs/alice.py')!r}, set={common!r}, grid={grid!r},
+                         seeds=(0, 1), evals={evals or {}!r}, panels={"model.norm_position" if "model.norm_position" in grid else None!r},
+                         metrics={{"loss": "eval/loss", "steps to < 9": "train/loss<9", "first": "train/loss@first",
+                                   "diverged": "diverged", "failed": "failed:train/loss>9"{extra}}})
+        """)
+    p = tmp_path / f"{name}.py"
+    p.write_text(text)
+    return p
+
+
+def test_grid_runs_resume_skip_and_report(tmp_path, capsys):
+    path = _sweep_file(tmp_path, evals={"half": ("data.eval_fraction=0.5",)}, extra=', "half": "evals:half/loss"')
+    sweep, root = load_sweep(path), tmp_path / "runs"
+    rs = runs(sweep, root)
+    assert len(rs) == 8 and len({r.workdir for r in rs}) == 8
+    assert [r.arm.name for r in rs[:2]] == ["lr=0.001, norm_position=post"] * 2 and [r.seed for r in rs[:2]] == [0, 1]
+    # a run interrupted before the sweep: the sweep resumes it from its checkpoint instead of restarting it
+    from jaxformer.configio import apply_overrides, load_config_file
+    cfg = apply_overrides(load_config_file(sweep.base), list(rs[3].overrides))
+    train(cfg, rs[3].workdir, stop_after=2, progress="none")
+    # two runs first (as a job array would), then the whole sweep: the two are skipped
+    assert main(["sweep", str(path), "--root", str(root), "--run", "0", "--run", rs[1].id]) == 0
+    counts = run_sweep(sweep, root, echo=lambda m: None)
+    assert counts == {"skipped": 2, "completed": 6}
+    assert run_sweep(sweep, root, echo=lambda m: None) == {"skipped": 8}
+    steps3 = [r["step"] for r in records(rs[3].workdir) if r["split"] == "train"]
+    assert steps3 == [2, 4, 6], steps3                    # one history: resumed at step 2, not restarted
+    for r in rs:
+        st = json.loads((r.workdir / "sweep.json").read_text())
+        assert st["status"] == "completed" and st["seed"] == r.seed and math.isfinite(st["evals"]["half"]["loss"])
+        assert f"train.seed={r.seed}" in st["overrides"]
+    # seeds differ, arms differ: the runs are not copies of each other
+    losses = [json.loads((r.workdir / "sweep.json").read_text())["eval"]["loss"] for r in rs]
+    assert len(set(losses)) == 8
+
+    out = tmp_path / "docs"
+    md = write_report(sweep, root, out)
+    text = md.read_text()
+    assert f"jaxformer sweep {path}" in text and "cores" in text and "8 runs" in text
+    for arm in ("lr=0.001, norm_position=post", "lr=0.003, norm_position=pre"):
+        assert f"| {arm} |" in text
+    assert (out / "grid_curve_train_loss.png").stat().st_size > 1000 and (out / "grid_final.png").exists()
+    rows = list(csv.DictReader((out / "grid_runs.csv").open()))
+    assert len(rows) == 8 and {r["status"] for r in rows} == {"completed"}
+    arms = list(csv.DictReader((out / "grid_arms.csv").open()))
+    loss0 = [r for r in arms if r["arm"] == "lr=0.001, norm_position=post" and r["metric"] == "loss"][0]
+    vals = [float(r["loss"]) for r in rows if r["arm"] == "lr=0.001, norm_position=post"]
+    assert float(loss0["mean"]) == pytest.approx(sum(vals) / 2) and int(loss0["n"]) == 2
+    assert float(loss0["ci95_lo"]) < float(loss0["mean"]) < float(loss0["ci95_hi"])
+    events = list((root / "grid" / "hparams").rglob("events.out.tfevents*"))
+    assert len(events) >= 8                                     # one HParams entry per run
+
+
+def test_jobs_run_as_child_processes_and_print_commands(tmp_path, capsys):
+    path = _sweep_file(tmp_path, name="jobs", grid={"optim.lr": (1e-3,)})
+    sweep, root = load_sweep(path), tmp_path / "runs"
+    assert main(["sweep", str(path), "--root", str(root), "--print-commands"]) == 0
+    cmds = capsys.readouterr().out.strip().splitlines()
+    assert len(cmds) == 2 and all(c.startswith("jaxformer sweep ") and "--run" in c for c in cmds)
+    assert run_sweep(sweep, root, jobs=2, echo=lambda m: None) == {"completed": 2}
+    assert all((r.workdir / "sweep.log").exists() for r in runs(sweep, root))
+    # the printed command is what a scheduler runs; on a finished run it does nothing
+    argv = cmds[0].split()
+    rc = subprocess.run([sys.executable, "-m", "jaxformer.cli", *argv[1:]], capture_output=True, text=True)
+    assert rc.returncode == 0 and "1 finished before, 0 to run" in rc.stdout, rc.stdout + rc.stderr
+
+
+def test_metric_specs_and_statistics():
+    recs = [{"step": 2, "split": "train", "loss": 4.0}, {"step": 4, "split": "train", "loss": 2.0},
+            {"step": 4, "split": "eval", "loss": 2.5}]
+    done, bad = {"status": "completed", "evals": {"x": {"loss": 1.0}, "y": {"error": "too long"}}}, {"status": "diverged"}
+    assert metric_value("train/loss", done, recs) == 2.0 and metric_value("train/loss@first", done, recs) == 4.0
+    assert metric_value("train/loss@min", done, recs) == 2.0 and metric_value("train/loss@max", done, recs) == 4.0
+    assert metric_value("train/loss<3", done, recs) == 4.0 and metric_value("train/loss<1", done, recs) is None
+    assert metric_value("evals:x/loss", done, recs) == 1.0 and metric_value("evals:y/loss", done, recs) == "too long"
+    assert metric_value("train/loss", bad, recs) is None and metric_value("diverged", bad, recs) == 1.0
+    assert metric_value("failed:train/loss>3", bad, recs) == 1.0 and metric_value("failed:train/loss>3", done, recs) == 0
+    assert metric_value("eval/loss", None, recs) is None
+    with pytest.raises(SweepError, match="not SPLIT/KEY"):
+        metric_value("loss", done, recs)
+    s = stat([1.0, 2.0, 3.0, None])
+    # mean 2, std 1, t(0.975, 2) = 4.303: interval 2 ± 4.303/sqrt(3)
+    assert (s.n, s.total, s.mean, s.std) == (3, 4, 2.0, 1.0)
+    assert s.hi - s.mean == pytest.approx(4.302653 / math.sqrt(3), rel=1e-5) and s.mean - s.lo == pytest.approx(s.hi - s.mean)
+    assert stat([None, float("nan")]) is None and stat([5.0]).lo == 5.0
+
+
+def test_bad_sweeps_are_named_errors(tmp_path, capsys):
+    (tmp_path / "broken.py").write_text("def get_sweep(:\n")
+    (tmp_path / "nothing.py").write_text("x = 1\n")
+    for f, msg in (("missing.py", "does not exist"), ("broken.py", "SyntaxError"), ("nothing.py", "no get_sweep")):
+        assert main(["sweep", str(tmp_path / f)]) == 2
+        assert msg in capsys.readouterr().out
+    bad = _sweep_file(tmp_path, name="bad", grid={"model.d_model": (31,)})
+    assert main(["sweep", str(bad), "--root", str(tmp_path / "r")]) == 2
+    out = capsys.readouterr().out
+    assert "arm 'd_model=31'" in out and "model.d_model=31" in out and not (tmp_path / "r").exists()
+    ok = _sweep_file(tmp_path, name="ok", grid={"optim.lr": (1e-3,)})
+    assert main(["sweep", str(ok), "--root", str(tmp_path / "r"), "--run", "7"]) == 2
+    assert "--run '7'" in capsys.readouterr().out
+    assert main(["report", str(ok), "--root", str(tmp_path / "r"), "--out", str(tmp_path / "d")]) == 2
+    assert "no finished run" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="seeds"):
+        from jaxformer.sweep import Sweep
+        Sweep(name="x", base="b", seeds=())
+    with pytest.raises(ConfigError, match="panels"):
+        Sweep(name="x", base="b", grid={"optim.lr": (1,)}, panels="model.d_model")
+
+
+def test_shipped_sweeps_load_and_resolve():
+    """Every shipped sweep file loads and every one of its runs has a valid config (nothing trains)."""
+    from jaxformer.sweep import check
+    files = sorted((ROOT / "configs/sweeps").glob("*.py"))
+    assert len(files) >= 6
+    for f in files:
+        sweep = load_sweep(f)
+        rs = runs(sweep)
+        assert len(sweep.seeds) >= 3 and rs
+        check(sweep, rs)

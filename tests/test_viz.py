@@ -1,0 +1,149 @@
+"""Attention weights and `jaxformer viz`: the weights a model returns are a distribution over its visible keys,
+requesting them changes no logit, each layer's slice is that layer's own attention, and the command draws one
+PNG per prompt, layer and attention kind, or names what is wrong with its run directory or prompt."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from helpers import tiny_lm, tiny_reverse
+
+from jaxformer import ops
+from jaxformer.cli import main as cli_main
+from jaxformer.nn import build_model
+from jaxformer.nn.models import decoder_self_mask, default_positions
+from jaxformer.train.loop import train
+
+TOL = 128 * float(jnp.finfo(jnp.float32).eps)     # float32 rounding of a few matmuls and a softmax, weights in [0, 1]
+SRC = np.array([[4, 5, 6, 7, 2, 0, 0], [8, 9, 2, 0, 0, 0, 0]], np.int32)          # digits + EOS, right-padded
+TGT = np.array([[1, 7, 6, 5, 4, 0], [1, 9, 8, 0, 0, 0]], np.int32)                # BOS + answer, right-padded
+TOKENS = np.array([[3, 4, 5, 6, 0, 0], [3, 4, 5, 6, 7, 8]], np.int32)
+
+
+@pytest.fixture(scope="module")
+def models():
+    """A 2+2-layer pre-LN encoder-decoder with grouped-query attention and a 2-layer post-LN RoPE LM."""
+    s2s = build_model(tiny_reverse("model.num_encoder_layers=2", "model.num_decoder_layers=2", "model.num_heads=4",
+                                   "model.num_kv_heads=2").model)
+    lm = build_model(tiny_lm("model.vocab_size=12", "model.num_decoder_layers=2", "model.positional=rope").model)
+    return s2s, lm
+
+
+def visible(mask, shape):
+    return np.broadcast_to(np.asarray(mask), shape)
+
+
+def test_weights_are_distributions_over_the_visible_keys(models):
+    s2s, lm = models
+    w = {k: np.asarray(v) for k, v in s2s.attention_weights(SRC, TGT).items()}
+    b, s, t = *SRC.shape, TGT.shape[1]
+    assert {k: v.shape for k, v in w.items()} == {"encoder_self": (2, b, 4, s, s), "decoder_self": (2, b, 4, t, t),
+                                                  "decoder_cross": (2, b, 4, t, s)}
+    src_keys = (SRC != 0)[None, :, None, None, :]
+    tpos = np.arange(t)
+    causal = (tpos[None, :] <= tpos[:, None])[None, None, None] & (TGT != 0)[None, :, None, None, :]
+    lw = np.asarray(lm.attention_weights(TOKENS)["self"])
+    n = TOKENS.shape[1]
+    lm_causal = (np.arange(n)[None, :] <= np.arange(n)[:, None])[None, None, None] & (TOKENS != 0)[None, :, None, None]
+    for x, ok in [(w["encoder_self"], src_keys), (w["decoder_cross"], src_keys), (w["decoder_self"], causal),
+                  (lw, lm_causal)]:
+        assert x.dtype == np.float32 and (x >= 0).all()
+        np.testing.assert_allclose(x.sum(-1), 1.0, atol=TOL)            # every query sees at least one key
+        assert (x[~visible(ok, x.shape)] == 0).all()                    # masked / padded / future keys: exactly 0
+    assert (np.triu(lw[..., :, :], 1) == 0).all()                     # causal: nothing above the diagonal
+
+
+def test_requesting_weights_changes_no_logit_and_works_under_jit(models):
+    s2s, lm = models
+    for model, args in [(s2s, (SRC, TGT)), (lm, (TOKENS,))]:
+        plain = np.asarray(model(*args))
+        logits, weights = model(*args, return_weights=True)
+        np.testing.assert_allclose(np.asarray(logits), plain, rtol=TOL, atol=TOL * np.abs(plain).max())
+        graph, state = nnx.split(model)
+        jitted = jax.jit(lambda st, *a: nnx.merge(graph, st).attention_weights(*a))(state, *args)
+        for k, v in weights.items():
+            np.testing.assert_allclose(np.asarray(jitted[k]), np.asarray(v), atol=TOL)
+
+
+def _pre(residual, x):
+    return residual.norm(x) if residual.pre else x
+
+
+def test_each_layers_weights_are_that_layers_own_attention(models):
+    s2s, lm = models
+    cfg, got = s2s.cfg, s2s.attention_weights(SRC, TGT)
+    src_mask, pos = ops.padding_mask(jnp.asarray(SRC), cfg.pad_id), default_positions(SRC)
+    x = s2s.embed(jnp.asarray(SRC), pos)
+    for i in range(cfg.num_encoder_layers):
+        blk = s2s.encoder.layers.layer(i)
+        _, w = blk.self_attn(_pre(blk.res_attn, x), mask=src_mask, q_positions=pos, return_weights=True)
+        np.testing.assert_allclose(np.asarray(got["encoder_self"][i]), np.asarray(w), atol=TOL)
+        x = blk(x, mask=src_mask, positions=pos)
+    memory = s2s.encoder.final_norm(x) if s2s.encoder.final_norm is not None else x
+    tpos = default_positions(TGT)
+    mask = decoder_self_mask(cfg, tpos, tpos, jnp.asarray(TGT) != cfg.pad_id)
+    h = s2s.embed(jnp.asarray(TGT), tpos)
+    for i in range(cfg.num_decoder_layers):
+        blk = s2s.decoder.layers.layer(i)
+        _, ws = blk.self_attn(_pre(blk.res_self, h), mask=mask, q_positions=tpos, return_weights=True)
+        h1, _ = blk.res_self(h, lambda y: blk.self_attn(y, mask=mask, q_positions=tpos), None)
+        _, wc = blk.cross_attn(_pre(blk.res_cross, h1), memory, mask=src_mask, return_weights=True)
+        np.testing.assert_allclose(np.asarray(got["decoder_self"][i]), np.asarray(ws), atol=TOL)
+        np.testing.assert_allclose(np.asarray(got["decoder_cross"][i]), np.asarray(wc), atol=TOL)
+        h = blk(h, mask=mask, positions=tpos, memory=memory, memory_mask=src_mask)
+
+    got = lm.attention_weights(TOKENS)["self"]
+    pos = default_positions(TOKENS)
+    mask = decoder_self_mask(lm.cfg, pos, pos, jnp.asarray(TOKENS) != lm.cfg.pad_id)
+    h = lm.embed(jnp.asarray(TOKENS), pos)
+    for i in range(lm.cfg.num_decoder_layers):
+        blk = lm.decoder.layers.layer(i)
+        _, ws = blk.self_attn(_pre(blk.res_self, h), mask=mask, q_positions=pos, return_weights=True)
+        np.testing.assert_allclose(np.asarray(got[i]), np.asarray(ws), atol=TOL)
+        h = blk(h, mask=mask, positions=pos)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two runs trained for 2 steps: a 1+1-layer encoder-decoder (reversal) and a 1-layer char LM."""
+    root = tmp_path_factory.mktemp("viz-runs")
+    short = ["train.steps=2", "train.log_every=2", "train.eval_every=2", "train.checkpoint_every=2",
+             "train.num_examples=0"]
+    train(tiny_reverse(*short), root / "s2s", progress="none")
+    train(tiny_lm(*short), root / "lm", progress="none")
+    return root / "s2s", root / "lm"
+
+
+def _pngs(paths):
+    return all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+def test_viz_writes_one_png_per_prompt_layer_and_kind(runs, tmp_path, capsys):
+    s2s, lm = runs
+    assert cli_main(["viz", "--workdir", str(s2s), "--prompt", "123", "--prompt", "98765"]) == 0
+    want = {f"prompt{i}-{k}-layer0.png" for i in (0, 1) for k in ("encoder_self", "decoder_self", "decoder_cross")}
+    assert {p.name for p in (s2s / "viz").iterdir()} == want and _pngs((s2s / "viz").iterdir())
+    out = capsys.readouterr().out
+    assert "6 attention heatmap(s) written" in out and str(s2s / "viz" / "prompt1-decoder_cross-layer0.png") in out
+
+    assert cli_main(["viz", "--workdir", str(lm), "--which", "latest", "--out", str(tmp_path / "o")]) == 0
+    written = sorted(p.name for p in (tmp_path / "o").iterdir())      # default prompts: three held-out inputs
+    assert written == [f"prompt{i}-self-layer0.png" for i in range(3)] and _pngs((tmp_path / "o").iterdir())
+    assert not (lm / "viz").exists()
+
+
+def test_bad_run_directories_and_prompts_are_named_errors(runs, tmp_path, capsys):
+    s2s, lm = runs
+    (tmp_path / "corrupt").mkdir()
+    (tmp_path / "corrupt" / "config.json").write_text("{not json")
+    cases = [(["--workdir", str(tmp_path / "missing")], "config error", "is not a run directory"),
+             (["--workdir", str(tmp_path)], "config error", "no config.json"),
+             (["--workdir", str(tmp_path / "corrupt")], "config error", "is unreadable"),
+             (["--workdir", str(s2s), "--prompt", "123", "--prompt", "12a"], "data error", "strings of digits"),
+             (["--workdir", str(s2s), "--prompt", "1" * 40], "data error", "exceeds model.max_len=32"),
+             (["--workdir", str(lm), "--prompt", "Alice€"], "data error", "outside the tokenizer's vocabulary")]
+    for args, label, message in cases:
+        assert cli_main(["viz", *args, "--out", str(tmp_path / "never")]) == 2, args
+        out = capsys.readouterr().out.replace("\n", " ")
+        assert f"{label}:" in out and message in out and "Traceback" not in out, (args, out)
+    assert not (tmp_path / "never").exists()          # every prompt is checked before anything is written
