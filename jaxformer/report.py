@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from jaxformer.errors import SweepError
-from jaxformer.sweep import Arm, Run, Sweep, read_status, runs
+from jaxformer.sweep import Arm, Run, Sweep, finished, read_status, runs
 
 _SPEC = re.compile(r"^(?P<split>[A-Za-z_]+)/(?P<key>[A-Za-z_0-9.]+)(?:(?P<op>[<>])(?P<x>[-+0-9.eE]+)|@(?P<at>first|min|max))?$")
 
@@ -132,7 +132,7 @@ class Report:
         self.sweep, self.root, self.out = sweep, Path(root), Path(out)
         self.runs: list[Run] = runs(sweep, root)
         self.arms: list[Arm] = _unique_arms(self.runs)
-        self.status = {r.id: read_status(r) for r in self.runs}
+        self.status = {r.id: read_status(r) if finished(r) else None for r in self.runs}
         self.records = {r.id: read_metrics(r.workdir) for r in self.runs}
         missing = [r.id for r in self.runs if self.status[r.id] is None]
         if len(missing) == len(self.runs):

@@ -14,6 +14,10 @@ a run with that file (completed, or diverged: a non-finite loss) is finished and
 run resumes from its checkpoints. `jaxformer sweep FILE --run I` runs one run, which is also what `--jobs N`
 launches and what `--print-commands` prints for a scheduler (a SLURM job array: `--run $SLURM_ARRAY_TASK_ID`).
 `jaxformer report FILE` aggregates the runs (jaxformer.report).
+
+Small runs spend most of their time compiling, and the runs of one arm compile the same programs (the seed is
+an argument of each, not a constant): unless JAX already has a persistent compilation cache configured, a
+sweep uses ROOT/.jax-cache, so every seed after the first, and every rerun, loads its programs from disk.
 """
 from __future__ import annotations
 
@@ -185,8 +189,16 @@ def read_status(run: Run) -> dict | None:
 
 
 def finished(run: Run) -> bool:
+    """The run has its sweep.json (completed or diverged). SweepError if that run was made with other
+    overrides: the sweep file changed under finished runs, whose results would otherwise be mixed in."""
     st = read_status(run)
-    return st is not None and st.get("status") in FINISHED
+    if st is None or st.get("status") not in FINISHED:
+        return False
+    if st.get("overrides") != list(run.overrides):
+        raise SweepError(f"{run.workdir} was run with other overrides than the sweep file now gives "
+                         f"({' '.join(st.get('overrides', []))} vs {' '.join(run.overrides)}); rename the sweep or "
+                         f"move its runs away")
+    return True
 
 
 def run_one(sweep: Sweep, run: Run) -> dict:
@@ -255,6 +267,14 @@ def select(all_runs: list[Run], which: list[str]) -> list[Run]:
     return out
 
 
+def use_compilation_cache(root: str | Path) -> None:
+    """Point JAX's persistent compilation cache at ROOT/.jax-cache unless one is configured already."""
+    import jax
+    if jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", str(Path(root).resolve() / ".jax-cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
 def run_sweep(sweep: Sweep, root: str | Path = "runs/sweeps", jobs: int = 1, only: list[str] | None = None,
               echo: Callable[[str], None] = print) -> dict[str, int]:
     """Run every unfinished run (or the selected ones), one after another in this process, or `jobs` at a
@@ -262,6 +282,7 @@ def run_sweep(sweep: Sweep, root: str | Path = "runs/sweeps", jobs: int = 1, onl
     status ("skipped" = finished before). SweepError at the end if any run failed."""
     all_runs = runs(sweep, root)
     check(sweep, all_runs)
+    use_compilation_cache(root)
     todo = select(all_runs, only) if only else all_runs
     counts: dict[str, int] = {}
     pending = []

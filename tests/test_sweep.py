@@ -38,7 +38,8 @@ def _sweep_file(tmp_path, name="grid", grid=None, extra="", evals=None):
 
 
 def test_grid_runs_resume_skip_and_report(tmp_path, capsys):
-    path = _sweep_file(tmp_path, evals={"half": ("data.eval_fraction=0.5",)}, extra=', "half": "evals:half/loss"')
+    path = _sweep_file(tmp_path, evals={"half": ("data.eval_fraction=0.5",), "long": ("data.block_size=200",)},
+                       extra=', "half": "evals:half/loss", "long": "evals:long/loss"')
     sweep, root = load_sweep(path), tmp_path / "runs"
     rs = runs(sweep, root)
     assert len(rs) == 8 and len({r.workdir for r in rs}) == 8
@@ -68,6 +69,7 @@ def test_grid_runs_resume_skip_and_report(tmp_path, capsys):
     assert f"jaxformer sweep {path}" in text and "cores" in text and "8 runs" in text
     for arm in ("lr=0.001, norm_position=post", "lr=0.003, norm_position=pre"):
         assert f"| {arm} |" in text
+    assert "n/a: data length 200 exceeds model.max_len=100" in text      # a table PE past its end: reported
     assert (out / "grid_curve_train_loss.png").stat().st_size > 1000 and (out / "grid_final.png").exists()
     rows = list(csv.DictReader((out / "grid_runs.csv").open()))
     assert len(rows) == 8 and {r["status"] for r in rows} == {"completed"}
@@ -78,6 +80,10 @@ def test_grid_runs_resume_skip_and_report(tmp_path, capsys):
     assert float(loss0["ci95_lo"]) < float(loss0["mean"]) < float(loss0["ci95_hi"])
     events = list((root / "grid" / "hparams").rglob("events.out.tfevents*"))
     assert len(events) >= 8                                     # one HParams entry per run
+    # the sweep file changes under finished runs: refused, naming the run, rather than mixing results
+    path.write_text(path.read_text().replace("train.log_every=2", "train.log_every=3"))
+    with pytest.raises(SweepError, match="other overrides"):
+        run_sweep(load_sweep(path), root, echo=lambda m: None)
 
 
 def test_jobs_run_as_child_processes_and_print_commands(tmp_path, capsys):

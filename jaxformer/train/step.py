@@ -55,8 +55,8 @@ class Graphs(NamedTuple):
     opt: nnx.GraphDef
 
 
-def _build(cfg: Config):
-    model = build_model(cfg.model, seed=cfg.train.seed)
+def _build(cfg: Config, key: jax.Array | None = None):
+    model = build_model(cfg.model, seed=cfg.train.seed if key is None else key)
     opt = nnx.Optimizer(model, optimizer(cfg.optim, cfg.train.steps, matrix_mask(model)), wrt=nnx.Param)
     return model, opt
 
@@ -84,10 +84,13 @@ def shardings_of(state):
 
 def init_state(cfg: Config, plan: Plan | None = None) -> tuple[Graphs, dict]:
     """A fresh training state for a resolved config (model.vocab_size filled in): (graphs, state).
-    One jitted init: under a plan its outputs are created directly in their shards."""
+    One jitted init: under a plan its outputs are created directly in their shards. The seed is an argument,
+    not a constant of the program, so runs that differ only in train.seed compile the same program (a
+    persistent compilation cache then serves every seed after the first)."""
     graphs, abstract = abstract_state(cfg, plan)
     out = shardings_of(abstract) if plan is not None else None
-    return graphs, jax.jit(lambda: _split(*_build(cfg))[1], out_shardings=out)()
+    init = jax.jit(lambda key: _split(*_build(cfg, key))[1], out_shardings=out)
+    return graphs, init(jax.random.key(cfg.train.seed))
 
 
 def token_losses(logits: jax.Array, targets: jax.Array, pad_id: int, label_smoothing: float = 0.0):
