@@ -87,7 +87,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from jaxformer.inference import generate_text
+    from jaxformer.inference import default_prompts, generate_text
     from jaxformer.runs import load_model
     run = load_model(args.workdir, args.which)
     prompts = args.prompt or default_prompts(run)
@@ -110,16 +110,6 @@ def cmd_viz(args) -> int:
     for p in paths:
         console.print(str(p), markup=False, highlight=False)
     return 0
-
-
-def default_prompts(run) -> list[str]:
-    """Three held-out inputs of the run's task (an LM gets their first half)."""
-    from jaxformer.data import build_task
-    task = build_task(run.cfg.data, run.tokenizer)
-    tok = task.tokenizer
-    if task.kind == "seq2seq":
-        return [tok.decode(s) for s in task.eval["src"][:3]]
-    return [tok.decode(x[: max(1, len(x) // 2)]) for x in task.eval["inputs"][:3]]
 
 
 def cmd_params(args) -> int:

@@ -17,7 +17,8 @@ from jaxformer.decode import beam_search, generate_lm, generate_seq2seq
 from jaxformer.runs import LoadedModel
 
 
-def _encode(tokenizer, prompt: str) -> np.ndarray:
+def prompt_ids(tokenizer, prompt: str) -> np.ndarray:
+    """A text prompt's token ids [n]. DataError for a non-digit prompt of a digit-task run or an empty one."""
     if isinstance(tokenizer, DigitTokenizer):
         if not prompt.isdigit():
             raise DataError(f"prompt {prompt!r}: a digit-task run takes strings of digits 0-9")
@@ -27,7 +28,8 @@ def _encode(tokenizer, prompt: str) -> np.ndarray:
     return tokenizer.encode(prompt)
 
 
-def _pad(rows: list[np.ndarray], pad_id: int, left: bool) -> np.ndarray:
+def pad_rows(rows: list[np.ndarray], pad_id: int, left: bool) -> np.ndarray:
+    """Rows of ids -> one [B, longest] int32 batch, padded on the left (LM prompts) or the right."""
     width = max(len(r) for r in rows)
     out = np.full((len(rows), width), pad_id, np.int32)
     for i, r in enumerate(rows):
@@ -38,6 +40,16 @@ def _pad(rows: list[np.ndarray], pad_id: int, left: bool) -> np.ndarray:
     return out
 
 
+def default_prompts(run: LoadedModel) -> list[str]:
+    """Three held-out inputs of the run's task (an LM gets their first half)."""
+    from jaxformer.data import build_task
+    task = build_task(run.cfg.data, run.tokenizer)
+    tok = task.tokenizer
+    if task.kind == "seq2seq":
+        return [tok.decode(s) for s in task.eval["src"][:3]]
+    return [tok.decode(x[: max(1, len(x) // 2)]) for x in task.eval["inputs"][:3]]
+
+
 def generate_text(run: LoadedModel, prompts: list[str], *, max_new: int | None = None, temperature: float = 0.0,
                   top_k: int = 0, top_p: float = 1.0, beam: int = 1, seed: int = 0) -> list[str]:
     """Decode a batch of text prompts in one compiled call. Seq2seq runs: the answer to each prompt (up to
@@ -46,10 +58,10 @@ def generate_text(run: LoadedModel, prompts: list[str], *, max_new: int | None =
     if not prompts:
         raise DataError("no prompts given")
     tok, cfg = run.tokenizer, run.cfg.model
-    rows = [_encode(tok, p) for p in prompts]
+    rows = [prompt_ids(tok, p) for p in prompts]
     key = jax.random.key(seed)
     if cfg.arch == "encoder_decoder":
-        src = _pad([np.append(r, tok.eos_id) for r in rows], tok.pad_id, left=False)
+        src = pad_rows([np.append(r, tok.eos_id) for r in rows], tok.pad_id, left=False)
         max_new = src.shape[1] if max_new is None else max_new
         if beam > 1:
             out = beam_search(run.model, src, max_new=max_new, bos_id=tok.bos_id, eos_id=tok.eos_id, beam=beam)
@@ -59,7 +71,7 @@ def generate_text(run: LoadedModel, prompts: list[str], *, max_new: int | None =
     else:
         if beam > 1:
             raise ConfigError(f"beam={beam}: beam search is implemented for encoder-decoder runs only")
-        src = _pad(rows, cfg.pad_id, left=True)
+        src = pad_rows(rows, cfg.pad_id, left=True)
         max_new = max(1, min(200, cfg.max_len - src.shape[1])) if max_new is None else max_new
         out = generate_lm(run.model, src, max_new=max_new, key=key, temperature=temperature, top_k=top_k,
                           top_p=top_p)

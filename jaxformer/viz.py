@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 
 from jaxformer.decode import generate_seq2seq
 from jaxformer.errors import ConfigError, DataError
-from jaxformer.inference import _encode, _pad
+from jaxformer.inference import default_prompts, pad_rows, prompt_ids
 from jaxformer.runs import LoadedModel, load_model
 
 log = logging.getLogger("jaxformer")
@@ -67,7 +67,7 @@ def encode_prompt(run: LoadedModel, prompt: str) -> np.ndarray:
     """A prompt's token ids as the model reads them (+ EOS for an encoder-decoder's source). DataError for a
     character outside the vocabulary (or a non-digit for a digit task), an empty prompt, or one too long."""
     tok, cfg = run.tokenizer, run.cfg.model
-    ids = _encode(tok, prompt)
+    ids = prompt_ids(tok, prompt)
     if cfg.arch == "encoder_decoder":
         ids = np.append(ids, tok.eos_id).astype(np.int32)
     try:
@@ -89,7 +89,7 @@ def attention_maps(run: LoadedModel, prompts: list[str]) -> list[AttentionMaps]:
     change (padded keys get weight 0, padded queries are dropped)."""
     tok, cfg = run.tokenizer, run.cfg.model
     rows = [encode_prompt(run, p) for p in prompts]
-    src = _pad(rows, cfg.pad_id, left=False)
+    src = pad_rows(rows, cfg.pad_id, left=False)
     graphdef, state = nnx.split(run.model)
     label = lambda xs: [token_label(tok, x) for x in xs]
     if cfg.arch != "encoder_decoder":
@@ -101,7 +101,7 @@ def attention_maps(run: LoadedModel, prompts: list[str]) -> list[AttentionMaps]:
     out = np.asarray(generate_seq2seq(run.model, src, max_new=max_new, bos_id=tok.bos_id, eos_id=tok.eos_id))
     answers = [o[: int(np.argmax(o == tok.eos_id))] if (o == tok.eos_id).any() else o for o in out]
     tgts = [np.concatenate([[tok.bos_id], a[a != cfg.pad_id]]).astype(np.int32) for a in answers]
-    w = {k: np.asarray(v) for k, v in _weights(graphdef, state, src, _pad(tgts, cfg.pad_id, left=False)).items()}
+    w = {k: np.asarray(v) for k, v in _weights(graphdef, state, src, pad_rows(tgts, cfg.pad_id, left=False)).items()}
     maps = []
     for b, (p, r, t) in enumerate(zip(prompts, rows, tgts)):
         n, m = len(r), len(t)
@@ -166,10 +166,9 @@ def write_maps(maps: AttentionMaps, index: int, out: Path, dpi: int = 100) -> li
 def write_heatmaps(workdir: str | Path, prompts: list[str] | None = None, which: str = "best",
                    out: str | Path | None = None, *, dpi: int = 100) -> list[Path]:
     """Restore a run's best (or latest) model and write its attention heatmaps for `prompts` (default: the
-    first held-out inputs, `jaxformer.cli.default_prompts`) into `out` (default RUN/viz/): one set of figures
+    first held-out inputs, `jaxformer.inference.default_prompts`) into `out` (default RUN/viz/): one set of figures
     per prompt, see the module docstring. -> the written paths, in order. Every prompt is checked before any
     figure is written (a bad prompt raises DataError, naming it)."""
-    from jaxformer.cli import default_prompts
     run = load_model(workdir, which)
     prompts = list(prompts) if prompts else default_prompts(run)
     maps = attention_maps(run, prompts)                 # checks every prompt before anything is written
