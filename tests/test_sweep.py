@@ -4,8 +4,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -13,7 +11,7 @@ import pytest
 from helpers import ROOT, TINY_LM, records
 from jaxformer.cli import main
 from jaxformer.errors import ConfigError, SweepError
-from jaxformer.report import Report, metric_value, stat, write_report
+from jaxformer.report import metric_value, stat, write_report
 from jaxformer.sweep import load_sweep, run_sweep, runs
 from jaxformer.train.loop import train
 
@@ -23,7 +21,8 @@ STEPS = 6
 def _sweep_file(tmp_path, name="grid", grid=None, extra="", evals=None):
     grid = grid or {"optim.lr": (1e-3, 3e-3), "model.norm_position": ("post", "pre")}
     common = tuple(TINY_LM) + (f"train.steps={STEPS}", "train.log_every=2", f"train.eval_every={STEPS}",
-                                f"train.checkpoint_every={STEPS}", "train.num_examples=0")
+                                f"train.checkpoint_every={STEPS}", "train.num_examples=0",
+                                "train.eval_batch_size=8")     # one eval batch shape for every held-out set
     text = textwrap.dedent(f"""
         from jaxformer.sweep import Sweep
         def get_sweep():
@@ -94,10 +93,12 @@ def test_jobs_run_as_child_processes_and_print_commands(tmp_path, capsys):
     assert len(cmds) == 2 and all(c.startswith("jaxformer sweep ") and "--run" in c for c in cmds)
     assert run_sweep(sweep, root, jobs=2, echo=lambda m: None) == {"completed": 2}
     assert all((r.workdir / "sweep.log").exists() for r in runs(sweep, root))
-    # the printed command is what a scheduler runs; on a finished run it does nothing
+    # the pool ran exactly the printed command lines (python -m jaxformer.cli = the jaxformer script)
+    logs = [(r.workdir / "sweep.log").read_text() for r in runs(sweep, root)]
+    assert all("0 finished before, 1 to run" in t and "1 completed" in t for t in logs), logs
     argv = cmds[0].split()
-    rc = subprocess.run([sys.executable, "-m", "jaxformer.cli", *argv[1:]], capture_output=True, text=True)
-    assert rc.returncode == 0 and "1 finished before, 0 to run" in rc.stdout, rc.stdout + rc.stderr
+    assert argv[1:4] == ["sweep", str(path), "--run"] and argv[-2:] == ["--root", str(root)]
+    assert main(argv[1:]) == 0 and "1 finished before, 0 to run" in capsys.readouterr().out
 
 
 def test_metric_specs_and_statistics():
