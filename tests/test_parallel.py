@@ -226,6 +226,7 @@ def test_two_processes_train_like_one_process_and_one_device(eight, tmp_path):
     assert sorted(train_losses(tmp_path / "run")) == list(range(1, 8))
 
 
+@pytest.mark.slow          # two processes and a heartbeat timeout: ~20 s of waiting (make test-all)
 def test_a_dead_process_fails_the_other_within_the_heartbeat_timeout(tmp_path):
     workdir = tmp_path / "run"
     procs = _launch(workdir, ["train.steps=100000", "train.log_every=1", "parallel.heartbeat_timeout_s=5"])

@@ -85,12 +85,30 @@ def test_grid_runs_resume_skip_and_report(tmp_path, capsys):
         run_sweep(load_sweep(path), root, echo=lambda m: None)
 
 
-def test_jobs_run_as_child_processes_and_print_commands(tmp_path, capsys):
-    path = _sweep_file(tmp_path, name="jobs", grid={"optim.lr": (1e-3,)})
-    sweep, root = load_sweep(path), tmp_path / "runs"
+def _printed_commands(path, root, capsys) -> list[str]:
     assert main(["sweep", str(path), "--root", str(root), "--print-commands"]) == 0
     cmds = capsys.readouterr().out.strip().splitlines()
-    assert len(cmds) == 2 and all(c.startswith("jaxformer sweep ") and "--run" in c for c in cmds)
+    assert all(c.startswith(f"jaxformer sweep {path} --run ") and c.endswith(f"--root {root}") for c in cmds), cmds
+    return cmds
+
+
+def test_print_commands_and_list_run_nothing(tmp_path, capsys):
+    path = _sweep_file(tmp_path, name="cmds")
+    root = tmp_path / "runs"
+    cmds = _printed_commands(path, root, capsys)
+    assert [c.split()[4] for c in cmds] == [str(i) for i in range(8)]
+    assert main(["sweep", str(path), "--root", str(root), "--list"]) == 0
+    listed = capsys.readouterr().out.strip().splitlines()
+    assert len(listed) == 8 and all("not finished" in x and "train.seed=" in x for x in listed)
+    assert "lr=0.003__norm_position=pre/seed-1" in listed[-1] and not root.exists()
+
+
+@pytest.mark.slow
+def test_jobs_run_as_child_processes(tmp_path, capsys):
+    path = _sweep_file(tmp_path, name="jobs", grid={"optim.lr": (1e-3,)})
+    sweep, root = load_sweep(path), tmp_path / "runs"
+    cmds = _printed_commands(path, root, capsys)
+    assert len(cmds) == 2
     assert run_sweep(sweep, root, jobs=2, echo=lambda m: None) == {"completed": 2}
     assert all((r.workdir / "sweep.log").exists() for r in runs(sweep, root))
     # the pool ran exactly the printed command lines (python -m jaxformer.cli = the jaxformer script)
