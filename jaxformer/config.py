@@ -15,6 +15,9 @@ from typing import Any
 
 from jaxformer.errors import ConfigError
 from jaxformer.ops import activations, norms, positional
+from jaxformer.ops.attention import BACKENDS
+
+REMAT_POLICIES = ("none", "full", "dots")
 
 _DEFERRED = contextvars.ContextVar("jaxformer_config_validation_deferred", default=False)
 
@@ -99,7 +102,14 @@ class ModelConfig(_Validated):
     tie_embeddings: bool = True            # output head shares the token embedding
     scale_embeddings: bool = True          # multiply embeddings by sqrt(D) as in the paper
     pad_id: int = 0
-    dtype: str = "float32"                 # compute dtype of activations: float32 | bfloat16 | float16
+    # Precision policy. float32: everything. bfloat16/float16 (mixed precision): parameters and optimizer state
+    # stay float32, activations and matmul inputs take this dtype, while attention logits and softmax, norms,
+    # output logits and the loss are computed in float32.
+    dtype: str = "float32"
+    attention_backend: str = "reference"   # reference | chunked | cudnn | pallas (ops.attention.BACKENDS)
+    attention_block: int = 512             # the chunked backend's tile edge (queries and keys)
+    remat: str = "none"                    # recompute in the backward pass, per block: none | full | dots
+                                           # (dots: keep the matmul outputs without batch dims, recompute the rest)
     attention_scale: str = "rsqrt"         # logits scale: "rsqrt" = 1/sqrt(H) (the paper) | "none" = 1
     # Ablation switches: wrong on purpose, to measure what the seeds claim (docs/ablations/masking.md).
     # Training with either set to its non-default value prints a warning; nothing else should flip them.
@@ -136,6 +146,22 @@ class ModelConfig(_Validated):
         choice("model.activation", self.activation, activations.NAMES)
         choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
         choice("model.attention_scale", self.attention_scale, ("rsqrt", "none"))
+        choice("model.attention_backend", self.attention_backend, BACKENDS)
+        choice("model.remat", self.remat, REMAT_POLICIES)
+        positive("model.attention_block", self.attention_block)
+        if self.ablation_mask_value != "min" and self.attention_backend != "reference":
+            raise ConfigError(f"model.ablation_mask_value={self.ablation_mask_value!r} exists only with "
+                              f"model.attention_backend='reference' (got {self.attention_backend!r})")
+        if self.attention_backend == "cudnn" and self.dtype == "float32":
+            raise ConfigError("model.attention_backend='cudnn' (cuDNN flash attention) takes bfloat16 or float16 "
+                              "activations; set model.dtype='bfloat16' (got model.dtype='float32')")
+        if self.attention_backend == "pallas" and self.positional == "alibi":
+            raise ConfigError("model.attention_backend='pallas' takes no additive bias; model.positional='alibi' "
+                              "needs 'chunked' or 'reference'")
+        if self.attention_backend == "pallas" and self.arch == "encoder_decoder":
+            raise ConfigError("model.attention_backend='pallas' runs self-attention only (JAX's Pallas GPU kernel "
+                              "shares one segment-id array between queries and keys); an encoder-decoder's "
+                              "cross-attention needs 'chunked', 'cudnn' or 'reference'")
         choice("model.ablation_mask_value", self.ablation_mask_value, ("min", "zero"))
         choice("model.ablation_causal", self.ablation_causal, ("tril", "triu"))
         positive("model.norm_eps", self.norm_eps)

@@ -42,3 +42,9 @@ class NonFiniteLoss(JaxformerError, RuntimeError):
 class SweepError(JaxformerError):
     """A sweep file cannot be used, a --run names no run of it, or some of its runs did not finish."""
     label = "sweep error"
+
+
+class BackendError(JaxformerError, ValueError):
+    """An attention backend cannot run this call or this machine (platform, dtype, mask or shape); the
+    message names the backend and what to use instead."""
+    label = "attention backend error"

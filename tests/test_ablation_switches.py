@@ -41,7 +41,7 @@ def test_triu_decoder_mask_sees_the_future_only():
     m = decoder_self_mask(cfg, pos, pos, jnp.array([[True, True, True, False]]))[0, 0]
     expect = (np.arange(4)[None, :] >= np.arange(4)[:, None]) & np.array([True, True, True, False])
     np.testing.assert_array_equal(m, expect)
-    normal = decoder_self_mask(tiny_lm().model, pos, pos)[0, 0]
+    normal = decoder_self_mask(tiny_lm().model, pos, pos).dense()[0, 0]
     np.testing.assert_array_equal(normal, np.tril(np.ones((4, 4), bool)))
 
 

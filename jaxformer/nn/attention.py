@@ -56,16 +56,18 @@ class MultiHeadAttention(nnx.Module):
                q_positions: jax.Array | None = None, kv_positions: jax.Array | None = None,
                return_weights: bool = False):
         """q [B,T,N,H], k/v [B,S,K,H] (or sequences of segments, see ops.dot_product_attention), mask
-        broadcastable to [B,N,T,S] -> [B,T,D] (and weights [B,N,T,S])."""
+        broadcastable to [B,N,T,S] (or an ops.masks.CausalMask) -> [B,T,D] (and weights [B,N,T,S]), by the
+        attention backend model.attention_backend."""
         bias = None
         if self.self_attention and self.cfg.positional == "alibi":
             if q_positions is None or kv_positions is None:
                 raise ValueError("positional='alibi' needs explicit query and key positions")
-            bias = positional.alibi_bias(self.cfg.num_heads, q_positions, kv_positions)
+            bias = positional.AlibiBias(positional.alibi_slopes(self.cfg.num_heads), q_positions, kv_positions)
         cfg = self.cfg
         res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=return_weights,
                                         scale=1.0 if cfg.attention_scale == "none" else None,
-                                        mask_value=0.0 if cfg.ablation_mask_value == "zero" else None)
+                                        mask_value=0.0 if cfg.ablation_mask_value == "zero" else None,
+                                        backend=cfg.attention_backend, block_size=cfg.attention_block)
         ctx, w = res if return_weights else (res, None)
         out = (jnp.einsum("BTNH,NHD->BTD", ctx, self.wo[...].astype(ctx.dtype)) + self._bias("bo")).astype(q.dtype)
         return (out, w) if return_weights else out

@@ -15,6 +15,7 @@ from flax import nnx
 
 from jaxformer import ops
 from jaxformer.config import ConfigError, ModelConfig
+from jaxformer.errors import BackendError
 from jaxformer.nn.layers import DecoderBlock, EncoderBlock, Norm, dropout
 from jaxformer.nn.params import param
 from jaxformer.nn.stack import LayerStack
@@ -30,13 +31,14 @@ def default_positions(tokens: jax.Array) -> jax.Array:
 
 
 def decoder_self_mask(cfg: ModelConfig, q_positions: jax.Array, k_positions: jax.Array,
-                      k_valid: jax.Array | None = None) -> jax.Array:
+                      k_valid: jax.Array | None = None):
     """The decoder's self-attention mask: causal over positions, valid keys only. [B,T], [B,S], [B,S] ->
-    [B,1,T,S]. With the ablation switch model.ablation_causal='triu' a query sees itself and the future."""
+    a lazy ops.masks.CausalMask ([B,1,T,S] by its .dense()). With the ablation switch
+    model.ablation_causal='triu' a query sees itself and the future (a dense [B,1,T,S] array)."""
     if cfg.ablation_causal == "triu":
         m = (k_positions[:, None, :] >= q_positions[:, :, None])[:, None]
         return m if k_valid is None else m & k_valid[:, None, None, :]
-    return ops.position_causal_mask(q_positions, k_positions, k_valid)
+    return ops.masks.CausalMask(q_positions, k_positions, k_valid)     # lazy: the chunked backend tiles it
 
 
 class Embedder(nnx.Module):
@@ -93,7 +95,8 @@ class Encoder(nnx.Module):
     """L encoder blocks (+ final norm for pre-LN) over embedded inputs."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.layers = LayerStack(lambda r: EncoderBlock(cfg, rngs=r), cfg.num_encoder_layers, rngs=rngs)
+        self.layers = LayerStack(lambda r: EncoderBlock(cfg, rngs=r), cfg.num_encoder_layers, remat=cfg.remat,
+                                 rngs=rngs)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
 
     def __call__(self, x, *, mask, positions, rngs=None, return_weights: bool = False):
@@ -109,7 +112,8 @@ class Decoder(nnx.Module):
     """L decoder blocks (with cross-attention when `cross`) (+ final norm for pre-LN)."""
 
     def __init__(self, cfg: ModelConfig, *, cross: bool, rngs: nnx.Rngs):
-        self.layers = LayerStack(lambda r: DecoderBlock(cfg, cross=cross, rngs=r), cfg.num_decoder_layers, rngs=rngs)
+        self.layers = LayerStack(lambda r: DecoderBlock(cfg, cross=cross, rngs=r), cfg.num_decoder_layers,
+                                 remat=cfg.remat, rngs=rngs)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
 
     def __call__(self, x, *, rngs=None, per_layer=None, **kwargs):
@@ -199,7 +203,11 @@ class TransformerLM(nnx.Module):
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer | TransformerLM:
-    """The model class named by cfg.arch, initialised from `seed`."""
+    """The model class named by cfg.arch, initialised from `seed`. Raises BackendError (before anything is
+    traced) when cfg.attention_backend cannot run on this machine."""
+    why = ops.fused.problem(cfg.attention_backend, dtype=DTYPES[cfg.dtype])
+    if why:
+        raise BackendError(f"model.attention_backend={cfg.attention_backend!r}: {why}")
     cls = Transformer if cfg.arch == "encoder_decoder" else TransformerLM
     return cls(cfg, rngs=nnx.Rngs(params=seed))
 

@@ -11,18 +11,28 @@ from flax import nnx
 from jaxformer.parallel import constrain
 
 ACTIVATION = ("batch", "length", "act_embed")     # the residual stream [B,T,D] between blocks
+REMAT = {"none": None, "full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
 class LayerStack(nnx.Module):
-    """`make(rngs) -> block` is called once under nnx.vmap, giving parameters [L, ...]."""
+    """`make(rngs) -> block` is called once under nnx.vmap, giving parameters [L, ...].
 
-    def __init__(self, make: Callable[[nnx.Rngs], nnx.Module], num_layers: int, *, rngs: nnx.Rngs):
+    remat: what each block keeps for the backward pass (`jax.checkpoint` around the scanned block):
+    "none" everything; "full" only its input (all of it is recomputed); "dots" its input and the outputs of
+    matmuls without batch dimensions (projections, FFN), recomputing the rest (attention, norms, activations).
+    """
+
+    def __init__(self, make: Callable[[nnx.Rngs], nnx.Module], num_layers: int, *, remat: str = "none",
+                 rngs: nnx.Rngs):
         @nnx.split_rngs(splits=num_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
         def create(r: nnx.Rngs):
             return make(r)
 
+        if remat not in REMAT:
+            raise ValueError(f"remat={remat!r} is not one of {tuple(REMAT)}")
         self.num_layers = num_layers
+        self.remat = remat
         self.blocks = create(rngs)
 
     def __call__(self, x: jax.Array, *, rngs: nnx.Rngs | None = None, per_layer=None, **kwargs):
@@ -45,6 +55,8 @@ class LayerStack(nnx.Module):
             out = block(h, rngs=r, **(extra or {}), **kwargs)
             return out if isinstance(out, tuple) else (out, None)
 
+        if self.remat != "none":
+            body = jax.checkpoint(body, policy=REMAT[self.remat], prevent_cse=False)
         x, ys = jax.lax.scan(body, x, (state, keys, per_layer))
         x = constrain(x, ACTIVATION)
         return x if ys is None else (x, ys)

@@ -3,11 +3,11 @@
 Axis legend: B batch, T query length, S key length, D model width, N query heads,
 K kv heads, H head dim, F FFN width, V vocab, L layers.
 """
-from jaxformer.ops import activations, attention, masks, norms, positional
-from jaxformer.ops.attention import dot_product_attention
-from jaxformer.ops.masks import causal_mask, combine_masks, padding_mask, position_causal_mask
+from jaxformer.ops import activations, attention, flash, fused, masks, norms, positional
+from jaxformer.ops.attention import attention_weights, dot_product_attention
+from jaxformer.ops.masks import CausalMask, causal_mask, combine_masks, padding_mask, position_causal_mask
 
 __all__ = [
-    "activations", "attention", "masks", "norms", "positional",
-    "dot_product_attention", "causal_mask", "combine_masks", "padding_mask", "position_causal_mask",
+    "activations", "attention", "flash", "fused", "masks", "norms", "positional",
+    "attention_weights", "dot_product_attention", "CausalMask", "causal_mask", "combine_masks", "padding_mask", "position_causal_mask",
 ]

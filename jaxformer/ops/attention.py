@@ -1,4 +1,4 @@
-"""Scaled dot-product attention: one contract for MHA, GQA and MQA.
+"""Scaled dot-product attention: one contract for MHA, GQA and MQA, four backends.
 
 Axis legend: B batch, T query length, S key length, N query heads, K kv heads, H head dim.
 """
@@ -7,7 +7,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-BACKENDS = ("reference",)
+from jaxformer.ops import flash, fused
+from jaxformer.ops.fused import BackendError
+from jaxformer.ops.masks import dense_mask
+
+# reference: materialises the [B,N,T,S] logits (XLA fuses what it can) | chunked: online softmax over tiles with
+# a recomputing backward, O(T + S) memory, any platform | cudnn: cuDNN flash attention (GPU, bf16/fp16) |
+# pallas: JAX's Pallas flash-attention kernel (GPU/TPU; interpret mode on CPU)
+BACKENDS = ("reference", "chunked", "cudnn", "pallas")
 
 
 def _segments(x, name: str) -> tuple[jax.Array, ...]:
@@ -58,40 +65,107 @@ def _mix(w: jax.Array, v: jax.Array, single: bool) -> jax.Array:
     return jnp.transpose(jnp.diagonal(full, axis1=1, axis2=4), (0, 4, 1, 2, 3))           # [B,G,T,H,K]->
 
 
-def dot_product_attention(q: jax.Array, k, v, *, mask: jax.Array | None = None,
-                          bias: jax.Array | None = None, scale: float | None = None,
-                          return_weights: bool = False, backend: str = "reference",
-                          mask_value: float | None = None):
+def _dense_bias(bias):
+    return bias.dense() if hasattr(bias, "dense") else bias
+
+
+def _check_mask(mask) -> None:
+    if mask is not None and not hasattr(mask, "dense") and mask.dtype != jnp.bool_:
+        raise TypeError(f"mask must be boolean (True = may attend); got dtype {mask.dtype}")
+
+
+def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: float | None = None,
+                          return_weights: bool = False, return_lse: bool = False, backend: str = "reference",
+                          mask_value: float | None = None, block_size: int = 512):
     """softmax(q·kᵀ·scale + bias, masked) · v.
 
     Args:
       q: [B,T,N,H] queries.
       k, v: [B,S,K,H] keys and values; N must be a multiple of K (K=N: MHA, K=1: MQA, else GQA). Either may
         also be a sequence of segments [B,S_i,K,H] that stand for their concatenation along S (S = sum S_i)
-        without materializing it: a KV cache followed by the current step's keys costs no copy of the cache.
-      mask: boolean, True = may attend, broadcastable to [B,N,T,S].
-      bias: additive logits bias (e.g. ALiBi), broadcastable to [B,N,T,S].
+        without materializing it: a KV cache followed by the current step's keys costs no copy of the cache
+        ("reference"; the other backends concatenate).
+      mask: boolean, True = may attend, broadcastable to [B,N,T,S]; or a lazy `ops.masks.CausalMask`, which
+        "chunked" builds tile by tile (the others materialise it).
+      bias: additive logits bias broadcastable to [B,N,T,S], or a lazy `ops.positional.AlibiBias`.
       scale: logits scale, default 1/sqrt(H).
-      return_weights: also return the attention weights [B,N,T,S] (float32).
-      backend: "reference" (materialises the [B,N,T,S] logits; the one backend so far).
-      mask_value: for ablations only. None (always, otherwise): masked logits take float32's most negative
-        finite value and masked weights are exactly 0. A float: masked logits take that value and keep their
-        softmax weight (seed 004's masked_fill(..., 0) leaks this way).
+      return_weights: also return the attention weights [B,N,T,S] (float32). The non-reference backends
+        recompute them from q, k and their own log-sum-exp (`attention_weights`): the output is still theirs.
+      return_lse: also return the per-row log-sum-exp of the logits [B,N,T] (float32; −inf for a row with no
+        visible key).
+      backend: one of BACKENDS. Every backend meets this contract within float32 rounding, except where
+        ops.fused documents a narrower one; a call a backend cannot run raises BackendError while tracing.
+      mask_value: for ablations only ("reference" only). None (always, otherwise): masked logits take
+        float32's most negative finite value and masked weights are exactly 0. A float: masked logits take that
+        value and keep their softmax weight (seed 004's masked_fill(..., 0) leaks this way).
+      block_size: "chunked" tile edge (queries and keys).
 
     Returns:
-      [B,T,N,H] in q's dtype, and the weights [B,N,T,S] when asked. Logits and softmax are float32;
-      masked logits take float32's most negative finite value; a query row whose keys are all masked
-      returns zeros (and zero gradient), never NaN.
+      out [B,T,N,H] in q's dtype, then the weights [B,N,T,S] if asked, then the lse [B,N,T] if asked.
+      Logits and softmax are float32; a query row whose keys are all masked returns zeros (and zero
+      gradient), never NaN.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
     ks, vs = _segments(k, "k"), _segments(v, "v")
-    n, kh = _check_shapes(q, ks, vs)
+    _check_shapes(q, ks, vs)
+    _check_mask(mask)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if backend == "reference":
+        out, weights, lse = _reference(q, ks, vs, dense_mask(mask), _dense_bias(bias), scale, mask_value,
+                                       return_weights or return_lse)
+    else:
+        if mask_value is not None:
+            raise BackendError(f"mask_value (an ablation) exists only in the 'reference' backend, not {backend!r}")
+        kc = ks[0] if len(ks) == 1 else jnp.concatenate(ks, axis=1)
+        vc = vs[0] if len(vs) == 1 else jnp.concatenate(vs, axis=1)
+        if backend == "chunked":
+            out, lse = flash.chunked_attention(q, kc, vc, mask, bias, scale=scale, block_q=block_size,
+                                               block_k=block_size)
+        elif backend == "cudnn":
+            out, lse = fused.cudnn_attention(q, kc, vc, mask, bias, scale=scale,
+                                             want_lse=return_weights or return_lse)
+        else:
+            out, lse = fused.pallas_attention(q, kc, vc, mask, bias, scale=scale,
+                                              want_lse=return_weights or return_lse)
+        weights = attention_weights(q, kc, lse, mask=mask, bias=bias, scale=scale) if return_weights else None
+    res = (out,) + ((weights,) if return_weights else ()) + ((lse,) if return_lse else ())
+    return res[0] if len(res) == 1 else res
+
+
+def attention_weights(q: jax.Array, k, lse: jax.Array, *, mask=None, bias=None, scale: float | None = None,
+                      rows: jax.Array | None = None) -> jax.Array:
+    """Attention weights recomputed from q, k and a saved log-sum-exp: exp(q·kᵀ·scale + bias − lse), 0 where
+    masked. What a fused backend's heatmap needs without its [T,S] matrix ever having been stored.
+
+    q [B,T,N,H]; k [B,S,K,H] (or segments); lse [B,N,T] (`dot_product_attention(..., return_lse=True)`);
+    mask/bias as for `dot_product_attention`; rows: optional int [R] query indices (default all T).
+    -> [B,N,R,S] float32 (rows sum to 1; a row with no visible key is 0).
+    """
+    ks = _segments(k, "k")
+    kc = ks[0] if len(ks) == 1 else jnp.concatenate(ks, axis=1)
+    b, t, n, h = q.shape
+    s, kh = kc.shape[1], kc.shape[2]
+    scale = h ** -0.5 if scale is None else scale
+    logits = jnp.einsum("BTKGH,BSKH->BKGTS", q.reshape(b, t, kh, n // kh, h), kc,
+                        preferred_element_type=jnp.float32).reshape(b, n, t, s) * scale
+    bias, mask = _dense_bias(bias), dense_mask(mask)
+    if bias is not None:
+        logits = logits + jnp.broadcast_to(bias, (b, n, t, s)).astype(jnp.float32)
+    keep = jnp.ones((b, n, t, s), bool) if mask is None else jnp.broadcast_to(mask, (b, n, t, s))
+    if rows is not None:
+        logits, keep, lse = logits[:, :, rows], keep[:, :, rows], lse[:, :, rows]
+    lse = jnp.where(jnp.isfinite(lse), lse, jnp.inf)[..., None]
+    return jnp.where(keep, jnp.exp(logits - lse), 0.0)
+
+
+def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse):
+    """The materialising backend: -> (out, weights [B,N,T,S], lse [B,N,T] or None)."""
+    n, kh = q.shape[2], ks[0].shape[2]
     b, t, _, h = q.shape
     sizes = [x.shape[1] for x in ks]
     s = sum(sizes)
     g = n // kh
-    scale = h ** -0.5 if scale is None else scale
     qg = q.reshape(b, t, kh, g, h)
     single = t == 1 and n <= _SINGLE_QUERY_MAX_HEADS
     logits = jnp.concatenate([_scores(qg, x, single) for x in ks], axis=-1)
@@ -99,12 +173,16 @@ def dot_product_attention(q: jax.Array, k, v, *, mask: jax.Array | None = None,
     if bias is not None:
         logits = logits + jnp.broadcast_to(bias, (b, n, t, s)).astype(jnp.float32).reshape(b, kh, g, t, s)
     if mask is not None:
-        if mask.dtype != jnp.bool_:
-            raise TypeError(f"mask must be boolean (True = may attend); got dtype {mask.dtype}")
         mask = jnp.broadcast_to(mask, (b, n, t, s)).reshape(b, kh, g, t, s)
         fill = jnp.finfo(jnp.float32).min if mask_value is None else mask_value
         logits = jnp.where(mask, logits, jnp.float32(fill))
     weights = jax.nn.softmax(logits, axis=-1)
+    lse = None
+    if want_lse:
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        if mask is not None and mask_value is None:
+            lse = jnp.where(mask.any(-1), lse, -jnp.inf)
+        lse = lse.reshape(b, n, t)
     if mask is not None and mask_value is None:
         weights = jnp.where(mask, weights, 0.0)  # all-masked rows: uniform -> zeros
     out, start = 0.0, 0
@@ -113,6 +191,4 @@ def dot_product_attention(q: jax.Array, k, v, *, mask: jax.Array | None = None,
         out = out + _mix(w, x, single)
         start += size
     out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, n, h).astype(q.dtype)   # BKGTH -> BTKGH
-    if return_weights:
-        return out, weights.reshape(b, n, t, s)
-    return out
+    return out, weights.reshape(b, n, t, s), lse

@@ -4,6 +4,8 @@ Axis legend: B batch, N query heads, T query length, S key length.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -50,3 +52,48 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
     for m in present[1:]:
         out = jnp.logical_and(out, m)
     return out
+
+
+def _rows(x: jax.Array | None, start, size: int) -> jax.Array | None:
+    return None if x is None else jax.lax.dynamic_slice_in_dim(x, start, size, axis=1)
+
+
+def _grow(x: jax.Array | None, to: int, value) -> jax.Array | None:
+    if x is None or x.shape[1] == to:
+        return x
+    return jnp.pad(x, [(0, 0), (0, to - x.shape[1])], constant_values=value)
+
+
+class CausalMask(NamedTuple):
+    """A lazy `position_causal_mask`: key s is visible to query t iff k_positions[s] <= q_positions[t] and
+    k_valid[s]. `dense()` gives the [B,1,T,S] array; the chunked attention backend builds it one tile at a time
+    (`tile`), so a causal mask over long sequences costs O(T + S) memory, not O(T·S).
+
+    q_positions [B,T] int, k_positions [B,S] int, k_valid [B,S] bool or None (all valid).
+    """
+    q_positions: jax.Array
+    k_positions: jax.Array
+    k_valid: jax.Array | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.q_positions.shape[0], 1, self.q_positions.shape[1], self.k_positions.shape[1])
+
+    def dense(self) -> jax.Array:
+        """-> [B,1,T,S] bool."""
+        return position_causal_mask(self.q_positions, self.k_positions, self.k_valid)
+
+    def tile(self, q0, tq: int, k0, tk: int) -> jax.Array:
+        """The [B,1,tq,tk] tile at query q0, key k0."""
+        return position_causal_mask(_rows(self.q_positions, q0, tq), _rows(self.k_positions, k0, tk),
+                                    _rows(self.k_valid, k0, tk))
+
+    def pad(self, t: int, s: int) -> "CausalMask":
+        """The same mask over t >= T queries and s >= S keys (the extra keys invalid)."""
+        valid = self.k_valid if self.k_valid is not None else jnp.ones(self.k_positions.shape, bool)
+        return CausalMask(_grow(self.q_positions, t, 0), _grow(self.k_positions, s, 0), _grow(valid, s, False))
+
+
+def dense_mask(mask) -> jax.Array | None:
+    """A mask as a boolean array: lazy masks (`CausalMask`) materialised, arrays and None unchanged."""
+    return mask.dense() if hasattr(mask, "dense") else mask

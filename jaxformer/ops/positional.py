@@ -5,6 +5,7 @@ Axis legend: B batch, T length, N heads, H head dim, D model width.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -73,3 +74,37 @@ def alibi_bias(num_heads: int, q_positions: jax.Array, k_positions: jax.Array) -
     """q_positions [B,T], k_positions [B,S] int -> [B,N,T,S] float32 bias −slope·|q − k|."""
     dist = jnp.abs(q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)  # [B,T,S]
     return -alibi_slopes(num_heads)[None, :, None, None] * dist[:, None]
+
+
+class AlibiBias(NamedTuple):
+    """A lazy `alibi_bias`: −slope_n·|q − k| built on demand. `dense()` gives [B,N,T,S]; the chunked attention
+    backend builds it one tile at a time (`tile`), never the whole [B,N,T,S] array.
+
+    slopes [N] float32 (`alibi_slopes`), q_positions [B,T] int, k_positions [B,S] int.
+    """
+    slopes: jax.Array
+    q_positions: jax.Array
+    k_positions: jax.Array
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.q_positions.shape[0], self.slopes.shape[0], self.q_positions.shape[1],
+                self.k_positions.shape[1])
+
+    def _bias(self, qp: jax.Array, kp: jax.Array) -> jax.Array:
+        dist = jnp.abs(qp[:, :, None] - kp[:, None, :]).astype(jnp.float32)
+        return -self.slopes.astype(jnp.float32)[None, :, None, None] * dist[:, None]
+
+    def dense(self) -> jax.Array:
+        """-> [B,N,T,S] float32."""
+        return self._bias(self.q_positions, self.k_positions)
+
+    def tile(self, q0, tq: int, k0, tk: int) -> jax.Array:
+        """The [B,N,tq,tk] tile at query q0, key k0."""
+        return self._bias(jax.lax.dynamic_slice_in_dim(self.q_positions, q0, tq, axis=1),
+                          jax.lax.dynamic_slice_in_dim(self.k_positions, k0, tk, axis=1))
+
+    def pad(self, t: int, s: int) -> "AlibiBias":
+        """The same bias over t >= T queries and s >= S keys (zeros' positions for the extra ones)."""
+        grow = lambda x, n: x if x.shape[1] == n else jnp.pad(x, [(0, 0), (0, n - x.shape[1])])
+        return AlibiBias(self.slopes, grow(self.q_positions, t), grow(self.k_positions, s))

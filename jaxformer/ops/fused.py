@@ -1,0 +1,134 @@
+"""Fused attention kernels behind `ops.dot_product_attention`: "cudnn" (cuDNN flash attention through
+`jax.nn.dot_product_attention`) and "pallas" (JAX's Pallas flash-attention kernels: Triton on GPU, Mosaic on TPU;
+on CPU the GPU kernel runs in Pallas interpret mode: correct, slow, for tests).
+
+Each kernel takes a subset of the op's contract. What it cannot run is refused by name while tracing (before
+anything compiles), never replaced by another backend: see `problem`.
+
+Axis legend: B batch, T query length, S key length, N query heads, K kv heads, H head dim.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer.errors import BackendError
+from jaxformer.ops import masks as masks_lib
+
+
+def platform() -> str:
+    return jax.default_backend()
+
+
+def problem(backend: str, *, dtype=None, where: str | None = None) -> str | None:
+    """Why `backend` cannot run on this machine with activations of `dtype`, or None. Checked by the model
+    before compiling; the per-call checks (masks, shapes) happen while tracing."""
+    plat = where or platform()
+    if backend == "cudnn":
+        if plat != "gpu":
+            return f"attention backend 'cudnn' needs an NVIDIA GPU; this process runs on {plat!r}"
+        if dtype is not None and jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+            return (f"attention backend 'cudnn' (cuDNN flash attention) takes bfloat16 or float16 activations; "
+                    f"got {jnp.dtype(dtype).name} (set model.dtype='bfloat16')")
+    return None
+
+
+def _key_valid(mask, b: int, t: int, s: int):
+    """-> (k_valid [B,S] | None, causal: bool) when the mask is key padding and/or self-attention causal
+    (the forms the Pallas kernels take), else raise BackendError."""
+    if mask is None:
+        return None, False
+    if isinstance(mask, masks_lib.CausalMask):
+        if t != s or mask.q_positions is not mask.k_positions:
+            raise BackendError("attention backend 'pallas' takes a causal mask only in self-attention over one "
+                               "sequence (queries and keys at the same positions); decode steps against a KV "
+                               "cache need 'chunked' or 'reference'")
+        return mask.k_valid, True
+    if mask.ndim == 4 and mask.shape[1] == 1 and mask.shape[2] == 1:           # [B|1,1,1,S]: key padding
+        return jnp.broadcast_to(mask[:, 0, 0, :], (b, s)), False
+    raise BackendError(f"attention backend 'pallas' takes key-padding masks [B,1,1,S] or a causal "
+                       f"ops.masks.CausalMask; got a dense mask of shape {mask.shape}")
+
+
+def pallas_attention(q, k, v, mask, bias, *, scale: float, want_lse: bool = False):
+    """q [B,T,N,H], k/v [B,S,K,H] -> (out [B,T,N,H], lse [B,N,T] or None unless want_lse; the kernel's lse
+    output is not differentiable, so it comes from a second, gradient-free call). Key padding and self-attention causality
+    only; no bias (use 'chunked' for ALiBi). Query rows at padded positions are not those of 'reference'
+    (the GPU kernel shares one segment-id array between queries and keys); every other row is."""
+    b, t, n, h = q.shape
+    s = k.shape[1]
+    if bias is not None:
+        raise BackendError("attention backend 'pallas' takes no additive bias (ALiBi or a custom bias); "
+                           "use 'chunked'")
+    k_valid, causal = _key_valid(mask, b, t, s)
+    g = n // k.shape[2]
+    k, v = (jnp.repeat(x, g, axis=2) if g > 1 else x for x in (k, v))   # GQA/MQA: the kernels take N kv heads
+    if platform() == "tpu":
+        from jax.experimental.pallas.ops.tpu import flash_attention as tpu
+        seg = None if k_valid is None else tpu.SegmentIds(jnp.ones((b, t), jnp.int32), k_valid.astype(jnp.int32))
+        out = tpu.flash_attention(*(jnp.swapaxes(x, 1, 2) for x in (q, k, v)), segment_ids=seg, causal=causal,
+                                  sm_scale=scale)
+        return jnp.swapaxes(out, 1, 2), _lse(q, k, k_valid, causal, scale) if want_lse else None
+    from jax.experimental.pallas.ops.gpu import attention as gpu
+    if k_valid is not None and t != s:
+        raise BackendError("attention backend 'pallas' (GPU kernel) takes key padding only in self-attention "
+                           f"(T == S); got T={t}, S={s}")
+    bq, bk = _block(t, "T"), _block(s, "S")
+    block = gpu.BlockSizes(block_q=bq, block_k=bk, block_q_dkv=min(bq, 32), block_kv_dkv=min(bk, 32),
+                           block_q_dq=min(bq, 32), block_kv_dq=min(bk, 32))
+    seg = None if k_valid is None else k_valid.astype(jnp.int32)
+    run = lambda residuals, *a: gpu.mha(*a, seg, sm_scale=scale, causal=causal, block_sizes=block,
+                                        interpret=platform() == "cpu", return_residuals=residuals)
+    out, lse = run(False, q, k, v), None
+    if want_lse:
+        lse = run(True, *jax.lax.stop_gradient((q, k, v)))[1] * math.log(2.0)   # the kernel's lse is in base 2
+    if k_valid is not None:                            # rows of padded queries: zeros, like an all-masked row
+        out = jnp.where(k_valid[:, :, None, None], out, 0).astype(q.dtype)
+    return out, lse
+
+
+def _block(length: int, name: str) -> int:
+    """The GPU kernel's tile along a length: the largest of 64, 32, 16 dividing it (a shorter length whole)."""
+    for b in (64, 32, 16):
+        if length % b == 0:
+            return b
+    if length < 16:
+        return length
+    raise BackendError(f"attention backend 'pallas' (GPU kernel) needs {name}={length} to be a multiple of 16")
+
+
+def _lse(q, k, k_valid, causal, scale):
+    """Per-row log-sum-exp [B,N,T] for kernels that do not return one (the chunked forward over q and k)."""
+    from jaxformer.ops.flash import chunked_attention
+    mask = None
+    if k_valid is not None or causal:
+        pos = jnp.broadcast_to(jnp.arange(q.shape[1]), q.shape[:2])
+        mask = masks_lib.CausalMask(pos, pos, k_valid) if causal else k_valid[:, None, None, :]
+    return chunked_attention(q, k, k, mask, None, scale=scale)[1]
+
+
+def cudnn_attention(q, k, v, mask, bias, *, scale: float, want_lse: bool = False):
+    """q [B,T,N,H], k/v [B,S,K,H] (GQA native) -> (out [B,T,N,H], lse [B,N,T] or None unless want_lse, from a
+    second, gradient-free call) by cuDNN flash attention.
+    Masks and bias are passed dense; a row with no visible key returns zeros, as with every backend."""
+    why = problem("cudnn", dtype=q.dtype)
+    if why:
+        raise BackendError(why)
+    b, t, n, _ = q.shape
+    s = k.shape[1]
+    mask = masks_lib.dense_mask(mask)
+    bias = bias.dense() if hasattr(bias, "dense") else bias
+    mask4 = None if mask is None else jnp.broadcast_to(mask, (b, mask.shape[-3] if mask.ndim >= 3 else 1, t, s))
+    bias4 = None if bias is None else jnp.broadcast_to(bias, (b, n, t, s)).astype(q.dtype)
+    run = lambda residual, *a: jax.nn.dot_product_attention(*a, bias4, mask4, scale=scale, implementation="cudnn",
+                                                            return_residual=residual)
+    out, lse = run(False, q, k, v), None
+    if want_lse:
+        lse = run(True, *jax.lax.stop_gradient((q, k, v)))[1].astype(jnp.float32)
+    if mask4 is not None:
+        seen = jnp.any(mask4, axis=-1)                                            # [B,1|N,T]
+        out = jnp.where(jnp.swapaxes(seen, 1, 2)[..., None], out, 0).astype(q.dtype)
+        lse = None if lse is None else jnp.where(seen, lse, -jnp.inf)
+    return out, lse

@@ -1,0 +1,274 @@
+"""Every attention backend against "reference": outputs, log-sum-exp and gradients under padding, causal, combined
+masks, bias (dense and ALiBi), GQA/MQA, KV segments and all-masked rows; named refusals; the whole model
+(train step, KV-cached decoding, heatmaps) with each backend; remat and the mixed-precision policy.
+
+Tolerances are relative to the reference's own magnitude at float32 (1e-5), so they hold on any CPU or GPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxformer import ops
+from jaxformer.config import ConfigError, ModelConfig
+from jaxformer.errors import BackendError
+from jaxformer.nn import build_model
+from jaxformer.ops import positional
+
+RTOL = 1e-5
+B, T, N, H = 2, 32, 4, 8
+
+
+def close(got, want, what="", scale=None):
+    """|got - want| <= RTOL · max|want| (or RTOL · scale: a gradient leaf that is zero in exact arithmetic,
+    such as a key bias's, is judged against the largest gradient of its model)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    scale = max(np.abs(want).max(), scale or 1e-30)
+    assert np.abs(got - want).max() <= RTOL * scale, f"{what}: max |diff| {np.abs(got - want).max():.3g}, " \
+                                                     f"|ref| {scale:.3g}"
+
+
+def make(kh=2, t=T, s=T, seed=0):
+    r = np.random.default_rng(seed)
+    f = lambda *shape: jnp.asarray(r.normal(size=shape), jnp.float32)
+    return f(B, t, N, H), f(B, s, kh, H), f(B, s, kh, H), r
+
+
+def case(name):
+    """-> (q, k, v, mask, bias, row weights [B,T] for the loss, pallas_ok)."""
+    if name == "gqa_mqa":
+        q, k, v, r = make(kh=1)
+        return q, k, v, None, None, None, True
+    q, k, v, r = make()
+    pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+    valid = jnp.arange(T)[None] < jnp.array([[T], [T - 7]])                     # row 1: 7 padded keys
+    if name == "padding":
+        return q, k, v, valid[:, None, None, :], None, valid, True
+    if name == "causal":
+        return q, k, v, ops.CausalMask(pos, pos, valid), None, valid, True
+    if name == "combined":                                      # causal & random & one query row with no key
+        extra = jnp.asarray(r.random((B, 1, T, T)) > 0.3).at[0, 0, 5].set(False)
+        return q, k, v, ops.CausalMask(pos, pos, valid).dense() & extra, None, None, False
+    if name == "bias":                                          # a learnable dense bias, broadcast over B
+        return q, k, v, valid[:, None, None, :], jnp.asarray(r.normal(size=(1, N, T, T)), jnp.float32), None, False
+    if name == "alibi":
+        return q, k, v, ops.CausalMask(pos, pos), positional.AlibiBias(positional.alibi_slopes(N), pos, pos), \
+            None, False
+    raise KeyError(name)
+
+
+CASES = ("padding", "causal", "combined", "bias", "gqa_mqa", "alibi")
+
+
+def run(backend, q, k, v, mask, bias, rows, block=8):
+    """-> out, lse, grads (q, k, v[, bias]) of a loss that weights every output (rows: only those rows)."""
+    dense_bias = bias is not None and not hasattr(bias, "tile")
+
+    def loss(q, k, v, b):
+        out = ops.dot_product_attention(q, k, v, mask=mask, bias=b if dense_bias else bias, backend=backend,
+                                        block_size=block)
+        w = jnp.cos(jnp.arange(out.size, dtype=jnp.float32).reshape(out.shape))
+        return jnp.sum(out * w * (1.0 if rows is None else rows[:, :, None, None]))
+
+    out, lse = jax.jit(lambda q, k, v: ops.dot_product_attention(q, k, v, mask=mask, bias=bias, backend=backend,
+                                                                 block_size=block, return_lse=True))(q, k, v)
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3) if dense_bias else (0, 1, 2)))(q, k, v, bias)
+    return out, lse, grads
+
+
+@pytest.mark.parametrize("backend", ["chunked", "pallas"])
+@pytest.mark.parametrize("name", CASES)
+def test_backend_agrees_with_reference(backend, name):
+    q, k, v, mask, bias, rows, pallas_ok = case(name)
+    if backend == "pallas" and not pallas_ok:
+        with pytest.raises(BackendError, match="pallas"):
+            run(backend, q, k, v, mask, bias, rows)
+        return
+    want = run("reference", q, k, v, mask, bias, rows)
+    got = run(backend, q, k, v, mask, bias, rows)
+    keep = np.ones((B, T), bool) if rows is None else np.asarray(rows)   # pallas: padded query rows differ
+    close(np.asarray(got[0])[keep], np.asarray(want[0])[keep], "out")
+    lse_g, lse_w = np.moveaxis(np.asarray(got[1]), 1, 2)[keep], np.moveaxis(np.asarray(want[1]), 1, 2)[keep]
+    np.testing.assert_array_equal(np.isinf(lse_g), np.isinf(lse_w))
+    close(np.where(np.isinf(lse_w), 0, lse_g), np.where(np.isinf(lse_w), 0, lse_w), "lse")
+    for i, (g, w) in enumerate(zip(got[2], want[2])):
+        close(g, w, f"grad {i}")
+
+
+def test_all_masked_rows_are_zero_with_zero_gradient():
+    q, k, v, _ = make()
+    mask = jnp.ones((B, 1, T, T), bool).at[:, :, 3].set(False)
+    out, lse = ops.dot_product_attention(q, k, v, mask=mask, backend="chunked", block_size=8, return_lse=True)
+    assert np.all(np.asarray(out[:, 3]) == 0) and np.all(np.isneginf(np.asarray(lse[:, :, 3])))
+    g = jax.grad(lambda q: ops.dot_product_attention(q, k, v, mask=mask, backend="chunked").sum())(q)
+    assert np.all(np.isfinite(np.asarray(g))) and np.all(np.asarray(g[:, 3]) == 0)
+
+
+def test_chunked_kv_segments_and_uneven_blocks():
+    q, k, v, _ = make(t=5, s=29)
+    want = ops.dot_product_attention(q, k, v)
+    got = ops.dot_product_attention(q, (k[:, :20], k[:, 20:]), (v[:, :20], v[:, 20:]), backend="chunked",
+                                    block_size=7)
+    close(got, want, "segments")
+
+
+def test_chunked_under_vmap():
+    q, k, v, _ = make()
+    f = lambda q, k, v, b: ops.dot_product_attention(q[None], k[None], v[None], backend=b, block_size=8)[0]
+    close(jax.vmap(lambda *a: f(*a, "chunked"))(q, k, v), jax.vmap(lambda *a: f(*a, "reference"))(q, k, v))
+
+
+def test_weights_recomputed_from_lse():
+    q, k, v, mask, bias, _, _ = case("alibi")
+    _, want = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=True)
+    out, got = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=True, backend="chunked")
+    close(got, want, "weights")
+    _, lse = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_lse=True, backend="chunked")
+    rows = jnp.array([0, 7, 23])
+    close(ops.attention_weights(q, k, lse, mask=mask, bias=bias, rows=rows), want[:, :, rows], "rows")
+
+
+def test_named_refusals():
+    q, k, v, _ = make()
+    with pytest.raises(BackendError, match="cudnn"):              # this test machine has no GPU
+        if ops.fused.platform() == "gpu":
+            raise BackendError("cudnn: float32 refused by problem()") if ops.fused.problem(
+                "cudnn", dtype=jnp.float32) else AssertionError("float32 should be refused")
+        ops.dot_product_attention(q, k, v, backend="cudnn")
+    with pytest.raises(BackendError, match="reference"):
+        ops.dot_product_attention(q, k, v, backend="chunked", mask_value=0.0)
+    pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+    with pytest.raises(BackendError, match="decode"):             # a causal mask against a cache
+        ops.dot_product_attention(q[:, :1], k, v, mask=ops.CausalMask(pos[:, :1] + 3, pos), backend="pallas")
+    with pytest.raises(ValueError, match="backend"):
+        ops.dot_product_attention(q, k, v, backend="flash")
+    base = dict(arch="decoder_only", vocab_size=8, d_model=16, num_heads=2, d_ff=32)
+    with pytest.raises(ConfigError, match="model.attention_backend"):
+        ModelConfig(**base, attention_backend="cudnn")              # float32 activations
+    with pytest.raises(ConfigError, match="model.attention_backend"):
+        ModelConfig(**base, attention_backend="pallas", positional="alibi")
+    with pytest.raises(ConfigError, match="model.remat"):
+        ModelConfig(**base, remat="some")
+    with pytest.raises(ConfigError, match="ablation_mask_value"):
+        ModelConfig(**base, attention_backend="chunked", ablation_mask_value="zero")
+    if ops.fused.platform() != "gpu":
+        with pytest.raises(BackendError, match="needs an NVIDIA GPU"):
+            build_model(ModelConfig(**base, attention_backend="cudnn", dtype="bfloat16"))
+
+
+# ---- the whole model with each backend ----
+
+LM = ModelConfig(arch="decoder_only", vocab_size=23, d_model=32, num_heads=4, num_kv_heads=2, d_ff=64,
+                 num_decoder_layers=2, max_len=64, dropout=0.0, norm_position="pre", positional="rope",
+                 attention_block=8)
+SEQ = ModelConfig(vocab_size=23, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=1, num_decoder_layers=2,
+                  max_len=64, dropout=0.0, positional="alibi", attention_block=8)
+
+
+def lm_batch():
+    r = np.random.default_rng(1)
+    tokens = jnp.asarray(r.integers(1, 23, size=(2, 32)), jnp.int32).at[1, 25:].set(0)   # row 1 padded
+    return tokens
+
+
+def loss_and_grads(cfg, tokens, src=None):
+    model = build_model(cfg, seed=0)
+
+    def loss(m):
+        logits = m(tokens) if src is None else m(src, tokens)
+        w = (tokens != 0).astype(jnp.float32)[..., None]
+        return jnp.sum(jax.nn.log_softmax(logits) * w * jnp.cos(jnp.arange(logits.shape[-1]))) / 100
+    return nnx.jit(nnx.value_and_grad(loss))(model)
+
+
+def assert_same(a, b):
+    close(a[0], b[0], "loss")
+    top = max(float(jnp.abs(y).max()) for y in jax.tree.leaves(b[1]))
+    for (path, x), (_, y) in zip(nnx.to_flat_state(a[1]), nnx.to_flat_state(b[1])):
+        close(x[...], y[...], "/".join(map(str, path)), scale=top)
+
+
+@pytest.mark.parametrize("backend", ["chunked", "pallas"])
+def test_lm_loss_and_grads_per_backend(backend):
+    tokens = lm_batch()
+    want = loss_and_grads(LM, tokens)
+    assert_same(loss_and_grads(dataclasses.replace(LM, attention_backend=backend), tokens), want)
+
+
+def test_seq2seq_with_alibi_chunked():
+    tokens, src = lm_batch(), lm_batch()[::-1, 3:]
+    assert_same(loss_and_grads(dataclasses.replace(SEQ, attention_backend="chunked"), tokens, src),
+                loss_and_grads(SEQ, tokens, src))
+
+
+def test_cached_decoding_equals_full_forward_chunked():
+    from jaxformer import decode
+    model = build_model(dataclasses.replace(LM, attention_backend="chunked"), seed=0)
+    prompt = jnp.asarray([[5, 6, 7, 8], [0, 0, 9, 4]], jnp.int32)            # row 1 left-padded
+    out = decode.generate_lm(model, prompt, max_new=6)
+    full = prompt
+    for _ in range(6):                                # greedy by full recomputation with the same backend
+        pos = jnp.maximum(jnp.cumsum(full != 0, axis=1) - 1, 0)
+        nxt = jnp.argmax(model(full, positions=pos)[:, -1], -1)[:, None].astype(jnp.int32)
+        full = jnp.concatenate([full, nxt], axis=1)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(full)[:, 4:])
+    seq = build_model(dataclasses.replace(SEQ, attention_backend="chunked"), seed=0)
+    src = lm_batch()[:, :9]
+    np.testing.assert_array_equal(np.asarray(decode.generate_seq2seq(seq, src, max_new=6, bos_id=1, eos_id=None)),
+                                  np.asarray(decode.greedy_naive(seq, src, 6, bos_id=1, eos_id=2))[:, :6])
+
+
+def test_pallas_refuses_the_decode_path_by_name():
+    from jaxformer import decode
+    model = build_model(dataclasses.replace(LM, attention_backend="pallas"), seed=0)
+    with pytest.raises(BackendError, match="pallas"):
+        decode.generate_lm(model, jnp.asarray([[5, 6, 7, 8]], jnp.int32), max_new=2)
+
+
+def test_heatmaps_with_the_chunked_backend_are_its_own():
+    tokens = lm_batch()
+    want = build_model(LM, seed=0).attention_weights(tokens)["self"]
+    got = build_model(dataclasses.replace(LM, attention_backend="chunked"), seed=0).attention_weights(tokens)
+    close(got["self"], want, "heatmaps")
+
+
+# ---- remat and mixed precision ----
+
+@pytest.mark.parametrize("policy", ["full", "dots"])
+def test_remat_gives_the_same_loss_and_gradients(policy):
+    tokens = lm_batch()
+    model = build_model(dataclasses.replace(LM, remat=policy), seed=0)
+    assert "remat" in str(jax.make_jaxpr(lambda m: nnx.grad(lambda m: m(tokens).sum())(m))(model))
+    assert_same(loss_and_grads(dataclasses.replace(LM, remat=policy), tokens), loss_and_grads(LM, tokens))
+
+
+def test_bf16_policy_dtypes():
+    """Parameters float32; activations bfloat16; attention logits, norms and output logits float32."""
+    cfg = dataclasses.replace(LM, dtype="bfloat16")
+    model = build_model(cfg, seed=0)
+    assert {x.dtype for x in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype(jnp.float32)}
+    jaxpr = str(jax.make_jaxpr(lambda t: nnx.merge(*nnx.split(model))(t))(lm_batch()))
+    assert "bf16" in jaxpr
+    logits = model(lm_batch())
+    assert logits.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(logits)))
+    x = jnp.ones((2, 3, 32), jnp.bfloat16) * 3
+    assert ops.norms.layer_norm(x, None, None).dtype == jnp.bfloat16        # computed in f32, cast back
+
+
+@pytest.mark.slow          # two reversal trainings of 600 steps (about 2 minutes; make test-all)
+def test_bf16_policy_trains_reversal_to_the_same_accuracy(tmp_path):
+    from helpers import ROOT
+    from jaxformer.configio import apply_overrides, load_config_file
+    from jaxformer.train.loop import train
+    exact = {}
+    for dtype in ("float32", "bfloat16"):
+        cfg = apply_overrides(load_config_file(ROOT / "configs/reverse.py"),
+                              [f"model.dtype={dtype}", "train.steps=600", "train.eval_every=600"])
+        exact[dtype] = train(cfg, tmp_path / dtype, progress="none")["eval"]["exact_match"]
+    assert exact["float32"] >= 0.9, exact
+    assert exact["bfloat16"] >= exact["float32"] - 0.02, exact
