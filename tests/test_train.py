@@ -1,5 +1,6 @@
 """Training: the step learns, pads are inert, weight decay hits matrices only, resume is bitwise (also with the
 vocabulary taken from the data), tokens/s is per interval, configs are checked once after all overrides."""
+import logging
 import types
 from pathlib import Path
 
@@ -173,3 +174,23 @@ def test_every_config_file_loads_and_builds(path, request):
     abstract = nnx.eval_shape(lambda: build_model(cfg.model))
     assert sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param))) > 0
     assert cfg.data.task != "text" or not Path(load_config_file(path).data.path).is_absolute()
+
+
+def test_train_and_eval_steps_compile_once_across_steps_and_after_a_resume(tmp_path, caplog):
+    """One compiled train step for the whole run (no retrace from weak types, shardings or donation after the
+    first step), the evaluation compiled once per batch shape, and the same again in a resumed run."""
+    cfg = tiny_lm("train.steps=8", "train.log_every=2", "train.eval_every=4", "train.checkpoint_every=4")
+
+    def compiles():
+        text = caplog.text
+        caplog.clear()
+        return {name: text.count(f"Compiling jit({name})") for name in ("train_step", "eval_step", "_track")}
+
+    with jax.log_compiles(), caplog.at_level(logging.WARNING):
+        train(cfg, tmp_path, stop_after=4, progress="none")          # 4 steps, an eval, a checkpoint
+        first = compiles()
+        train(cfg, tmp_path, progress="none")                         # resumes at 4: 4 more steps, 1 more eval
+        second = compiles()
+    assert first["train_step"] == 1 and second["train_step"] == 1, (first, second)
+    assert 1 <= first["eval_step"] <= 2 and second["eval_step"] == first["eval_step"], (first, second)
+    assert first["_track"] <= 1 and second["_track"] == 0, (first, second)

@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import signal
 import sys
 import time
@@ -26,10 +25,12 @@ from pathlib import Path
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
+from jaxformer import ops
 from jaxformer.checkpoints import Checkpoints
 from jaxformer.config import Config, resolve_vocab, resume_differences
 from jaxformer.data import Task, build_task
@@ -69,6 +70,9 @@ def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, pr
     (held-out metrics at "step"; empty after a signal unless that step evaluated), "examples" (decoded held-out
     rows; none after a signal), "workdir", "wall_s"}."""
     initialize(cfg.parallel)                       # multi-host: before any JAX computation
+    if cfg.model.attention_backend == "pallas" and ops.fused.platform() == "cpu":
+        logging.getLogger("jaxformer").warning("model.attention_backend='pallas' on CPU runs the GPU kernel in "
+                                               "Pallas interpret mode: correct, and orders of magnitude slower")
     if cfg.model.ablations:
         logging.getLogger("jaxformer").warning("ablation switches set, this model is wrong on purpose: %s",
                                                ", ".join(cfg.model.ablations))
@@ -175,6 +179,32 @@ class _Progress:
             self.bar.close()
 
 
+@jax.jit
+def _track(bad, bad_loss, tokens, step, m):
+    """Device-side bookkeeping of one step: the first step with a non-finite loss (−1: none yet), its loss,
+    and the target tokens since the last log."""
+    new = (bad < 0) & ~jnp.isfinite(m["loss"])
+    return jnp.where(new, step, bad), jnp.where(new, m["loss"], bad_loss), tokens + m["tokens"]
+
+
+class _Watch:
+    """What the loop learns about its steps without reading them back each step (see `_track`)."""
+
+    def __init__(self):
+        self.bad, self.bad_loss, self.tokens = jnp.int32(-1), jnp.float32(0), jnp.float32(0)
+
+    def add(self, step: int, m: dict) -> None:
+        self.bad, self.bad_loss, self.tokens = _track(self.bad, self.bad_loss, self.tokens, jnp.int32(step), m)
+
+    def first_bad(self) -> tuple[int | None, float]:
+        bad, loss = jax.device_get((self.bad, self.bad_loss))
+        return (int(bad), float(loss)) if bad >= 0 else (None, 0.0)
+
+    def take_tokens(self) -> float:
+        tokens, self.tokens = float(self.tokens), jnp.float32(0)
+        return tokens
+
+
 def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str):
     """-> (state, last step done, signal name or None, last eval metrics or None)."""
     cfg, tc, ckpt, plan = p.cfg, p.cfg.train, p.ckpt, p.plan
@@ -201,35 +231,48 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str):
         bar.log(step, split, rec)
 
     state, step, last_eval = p.state, p.start, None
-    t_log, toks = time.perf_counter(), 0.0
+    t_log, watch = time.perf_counter(), _Watch()
+
+    def check():
+        """The one host read of the hot loop (at log, eval and checkpoint steps): raise NonFiniteLoss naming
+        the first step whose loss was not finite, before any checkpoint could hold its state."""
+        bad, loss = watch.first_bad()
+        if bad is not None:
+            good = ckpt.steps("latest")
+            where = (f"last good checkpoint: step {good[-1]} in {ckpt.root / 'latest'}" if good else
+                     "no checkpoint was saved before it")
+            raise NonFiniteLoss(f"loss is {loss} at step {bad}; {where}. Lower optim.lr, raise "
+                                f"optim.warmup_steps or set optim.clip_norm")
+
+    # The loop never waits for the device between those reads: the next batch is fetched and put on the
+    # device while the current step runs (the data state saved with a checkpoint is the one of its step).
+    batch = plan.global_batch(next(data_iter), rows) if p.start < tc.steps else None
     try:
         with _Signals() as sig:
             for step in range(p.start + 1, tc.steps + 1):
-                batch = plan.global_batch(next(data_iter), rows)
                 state, m = train_step(state, batch, jax.random.fold_in(base_key, step - 1))
-                loss = float(m["loss"])
-                if not math.isfinite(loss):
-                    good = ckpt.steps("latest")
-                    where = (f"last good checkpoint: step {good[-1]} in {ckpt.root / 'latest'}" if good else
-                             "no checkpoint was saved before it")
-                    raise NonFiniteLoss(f"loss is {loss} at step {step}; {where}. Lower optim.lr, raise "
-                                        f"optim.warmup_steps or set optim.clip_norm")
-                toks += float(m["tokens"])
+                watch.add(step, m)
+                data_state = data_iter.get_state()
+                if step < tc.steps:
+                    batch = plan.global_batch(next(data_iter), rows)
                 bar.step()
+                eval_now = step % tc.eval_every == 0 or step == tc.steps
+                stopping = sig.received or (stop_after is not None and step >= stop_after)
+                saving = eval_now or step % tc.checkpoint_every == 0 or stopping
+                if step % tc.log_every == 0 or step == tc.steps or saving:
+                    check()
                 if step % tc.log_every == 0 or step == tc.steps:
                     now = time.perf_counter()
                     rec = {k: m[k] for k in ("loss", "token_accuracy", "grad_norm")}
-                    rec.update(lr=lr_at(step - 1), tokens_per_s=toks / max(now - t_log, 1e-9))
+                    rec.update(lr=lr_at(step - 1), tokens_per_s=watch.take_tokens() / max(now - t_log, 1e-9))
                     emit(step, "train", rec)
-                    t_log, toks = now, 0.0
-                eval_now = step % tc.eval_every == 0 or step == tc.steps
+                    t_log = now
                 last_eval = None
                 if eval_now:
                     last_eval = evaluate(cfg, p.task, nnx.merge(p.graphs.model, state["model"]), eval_step, plan)
                     emit(step, "eval", last_eval)
-                stopping = sig.received or (stop_after is not None and step >= stop_after)
-                if eval_now or step % tc.checkpoint_every == 0 or stopping:
-                    ckpt.save(step, state, data_iter.get_state(), last_eval)
+                if saving:
+                    ckpt.save(step, state, data_state, last_eval)
                 if stopping:
                     return state, step, sig.received, last_eval
     finally:
