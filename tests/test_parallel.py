@@ -208,6 +208,7 @@ def _launch(workdir, overrides, n=2):
     return procs
 
 
+@pytest.mark.slow          # two 4-device processes against one: ~55 s on 2 cores (make test-all)
 def test_two_processes_train_like_one_process_and_one_device(eight, tmp_path):
     procs = _launch(tmp_path / "run", ["train.steps=5", "train.log_every=1", "train.eval_every=5"])
     outs = [p.communicate(timeout=600) for p in procs]
