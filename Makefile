@@ -1,4 +1,5 @@
-# Two commands: `make run` (main job) and `make test` (the suite CI runs).
+# Two commands: `make run` (main job) and `make test` (the suite CI runs). `make bench`: the performance
+# report (about half an hour on 2 cores; run it on an otherwise idle machine).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -20,4 +21,10 @@ test: install
 test-all: install
 	$(BIN)/python -m pytest -n 2 --dist loadfile -m "slow or not slow"
 
-.PHONY: install run test test-all
+bench: install
+	$(BIN)/python benchmarks/train_step.py
+	$(BIN)/python benchmarks/step_profile.py
+	$(BIN)/python benchmarks/decode.py --sizes tiny base --batches 1 8 --contexts 64 256 1024 --reps 7
+	$(BIN)/python benchmarks/make_run.py
+
+.PHONY: install run test test-all bench

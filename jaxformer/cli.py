@@ -67,6 +67,7 @@ def cmd_train(args) -> int:
         return 0 if out["signal"] is None else 128 + signal.Signals[out["signal"]].value
     console.print(f"status: {out['status']}" + (f" by {out['signal']}" if out["signal"] else "")
                   + f" at step {out['step']} after {out['wall_s']:.1f} s")
+    console.print("time (s): " + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in out["timings"].items()))
     if out["eval"]:
         show_eval(out["eval"], f"held-out (step {out['step']})")
     if "exact_match" in out["eval"]:

@@ -1,5 +1,6 @@
 """Training: the step learns, pads are inert, weight decay hits matrices only, resume is bitwise (also with the
 vocabulary taken from the data), tokens/s is per interval, configs are checked once after all overrides."""
+import json
 import logging
 import types
 from pathlib import Path
@@ -97,6 +98,11 @@ def test_resume_is_bitwise_equal_with_vocab_from_the_data(tmp_path):
     assert all(a[s] == b[s] for s in a), {s: (a[s], b[s]) for s in a if a[s] != b[s]}  # bitwise
     again = train(cfg, tmp_path / "resumed", progress="none")          # a finished run, rerun: nothing to do
     assert again["status"] == "completed" and again["step"] == 6 and train_losses(tmp_path / "resumed") == b
+    # each attempt appends its phase timings (make run's wall-time split): which steps, and all phases >= 0
+    attempts = [json.loads(line) for line in (tmp_path / "resumed/timings.jsonl").read_text().splitlines()]
+    assert [(t["from_step"], t["to_step"]) for t in attempts] == [(0, 3), (3, 6), (6, 6)]
+    assert all(t[k] >= 0 for t in attempts for k in loop.TIMINGS) and attempts[0]["first_step"] > 0
+    assert rest["timings"] == {k: attempts[1][k] for k in loop.TIMINGS}
 
 
 def test_tokens_per_second_measures_the_last_interval_only(tmp_path, monkeypatch):

@@ -51,15 +51,17 @@ def predict(model, task: Task, src, width: int):
     return generate_seq2seq(model, src, max_new=width, bos_id=tok.bos_id, eos_id=tok.eos_id)
 
 
-def examples(task: Task, model: nnx.Module, k: int) -> list[dict]:
+def examples(task: Task, model: nnx.Module, k: int, batch_rows: int = 0) -> list[dict]:
     """k decoded held-out examples: input, target, prediction, ok (greedy answers for seq2seq; next-character
-    predictions for a language model)."""
+    predictions for a language model). batch_rows: decode that many held-out rows and keep the first k (pass
+    evaluation's batch size, and the decoder compiled for evaluation serves these too)."""
     tok, ev = task.tokenizer, {a: b[:k] for a, b in task.eval.items()}
     rows = []
     if k <= 0:
         return rows
     if task.kind == "seq2seq":
-        pred = np.asarray(predict(model, task, ev["src"], ev["tgt_out"].shape[1]))
+        src = task.eval["src"][:max(k, batch_rows)]
+        pred = np.asarray(predict(model, task, src, ev["tgt_out"].shape[1]))[:k]
         pairs = zip(ev["src"], ev["tgt_out"], pred)
     else:
         graph, state = nnx.split(model)

@@ -14,6 +14,7 @@ files; every process takes part in each step, evaluation and checkpoint.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -59,6 +60,10 @@ class Prepared:
         return nnx.merge(self.graphs.model, self.state["model"])
 
 
+_clock = time.perf_counter         # the phase timings' own reference (tests fake `time` for tokens/s)
+TIMINGS = ("setup", "first_step", "steps", "eval", "checkpoint", "examples")
+
+
 def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, progress: str = "auto",
           on_start: Callable[[Prepared], None] | None = None) -> dict:
     """Train (or resume) `cfg` in `workdir`.
@@ -68,7 +73,10 @@ def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, pr
     stop_after: stop at that step as if interrupted (tests).
     Returns {"status": "completed" | "interrupted", "signal": "SIGINT" | "SIGTERM" | None, "step", "eval"
     (held-out metrics at "step"; empty after a signal unless that step evaluated), "examples" (decoded held-out
-    rows; none after a signal), "workdir", "wall_s"}."""
+    rows; none after a signal), "workdir", "wall_s", "timings"}. timings (seconds, this attempt; also appended
+    to RUN/timings.jsonl): setup (config, data, building or restoring the state), first_step (tracing, XLA
+    compilation and the first step), steps (every later step, with the loop's host reads), eval (held-out
+    evaluation), checkpoint (saving: each save returns once written), examples (the final decoded examples)."""
     initialize(cfg.parallel)                       # multi-host: before any JAX computation
     if cfg.model.attention_backend == "pallas" and ops.fused.platform() == "cpu":
         logging.getLogger("jaxformer").warning("model.attention_backend='pallas' on CPU runs the GPU kernel in "
@@ -78,21 +86,31 @@ def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, pr
                                                ", ".join(cfg.model.ablations))
     run, plan = RunDir(workdir), Plan(cfg.parallel)
     with run.lock() if is_primary() else contextlib.nullcontext():
+        t_setup = _clock()
         p = prepare(cfg, run, plan)
+        clock = collections.Counter(setup=_clock() - t_setup)
         try:
             if on_start is not None:
                 on_start(p)
             t0 = time.perf_counter()
             with plan.use():
-                state, step, signame, last_eval = _loop(p, run, stop_after, progress)
+                state, step, signame, last_eval = _loop(p, run, stop_after, progress, clock)
                 model, rows = nnx.merge(p.graphs.model, state["model"]), []
                 if signame is None:     # after a signal, exit promptly (a scheduler's grace period is short)
+                    t = _clock()
                     if last_eval is None:               # nothing ran, or the loop stopped between evals
                         last_eval = evaluate(p.cfg, p.task, model, plan=plan)
-                    rows = examples(p.task, model, p.cfg.train.num_examples)
+                    n_eval = len(next(iter(p.task.eval.values())))
+                    rows = examples(p.task, model, p.cfg.train.num_examples,
+                                    min(p.cfg.train.eval_batch_size, n_eval))
+                    clock["examples"] += _clock() - t
             status = "completed" if step >= p.cfg.train.steps else "interrupted"
+            timings = {k: round(clock[k], 4) for k in TIMINGS}
+            if is_primary():
+                with (run.path / "timings.jsonl").open("a", encoding="utf-8") as f:
+                    f.write(json.dumps({"from_step": p.start, "to_step": step, **timings}) + "\n")
             return {"status": status, "signal": signame, "step": step, "eval": last_eval or {}, "examples": rows,
-                    "workdir": str(run.path), "wall_s": time.perf_counter() - t0}
+                    "workdir": str(run.path), "wall_s": time.perf_counter() - t0, "timings": timings}
         finally:
             p.ckpt.close()
 
@@ -205,8 +223,9 @@ class _Watch:
         return tokens
 
 
-def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str):
-    """-> (state, last step done, signal name or None, last eval metrics or None)."""
+def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock: collections.Counter):
+    """-> (state, last step done, signal name or None, last eval metrics or None). Adds its seconds to clock
+    (first_step, steps, eval, checkpoint)."""
     cfg, tc, ckpt, plan = p.cfg, p.cfg.train, p.ckpt, p.plan
     rows = cfg.data.batch_size
     data_iter = iter(p.task.train_dataset(rows, tc.seed, plan.local_rows(rows)))
@@ -247,10 +266,14 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str):
     # The loop never waits for the device between those reads: the next batch is fetched and put on the
     # device while the current step runs (the data state saved with a checkpoint is the one of its step).
     batch = plan.global_batch(next(data_iter), rows) if p.start < tc.steps else None
+    t_loop = _clock()
     try:
         with _Signals() as sig:
             for step in range(p.start + 1, tc.steps + 1):
                 state, m = train_step(state, batch, jax.random.fold_in(base_key, step - 1))
+                if step == p.start + 1:           # the one extra wait of a run: how long compiling took
+                    jax.block_until_ready(m)
+                    clock["first_step"] += _clock() - t_loop
                 watch.add(step, m)
                 data_state = data_iter.get_state()
                 if step < tc.steps:
@@ -269,13 +292,19 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str):
                     t_log = now
                 last_eval = None
                 if eval_now:
+                    t = _clock()
                     last_eval = evaluate(cfg, p.task, nnx.merge(p.graphs.model, state["model"]), eval_step, plan)
+                    clock["eval"] += _clock() - t
                     emit(step, "eval", last_eval)
                 if saving:
+                    t = _clock()
                     ckpt.save(step, state, data_state, last_eval)
+                    clock["checkpoint"] += _clock() - t
                 if stopping:
                     return state, step, sig.received, last_eval
     finally:
+        clock["steps"] += (_clock() - t_loop - clock["first_step"] - clock["eval"]
+                           - clock["checkpoint"])
         bar.close()
         if primary:
             log.close()

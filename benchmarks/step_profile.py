@@ -1,0 +1,265 @@
+"""Where a train step's time goes, ours and PyTorch's, for the configs of benchmarks/train_step.py.
+
+  .venv/bin/python benchmarks/step_profile.py [--configs gpt base tiny] [--steps N] [--out STEM]
+
+Ours: the compiled step (`jaxformer.train.step.make_train_step`) is traced with `jax.profiler.trace` for
+--steps steps; each op event of XLA:CPU's runtime is matched to its instruction in the compiled HLO
+(`step.lower(...).compile().as_text()`) and put in one group:
+  matmul            dots and convolutions (YNNPACK/XNNPACK fusions around a dot included);
+  transposes/copies copy and transpose fusions: layout changes, often with elementwise work fused into them;
+  reductions        fusions around a reduce (softmax, norms, bias gradients, the loss);
+  random bits       fusions computing uint32 threefry bits (dropout masks);
+  layer-stack I/O   dynamic-slice / dynamic-update-slice fusions: the scanned layer stack reading its
+                    layer's parameters and storing each layer's activations for the backward pass;
+  buffer fills      broadcasts that initialise a whole buffer (the stacked activations' zeros);
+  elementwise       every other fusion (activations, Adam's update, dropout scaling, residual adds);
+  loop control      the while loops themselves (their bodies' ops are counted in their groups).
+Op times are summed over XLA:CPU's threads, so they can exceed the wall time. Also timed (medians of 5 runs
+of --steps steps, state threaded through, blocking only at the end): the whole step and the forward pass
+alone (the jitted loss), hence backward+update / forward.
+PyTorch: the same model as benchmarks/train_step.py, `torch.profiler` over --steps steps; self CPU time per
+aten op, grouped alike (mm/addmm/bmm/sdpa as matmul; copy_/clone/contiguous as copies; sum/mean/softmax/
+layer_norm and their backwards as reductions; bernoulli/dropout as random bits; _foreach_*/adamw as the
+optimizer; the rest elementwise). The remainder of the wall time is Python and dispatch.
+Writes benchmarks/results/step_profile.md and .json (or --out STEM.md / STEM.json).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+GROUPS = ("matmul", "transposes/copies", "reductions", "random bits", "layer-stack I/O", "buffer fills",
+          "optimizer", "elementwise", "loop control")
+
+
+def classify_hlo(name: str, body: str) -> str:
+    """Group of one XLA:CPU op, from its instruction name and (for a fusion) its fused computation's text."""
+    if re.match(r"(dot|convolution)\b", name) or re.search(r" (dot|convolution)\(", body):
+        return "matmul"
+    if "u32[" in body and ("shift-right-logical(" in body or "xor(" in body):
+        return "random bits"
+    if name.startswith(("while", "conditional", "call")):
+        return "loop control"
+    if re.search(r" reduce\(", body) or name.startswith("reduce"):
+        return "reductions"
+    if "dynamic-update-slice" in name or "dynamic-slice" in name:
+        return "layer-stack I/O"
+    if name.startswith("wrapped_broadcast"):
+        return "buffer fills"
+    if "copy" in name or "transpose" in name:
+        return "transposes/copies"
+    return "elementwise"
+
+
+def fused_bodies(hlo: str) -> dict[str, tuple[str, str]]:
+    """instruction name -> (fused computation text or '', metadata op_name) from compiled HLO text."""
+    comps = {}
+    for m in re.finditer(r"^%?([\w.\-]+) \(.*?\) -> .*? \{\n(.*?)\n\}", hlo, re.S | re.M):
+        comps[m.group(1)] = m.group(2)
+    out = {}
+    for m in re.finditer(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$", hlo, re.M):
+        line = m.group(2)
+        called = re.search(r"calls=%([\w.\-]+)", line)
+        op = re.search(r'op_name="([^"]+)"', line)
+        out[m.group(1)] = (comps.get(called.group(1), "") if called else line, op.group(1) if op else "")
+    return out
+
+
+def jax_child(name: str, steps: int) -> dict:
+    import jax
+    from flax import nnx
+    from jaxformer.train.step import forward, init_state, make_train_step, token_losses
+    import train_step as ts
+    c = ts.CONFIGS[name]
+    cfg = ts.jax_config(c)
+    graphs, state = init_state(cfg)
+    step = make_train_step(graphs, cfg)
+    batch, key = _jax_batch(c), jax.random.key(0)
+
+    def loss(model_state, batch, rng):                        # the forward pass alone, as the step runs it
+        model = nnx.merge(graphs.model, model_state)
+        logits, targets = forward(model, batch, nnx.Rngs(dropout=rng))
+        s = token_losses(logits, targets, cfg.model.pad_id, cfg.optim.label_smoothing)
+        return s["objective"] / s["count"]
+
+    fwd = jax.jit(loss)
+    hlo = step.lower(state, batch, key).compile().as_text()
+    carry = [state]
+
+    def run_steps():
+        for _ in range(steps):
+            carry[0], m = step(carry[0], batch, key)
+        return m
+
+    def run_fwd():
+        for _ in range(steps):
+            out = fwd(carry[0]["model"], batch, key)
+        return out
+
+    step_ms, fwd_ms = _median_ms(run_steps, steps), _median_ms(run_fwd, steps)
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            jax.block_until_ready(run_steps())
+        events = json.load(gzip.open(glob.glob(f"{d}/plugins/profile/*/perfetto_trace.json.gz")[0]))["traceEvents"]
+    info = fused_bodies(hlo)
+    groups, ops = collections.Counter(), collections.Counter()
+    for e in events:
+        op = e.get("args", {}).get("hlo_op") if e.get("ph") == "X" else None
+        if op is None or e.get("args", {}).get("hlo_module", "").find("train_step") < 0:
+            continue
+        body, op_name = info.get(op, ("", ""))
+        g = classify_hlo(op, body)
+        groups[g] += e["dur"] / 1e3 / steps
+        ops[(op, g, re.sub(r"^jit\(\w+\)/", "", op_name)[-70:])] += e["dur"] / 1e3 / steps
+    top = [{"op": k[0], "group": k[1], "source": k[2], "ms": v} for k, v in ops.most_common(12)]
+    return {"step_ms": step_ms, "forward_ms": fwd_ms, "groups_ms": dict(groups), "top": top,
+            "temp_mib": step.lower(state, batch, key).compile().memory_analysis().temp_size_in_bytes / 2 ** 20}
+
+
+def _jax_batch(c):
+    import jax
+    import jax.numpy as jnp
+    k = jax.random.split(jax.random.key(1234), 3)
+    tok = lambda key, n: jax.random.randint(key, (c["B"], n), 1, c["V"], dtype=jnp.int32)   # [B,n], no pad
+    if c["arch"] == "decoder_only":
+        return {"inputs": tok(k[0], c["T"]), "targets": tok(k[1], c["T"])}
+    return {"src": tok(k[0], c["S"]), "tgt_in": tok(k[1], c["T"]), "tgt_out": tok(k[2], c["T"])}
+
+
+def _median_ms(fn, steps: int, reps: int = 5) -> float:
+    import jax
+    jax.block_until_ready(fn())
+    ts_ = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        ts_.append((time.perf_counter() - t) / steps * 1e3)
+    return statistics.median(ts_)
+
+
+TORCH_GROUPS = [("optimizer", r"_foreach|adam"), ("matmul", r"aten::(mm|addmm|bmm|baddbmm|_scaled_dot|linear_back)"),
+                ("random bits", r"bernoulli|dropout|rand"),
+                ("reductions", r"sum|mean|softmax|norm|var|max|nll|cross_entropy|log_softmax"),
+                ("transposes/copies", r"copy_|clone|contiguous|cat|stack|_to_copy")]
+
+
+def torch_child(name: str, steps: int) -> dict:
+    import torch
+    import train_step as ts
+    torch.set_num_threads(os.cpu_count())
+    torch.manual_seed(0)
+    c = ts.CONFIGS[name]
+    model = ts.torch_model(c).train()
+    matrix = lambda n, p: p.ndim >= 2 and n not in ("emb.weight", "pos")     # as train_step.torch_child
+    named = list(model.named_parameters())
+    opt = torch.optim.AdamW([{"params": [p for n, p in named if matrix(n, p)], "weight_decay": c["wd"]},
+                             {"params": [p for n, p in named if not matrix(n, p)], "weight_decay": 0.0}],
+                            lr=ts.LR, betas=(ts.B1, c["b2"]))
+    tok = lambda n: torch.randint(1, c["V"], (c["B"], n))
+    inputs = (tok(c["S"]), tok(c["T"])) if c["arch"] == "encoder_decoder" else (tok(c["T"]),)
+    targets = tok(c["T"])
+
+    def run_steps():
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(model(*inputs).reshape(-1, c["V"]), targets.reshape(-1))
+            loss.backward()
+            opt.step()
+
+    run_steps()
+    walls = []
+    for _ in range(5):
+        t = time.perf_counter()
+        run_steps()
+        walls.append((time.perf_counter() - t) / steps * 1e3)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run_steps()
+    groups = collections.Counter()
+    top = collections.Counter()
+    for ev in prof.key_averages():
+        ms = ev.self_cpu_time_total / 1e3 / steps
+        g = next((g for g, pat in TORCH_GROUPS if re.search(pat, ev.key)), "elementwise")
+        groups[g] += ms
+        top[(ev.key, g)] += ms
+    return {"step_ms": statistics.median(walls), "groups_ms": dict(groups),
+            "top": [{"op": k[0], "group": k[1], "ms": v} for k, v in top.most_common(12)]}
+
+
+def run_child(framework: str, name: str, steps: int) -> dict:
+    cmd = [sys.executable, __file__, "--child", framework, name, str(steps)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    if out.returncode:
+        return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def report(results: dict, command: str) -> str:
+    import train_step as ts
+    from jaxformer.report import machine
+    lines = ["# Where the train step's time goes", "", f"`{command}`", "", f"Machine: {machine()}", "",
+             __doc__.split("\n\n", 2)[2].split("Writes")[0].strip(), ""]
+    for name, r in results.items():
+        ours, torch_ = r["jax"], r["torch"]
+        lines += [f"## {name}: {ts.describe(ts.CONFIGS[name])}", ""]
+        if "error" in ours or "error" in torch_:
+            lines += [f"failed: ours {ours.get('error', 'ok')}; torch {torch_.get('error', 'ok')}", ""]
+            continue
+        lines += [f"Ours: step {ours['step_ms']:.1f} ms, forward alone {ours['forward_ms']:.1f} ms, so backward + "
+                  f"update = {(ours['step_ms'] - ours['forward_ms']) / ours['forward_ms']:.1f}× the forward; "
+                  f"temporary block {ours['temp_mib']:.0f} MiB. PyTorch: step {torch_['step_ms']:.1f} ms.", "",
+                  "| group | ours ms/step | share | PyTorch ms/step | share |", "|---|---:|---:|---:|---:|"]
+        to, tt = sum(ours["groups_ms"].values()), sum(torch_["groups_ms"].values())
+        for g in GROUPS:
+            a, b = ours["groups_ms"].get(g, 0.0), torch_["groups_ms"].get(g, 0.0)
+            if a or b:
+                lines.append(f"| {g} | {a:.2f} | {a / to:.0%} | {b:.2f} | {b / tt:.0%} |")
+        lines += [f"| **op time** | {to:.2f} | | {tt:.2f} | |",
+                  f"| wall (step) | {ours['step_ms']:.2f} | | {torch_['step_ms']:.2f} | |", "",
+                  "Our twelve most expensive ops (ms/step; source = the jaxpr equation XLA names):", "",
+                  "| op | group | ms | source |", "|---|---|---:|---|"]
+        lines += [f"| {t['op']} | {t['group']} | {t['ms']:.2f} | `{t['source']}` |" for t in ours["top"]]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--configs", nargs="+", default=["gpt", "base", "tiny"])
+    p.add_argument("--steps", type=int, default=None, help="steps per timed block (default: tiny 50, base 3, gpt 20)")
+    p.add_argument("--out", default=str(ROOT / "benchmarks/results/step_profile"), help="path stem of .md and .json")
+    p.add_argument("--child", nargs=3, metavar=("FRAMEWORK", "CONFIG", "STEPS"))
+    a = p.parse_args(argv)
+    if a.child:
+        fw, name, steps = a.child
+        print(json.dumps((jax_child if fw == "jax" else torch_child)(name, int(steps))))
+        return
+    results = {}
+    for name in a.configs:
+        steps = a.steps or {"tiny": 50, "base": 3, "gpt": 20}[name]
+        results[name] = {fw: run_child(fw, name, steps) for fw in ("jax", "torch")}
+        print(name, {fw: r.get("step_ms", r.get("error")) for fw, r in results[name].items()}, flush=True)
+    command = "python benchmarks/step_profile.py " + " ".join(argv)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out + ".json").write_text(json.dumps({"command": command, "results": results}, indent=1))
+    Path(a.out + ".md").write_text(report(results, command.strip()))
+    print(f"wrote {a.out}.md")
+
+
+if __name__ == "__main__":
+    main()
