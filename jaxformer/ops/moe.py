@@ -1,0 +1,154 @@
+"""Mixture-of-Experts FFN as pure functions: a float32 router, top-1/top-2 choice, expert FFNs run either with a
+fixed capacity per expert (tokens over it are dropped) or dropless (grouped matmuls, `jax.lax.ragged_dot`),
+and the router's auxiliary losses.
+
+Axis legend (besides the package's): M tokens (B·T flattened), E experts, C capacity (slots per expert),
+A assignments (M·top_k), D model width, F FFN width.
+
+Semantics, as Switch Transformer (top-1) and GShard/Mixtral (top-2):
+- router: probs = softmax(x·Wr) in float32; each token picks its top_k experts; the combine weight is the
+  router probability for top_k=1 and the top-2 probabilities renormalised to sum 1 for top_k=2.
+- capacity mode: C = ceil(capacity_factor · M · top_k / E). Slots are filled in priority order: every token's
+  first choice before any second choice, earlier tokens first. An assignment over capacity is dropped: that
+  token gets nothing from that expert (with a residual connection around the FFN, a token dropped by all its
+  experts passes through unchanged).
+- dropless mode (capacity_factor=0): every assignment is computed; tokens are sorted by expert and the experts
+  run as grouped matmuls over the sorted rows.
+- invalid tokens (padding; `valid` False) take no slot, output zeros and count in no statistic or loss.
+Both modes work under jit and grad; the capacity mode also under vmap. The dropless mode does not vmap
+(`jax.lax.ragged_dot` has no batching rule in JAX 0.10): flatten token groups into M instead.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer.ops import activations
+
+
+class Routing(NamedTuple):
+    probs: jax.Array      # [M,E] float32 router probabilities
+    experts: jax.Array    # [M,k] int32 chosen experts, best first
+    weights: jax.Array    # [M,k] float32 combine weights (0 for invalid tokens)
+    logits: jax.Array     # [M,E] float32 router logits
+
+
+def route(x: jax.Array, router: jax.Array, top_k: int, valid: jax.Array | None = None) -> Routing:
+    """x [M,D], router [D,E] -> Routing, computed in float32 whatever x's dtype."""
+    if top_k not in (1, 2):
+        raise ValueError(f"top_k={top_k} must be 1 or 2")
+    logits = jnp.einsum("MD,DE->ME", x.astype(jnp.float32), router.astype(jnp.float32))
+    probs = jax.nn.softmax(logits, axis=-1)
+    top, experts = jax.lax.top_k(probs, top_k)                                    # [M,k]
+    weights = top if top_k == 1 else top / jnp.sum(top, axis=-1, keepdims=True)
+    if valid is not None:
+        weights = jnp.where(valid[:, None], weights, 0.0)
+    return Routing(probs, experts.astype(jnp.int32), weights, logits)
+
+
+def capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float) -> int:
+    """Slots per expert: ceil(capacity_factor · M · top_k / E), at least 1."""
+    return max(1, math.ceil(capacity_factor * num_tokens * top_k / num_experts))
+
+
+def load_balancing_loss(r: Routing, valid: jax.Array | None = None) -> jax.Array:
+    """Switch Transformer's auxiliary loss, E · Σ_e f_e · P_e, where f_e is the fraction of assignments routed
+    to expert e (all top_k choices, before any capacity drop) and P_e the mean router probability of e, both
+    over valid tokens. 1 when routing is uniform; multiply by α (0.01 in the paper) in the objective. -> []."""
+    m, e = r.probs.shape
+    w = jnp.ones((m,), jnp.float32) if valid is None else valid.astype(jnp.float32)
+    n = jnp.maximum(w.sum(), 1.0)
+    chosen = jax.nn.one_hot(r.experts, e, dtype=jnp.float32).sum(1)              # [M,E] assignments per expert
+    f = jnp.einsum("M,ME->E", w, chosen) / (n * r.experts.shape[1])
+    p = jnp.einsum("M,ME->E", w, r.probs) / n
+    return e * jnp.sum(f * p)
+
+
+def router_z_loss(r: Routing, valid: jax.Array | None = None) -> jax.Array:
+    """ST-MoE's router z-loss: mean over valid tokens of logsumexp(logits)². -> []."""
+    z = jax.nn.logsumexp(r.logits, axis=-1) ** 2
+    if valid is None:
+        return z.mean()
+    w = valid.astype(jnp.float32)
+    return jnp.sum(z * w) / jnp.maximum(w.sum(), 1.0)
+
+
+def _slots(r: Routing, num_experts: int, cap: int, valid: jax.Array | None):
+    """Each assignment's slot in its expert's queue, filled choice-major (all first choices, then seconds).
+    -> (slot [M,k] int32, kept [M,k] bool)."""
+    m, k = r.experts.shape
+    onehot = jax.nn.one_hot(r.experts.T, num_experts, dtype=jnp.int32)            # [k,M,E] choice-major
+    if valid is not None:
+        onehot = onehot * valid[None, :, None].astype(jnp.int32)
+    flat = onehot.reshape(k * m, num_experts)
+    slot = (jnp.cumsum(flat, axis=0) - 1) * flat                                   # queue position, 0-based
+    slot = slot.sum(-1).reshape(k, m).T                                            # [M,k]
+    kept = (flat.sum(-1).reshape(k, m).T > 0) & (slot < cap)
+    return slot, kept
+
+
+def _expert_ffn(h_in, w1, w2, activation, b1=None, b2=None, wg=None, bg=None, matmul=None):
+    """The E expert FFNs over their rows. matmul(x, w) applies each expert's [D,F] or [F,D] weight."""
+    h = matmul(h_in, w1) + (b1 if b1 is not None else 0)
+    if activation in activations.GATED:
+        g = matmul(h_in, wg) + (bg if bg is not None else 0)
+        h = activations.GATED[activation](g, h)
+    else:
+        h = activations.UNGATED[activation](h)
+    return matmul(h, w2) + (b2 if b2 is not None else 0)
+
+
+class MoEStats(NamedTuple):
+    balance: jax.Array    # [] load_balancing_loss
+    z: jax.Array          # [] router_z_loss
+    load: jax.Array       # [E] fraction of valid assignments routed to each expert (before drops)
+    dropped: jax.Array    # [] fraction of valid assignments dropped for capacity (0 when dropless)
+
+
+def moe_ffn(x: jax.Array, router: jax.Array, w1: jax.Array, w2: jax.Array, *, top_k: int = 1,
+            capacity_factor: float = 1.25, activation: str = "relu", valid: jax.Array | None = None,
+            b1=None, b2=None, wg=None, bg=None) -> tuple[jax.Array, MoEStats]:
+    """Mixture-of-Experts FFN. x [M,D]; router [D,E]; w1 (and wg) [E,D,F], w2 [E,F,D]; optional biases
+    b1 (bg) [E,F], b2 [E,D]; valid [M] bool. capacity_factor > 0: fixed capacity with dropping; 0: dropless.
+    -> (y [M,D] in x's dtype, MoEStats)."""
+    m, _ = x.shape
+    e = router.shape[1]
+    r = route(x, router, top_k, valid)
+    w = jnp.ones((m,), jnp.float32) if valid is None else valid.astype(jnp.float32)
+    n_assign = jnp.maximum(w.sum() * top_k, 1.0)
+    chosen = jnp.einsum("M,MkE->E", w, jax.nn.one_hot(r.experts, e, dtype=jnp.float32))
+    cast = lambda a: None if a is None else a.astype(x.dtype)
+    b1, b2, wg, bg = cast(b1), cast(b2), cast(wg), cast(bg)
+    if capacity_factor > 0:
+        cap = capacity(m, e, top_k, capacity_factor)
+        slot, kept = _slots(r, e, cap, valid)
+        # dispatch [M,E,C]: which slot each token fills; combine: the same with the routing weights
+        to_expert = jax.nn.one_hot(r.experts, e, dtype=x.dtype)[..., None]                  # [M,k,E,1]
+        to_slot = jax.nn.one_hot(slot, cap, dtype=x.dtype)[:, :, None, :]                    # [M,k,1,C]
+        where = to_expert * to_slot * kept[..., None, None].astype(x.dtype)                 # [M,k,E,C]
+        dispatch = where.sum(1)
+        combine = jnp.einsum("MkEC,Mk->MEC", where, r.weights.astype(x.dtype))
+        xe = jnp.einsum("MEC,MD->ECD", dispatch, x)                                        # [E,C,D]
+        mm = lambda h, wt: jnp.einsum("ECX,EXY->ECY", h, wt.astype(x.dtype))
+        ye = _expert_ffn(xe, w1, w2, activation, None if b1 is None else b1[:, None], None if b2 is None
+                         else b2[:, None], wg, None if bg is None else bg[:, None], matmul=mm)
+        y = jnp.einsum("MEC,ECD->MD", combine, ye)
+        dropped = 1.0 - jnp.einsum("M,Mk->", w, kept.astype(jnp.float32)) / n_assign
+    else:
+        flat = r.experts.reshape(-1)                                                      # [A] token-major
+        order = jnp.argsort(flat, stable=True)
+        tokens = order // top_k                                                           # [A] source row
+        sizes = jnp.bincount(flat, length=e).astype(jnp.int32)                            # [E]
+        xs = x[tokens]                                                                    # [A,D] sorted by expert
+        gid = flat[order]
+        mm = lambda h, wt: jax.lax.ragged_dot(h, wt.astype(x.dtype), sizes)
+        ys = _expert_ffn(xs, w1, w2, activation, None if b1 is None else b1[gid], None if b2 is None
+                         else b2[gid], wg, None if bg is None else bg[gid], matmul=mm)    # [A,D]
+        ys = ys * r.weights.reshape(-1)[order][:, None].astype(x.dtype)
+        y = jnp.zeros_like(x).at[tokens].add(ys)
+        dropped = jnp.zeros((), jnp.float32)
+    stats = MoEStats(load_balancing_loss(r, valid), router_z_loss(r, valid), chosen / n_assign, dropped)
+    return y.astype(x.dtype), stats
