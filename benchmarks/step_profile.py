@@ -33,7 +33,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -201,11 +200,8 @@ def torch_child(name: str, steps: int) -> dict:
 
 
 def run_child(framework: str, name: str, steps: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", framework, name, str(steps)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)})
-    if out.returncode:
-        return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    import train_step as ts
+    return ts.run_child(framework, name, steps, script=__file__)
 
 
 def report(results: dict, command: str) -> str:

@@ -238,8 +238,9 @@ def matmul_child(framework: str, reps: int) -> dict:
     return {"n": MATMUL_N, "median_s": med, "flops_per_s": 2 * MATMUL_N ** 3 / med}
 
 
-def run_child(framework: str, name: str, steps: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", framework, name, str(steps)]
+def run_child(framework: str, name: str, steps: int, script: str = __file__) -> dict:
+    """`script --child FRAMEWORK NAME STEPS` in a fresh process -> its last stdout line as JSON (or the error)."""
+    cmd = [sys.executable, script, "--child", framework, name, str(steps)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)})
     if out.returncode:
         return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
