@@ -236,7 +236,7 @@ def report(results: dict, command: str) -> str:
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--configs", nargs="+", default=["gpt", "base", "tiny"])
+    p.add_argument("--configs", nargs="+", choices=["gpt", "base", "tiny"], default=["gpt", "base", "tiny"])
     p.add_argument("--steps", type=int, default=None, help="steps per timed block (default: tiny 50, base 3, gpt 20)")
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/step_profile"), help="path stem of .md and .json")
     p.add_argument("--child", nargs=3, metavar=("FRAMEWORK", "CONFIG", "STEPS"))
