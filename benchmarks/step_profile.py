@@ -92,7 +92,7 @@ def jax_child(name: str, steps: int) -> dict:
 
     def loss(model_state, batch, rng):                        # the forward pass alone, as the step runs it
         model = nnx.merge(graphs.model, model_state)
-        logits, targets = forward(model, batch, nnx.Rngs(dropout=rng))
+        logits, targets, _ = forward(model, batch, nnx.Rngs(dropout=rng))
         s = token_losses(logits, targets, cfg.model.pad_id, cfg.optim.label_smoothing)
         return s["objective"] / s["count"]
 

@@ -111,6 +111,16 @@ class ModelConfig(_Validated):
     remat: str = "none"                    # recompute in the backward pass, per block: none | full | dots
                                            # (dots: keep the matmul outputs without batch dims, recompute the rest)
     attention_scale: str = "rsqrt"         # logits scale: "rsqrt" = 1/sqrt(H) (the paper) | "none" = 1
+    # Mixture of Experts (jaxformer.ops.moe): ffn="moe" replaces the FFN of every moe_every-th block (the last of
+    # each group of moe_every) by E experts of width d_ff, each token routed to its top-k.
+    ffn: str = "dense"                     # dense | moe
+    num_experts: int = 8                   # E
+    moe_top_k: int = 1                     # 1 (Switch) | 2 (GShard, Mixtral)
+    moe_capacity_factor: float = 1.25      # training: slots per expert = ceil(factor·tokens·k/E), overflow dropped;
+                                           # 0 = dropless. Inference (eval, decoding) always runs dropless.
+    moe_every: int = 1                     # MoE on every layer (1) or every n-th (layers must be a multiple of n)
+    moe_balance_weight: float = 0.01       # α · Switch load-balancing loss, added to the objective
+    moe_z_weight: float = 0.001            # β · router z-loss (ST-MoE), added to the objective
     # Ablation switches: wrong on purpose, to measure what the seeds claim (docs/ablations/masking.md).
     # Training with either set to its non-default value prints a warning; nothing else should flip them.
     ablation_mask_value: str = "min"       # masked logits: "min" = float32's most negative | "zero" = 0 (leaks)
@@ -168,6 +178,22 @@ class ModelConfig(_Validated):
         positive("model.rope_base", self.rope_base)
         if self.positional == "rope" and self.head_dim % 2:
             raise ConfigError(f"model.positional='rope' needs an even head dim; d_model/num_heads={self.head_dim}")
+        choice("model.ffn", self.ffn, ("dense", "moe"))
+        positive("model.num_experts", self.num_experts)
+        choice("model.moe_top_k", self.moe_top_k, (1, 2))
+        if self.ffn == "moe" and self.moe_top_k > self.num_experts:
+            raise ConfigError(f"model.moe_top_k={self.moe_top_k} exceeds model.num_experts={self.num_experts}")
+        positive("model.moe_capacity_factor", self.moe_capacity_factor, allow_zero=True)
+        positive("model.moe_every", self.moe_every)
+        positive("model.moe_balance_weight", self.moe_balance_weight, allow_zero=True)
+        positive("model.moe_z_weight", self.moe_z_weight, allow_zero=True)
+        if self.ffn == "moe":
+            stacks = [("num_decoder_layers", self.num_decoder_layers)]
+            if self.arch == "encoder_decoder":
+                stacks.append(("num_encoder_layers", self.num_encoder_layers))
+            for f, n in stacks:
+                if n % self.moe_every:
+                    raise ConfigError(f"model.moe_every={self.moe_every} does not divide model.{f}={n}")
         if self.vocab_size and not 0 <= self.pad_id < self.vocab_size:
             raise ConfigError(f"model.pad_id={self.pad_id} is outside the vocabulary [0, {self.vocab_size})")
 
@@ -291,20 +317,21 @@ class TrainConfig(_Validated):
         choice("train.best_metric", self.best_metric, ("loss", "token_accuracy", "exact_match"))
 
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
 # Logical axis names: parameters carry them (jaxformer.nn.params); activations and the KV cache are
 # constrained with them. "embed" is a parameter's D; "act_embed" is an activation's D.
 LOGICAL_AXES = ("batch", "length", "vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "layers",
-                "act_embed", "cache_slots")
+                "act_embed", "cache_slots", "expert")
 
 
 @dataclasses.dataclass(frozen=True)
 class ParallelConfig(_Validated):
-    """How one step runs over many devices and hosts: a mesh (data × fsdp × tensor) and rules that map logical
+    """How one step runs over many devices and hosts: a mesh (data × fsdp × expert × tensor) and rules that map logical
     axes onto it (the table: `jaxformer.parallel.RULES`, printed by `jaxformer plan`)."""
     mode: str = "jit"                      # jit: GSPMD over the mesh | shard_map: explicit per-device data parallel
     data: int = -1                         # mesh axis sizes; one may be -1 = the devices left
     fsdp: int = 1
+    expert: int = 1                        # expert parallelism: MoE experts split over it (batch rows too)
     tensor: int = 1
     rules: tuple[str, ...] = ()            # overrides of the rule table: "logical:axis[+axis]" ("logical:" = none)
     distributed: str = "auto"              # auto (when configured or launched by SLURM/Open MPI) | on | off
@@ -323,9 +350,10 @@ class ParallelConfig(_Validated):
                 raise ConfigError(f"parallel.{a}={v} must be a positive mesh axis size or -1 (the devices left)")
         if sum(v == -1 for v in sizes.values()) > 1:
             raise ConfigError(f"parallel: only one mesh axis size may be -1; got {sizes}")
-        if self.mode == "shard_map" and (self.fsdp != 1 or self.tensor != 1):
+        if self.mode == "shard_map" and (self.fsdp != 1 or self.tensor != 1 or self.expert != 1):
             raise ConfigError(f"parallel.mode='shard_map' is the explicit data-parallel step; it needs "
-                              f"parallel.fsdp=1 and parallel.tensor=1 (got {self.fsdp}, {self.tensor})")
+                              f"parallel.fsdp=1, parallel.expert=1 and parallel.tensor=1 (got {self.fsdp}, "
+                              f"{self.expert}, {self.tensor})")
         for r in self.rules:
             logical, sep, axes = r.partition(":")
             if not sep:

@@ -64,8 +64,9 @@ def decoder_step(model, cache: KVCache, tokens, positions, valid, memory_kv=None
     if memory_kv is not None:
         per_layer["memory_kv"] = memory_kv
     x = model.embed(tokens, positions)
-    x, (k, v) = model.decoder(x, per_layer=per_layer, mask=mask, positions=positions, kv_positions=kv_pos,
-                              memory_mask=memory_mask)                                  # k, v [L,B,T,K,H]
+    x, ys = model.decoder(x, per_layer=per_layer, mask=mask, positions=positions, kv_positions=kv_pos,
+                          memory_mask=memory_mask, valid=valid)
+    k, v = ys["cache"]                                                                  # [L,B,T,K,H] each
     write = lambda buf, new, axis: jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), i, axis=axis)
     new_cache = KVCache(constrain(write(cache.k, k, 2), CACHE_AXES), constrain(write(cache.v, v, 2), CACHE_AXES),
                         write(cache.positions, positions, 1), write(cache.valid, valid, 1), i + tokens.shape[1])

@@ -1,4 +1,4 @@
-"""The parallel plan: a device mesh (data × fsdp × tensor) and one rule table mapping logical axes onto it.
+"""The parallel plan: a device mesh (data × fsdp × expert × tensor) and one rule table mapping logical axes onto it.
 
 Parameters carry logical axis names (`jaxformer.nn.params`); activations and the KV cache are constrained with
 `constrain(x, names)`. The same table shards both, so a strategy is a choice of mesh sizes, not code:
@@ -8,6 +8,8 @@ Parameters carry logical axis names (`jaxformer.nn.params`); activations and the
                                              weights all-gathered where used, gradients reduce-scattered
     tensor (TP)     parallel.tensor=N        heads, FFN width and vocab split N ways (Megatron): activations
                                              all-reduced after the attention output and FFN projections
+    expert (EP)     parallel.expert=N        MoE experts split N ways (and the batch, as data parallel elsewhere):
+                                             tokens reach their experts' devices through collectives GSPMD inserts
     combinations    e.g. data=2 tensor=4     the mesh's axes compose
     shard_map       parallel.mode=shard_map  explicit per-device data-parallel step (`train.step`)
 
@@ -29,10 +31,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxformer.config import LOGICAL_AXES, MESH_AXES, ParallelConfig
 from jaxformer.errors import ConfigError
 
-# logical axis -> mesh axes (in order). Parameter axes: vocab, embed, q_heads, kv_heads, head_dim, mlp, layers.
+# logical axis -> mesh axes (in order). Parameter axes: vocab, embed, q_heads, kv_heads, head_dim, mlp, layers, expert.
 # Activation axes: batch, length, act_embed (and q_heads/kv_heads/mlp/vocab for activations of those dims).
 RULES: dict[str, tuple[str, ...]] = {
-    "batch": ("data", "fsdp"),      # activations, batches, the KV cache's rows
+    "batch": ("data", "fsdp", "expert"),  # activations, batches, the KV cache's rows
     "length": (),                   # T / S
     "vocab": ("tensor",),           # embedding rows, output head columns, logits
     "embed": ("fsdp",),             # a parameter's D: FSDP shards every weight along it
@@ -43,6 +45,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "mlp": ("tensor",),             # F
     "layers": (),                   # L: the stacked layer axis (scanned; each step uses one layer)
     "cache_slots": (),              # the KV cache's S
+    "expert": ("expert",),          # E: MoE expert weights (expert parallelism)
 }
 assert set(RULES) == set(LOGICAL_AXES)
 

@@ -6,6 +6,7 @@ JOB keys (all optional but "devices"):
   strategies {name: overrides}   5 train steps of the tiny reversal config under each plan (the train step alone,
                                  as train() runs it), plus the same on one device: losses, the PartitionSpec and
                                  logical axes of every state array, per-device bytes
+  moe {name: overrides}          as strategies, for a Mixture-of-Experts model ("one device" = its baseline)
   errors {name: overrides}       train() must refuse these with a named error before compiling anything
   configs [path, ...]            shipped configs: the plan each gives on these devices (nothing compiled)
   lm_decode {name: overrides}    a fresh tiny char LM decoded (generate_lm) under each mesh ("one" = one device)
@@ -151,6 +152,8 @@ for name, overrides in job.get("strategies", {}).items():
     results["strategies"][name] = steps(overrides)
 if job.get("strategies"):
     results["strategies"]["one device"] = steps(job["baseline"], jax.devices()[:1])
+for name, overrides in job.get("moe", {}).items():
+    results.setdefault("moe", {})[name] = steps(overrides, jax.devices()[:1] if name == "one device" else None)
 for name, overrides in job.get("errors", {}).items():
     results["errors"][name] = refused(overrides)
 if "lm_decode" in job:

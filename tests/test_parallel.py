@@ -38,9 +38,13 @@ STRATEGIES = {
     "data x fsdp x tensor": ["parallel.data=2", "parallel.fsdp=2", "parallel.tensor=2"],
     "shard_map": ["parallel.mode=shard_map", "parallel.data=8"],
 }
+# a MoE reversal model whose 8 experts split over the expert axis (top-2, capacity that drops some tokens)
+MOE = SMALL + ["model.ffn=moe", "model.num_experts=8", "model.moe_top_k=2", "model.moe_capacity_factor=1.0"]
+MOE_MESHES = {"one device": ["parallel.data=1"], "expert 8": ["parallel.data=1", "parallel.expert=8"],
+              "data 2 x expert 2 x tensor 2": ["parallel.data=2", "parallel.expert=2", "parallel.tensor=2"]}
 REFUSED = {
     "sizes that do not multiply to 8": (["parallel.data=3"], "needs 3 devices; 8 are available"),
-    "a rule naming an unknown mesh axis": (["parallel.rules=mlp:expert"], "unknown mesh axis 'expert'"),
+    "a rule naming an unknown mesh axis": (["parallel.rules=mlp:pipeline"], "unknown mesh axis 'pipeline'"),
     "kv heads not divisible by tensor": (["parallel.data=1", "parallel.tensor=8"], "not divisible by mesh axes"),
     "batch not divisible by data": (["parallel.data=8", "data.batch_size=12"], "data.batch_size=12"),
 }
@@ -62,6 +66,7 @@ def eight(tmp_path_factory):
         "devices": 8, "tmp": str(tmp), "baseline": SMALL + ["parallel.data=1"],
         "strategies": {k: SMALL + v for k, v in STRATEGIES.items()},
         "errors": {k: v[0] for k, v in REFUSED.items()},
+        "moe": {k: MOE + v for k, v in MOE_MESHES.items()},
         "configs": [str(p) for p in sorted((ROOT / "configs/parallel").glob("*.py"))],
         "lm_decode": {"one": ["parallel.data=1", "model.num_heads=4"],
                       "data x tensor": ["parallel.data=2", "parallel.tensor=4", "model.num_heads=4"]},
@@ -78,6 +83,16 @@ def test_every_strategy_trains_like_one_device(eight, name):
     assert len(got) == len(base) == 5
     np.testing.assert_allclose(got, base, rtol=RTOL)
     assert base[0] != base[-1]                                  # the steps did change the model
+
+
+@pytest.mark.parametrize("name", [n for n in MOE_MESHES if n != "one device"])
+def test_experts_sharded_over_the_expert_axis_train_like_one_device(eight, name):
+    r, base = eight["moe"][name], eight["moe"]["one device"]["losses"]
+    np.testing.assert_allclose(r["losses"], base, rtol=RTOL)
+    assert base[0] != base[-1]
+    w1 = [s for p, s in r["specs"].items() if p.startswith("['model']") and p.endswith("['ffn']['w1'].value")]
+    assert w1 and all(s[1] == "expert" for s in w1), w1                 # [L, E, D, F]: E over the expert axis
+    assert r["logical"][next(p for p in r["logical"] if p.endswith("['ffn']['w1'].value"))][1] == "expert"
 
 
 def _expected_spec(names, sizes, shape):
@@ -142,11 +157,11 @@ def test_fsdp_holds_an_eighth_of_each_sharded_array_per_device(eight):
 
 def test_shipped_parallel_configs_plan_eight_devices(eight):
     assert eight["configs"] == {
-        "data": {"mesh": {"data": 8, "fsdp": 1, "tensor": 1}, "mode": "jit"},
-        "fsdp": {"mesh": {"data": 1, "fsdp": 8, "tensor": 1}, "mode": "jit"},
-        "tensor": {"mesh": {"data": 4, "fsdp": 1, "tensor": 2}, "mode": "jit"},
-        "hybrid": {"mesh": {"data": 2, "fsdp": 2, "tensor": 2}, "mode": "jit"},
-        "shard_map": {"mesh": {"data": 8, "fsdp": 1, "tensor": 1}, "mode": "shard_map"}}
+        "data": {"mesh": {"data": 8, "fsdp": 1, "expert": 1, "tensor": 1}, "mode": "jit"},
+        "fsdp": {"mesh": {"data": 1, "fsdp": 8, "expert": 1, "tensor": 1}, "mode": "jit"},
+        "tensor": {"mesh": {"data": 4, "fsdp": 1, "expert": 1, "tensor": 2}, "mode": "jit"},
+        "hybrid": {"mesh": {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}, "mode": "jit"},
+        "shard_map": {"mesh": {"data": 8, "fsdp": 1, "expert": 1, "tensor": 1}, "mode": "shard_map"}}
 
 
 @pytest.mark.parametrize("name", list(REFUSED))

@@ -11,6 +11,7 @@ from flax import nnx
 
 from jaxformer.config import ModelConfig
 from jaxformer.nn.attention import MultiHeadAttention
+from jaxformer.nn.moe import MoEFeedForward
 from jaxformer.nn.params import dense_init, ones, param, zeros
 from jaxformer.ops import activations, norms
 
@@ -84,42 +85,67 @@ class Residual(nnx.Module):
         return (y if self.pre else self.norm(y)), extra
 
 
-class EncoderBlock(nnx.Module):
-    """Self-attention -> FFN, each wrapped by Residual."""
+def make_ffn(cfg: ModelConfig, moe: bool, rngs: nnx.Rngs) -> nnx.Module:
+    """The block's FFN: dense, or (moe=True) the Mixture-of-Experts FFN."""
+    if moe:
+        return MoEFeedForward(cfg, rngs=rngs)
+    return FeedForward(cfg, rngs=rngs)
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+
+def _ffn_sublayer(block, x, valid, rngs, extras: dict):
+    """The FFN residual sublayer; a MoE FFN's statistics go to extras["moe"]."""
+    if block.moe:
+        x, extras["moe"] = block.res_ffn(x, lambda y: block.ffn(y, valid, train=rngs is not None), rngs)
+        return x
+    return block.res_ffn(x, block.ffn, rngs)[0]
+
+
+class EncoderBlock(nnx.Module):
+    """Self-attention -> FFN (dense, or Mixture-of-Experts with moe=True), each wrapped by Residual.
+
+    Returns x, or (x, extras) when there is anything extra: {"self": weights} with return_weights, {"moe":
+    ops.moe.MoEStats} from a MoE FFN."""
+
+    def __init__(self, cfg: ModelConfig, *, moe: bool = False, rngs: nnx.Rngs):
         self.self_attn = MultiHeadAttention(cfg, self_attention=True, rngs=rngs)
-        self.ffn = FeedForward(cfg, rngs=rngs)
+        self.moe = moe
+        self.ffn = make_ffn(cfg, moe, rngs)
         self.res_attn = Residual(cfg, rngs=rngs)
         self.res_ffn = Residual(cfg, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, mask: jax.Array | None, positions: jax.Array | None,
-                 rngs: nnx.Rngs | None = None, return_weights: bool = False):
-        """x [B,S,D], mask [B,1,S,S]-broadcastable, positions [B,S] -> [B,S,D]; with return_weights also
-        {"self": attention weights [B,N,S,S] float32}."""
+                 rngs: nnx.Rngs | None = None, return_weights: bool = False, valid: jax.Array | None = None):
+        """x [B,S,D], mask [B,1,S,S]-broadcastable, positions [B,S], valid [B,S] (non-padding; MoE routing
+        only) -> [B,S,D]; with return_weights also {"self": attention weights [B,N,S,S] float32}."""
         x, w = self.res_attn(x, lambda y: self.self_attn(y, mask=mask, q_positions=positions,
                                                          return_weights=return_weights), rngs)
-        x, _ = self.res_ffn(x, self.ffn, rngs)
-        return (x, {"self": w}) if return_weights else x
+        extras = {"self": w} if return_weights else {}
+        x = _ffn_sublayer(self, x, valid, rngs, extras)
+        return (x, extras) if extras else x
 
 
 class DecoderBlock(nnx.Module):
-    """Masked self-attention -> cross-attention over encoder memory (if cross) -> FFN.
+    """Masked self-attention -> cross-attention over encoder memory (if cross) -> FFN (dense, or
+    Mixture-of-Experts with moe=True).
 
     With `cache=(k, v)` ([B,S,K,H] each: this layer's cached keys/values) the self-attention attends over
     the S cached keys followed by this step's T new keys, as two segments (no copy of the cache); the
     caller's mask [B,1,T,S+T] and kv_positions [B,S+T] decide what is visible. The block then also returns
     the new (k, v) [B,T,K,H] for the caller to write into its cache.
+
+    Returns x, or (x, extras) when there is anything extra: {"cache": (k, v)} with a cache, {"self", "cross"}
+    weights with return_weights, {"moe": ops.moe.MoEStats} from a MoE FFN.
     """
 
-    def __init__(self, cfg: ModelConfig, *, cross: bool, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, cross: bool, moe: bool = False, rngs: nnx.Rngs):
         self.self_attn = MultiHeadAttention(cfg, self_attention=True, rngs=rngs)
         self.res_self = Residual(cfg, rngs=rngs)
         self.cross = cross
         if cross:
             self.cross_attn = MultiHeadAttention(cfg, self_attention=False, rngs=rngs)
             self.res_cross = Residual(cfg, rngs=rngs)
-        self.ffn = FeedForward(cfg, rngs=rngs)
+        self.moe = moe
+        self.ffn = make_ffn(cfg, moe, rngs)
         self.res_ffn = Residual(cfg, rngs=rngs)
 
     def _self_attention(self, y, mask, positions, cache, kv_positions, return_weights=False):
@@ -137,23 +163,24 @@ class DecoderBlock(nnx.Module):
                  memory: jax.Array | None = None, memory_kv: tuple[jax.Array, jax.Array] | None = None,
                  memory_mask: jax.Array | None = None, rngs: nnx.Rngs | None = None,
                  cache: tuple[jax.Array, jax.Array] | None = None, kv_positions: jax.Array | None = None,
-                 return_weights: bool = False):
+                 return_weights: bool = False, valid: jax.Array | None = None):
         """x [B,T,D]; memory [B,S,D] (or its precomputed cross k/v [B,S,K,H] x2); masks broadcast to
-        [B,N,T,S]. Returns [B,T,D], or ([B,T,D], (k, v) [B,T,K,H]) when a cache is given, or with
-        return_weights (no cache) ([B,T,D], {"self": [B,N,T,T], "cross": [B,N,T,S] (if cross)}) float32 weights."""
+        [B,N,T,S]; valid [B,T] (non-padding; MoE routing only). Returns [B,T,D], or ([B,T,D], extras):
+        "cache" (k, v) [B,T,K,H] when a cache is given; with return_weights (no cache) "self" [B,N,T,T] and
+        "cross" [B,N,T,S] (if cross) float32 weights; "moe" statistics."""
         if return_weights and cache is not None:
             raise ValueError("return_weights is for uncached passes (cache=None)")
         x, extra = self.res_self(x, lambda y: self._self_attention(y, mask, positions, cache, kv_positions,
                                                                    return_weights), rngs)
-        weights = {"self": extra}
+        extras = {"cache": extra} if cache is not None else {"self": extra} if return_weights else {}
         if self.cross:
             def cross(y):
                 if memory_kv is not None:
                     q = self.cross_attn.project_q(y)
                     return self.cross_attn.attend(q, *memory_kv, mask=memory_mask, return_weights=return_weights)
                 return self.cross_attn(y, memory, mask=memory_mask, return_weights=return_weights)
-            x, weights["cross"] = self.res_cross(x, cross, rngs)
-        x, _ = self.res_ffn(x, self.ffn, rngs)
-        if return_weights:
-            return x, weights
-        return x if cache is None else (x, extra)
+            x, w = self.res_cross(x, cross, rngs)
+            if return_weights:
+                extras["cross"] = w
+        x = _ffn_sublayer(self, x, valid, rngs, extras)
+        return (x, extras) if extras else x

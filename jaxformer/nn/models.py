@@ -91,38 +91,58 @@ class Embedder(nnx.Module):
         return constrain(out, ("batch", "length", "vocab"))
 
 
+def _makers(cfg: ModelConfig, block):
+    """The stack's repeating pattern of block kinds: all dense; all MoE; or model.moe_every-1 dense then MoE."""
+    if cfg.ffn != "moe":
+        return lambda r: block(moe=False, rngs=r)
+    return [lambda r, m=(j == cfg.moe_every - 1): block(moe=m, rngs=r) for j in range(cfg.moe_every)]
+
+
 class Encoder(nnx.Module):
     """L encoder blocks (+ final norm for pre-LN) over embedded inputs."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.layers = LayerStack(lambda r: EncoderBlock(cfg, rngs=r), cfg.num_encoder_layers, remat=cfg.remat,
-                                 rngs=rngs)
+        self.layers = LayerStack(_makers(cfg, lambda **kw: EncoderBlock(cfg, **kw)), cfg.num_encoder_layers,
+                                 remat=cfg.remat, rngs=rngs)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
 
-    def __call__(self, x, *, mask, positions, rngs=None, return_weights: bool = False):
-        """x [B,S,D], mask [B,1,1|S,S], positions [B,S] -> memory [B,S,D]; with return_weights also
-        {"self": weights [L,B,N,S,S]}."""
-        out = self.layers(x, mask=mask, positions=positions, rngs=rngs, return_weights=return_weights)
-        x, ys = out if return_weights else (out, None)
+    def __call__(self, x, *, mask, positions, rngs=None, **kwargs):
+        """x [B,S,D], mask [B,1,1|S,S], positions [B,S] -> memory [B,S,D], or (memory, extras) when the blocks
+        return extras, stacked over layers: "self" weights [L,B,N,S,S] with return_weights=True, "moe"
+        statistics."""
+        x, ys = self.layers(x, mask=mask, positions=positions, rngs=rngs, **kwargs)
         x = self.final_norm(x) if self.final_norm is not None else x
-        return (x, ys) if return_weights else x
+        return (x, ys) if ys else x
 
 
 class Decoder(nnx.Module):
     """L decoder blocks (with cross-attention when `cross`) (+ final norm for pre-LN)."""
 
     def __init__(self, cfg: ModelConfig, *, cross: bool, rngs: nnx.Rngs):
-        self.layers = LayerStack(lambda r: DecoderBlock(cfg, cross=cross, rngs=r), cfg.num_decoder_layers,
-                                 remat=cfg.remat, rngs=rngs)
+        self.layers = LayerStack(_makers(cfg, lambda **kw: DecoderBlock(cfg, cross=cross, **kw)),
+                                 cfg.num_decoder_layers, remat=cfg.remat, rngs=rngs)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
 
     def __call__(self, x, *, rngs=None, per_layer=None, **kwargs):
-        """x [B,T,D] -> [B,T,D] (and the blocks' stacked extra outputs [L,...]: the per-layer cache when
-        per_layer is given, the attention weights with return_weights=True)."""
-        out = self.layers(x, rngs=rngs, per_layer=per_layer, **kwargs)
-        x, ys = out if isinstance(out, tuple) else (out, None)
+        """x [B,T,D] -> x [B,T,D], or (x, extras) when the blocks return extras, stacked over layers [L,...]:
+        "cache" when per_layer holds one, "self"/"cross" weights with return_weights=True, "moe" statistics."""
+        x, ys = self.layers(x, rngs=rngs, per_layer=per_layer, **kwargs)
         x = self.final_norm(x) if self.final_norm is not None else x
-        return x if ys is None else (x, ys)
+        return (x, ys) if ys else x
+
+
+def _split(out) -> tuple[jax.Array, dict]:
+    """An Encoder/Decoder result -> (x, extras dict)."""
+    return out if isinstance(out, tuple) else (out, {})
+
+
+def _aux(*ys: dict) -> dict:
+    """The auxiliary outputs of the stacks: {"moe": ops.moe.MoEStats, leaves [L_moe, ...] over every MoE layer
+    (encoder first)} or {} for a dense model."""
+    stats = [y["moe"] for y in ys if "moe" in y]
+    if not stats:
+        return {}
+    return {"moe": stats[0] if len(stats) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *stats)}
 
 
 class Transformer(nnx.Module):
@@ -136,37 +156,51 @@ class Transformer(nnx.Module):
         self.encoder = Encoder(cfg, rngs=rngs)
         self.decoder = Decoder(cfg, cross=True, rngs=rngs)
 
-    def encode(self, src: jax.Array, *, rngs: nnx.Rngs | None = None, return_weights: bool = False):
-        """src [B,S] tokens (pad = cfg.pad_id) -> (memory [B,S,D], src_mask [B,1,1,S]); with return_weights
-        also the encoder's self-attention weights [L,B,N,S,S]."""
+    def _encode(self, src, rngs, return_weights=False):
         src_mask = ops.padding_mask(src, self.cfg.pad_id)
         pos = default_positions(src)
         x = self.embed(src, pos, rngs)
-        out = self.encoder(x, mask=src_mask, positions=pos, rngs=rngs, return_weights=return_weights)
-        return (out[0], src_mask, out[1]["self"]) if return_weights else (out, src_mask)
+        memory, ys = _split(self.encoder(x, mask=src_mask, positions=pos, rngs=rngs,
+                                         return_weights=return_weights, valid=src != self.cfg.pad_id))
+        return memory, src_mask, ys
+
+    def encode(self, src: jax.Array, *, rngs: nnx.Rngs | None = None, return_weights: bool = False):
+        """src [B,S] tokens (pad = cfg.pad_id) -> (memory [B,S,D], src_mask [B,1,1,S]); with return_weights
+        also the encoder's self-attention weights [L,B,N,S,S]."""
+        memory, src_mask, ys = self._encode(src, rngs, return_weights)
+        return (memory, src_mask, ys["self"]) if return_weights else (memory, src_mask)
+
+    def _decode(self, tgt, memory, src_mask, rngs, return_weights=False):
+        pos = default_positions(tgt)
+        valid = tgt != self.cfg.pad_id
+        mask = decoder_self_mask(self.cfg, pos, pos, valid)
+        y = self.embed(tgt, pos, rngs)
+        y, ys = _split(self.decoder(y, mask=mask, positions=pos, memory=memory, memory_mask=src_mask, rngs=rngs,
+                                    return_weights=return_weights, valid=valid))
+        return self.embed.logits(y), ys
 
     def decode(self, tgt: jax.Array, memory: jax.Array, src_mask: jax.Array, *,
                rngs: nnx.Rngs | None = None, return_weights: bool = False):
         """tgt [B,T] decoder input tokens, memory [B,S,D], src_mask [B,1,1,S] -> logits [B,T,V] (float32);
         with return_weights also {"self": [L,B,N,T,T], "cross": [L,B,N,T,S]} weights.
         Self-attention is causal and ignores padded target keys."""
-        pos = default_positions(tgt)
-        mask = decoder_self_mask(self.cfg, pos, pos, tgt != self.cfg.pad_id)
-        y = self.embed(tgt, pos, rngs)
-        y = self.decoder(y, mask=mask, positions=pos, memory=memory, memory_mask=src_mask, rngs=rngs,
-                         return_weights=return_weights)
-        return (self.embed.logits(y[0]), y[1]) if return_weights else self.embed.logits(y)
+        logits, ys = self._decode(tgt, memory, src_mask, rngs, return_weights)
+        return (logits, {k: ys[k] for k in ("self", "cross")}) if return_weights else logits
 
     def __call__(self, src: jax.Array, tgt: jax.Array, *, rngs: nnx.Rngs | None = None,
-                 return_weights: bool = False):
+                 return_weights: bool = False, return_aux: bool = False):
         """src [B,S], tgt [B,T] (teacher-forced decoder input) -> logits [B,T,V]; with return_weights
-        (logits, `attention_weights`'s dict)."""
-        if not return_weights:
-            memory, src_mask = self.encode(src, rngs=rngs)
-            return self.decode(tgt, memory, src_mask, rngs=rngs)
-        memory, src_mask, enc = self.encode(src, rngs=rngs, return_weights=True)
-        logits, dec = self.decode(tgt, memory, src_mask, rngs=rngs, return_weights=True)
-        return logits, {"encoder_self": enc, "decoder_self": dec["self"], "decoder_cross": dec["cross"]}
+        (logits, `attention_weights`'s dict); with return_aux (logits, aux): aux {"moe": ops.moe.MoEStats
+        stacked over the MoE layers, encoder's first} for a MoE model, {} for a dense one."""
+        if return_weights and return_aux:
+            raise ValueError("return_weights and return_aux are separate calls")
+        memory, src_mask, enc = self._encode(src, rngs, return_weights)
+        logits, dec = self._decode(tgt, memory, src_mask, rngs, return_weights)
+        if return_aux:
+            return logits, _aux(enc, dec)
+        if return_weights:
+            return logits, {"encoder_self": enc["self"], "decoder_self": dec["self"], "decoder_cross": dec["cross"]}
+        return logits
 
     def attention_weights(self, src: jax.Array, tgt: jax.Array) -> dict[str, jax.Array]:
         """Every layer's attention weights (float32, a distribution over the visible keys; 0 on masked ones) for
@@ -186,15 +220,23 @@ class TransformerLM(nnx.Module):
         self.decoder = Decoder(cfg, cross=False, rngs=rngs)
 
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
-                 rngs: nnx.Rngs | None = None, return_weights: bool = False):
+                 rngs: nnx.Rngs | None = None, return_weights: bool = False, return_aux: bool = False):
         """tokens [B,T] -> logits [B,T,V] (float32). positions [B,T] default 0..T-1; the mask is causal over
         positions and ignores pad keys, so left-padded rows with shifted positions work unchanged.
-        With return_weights: (logits, `attention_weights`'s dict)."""
+        With return_weights: (logits, `attention_weights`'s dict); with return_aux: (logits, aux), aux
+        {"moe": ops.moe.MoEStats stacked over the MoE layers} for a MoE model, {} for a dense one."""
+        if return_weights and return_aux:
+            raise ValueError("return_weights and return_aux are separate calls")
         pos = default_positions(tokens) if positions is None else positions
-        mask = decoder_self_mask(self.cfg, pos, pos, tokens != self.cfg.pad_id)
+        valid = tokens != self.cfg.pad_id
+        mask = decoder_self_mask(self.cfg, pos, pos, valid)
         x = self.embed(tokens, pos, rngs)
-        x = self.decoder(x, mask=mask, positions=pos, rngs=rngs, return_weights=return_weights)
-        return (self.embed.logits(x[0]), {"self": x[1]["self"]}) if return_weights else self.embed.logits(x)
+        x, ys = _split(self.decoder(x, mask=mask, positions=pos, rngs=rngs, return_weights=return_weights,
+                                    valid=valid))
+        logits = self.embed.logits(x)
+        if return_aux:
+            return logits, _aux(ys)
+        return (logits, {"self": ys["self"]}) if return_weights else logits
 
     def attention_weights(self, tokens: jax.Array, *, positions: jax.Array | None = None) -> dict[str, jax.Array]:
         """Every layer's causal self-attention weights for tokens [B,T] (float32, a distribution over the
@@ -214,16 +256,25 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer | TransformerLM:
 
 def count_params(model: nnx.Module) -> dict[str, int]:
     """Parameter counts per component: embedding, positions, head, and per stack its attention, cross-attention,
-    FFN and norms (totals over L layers), plus "total"."""
+    FFN (a MoE FFN's experts; its router separately) and norms (totals over L layers), plus "total"; for a MoE
+    model also "active per token": the total less the experts a token does not use (each token runs top_k of
+    the E experts of each MoE layer)."""
     counts: dict[str, int] = collections.OrderedDict()
+    experts = 0
     for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        keys = [str(p) for p in path]
+        keys = [str(p) for p in path if not isinstance(p, int)]          # kinds of a patterned stack: blocks/j
         if keys[0] == "embed":
             name = {"tokens": "embedding", "positions": "learned positions", "head": "output head"}[keys[1]]
         else:
             sub = keys[3] if keys[1] == "layers" else keys[1]
             kind = {"self_attn": "self-attention", "cross_attn": "cross-attention", "ffn": "FFN"}.get(sub, "norms")
+            kind = "MoE router" if kind == "FFN" and keys[-1] == "router" else kind
             name = f"{keys[0]} {kind}"
         counts[name] = counts.get(name, 0) + int(v[...].size)
+        if "expert" in (v.get_metadata().get("out_sharding") or ()):
+            experts += int(v[...].size)
     counts["total"] = sum(counts.values())
+    if experts:
+        cfg = model.cfg
+        counts["active per token"] = counts["total"] - experts + experts * cfg.moe_top_k // cfg.num_experts
     return counts

@@ -1,6 +1,6 @@
 """Parameter creation with logical axis names (what sharding rules map onto mesh axes) and weight-decay marks.
 
-Logical axes: "vocab" V, "embed" D, "q_heads" N, "kv_heads" K, "head_dim" H, "mlp" F, "layers" L
+Logical axes: "vocab" V, "embed" D, "q_heads" N, "kv_heads" K, "head_dim" H, "mlp" F, "expert" E, "layers" L
 (the last is prepended by the layer stack).
 """
 from __future__ import annotations
@@ -22,9 +22,12 @@ def param(rngs: nnx.Rngs, init: Init, shape: tuple[int, ...], axes: tuple[str, .
     return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=axes, eager_sharding=False, matrix=matrix)
 
 
-def dense_init(in_axes: int | tuple[int, ...], out_axes: int | tuple[int, ...]) -> Init:
-    """Glorot-uniform over grouped fan-in/fan-out axes (as PyTorch's MHA in_proj / the paper)."""
-    return jax.nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=in_axes, out_axis=out_axes)
+def dense_init(in_axes: int | tuple[int, ...], out_axes: int | tuple[int, ...],
+               batch_axes: int | tuple[int, ...] = ()) -> Init:
+    """Glorot-uniform over grouped fan-in/fan-out axes (as PyTorch's MHA in_proj / the paper); batch_axes (e.g.
+    MoE experts E) are independent matrices, counted in neither fan."""
+    return jax.nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=in_axes, out_axis=out_axes,
+                                                batch_axis=batch_axes)
 
 
 zeros = jax.nn.initializers.zeros

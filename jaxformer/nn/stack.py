@@ -1,11 +1,15 @@
-"""A stack of L identical blocks whose parameters are stacked on a leading "layers" axis and applied with
-jax.lax.scan: one compiled block body whatever L is (the cached decoder scans the stacked cache alongside).
+"""A stack of L blocks whose parameters are stacked on a leading "layers" axis and applied with jax.lax.scan:
+one compiled body whatever L is (the cached decoder scans the stacked cache alongside).
+
+A stack may repeat a pattern of n block kinds (e.g. n-1 dense blocks then one Mixture-of-Experts block): each
+kind is stacked separately over its L/n layers and one scan step applies one group of n blocks in order.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.parallel import constrain
@@ -13,60 +17,98 @@ from jaxformer.parallel import constrain
 ACTIVATION = ("batch", "length", "act_embed")     # the residual stream [B,T,D] between blocks
 REMAT = {"none": None, "full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
+Make = Callable[[nnx.Rngs], nnx.Module]
+
 
 class LayerStack(nnx.Module):
-    """`make(rngs) -> block` is called once under nnx.vmap, giving parameters [L, ...].
+    """`make(rngs) -> block` is called once under nnx.vmap, giving parameters [L, ...] (in `self.blocks`).
+    With a sequence of n makers, layer i is made by make[i % n] (L a multiple of n); kind j's parameters are
+    [L/n, ...], in `self.blocks[j]`.
 
-    remat: what each block keeps for the backward pass (`jax.checkpoint` around the scanned block):
-    "none" everything; "full" only its input (all of it is recomputed); "dots" its input and the outputs of
-    matmuls without batch dimensions (projections, FFN), recomputing the rest (attention, norms, activations).
+    remat: what each block (each group of n blocks) keeps for the backward pass (`jax.checkpoint` around the
+    scanned body): "none" everything; "full" only its input (all of it is recomputed); "dots" its input and the
+    outputs of matmuls without batch dimensions (projections, FFN), recomputing the rest (attention, norms,
+    activations).
     """
 
-    def __init__(self, make: Callable[[nnx.Rngs], nnx.Module], num_layers: int, *, remat: str = "none",
-                 rngs: nnx.Rngs):
-        @nnx.split_rngs(splits=num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-        def create(r: nnx.Rngs):
-            return make(r)
-
+    def __init__(self, make: Make | Sequence[Make], num_layers: int, *, remat: str = "none", rngs: nnx.Rngs):
+        makes = [make] if callable(make) else list(make)
+        if not makes or num_layers % len(makes):
+            raise ValueError(f"{num_layers} layers cannot repeat a pattern of {len(makes)} block kinds")
         if remat not in REMAT:
             raise ValueError(f"remat={remat!r} is not one of {tuple(REMAT)}")
+        groups = num_layers // len(makes)
+
+        def stacked(mk: Make):
+            @nnx.split_rngs(splits=groups)
+            @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+            def create(r: nnx.Rngs):
+                return mk(r)
+            return create(rngs)
+
         self.num_layers = num_layers
         self.remat = remat
-        self.blocks = create(rngs)
+        self.pattern = len(makes)
+        self.blocks = stacked(makes[0]) if len(makes) == 1 else nnx.List([stacked(m) for m in makes])
+
+    def _kinds(self) -> list[nnx.Module]:
+        return [self.blocks] if self.pattern == 1 else list(self.blocks)
 
     def __call__(self, x: jax.Array, *, rngs: nnx.Rngs | None = None, per_layer=None, **kwargs):
-        """Apply the L blocks in order. x [B,T,D] -> [B,T,D].
+        """Apply the L blocks in order. x [B,T,D] -> (x [B,T,D], ys).
 
-        per_layer: optional dict of keyword arguments whose leaves have a leading axis L (e.g. the KV cache), sliced
-        per layer and passed to block i; then blocks return (x, y) and this returns (x, ys stacked over L).
-        kwargs are passed to every block unchanged. Whenever the blocks return (x, y) (per_layer, or a kwarg such
-        as return_weights=True), this returns (x, ys) with every leaf of y stacked on a leading axis L.
+        per_layer: optional dict of keyword arguments whose leaves have a leading axis L (e.g. the KV cache),
+        sliced per layer and passed to block i. kwargs are passed to every block unchanged.
+        ys: a dict of what the blocks returned besides x (a block returns x or (x, extras dict)): each key's
+        leaves stacked on a leading axis over the layers that returned it, in layer order (L for all layers).
         rngs: a dropout stream (training); each layer gets its own key.
         """
-        graphdef, state = nnx.split(self.blocks)
-        keys = jax.random.split(rngs.dropout(), self.num_layers) if rngs is not None else None
+        n, groups = self.pattern, self.num_layers // self.pattern
+        graphdefs, states = zip(*(nnx.split(k) for k in self._kinds()))
+        keys = None
+        if rngs is not None:
+            keys = jax.random.split(rngs.dropout(), self.num_layers)
+            keys = keys.reshape(groups, n, *keys.shape[1:])
+        per_layer = jax.tree.map(lambda a: a.reshape(groups, n, *a.shape[1:]), per_layer)
 
         def body(h, xs):
-            h = constrain(h, ACTIVATION)                   # block boundary: sharded by the active plan's rules
-            layer_state, key, extra = xs
-            block = nnx.merge(graphdef, layer_state)
-            r = nnx.Rngs(dropout=key) if key is not None else None
-            out = block(h, rngs=r, **(extra or {}), **kwargs)
-            return out if isinstance(out, tuple) else (out, None)
+            layer_states, key, extra = xs
+            ys = []
+            for j in range(n):
+                h = constrain(h, ACTIVATION)               # block boundary: sharded by the active plan's rules
+                block = nnx.merge(graphdefs[j], layer_states[j])
+                r = nnx.Rngs(dropout=key[j]) if key is not None else None
+                out = block(h, rngs=r, **jax.tree.map(lambda a: a[j], extra or {}), **kwargs)
+                h, y = out if isinstance(out, tuple) else (out, {})
+                ys.append(y)
+            return h, tuple(ys)
 
         if self.remat != "none":
             body = jax.checkpoint(body, policy=REMAT[self.remat], prevent_cse=False)
-        x, ys = jax.lax.scan(body, x, (state, keys, per_layer))
+        x, ys = jax.lax.scan(body, x, (tuple(states), keys, per_layer))
         x = constrain(x, ACTIVATION)
-        return x if ys is None else (x, ys)
+        return x, _interleave(ys)
 
     def map(self, fn):
-        """Stacked results of fn(block) over the L blocks (e.g. each layer's cross-attention k/v)."""
-        graphdef, state = nnx.split(self.blocks)
-        return jax.lax.map(lambda st: fn(nnx.merge(graphdef, st)), state)
+        """Stacked results of fn(block) over the L blocks, in layer order (e.g. each layer's cross k/v)."""
+        outs = []
+        for kind in self._kinds():
+            graphdef, state = nnx.split(kind)
+            outs.append({"out": jax.lax.map(lambda st: fn(nnx.merge(graphdef, st)), state)})
+        return _interleave(tuple(outs))["out"]
 
     def layer(self, i: int) -> nnx.Module:
         """Block i as a standalone module (a copy of its parameters), for inspection and tests."""
-        graphdef, state = nnx.split(self.blocks)
-        return nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state))
+        graphdef, state = nnx.split(self._kinds()[i % self.pattern])
+        return nnx.merge(graphdef, jax.tree.map(lambda a: a[i // self.pattern], state))
+
+
+def _interleave(ys: tuple[dict, ...]) -> dict:
+    """Per-kind dicts with leaves [L/n, ...] -> one dict: each key's leaves [(L/n)·m, ...] in layer order, over
+    the m kinds that produced it."""
+    out = {}
+    for name in dict.fromkeys(k for y in ys for k in y):
+        parts = [y[name] for y in ys if name in y]
+        out[name] = parts[0] if len(parts) == 1 else jax.tree.map(
+            lambda *a: jnp.stack(a, 1).reshape(-1, *a[0].shape[1:]), *parts)
+    return out

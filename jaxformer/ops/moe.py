@@ -125,17 +125,16 @@ def moe_ffn(x: jax.Array, router: jax.Array, w1: jax.Array, w2: jax.Array, *, to
     if capacity_factor > 0:
         cap = capacity(m, e, top_k, capacity_factor)
         slot, kept = _slots(r, e, cap, valid)
-        # dispatch [M,E,C]: which slot each token fills; combine: the same with the routing weights
-        to_expert = jax.nn.one_hot(r.experts, e, dtype=x.dtype)[..., None]                  # [M,k,E,1]
-        to_slot = jax.nn.one_hot(slot, cap, dtype=x.dtype)[:, :, None, :]                    # [M,k,1,C]
-        where = to_expert * to_slot * kept[..., None, None].astype(x.dtype)                 # [M,k,E,C]
-        dispatch = where.sum(1)
-        combine = jnp.einsum("MkEC,Mk->MEC", where, r.weights.astype(x.dtype))
-        xe = jnp.einsum("MEC,MD->ECD", dispatch, x)                                        # [E,C,D]
+        # each kept assignment's row in the [E·C] expert buffer; dropped ones point past its end (E·C)
+        row = jnp.where(kept, r.experts * cap + slot, e * cap).reshape(-1)                 # [A] token-major
+        xs = jnp.broadcast_to(x[:, None, :], (m, top_k, x.shape[1])).reshape(m * top_k, -1)
+        xe = jnp.zeros((e * cap, x.shape[1]), x.dtype).at[row].set(xs, mode="drop").reshape(e, cap, -1)
         mm = lambda h, wt: jnp.einsum("ECX,EXY->ECY", h, wt.astype(x.dtype))
         ye = _expert_ffn(xe, w1, w2, activation, None if b1 is None else b1[:, None], None if b2 is None
-                         else b2[:, None], wg, None if bg is None else bg[:, None], matmul=mm)
-        y = jnp.einsum("MEC,ECD->MD", combine, ye)
+                         else b2[:, None], wg, None if bg is None else bg[:, None], matmul=mm)    # [E,C,D]
+        back = jnp.take(ye.reshape(e * cap, -1), row, axis=0, mode="fill", fill_value=0)    # [A,D]
+        w_kept = (r.weights * kept).astype(x.dtype).reshape(-1, 1)
+        y = (back * w_kept).reshape(m, top_k, -1).sum(1)
         dropped = 1.0 - jnp.einsum("M,Mk->", w, kept.astype(jnp.float32)) / n_assign
     else:
         flat = r.experts.reshape(-1)                                                      # [A] token-major

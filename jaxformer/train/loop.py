@@ -188,7 +188,8 @@ class _Progress:
         if self.bar is not None and split == "train":
             self.bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:,.0f}")
         elif self.mode != "none":
-            text = "  ".join(f"{k} {v:,.0f}" if abs(v) >= 1e4 else f"{k} {v:.4g}" for k, v in metrics.items())
+            text = "  ".join(f"{k} {v:,.0f}" if abs(v) >= 1e4 else f"{k} {v:.4g}" for k, v in metrics.items()
+                             if "/" not in k)             # per-expert loads go to the logs only
             line = f"{split} step {step}/{self.total}  {text}"
             (self.bar.write(line) if self.bar is not None else print(line, flush=True))
 
@@ -287,6 +288,9 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
                 if step % tc.log_every == 0 or step == tc.steps:
                     now = time.perf_counter()
                     rec = {k: m[k] for k in ("loss", "token_accuracy", "grad_norm")}
+                    rec.update({k: v for k, v in m.items() if k.startswith("moe_") and k != "moe_load"})
+                    if "moe_load" in m:                   # per expert: moe_load/0 .. moe_load/E-1
+                        rec.update({f"moe_load/{e}": v for e, v in enumerate(m["moe_load"])})
                     rec.update(lr=lr_at(step - 1), tokens_per_s=watch.take_tokens() / max(now - t_log, 1e-9))
                     emit(step, "train", rec)
                     t_log = now

@@ -106,16 +106,39 @@ def token_losses(logits: jax.Array, targets: jax.Array, pad_id: int, label_smoot
 
 
 def forward(model, batch: dict, rngs: nnx.Rngs | None = None):
-    """-> (logits [B,T,V], targets [B,T]) for either batch kind."""
+    """-> (logits [B,T,V], targets [B,T], aux) for either batch kind; aux: the model's auxiliary outputs
+    ({"moe": statistics} for a Mixture-of-Experts model, else {})."""
     if "src" in batch:
-        return model(batch["src"], batch["tgt_in"], rngs=rngs), batch["tgt_out"]
-    return model(batch["inputs"], rngs=rngs), batch["targets"]
+        logits, aux = model(batch["src"], batch["tgt_in"], rngs=rngs, return_aux=True)
+        return logits, batch["tgt_out"], aux
+    logits, aux = model(batch["inputs"], rngs=rngs, return_aux=True)
+    return logits, batch["targets"], aux
 
 
-def _metrics(s: dict, grads) -> dict:
+def moe_metrics(aux: dict) -> dict:
+    """A MoE model's router statistics averaged over its MoE layers: moe_balance (Switch loss, 1 = uniform),
+    moe_z (router z-loss), moe_dropped (fraction of assignments over capacity), moe_load [E] (fraction of
+    assignments per expert). {} for a dense model."""
+    if "moe" not in aux:
+        return {}
+    st = aux["moe"]
+    return {"moe_balance": st.balance.mean(), "moe_z": st.z.mean(), "moe_dropped": st.dropped.mean(),
+            "moe_load": st.load.mean(0)}
+
+
+def objective(s: dict, moe: dict, cfg, denominator=None, shards: int = 1):
+    """The training objective: token objective / tokens + α·balance + β·z (MoE; divided by `shards` in per-device
+    code, whose gradients are summed over devices). denominator: the global token count (per-device code)."""
+    loss = s["objective"] / jnp.maximum(s["count"] if denominator is None else denominator, 1.0)
+    if moe:
+        loss = loss + (cfg.moe_balance_weight * moe["moe_balance"] + cfg.moe_z_weight * moe["moe_z"]) / shards
+    return loss
+
+
+def _metrics(s: dict, grads, moe: dict) -> dict:
     n = jnp.maximum(s["count"], 1.0)
     return {"loss": s["nll"] / n, "objective": s["objective"] / n, "token_accuracy": s["correct"] / n,
-            "tokens": s["count"], "grad_norm": optax.global_norm(grads)}
+            "tokens": s["count"], "grad_norm": optax.global_norm(grads), **moe}
 
 
 def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
@@ -123,17 +146,18 @@ def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
     Under a plan: in/out shardings from it (mode "jit"), or the shard_map data-parallel step."""
     pad, ls = cfg.model.pad_id, cfg.optim.label_smoothing
 
-    def loss_fn(model, batch, rng, total=None):
-        """-> objective / tokens (of the global batch: `total` in per-device code), sums."""
-        logits, targets = forward(model, batch, nnx.Rngs(dropout=rng))
+    def loss_fn(model, batch, rng, total=None, shards=1):
+        """-> (objective (tokens: of the global batch, `total` in per-device code), (sums, MoE metrics))."""
+        logits, targets, aux = forward(model, batch, nnx.Rngs(dropout=rng))
         s = token_losses(logits, targets, pad, ls)
-        return s["objective"] / jnp.maximum(s["count"] if total is None else total, 1.0), s
+        moe = moe_metrics(aux)
+        return objective(s, moe, cfg.model, total, shards), (s, moe)
 
     def train_step(state, batch, rng):
         model, opt = nnx.merge(graphs.model, state["model"]), nnx.merge(graphs.opt, state["opt"])
-        (_, s), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch, rng)
+        (_, (s, moe)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch, rng)
         opt.update(model, grads)
-        return {"model": nnx.state(model), "opt": nnx.state(opt)}, _metrics(s, grads)
+        return {"model": nnx.state(model), "opt": nnx.state(opt)}, _metrics(s, grads, moe)
 
     if plan is None:
         return jax.jit(train_step, donate_argnums=0)
@@ -159,10 +183,12 @@ def _shard_map_step(graphs: Graphs, cfg: Config, plan: Plan, loss_fn):
         rng = jax.random.fold_in(rng, jax.lax.axis_index(axes))
         targets = batch["tgt_out"] if "tgt_out" in batch else batch["targets"]
         total = jax.lax.psum((targets != pad).sum().astype(jnp.float32), axes)
-        (_, s), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch, rng, total)
+        shards = plan.batch_shards
+        (_, (s, moe)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch, rng, total, shards)
         grads, s = jax.lax.psum((grads, s), axes)                     # the explicit gradient all-reduce
+        moe = jax.lax.pmean(moe, axes)
         opt.update(model, grads)
-        return {"model": nnx.state(model), "opt": nnx.state(opt)}, _metrics(s, grads)
+        return {"model": nnx.state(model), "opt": nnx.state(opt)}, _metrics(s, grads, moe)
 
     return jax.shard_map(per_device, mesh=plan.mesh, in_specs=(P(), P(axes), P()), out_specs=(P(), P()),
                          check_vma=False)
@@ -174,7 +200,7 @@ def make_eval_step(model_graph: nnx.GraphDef, cfg: Config, plan: Plan | None = N
 
     def eval_step(model_state, batch):
         model = nnx.merge(model_graph, model_state)
-        logits, targets = forward(model, batch)
+        logits, targets, _ = forward(model, batch)
         s = token_losses(logits, targets, pad)
         return {k: s[k] for k in ("nll", "correct", "count")}
 

@@ -1,0 +1,175 @@
+"""Mixture-of-Experts in the model: one expert equals the dense FFN, dropped tokens ride the residual, patterned
+stacks (MoE every n-th layer) equal their layers applied one by one, the train step's auxiliary losses and
+router metrics, cached decoding and beam search with MoE layers, and config errors naming the field.
+(The pure functions: tests/test_moe.py. Expert parallelism on 8 devices: tests/test_parallel.py.)"""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from helpers import tiny_lm
+from jaxformer.config import ConfigError, ModelConfig
+from jaxformer.decode import beam_search, decoder_step, generate_seq2seq, init_cache
+from jaxformer.nn import build_model, count_params
+from jaxformer.nn.layers import DecoderBlock
+from jaxformer.nn.models import decoder_self_mask, default_positions
+from jaxformer.train.loop import train
+
+V = 19
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def cfg(**kw):
+    base = dict(arch="decoder_only", vocab_size=V, d_model=32, num_heads=4, d_ff=48, num_decoder_layers=2,
+                num_encoder_layers=1, norm_position="pre", positional="rope", dropout=0.0, max_len=32)
+    return ModelConfig(**{**base, **kw})
+
+
+def close(got, want, ulps=64):
+    """float32 agreement relative to the reference's scale (same terms summed in another order)."""
+    err = float(jnp.max(jnp.abs(got - want)))
+    assert err <= ulps * EPS32 * max(1.0, float(jnp.max(jnp.abs(want)))), err
+
+
+def tokens(rng, b=3, t=10):
+    x = rng.integers(1, V, (b, t)).astype(np.int32)
+    x[0, 7:] = 0                                                  # some padding
+    return jnp.asarray(x)
+
+
+@pytest.mark.parametrize("activation", ["relu", "swiglu"])
+def test_one_expert_top1_equals_the_dense_model_in_training_and_inference(activation):
+    dense = build_model(cfg(activation=activation), seed=0)
+    moe = build_model(cfg(activation=activation, ffn="moe", num_experts=1, moe_capacity_factor=1.0), seed=1)
+    d_state, m_state = nnx.state(dense, nnx.Param), nnx.state(moe, nnx.Param)
+    flat = dict(nnx.to_flat_state(d_state))
+    for path, v in nnx.to_flat_state(m_state):
+        if path[-1] == "router":
+            continue
+        src = flat[path][...]
+        v[...] = src[:, None] if "ffn" in path else src                  # [L, ...] -> [L, E=1, ...]
+    nnx.update(moe, m_state)
+    x = tokens(np.random.default_rng(0))
+    real = (x != 0)[..., None]                          # padding takes no expert: its rows differ, unused
+    close(jnp.where(real, moe(x), 0), jnp.where(real, dense(x), 0))       # inference: dropless
+    train_mode = lambda m: jnp.where(real, m(x, rngs=nnx.Rngs(dropout=jax.random.key(0))), 0)
+    close(train_mode(moe), train_mode(dense))                             # training: capacity mode, C = M
+
+
+def test_tokens_dropped_for_capacity_pass_through_the_residual_unchanged():
+    c = cfg(ffn="moe", num_experts=2, moe_capacity_factor=0.25)
+    block = DecoderBlock(c, cross=False, moe=True, rngs=nnx.Rngs(params=0))
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 8, 32)), jnp.float32)
+    y, stats = block.res_ffn(x, lambda h: block.ffn(h, None, train=True), None)
+    same = np.asarray(jnp.all(y == x, axis=-1)).reshape(-1)               # rows the FFN left untouched
+    assert 0 < same.sum() < same.size
+    assert same.sum() == round(float(stats.dropped) * same.size)          # exactly the dropped tokens
+
+
+def test_moe_every_second_layer_equals_its_layers_applied_one_by_one():
+    c = cfg(ffn="moe", num_experts=4, moe_top_k=2, moe_every=2, num_decoder_layers=4)
+    model = build_model(c, seed=3)
+    kinds = model.decoder.layers.blocks
+    assert kinds[0].ffn.w1[...].shape == (2, 32, 48) and kinds[1].ffn.w1[...].shape == (2, 4, 32, 48)
+    x = tokens(np.random.default_rng(2))
+    logits, aux = model(x, return_aux=True)
+    assert aux["moe"].load.shape == (2, 4) and aux["moe"].balance.shape == (2,)
+    np.testing.assert_allclose(aux["moe"].load.sum(-1), 1.0, rtol=1e-6)
+    pos, valid = default_positions(x), x != 0
+    h = model.embed(x, pos)
+    loads = []
+    for i in range(4):
+        out = model.decoder.layers.layer(i)(h, mask=decoder_self_mask(c, pos, pos, valid), positions=pos,
+                                            valid=valid)
+        h, extras = out if isinstance(out, tuple) else (out, {})
+        assert ("moe" in extras) == (i % 2 == 1)
+        loads += [extras["moe"].load] if "moe" in extras else []
+    real = valid[..., None]
+    close(jnp.where(real, logits, 0), jnp.where(real, model.embed.logits(model.decoder.final_norm(h)), 0))
+    close(aux["moe"].load, jnp.stack(loads))
+    n = count_params(model)
+    experts = 2 * (2 * 4 * 32 * 48 + 4 * 48 + 4 * 32)                     # w1, w2, b1, b2 of 2 MoE layers
+    assert n["active per token"] == n["total"] - experts + experts // 2    # top-2 of 4 experts
+
+
+def test_moe_training_adds_the_router_losses_and_logs_load_and_drops(tmp_path):
+    c = tiny_lm("model.ffn=moe", "model.num_experts=4", "model.moe_top_k=2", "model.moe_capacity_factor=0.5",
+                "train.steps=4", "train.log_every=2", "train.eval_every=4", "train.checkpoint_every=4")
+    train(c, tmp_path / "run", progress="none")
+    recs = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    tr = [r for r in recs if r["split"] == "train"]
+    assert len(tr) == 2
+    for r in tr:
+        loads = [r[f"moe_load/{e}"] for e in range(4)]
+        assert abs(sum(loads) - 1.0) < 1e-5 and all(0 <= v <= 1 for v in loads)
+        assert 0 < r["moe_dropped"] < 1                      # capacity 0.5 of an even share must drop
+        assert r["moe_balance"] >= 1.0 - 1e-5 and r["moe_z"] > 0
+
+
+def test_router_receives_gradient_from_the_balancing_loss_alone():
+    """With the token loss's gradient cut off, the router still learns from α·balance (one layer, so no router
+    sits above the experts)."""
+    from jaxformer.train.step import moe_metrics, objective
+    c = cfg(ffn="moe", num_experts=4, moe_z_weight=0.0, num_decoder_layers=1)
+    model = build_model(c, seed=0)
+    x = tokens(np.random.default_rng(3))
+
+    def loss(m):
+        logits, aux = m(x, rngs=nnx.Rngs(dropout=jax.random.key(0)), return_aux=True)
+        s = {"objective": jax.lax.stop_gradient(logits).sum() * 0, "count": jnp.float32(1)}
+        return objective(s, moe_metrics(aux), c)
+
+    g = nnx.grad(loss)(model)
+    router = g.decoder.layers.blocks.ffn.router[...]
+    w1 = g.decoder.layers.blocks.ffn.w1[...]
+    assert float(jnp.abs(router).max()) > 0
+    assert float(jnp.abs(w1).max()) == 0                  # the balancing loss does not reach the experts
+
+
+def test_moe_lm_cached_decoding_equals_the_full_forward():
+    c = cfg(ffn="moe", num_experts=4, moe_top_k=2, moe_every=2, num_decoder_layers=2)
+    model = build_model(c, seed=5)
+    x = tokens(np.random.default_rng(4), t=9)
+    valid = x != 0
+    pos = jnp.maximum(jnp.cumsum(valid, 1) - 1, 0)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def cached(state):
+        m = nnx.merge(graphdef, state)
+        cache = init_cache(m.cfg, x.shape[0], x.shape[1])
+        first, cache = decoder_step(m, cache, x[:, :4], pos[:, :4], valid[:, :4], prefill=True)
+
+        def step(cache, col):
+            lg, cache = decoder_step(m, cache, col[0][:, None], col[1][:, None], col[2][:, None])
+            return cache, lg[:, 0]
+        _, rest = jax.lax.scan(step, cache, (x[:, 4:].T, pos[:, 4:].T, valid[:, 4:].T))
+        return jnp.concatenate([first, jnp.swapaxes(rest, 0, 1)], 1)
+
+    want = model(x, positions=pos)
+    close(jnp.where(valid[..., None], cached(state), 0), jnp.where(valid[..., None], want, 0))
+
+
+def test_moe_seq2seq_beam_of_one_is_greedy_decoding():
+    c = cfg(arch="encoder_decoder", ffn="moe", num_experts=4, moe_top_k=2, positional="sinusoidal")
+    model = build_model(c, seed=6)
+    src = jnp.asarray(np.random.default_rng(5).integers(3, V, (4, 6)), jnp.int32)
+    greedy = generate_seq2seq(model, src, max_new=6, bos_id=1, eos_id=2)
+    beam = beam_search(model, src, max_new=6, bos_id=1, eos_id=2, beam=1)
+    np.testing.assert_array_equal(np.asarray(beam), np.asarray(greedy))
+    assert beam_search(model, src, max_new=6, bos_id=1, eos_id=2, beam=3).shape == beam.shape
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(ffn="moe", num_decoder_layers=3, moe_every=2), "model.moe_every=2"),
+    (dict(ffn="moe", num_experts=1, moe_top_k=2), "model.moe_top_k=2"),
+    (dict(moe_top_k=3), "model.moe_top_k=3"),
+    (dict(moe_capacity_factor=-1.0), "model.moe_capacity_factor=-1.0"),
+    (dict(ffn="sparse"), "model.ffn='sparse'"),
+])
+def test_bad_moe_settings_name_the_field(kw, field):
+    with pytest.raises(ConfigError, match=field.replace("(", r"\(")):
+        cfg(**kw)
