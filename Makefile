@@ -26,5 +26,6 @@ bench: install
 	$(BIN)/python benchmarks/step_profile.py
 	$(BIN)/python benchmarks/decode.py --sizes tiny base --batches 1 8 --contexts 64 256 1024 --reps 7
 	$(BIN)/python benchmarks/make_run.py
+	$(BIN)/python benchmarks/quantize.py
 
 .PHONY: install run test test-all bench

@@ -73,13 +73,9 @@ def torch_forward(size):
     return f
 
 
-def bench_contexts(size, batch, contexts, reps, steps):
-    cfg = ModelConfig(arch="decoder_only", vocab_size=VOCAB, max_len=max(contexts) + steps + 1,
-                      positional="rope", norm_position="pre", dropout=0.0, **SIZES[size])
-    graphdef, state = nnx.split(build_model(cfg))
-    fwd = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t)[:, -1])
-    prefill = jax.jit(lambda s, c, t, p, v: decoder_step(nnx.merge(graphdef, s), c, t, p, v, prefill=True))
-
+def cached_loop(graphdef, steps):
+    """jit of (state, cache, tok [B,1], pos [B,1]) -> (cache, tok, pos): `steps` greedy decoder_steps in a
+    fori_loop, the cache donated (returned, so donation aliases it), as inside generate_lm."""
     def run_steps(s, cache, tok, pos):
         m = nnx.merge(graphdef, s)
 
@@ -87,8 +83,18 @@ def bench_contexts(size, batch, contexts, reps, steps):
             cache, tok, pos = c
             logits, cache = decoder_step(m, cache, tok, pos, jnp.ones_like(tok, bool))
             return cache, jnp.argmax(logits, -1).astype(jnp.int32), pos + 1
-        return jax.lax.fori_loop(0, steps, body, (cache, tok, pos))      # returns the cache: donation aliases it
-    loop = jax.jit(run_steps, donate_argnums=1)
+        return jax.lax.fori_loop(0, steps, body, (cache, tok, pos))
+    return jax.jit(run_steps, donate_argnums=1)
+
+
+def bench_contexts(size, batch, contexts, reps, steps):
+    cfg = ModelConfig(arch="decoder_only", vocab_size=VOCAB, max_len=max(contexts) + steps + 1,
+                      positional="rope", norm_position="pre", dropout=0.0, **SIZES[size])
+    graphdef, state = nnx.split(build_model(cfg))
+    fwd = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t)[:, -1])
+    prefill = jax.jit(lambda s, c, t, p, v: decoder_step(nnx.merge(graphdef, s), c, t, p, v, prefill=True))
+
+    loop = cached_loop(graphdef, steps)
     tf = torch_forward(size)
     td = (torch_decoder.TorchDecoder(VOCAB, **SIZES[size], batch=batch, max_len=max(contexts) + steps + 1)
           if torch_decoder is not None else None)

@@ -81,8 +81,9 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from jaxformer.train.evaluate import evaluate_run
-    out = evaluate_run(args.workdir, args.which)
-    show_eval(out["eval"], f"held-out ({out['which']} checkpoint, step {out['step']})")
+    out = evaluate_run(args.workdir, args.which, args.quantize)
+    quant = f", weights {args.quantize}" if args.quantize else ""
+    show_eval(out["eval"], f"held-out ({out['which']} checkpoint, step {out['step']}{quant})")
     show_examples(out["examples"])
     return 0
 
@@ -90,14 +91,15 @@ def cmd_eval(args) -> int:
 def cmd_generate(args) -> int:
     from jaxformer.inference import default_prompts, generate_text
     from jaxformer.runs import load_model
-    run = load_model(args.workdir, args.which)
+    run = load_model(args.workdir, args.which, quantize=args.quantize)
     prompts = args.prompt or default_prompts(run)
     outs = generate_text(run, prompts, max_new=args.max_new, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, beam=args.beam, seed=args.seed)
     how = f"beam {args.beam}" if args.beam > 1 else ("greedy" if args.temperature == 0 else
                                                       f"temperature {args.temperature}, top-k {args.top_k}, "
                                                       f"top-p {args.top_p}, seed {args.seed}")
-    console.print(f"{args.workdir}: {run.which} checkpoint (step {run.step}), {how}")
+    quant = f", weights {args.quantize}" if args.quantize else ""
+    console.print(f"{args.workdir}: {run.which} checkpoint (step {run.step}){quant}, {how}")
     seq2seq = run.cfg.model.arch == "encoder_decoder"
     for p, o in zip(prompts, outs):
         console.print(Text.assemble((p, "bold"), (" -> " if seq2seq else "", "dim"), (o, "green")))
@@ -187,6 +189,11 @@ def cmd_plan(args) -> int:
     return 0
 
 
+QUANT = ("int8", "int4", "w8a8")          # jaxformer.quantize.MODES (not imported here: it loads qwix)
+QUANT_HELP = ("quantize the restored weights (post-training): int8 or int4 weight-only, or w8a8 (int8 weights and "
+              "per-token int8 activations)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="jaxformer")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -199,6 +206,7 @@ def main(argv=None) -> int:
     e = sub.add_parser("eval", help="evaluate a run directory's best (or latest) checkpoint")
     e.add_argument("--workdir", required=True)
     e.add_argument("--which", choices=("best", "latest"), default="best")
+    e.add_argument("--quantize", choices=QUANT, help=QUANT_HELP)
     q = sub.add_parser("params", help="build a config's model, print its parameter table, run a forward pass")
     q.add_argument("config")
     q.add_argument("--set", action="append", metavar="KEY=VALUE")
@@ -211,6 +219,7 @@ def main(argv=None) -> int:
     g.add_argument("--prompt", action="append", help="a prompt (repeatable; batched in one call). Default: three "
                    "held-out inputs of the run's task")
     g.add_argument("--which", choices=("best", "latest"), default="best")
+    g.add_argument("--quantize", choices=QUANT, help=QUANT_HELP)
     g.add_argument("--max-new", type=int, default=None, help="tokens to generate (default: enough for a seq2seq "
                    "answer; up to 200 characters for an LM)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

@@ -118,6 +118,8 @@ class ModelConfig(_Validated):
     moe_top_k: int = 1                     # 1 (Switch) | 2 (GShard, Mixtral)
     moe_capacity_factor: float = 1.25      # training: slots per expert = ceil(factor·tokens·k/E), overflow dropped;
                                            # 0 = dropless. Inference (eval, decoding) always runs dropless.
+    moe_dropless: str = "ragged"           # how dropless MoE runs: ragged (grouped matmuls, M·k rows) | padded
+                                           # (every expert over all M token slots: E/k× the work, plain matmuls)
     moe_every: int = 1                     # MoE on every layer (1) or every n-th (layers must be a multiple of n)
     moe_balance_weight: float = 0.01       # α · Switch load-balancing loss, added to the objective
     moe_z_weight: float = 0.001            # β · router z-loss (ST-MoE), added to the objective
@@ -185,6 +187,7 @@ class ModelConfig(_Validated):
             raise ConfigError(f"model.moe_top_k={self.moe_top_k} exceeds model.num_experts={self.num_experts}")
         positive("model.moe_capacity_factor", self.moe_capacity_factor, allow_zero=True)
         positive("model.moe_every", self.moe_every)
+        choice("model.moe_dropless", self.moe_dropless, ("ragged", "padded"))
         positive("model.moe_balance_weight", self.moe_balance_weight, allow_zero=True)
         positive("model.moe_z_weight", self.moe_z_weight, allow_zero=True)
         if self.ffn == "moe":

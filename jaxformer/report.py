@@ -7,6 +7,7 @@ Metric specs (a sweep's `metrics`, label -> spec):
   "SPLIT/KEY"          the last logged value (e.g. "eval/loss", "train/loss"); none for a diverged run
   "SPLIT/KEY@first"    the first logged value (e.g. the loss before training has done much)
   "SPLIT/KEY@min", "@max"  the smallest (largest) logged value, e.g. the best held-out loss before overfitting
+  "SPLIT/KEY@median"   the median logged value (e.g. throughput, robust to a few disturbed intervals)
   "SPLIT/KEY<X", ">X"  the first logged step at which the value is below (above) X; none if never
   "evals:NAME/KEY"     a key of the sweep's extra evaluation NAME; an evaluation that could not run is "n/a"
   "diverged"           1 if the run stopped on a non-finite loss, else 0 (its mean is the divergence rate)
@@ -28,7 +29,7 @@ from pathlib import Path
 from jaxformer.errors import SweepError
 from jaxformer.sweep import Arm, Run, Sweep, finished, read_status, runs
 
-_SPEC = re.compile(r"^(?P<split>[A-Za-z_]+)/(?P<key>[A-Za-z_0-9.]+)(?:(?P<op>[<>])(?P<x>[-+0-9.eE]+)|@(?P<at>first|min|max))?$")
+_SPEC = re.compile(r"^(?P<split>[A-Za-z_]+)/(?P<key>[A-Za-z_0-9.]+)(?:(?P<op>[<>])(?P<x>[-+0-9.eE]+)|@(?P<at>first|min|max|median))?$")
 
 
 def machine() -> str:
@@ -117,7 +118,7 @@ def metric_value(spec: str, status: dict | None, records: list[dict]):
         vals = [r[m["key"]] for r in rows if math.isfinite(r[m["key"]])]
         if not vals:
             return None
-        return {"first": vals[0], "min": min(vals), "max": max(vals)}[m["at"]]
+        return {"first": vals[0], "min": min(vals), "max": max(vals), "median": statistics.median(vals)}[m["at"]]
     if m["op"] is None:
         return rows[-1][m["key"]] if rows and status["status"] == "completed" else None
     x = float(m["x"])

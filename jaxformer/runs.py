@@ -32,6 +32,7 @@ from jaxformer.data import load_tokenizer, save_tokenizer
 from jaxformer.errors import CheckpointError, RunDirError
 from jaxformer.distributed import is_primary
 from jaxformer.nn import build_model
+from jaxformer.quantize import MODES, quantize_model
 from jaxformer.parallel import Plan, no_mesh
 
 try:
@@ -173,14 +174,18 @@ class LoadedModel:
     which: str               # "best" | "latest": where it actually came from
 
 
-def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = None) -> LoadedModel:
+def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = None,
+               quantize: str | None = None) -> LoadedModel:
     """Restore a run's model (no optimizer, no training data) from its `which` checkpoint ("best" or "latest");
     when that kind has no readable step, the other kind is used with a warning, and `which` of the result
     says so. plan: restore straight into that plan's shardings, else onto one device, whatever mesh the run
-    was saved from.
+    was saved from. quantize: "int8" | "int4" | "w8a8" quantizes the restored weights for inference
+    (`jaxformer.quantize`).
     Never writes to the run directory."""
     if which not in ("best", "latest"):
         raise ConfigError(f"which={which!r} must be 'best' or 'latest'")
+    if quantize is not None and quantize not in MODES:
+        raise ConfigError(f"quantize={quantize!r} is not one of {MODES}")
     run = RunDir(workdir)
     if not run.path.is_dir():
         raise ConfigError(f"{str(run.path)!r} is not a run directory")
@@ -208,7 +213,10 @@ def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = Non
                 if kind != which:
                     log.warning("%s has no readable %s checkpoint; using the %s one (step %d)", run.path, which,
                                 kind, restored.step)
-                return LoadedModel(cfg, tokenizer, nnx.merge(graph, restored.items["model"]), restored.step, kind)
+                model = nnx.merge(graph, restored.items["model"])
+                if quantize is not None:
+                    quantize_model(model, quantize)
+                return LoadedModel(cfg, tokenizer, model, restored.step, kind)
     finally:
         ckpt.close()
     raise CheckpointError("; ".join(errors) if errors else f"{run.path} has no checkpoint yet (train saves one "

@@ -66,6 +66,9 @@ def test_dropless_equals_unbounded_capacity(top_k):
     np.testing.assert_array_equal(a[~valid], 0.0)                                 # padding outputs nothing
     np.testing.assert_allclose(sa.load, sb.load)
     assert float(sa.load.sum()) == pytest.approx(1.0)
+    c, sc = moe.moe_ffn(x, **p, top_k=top_k, capacity_factor=0.0, valid=valid, dropless="padded")  # C = M
+    np.testing.assert_allclose(c, b, rtol=1e-5, atol=1e-5 * float(jnp.abs(b).max()))
+    assert float(sc.dropped) == 0.0
 
 
 def test_tokens_over_capacity_are_dropped_in_order_and_output_zero():

@@ -16,6 +16,8 @@ from jaxformer.decode import beam_search, decoder_step, generate_seq2seq, init_c
 from jaxformer.nn import build_model, count_params
 from jaxformer.nn.layers import DecoderBlock
 from jaxformer.nn.models import decoder_self_mask, default_positions
+from jaxformer.inference import generate_text
+from jaxformer.runs import load_model
 from jaxformer.train.loop import train
 
 V = 19
@@ -95,10 +97,14 @@ def test_moe_every_second_layer_equals_its_layers_applied_one_by_one():
     assert n["active per token"] == n["total"] - experts + experts // 2    # top-2 of 4 experts
 
 
-def test_moe_training_adds_the_router_losses_and_logs_load_and_drops(tmp_path):
+def test_moe_training_logs_load_and_drops_and_its_checkpoint_restores_for_generation(tmp_path):
     c = tiny_lm("model.ffn=moe", "model.num_experts=4", "model.moe_top_k=2", "model.moe_capacity_factor=0.5",
-                "train.steps=4", "train.log_every=2", "train.eval_every=4", "train.checkpoint_every=4")
+                "model.num_decoder_layers=2", "model.moe_every=2", "train.steps=4", "train.log_every=2",
+                "train.eval_every=4", "train.checkpoint_every=4")
     train(c, tmp_path / "run", progress="none")
+    run = load_model(tmp_path / "run", "latest")                      # a patterned stack (dense, MoE) restores
+    assert run.model.decoder.layers.blocks[1].ffn.w1[...].shape[1] == 4
+    assert len(generate_text(run, ["Alice was"], max_new=5)[0]) > 0
     recs = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     tr = [r for r in recs if r["split"] == "train"]
     assert len(tr) == 2

@@ -158,6 +158,7 @@ def test_fsdp_holds_an_eighth_of_each_sharded_array_per_device(eight):
 def test_shipped_parallel_configs_plan_eight_devices(eight):
     assert eight["configs"] == {
         "data": {"mesh": {"data": 8, "fsdp": 1, "expert": 1, "tensor": 1}, "mode": "jit"},
+        "expert": {"mesh": {"data": 2, "fsdp": 1, "expert": 4, "tensor": 1}, "mode": "jit"},
         "fsdp": {"mesh": {"data": 1, "fsdp": 8, "expert": 1, "tensor": 1}, "mode": "jit"},
         "tensor": {"mesh": {"data": 4, "fsdp": 1, "expert": 1, "tensor": 2}, "mode": "jit"},
         "hybrid": {"mesh": {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}, "mode": "jit"},

@@ -125,6 +125,7 @@ def test_metric_specs_and_statistics():
     done, bad = {"status": "completed", "evals": {"x": {"loss": 1.0}, "y": {"error": "too long"}}}, {"status": "diverged"}
     assert metric_value("train/loss", done, recs) == 2.0 and metric_value("train/loss@first", done, recs) == 4.0
     assert metric_value("train/loss@min", done, recs) == 2.0 and metric_value("train/loss@max", done, recs) == 4.0
+    assert metric_value("train/loss@median", done, recs) == 3.0
     assert metric_value("train/loss<3", done, recs) == 4.0 and metric_value("train/loss<1", done, recs) is None
     assert metric_value("evals:x/loss", done, recs) == 1.0 and metric_value("evals:y/loss", done, recs) == "too long"
     assert metric_value("train/loss", bad, recs) is None and metric_value("diverged", bad, recs) == 1.0

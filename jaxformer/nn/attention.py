@@ -12,6 +12,7 @@ from jaxformer import ops
 from jaxformer.config import ModelConfig
 from jaxformer.nn.params import dense_init, param, zeros
 from jaxformer.ops import positional
+from jaxformer.quantize import project
 
 
 class MultiHeadAttention(nnx.Module):
@@ -43,13 +44,13 @@ class MultiHeadAttention(nnx.Module):
 
     def project_q(self, x: jax.Array, positions: jax.Array | None = None) -> jax.Array:
         """x [B,T,D], positions [B,T] -> q [B,T,N,H] (rotated when RoPE)."""
-        q = jnp.einsum("BTD,DNH->BTNH", x, self.wq[...].astype(x.dtype)) + self._bias("bq")
+        q = project("BTD,DNH->BTNH", x, self.wq[...]) + self._bias("bq")
         return self._rope(q.astype(x.dtype), positions)
 
     def project_kv(self, x: jax.Array, positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """x [B,S,D], positions [B,S] -> k, v [B,S,K,H] (k rotated when RoPE)."""
-        k = (jnp.einsum("BSD,DKH->BSKH", x, self.wk[...].astype(x.dtype)) + self._bias("bk")).astype(x.dtype)
-        v = (jnp.einsum("BSD,DKH->BSKH", x, self.wv[...].astype(x.dtype)) + self._bias("bv")).astype(x.dtype)
+        k = (project("BSD,DKH->BSKH", x, self.wk[...]) + self._bias("bk")).astype(x.dtype)
+        v = (project("BSD,DKH->BSKH", x, self.wv[...]) + self._bias("bv")).astype(x.dtype)
         return self._rope(k, positions), v
 
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax.Array | None = None,
@@ -69,7 +70,7 @@ class MultiHeadAttention(nnx.Module):
                                         mask_value=0.0 if cfg.ablation_mask_value == "zero" else None,
                                         backend=cfg.attention_backend, block_size=cfg.attention_block)
         ctx, w = res if return_weights else (res, None)
-        out = (jnp.einsum("BTNH,NHD->BTD", ctx, self.wo[...].astype(ctx.dtype)) + self._bias("bo")).astype(q.dtype)
+        out = (project("BTNH,NHD->BTD", ctx, self.wo[...]) + self._bias("bo")).astype(q.dtype)
         return (out, w) if return_weights else out
 
     def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, mask: jax.Array | None = None,

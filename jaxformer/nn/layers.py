@@ -14,6 +14,7 @@ from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.moe import MoEFeedForward
 from jaxformer.nn.params import dense_init, ones, param, zeros
 from jaxformer.ops import activations, norms
+from jaxformer.quantize import project
 
 
 def dropout(layer: nnx.Dropout, x: jax.Array, rngs: nnx.Rngs | None) -> jax.Array:
@@ -59,7 +60,7 @@ class FeedForward(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """[B,T,D] -> [B,T,D]."""
         def dense(w, b, y, eq):
-            out = jnp.einsum(eq, y, w[...].astype(y.dtype))
+            out = project(eq, y, w[...])
             return (out + b[...]).astype(y.dtype) if self.use_bias else out
         h = dense(self.w1, getattr(self, "b1", None), x, "BTD,DF->BTF")
         if self.activation in activations.GATED:

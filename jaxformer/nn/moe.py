@@ -10,17 +10,19 @@ from flax import nnx
 from jaxformer.config import ModelConfig
 from jaxformer.nn.params import dense_init, param, zeros
 from jaxformer.ops import activations, moe
+from jaxformer.quantize import value
 
 
 class MoEFeedForward(nnx.Module):
     """E expert FFNs (w1/wg [E,D,F], w2 [E,F,D], each initialised as a dense FFN) and a router [D,E] applied in
-    float32. Training (a dropout stream passed) uses model.moe_capacity_factor; inference runs dropless, so a
-    token's output never depends on the other tokens in its batch (cached decoding equals the full forward)."""
+    float32. Training (a dropout stream passed) uses model.moe_capacity_factor; inference runs dropless (as
+    model.moe_dropless says), so a token's output never depends on the other tokens in its batch (cached decoding
+    equals the full forward)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, f, e = cfg.d_model, cfg.d_ff, cfg.num_experts
         self.activation, self.use_bias = cfg.activation, cfg.use_bias
-        self.top_k, self.capacity_factor = cfg.moe_top_k, cfg.moe_capacity_factor
+        self.top_k, self.capacity_factor, self.dropless = cfg.moe_top_k, cfg.moe_capacity_factor, cfg.moe_dropless
         self.router = param(rngs, dense_init(0, 1), (d, e), ("embed", None), matrix=True)
         expert = dense_init(1, 2, 0)
         self.w1 = param(rngs, expert, (e, d, f), ("expert", "embed", "mlp"), matrix=True)
@@ -36,9 +38,9 @@ class MoEFeedForward(nnx.Module):
     def __call__(self, x: jax.Array, valid: jax.Array | None = None, *, train: bool = False):
         """x [B,T,D], valid [B,T] bool (padding takes no expert slot) -> ([B,T,D], ops.moe.MoEStats)."""
         b, t, d = x.shape
-        get = lambda name: getattr(self, name)[...] if hasattr(self, name) else None
-        y, stats = moe.moe_ffn(x.reshape(b * t, d), self.router[...], self.w1[...], self.w2[...],
+        get = lambda name: value(getattr(self, name)[...]) if hasattr(self, name) else None   # quantized: dequantized
+        y, stats = moe.moe_ffn(x.reshape(b * t, d), self.router[...], get("w1"), get("w2"),
                                top_k=self.top_k, capacity_factor=self.capacity_factor if train else 0.0,
                                activation=self.activation, valid=None if valid is None else valid.reshape(-1),
-                               b1=get("b1"), b2=get("b2"), wg=get("wg"), bg=get("bg"))
+                               b1=get("b1"), b2=get("b2"), wg=get("wg"), bg=get("bg"), dropless=self.dropless)
         return y.reshape(b, t, d), stats

@@ -12,8 +12,10 @@ Semantics, as Switch Transformer (top-1) and GShard/Mixtral (top-2):
   first choice before any second choice, earlier tokens first. An assignment over capacity is dropped: that
   token gets nothing from that expert (with a residual connection around the FFN, a token dropped by all its
   experts passes through unchanged).
-- dropless mode (capacity_factor=0): every assignment is computed; tokens are sorted by expert and the experts
-  run as grouped matmuls over the sorted rows.
+- dropless mode (capacity_factor=0): every assignment is computed, either (dropless="ragged") with tokens sorted
+  by expert and the experts run as grouped matmuls over the sorted rows (M·k rows of work), or
+  (dropless="padded") as the capacity mode with C = M slots, which no expert can overflow (E·M rows of work, as
+  plain batched matmuls: faster where grouped matmuls are slow, e.g. XLA:CPU, while E/k is small).
 - invalid tokens (padding; `valid` False) take no slot, output zeros and count in no statistic or loss.
 Both modes work under jit and grad; the capacity mode also under vmap. The dropless mode does not vmap
 (`jax.lax.ragged_dot` has no batching rule in JAX 0.10): flatten token groups into M instead.
@@ -110,10 +112,12 @@ class MoEStats(NamedTuple):
 
 def moe_ffn(x: jax.Array, router: jax.Array, w1: jax.Array, w2: jax.Array, *, top_k: int = 1,
             capacity_factor: float = 1.25, activation: str = "relu", valid: jax.Array | None = None,
-            b1=None, b2=None, wg=None, bg=None) -> tuple[jax.Array, MoEStats]:
+            b1=None, b2=None, wg=None, bg=None, dropless: str = "ragged") -> tuple[jax.Array, MoEStats]:
     """Mixture-of-Experts FFN. x [M,D]; router [D,E]; w1 (and wg) [E,D,F], w2 [E,F,D]; optional biases
-    b1 (bg) [E,F], b2 [E,D]; valid [M] bool. capacity_factor > 0: fixed capacity with dropping; 0: dropless.
-    -> (y [M,D] in x's dtype, MoEStats)."""
+    b1 (bg) [E,F], b2 [E,D]; valid [M] bool. capacity_factor > 0: fixed capacity with dropping; 0: dropless,
+    computed as `dropless` says ("ragged" | "padded"). -> (y [M,D] in x's dtype, MoEStats)."""
+    if dropless not in ("ragged", "padded"):
+        raise ValueError(f"dropless={dropless!r} must be 'ragged' or 'padded'")
     m, _ = x.shape
     e = router.shape[1]
     r = route(x, router, top_k, valid)
@@ -122,8 +126,8 @@ def moe_ffn(x: jax.Array, router: jax.Array, w1: jax.Array, w2: jax.Array, *, to
     chosen = jnp.einsum("M,MkE->E", w, jax.nn.one_hot(r.experts, e, dtype=jnp.float32))
     cast = lambda a: None if a is None else a.astype(x.dtype)
     b1, b2, wg, bg = cast(b1), cast(b2), cast(wg), cast(bg)
-    if capacity_factor > 0:
-        cap = capacity(m, e, top_k, capacity_factor)
+    if capacity_factor > 0 or dropless == "padded":
+        cap = capacity(m, e, top_k, capacity_factor) if capacity_factor > 0 else m       # C = M: nothing drops
         slot, kept = _slots(r, e, cap, valid)
         # each kept assignment's row in the [E·C] expert buffer; dropped ones point past its end (E·C)
         row = jnp.where(kept, r.experts * cap + slot, e * cap).reshape(-1)                 # [A] token-major

@@ -73,10 +73,10 @@ def examples(task: Task, model: nnx.Module, k: int, batch_rows: int = 0) -> list
     return rows
 
 
-def evaluate_run(workdir: str | Path, which: str = "best") -> dict:
-    """Restore a run's best (or latest) model and evaluate it on the held-out set (needs the run's data).
-    -> {"step", "which" (the checkpoint actually used), "eval", "examples"}."""
-    loaded = load_model(workdir, which)
+def evaluate_run(workdir: str | Path, which: str = "best", quantize: str | None = None) -> dict:
+    """Restore a run's best (or latest) model (quantized: see `jaxformer.quantize`) and evaluate it on the
+    held-out set (needs the run's data). -> {"step", "which" (the checkpoint actually used), "eval", "examples"}."""
+    loaded = load_model(workdir, which, quantize=quantize)
     task = build_task(loaded.cfg.data, loaded.tokenizer)
     return {"step": loaded.step, "which": loaded.which, "eval": evaluate(loaded.cfg, task, loaded.model),
             "examples": examples(task, loaded.model, loaded.cfg.train.num_examples)}

@@ -1,0 +1,147 @@
+"""Post-training weight quantization with qwix: a trained model's projection weights (attention q/k/v/o, the FFN,
+MoE experts) become int8 or int4 values with float32 scales, chosen when a run is loaded for inference.
+
+Modes (`quantize_model(model, mode)`):
+  int8   weight-only: int8 values, one float32 scale per output channel (and per layer); matmuls dequantize the
+         weight and multiply in the activations' dtype.
+  int4   weight-only: int4 values (packed two per byte in device memory; 1 byte per value when converted to
+         numpy, e.g. in an .npy file), one scale per output channel and per block of 128 inputs where the input
+         width is a multiple of 128 above 128, else per output channel.
+  w8a8   int8 weights as int8, and each matmul also quantizes its activations to int8 per token (a dynamic scale),
+         so the dot itself runs int8 × int8 -> int32, then rescales.
+Attention logits and softmax, norms, embeddings, the output head and the MoE router stay as they were (float32).
+
+A quantized weight stays in its nnx.Param, stacked over layers like the float one (a `Quantized` pytree of qwix's
+QArray), so the layer scan, the KV-cached decoder and beam search run unchanged. Layers project through
+`project(eq, x, param)`, which takes float and quantized weights alike.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import qwix
+from flax import nnx, struct
+
+from jaxformer.errors import ConfigError
+
+MODES = ("int8", "int4", "w8a8")
+BATCH_LIKE = ("layers", "expert")        # independent matrices: a scale each
+
+
+@struct.dataclass
+class Quantized:
+    """A quantized weight: qwix's QArray (qvalue int8/int4, scale float32, same rank as the weight) and whether
+    matmuls quantize their activations too (w8a8)."""
+    array: qwix.QArray
+    dynamic: bool = struct.field(pytree_node=False, default=False)
+
+    @property
+    def shape(self):
+        return self.array.qvalue.shape
+
+    def __getitem__(self, key) -> "Quantized":
+        """param[...] reads the weight whole; an index slices its leading axes (e.g. one layer)."""
+        return self if key is Ellipsis else jax.tree.map(lambda a: a[key], self)
+
+    def dequantize(self) -> jax.Array:
+        return qwix.dequantize(self.array)
+
+
+def contracted_axes(names: tuple[str, ...]) -> tuple[int, ...]:
+    """A projection weight's input (contracted) axes from its logical names: "embed" when it comes first (D -> ...
+    projections: wq/wk/wv, w1/wg), else every axis but "embed" (... -> D: wo [N,H,D], w2 [F,D]); "layers" and
+    "expert" are never contracted."""
+    core = [i for i, n in enumerate(names) if n not in BATCH_LIKE]
+    if names[core[0]] == "embed":
+        return (core[0],)
+    return tuple(i for i in core if names[i] != "embed")
+
+
+def quantize_weight(w: jax.Array, names: tuple[str, ...], mode: str) -> Quantized:
+    """One weight (with its logical axis names) -> Quantized."""
+    inputs = contracted_axes(names)
+    channels = tuple(i for i in range(w.ndim) if i not in inputs)
+    tiles = None
+    if mode == "int4" and len(inputs) == 1 and w.shape[inputs[0]] > 128 and w.shape[inputs[0]] % 128 == 0:
+        tiles = {inputs[0]: 128}
+    qtype = jnp.int4 if mode == "int4" else jnp.int8
+    return Quantized(qwix.quantize(w, qtype, channelwise_axes=channels, tiled_axes=tiles), mode == "w8a8")
+
+
+def quantizable(path: tuple, v: nnx.Variable) -> bool:
+    """Projection matrices inside the layer stacks (not embeddings, the output head or the MoE router)."""
+    keys = [str(p) for p in path]
+    return (isinstance(v, nnx.Param) and bool(v.get_metadata().get("matrix")) and "layers" in keys
+            and keys[-1] != "router")
+
+
+def quantize_model(model: nnx.Module, mode: str) -> nnx.Module:
+    """Quantize `model`'s projection weights in place (see the module doc) and return it. ConfigError for an
+    unknown mode."""
+    if mode not in MODES:
+        raise ConfigError(f"quantize={mode!r} is not one of {MODES}")
+    for path, v in nnx.iter_graph(model):
+        if isinstance(v, nnx.Variable) and quantizable(path, v):
+            names = tuple(v.get_metadata().get("out_sharding") or ())
+            v.set_value(quantize_weight(v.get_value(), names, mode))
+    return model
+
+
+def weight_bytes(model: nnx.Module) -> dict[str, int]:
+    """Bytes of the model's parameters: {"quantized": int8/int4 values (int4 counted at half a byte, as packed in
+    device memory) + their scales, "float": every other parameter, "total"}."""
+    q = f = 0
+    for _, v in nnx.iter_graph(model):
+        if not isinstance(v, nnx.Param):
+            continue
+        val = v.get_value()
+        if isinstance(val, Quantized):
+            bits = 4 if val.array.qvalue.dtype == jnp.int4 else 8
+            q += val.array.qvalue.size * bits // 8 + val.array.scale.size * val.array.scale.dtype.itemsize
+        else:
+            f += val.size * val.dtype.itemsize
+    return {"quantized": q, "float": f, "total": q + f}
+
+
+def _einsum_parts(eq: str) -> tuple[str, str, str]:
+    ins, out = eq.replace(" ", "").split("->")
+    x, w = ins.split(",")
+    return x, w, out
+
+
+def project(eq: str, x: jax.Array, w) -> jax.Array:
+    """einsum(eq, x, w) for a projection: w a float array (cast to x's dtype) or a `Quantized` weight. -> x's
+    dtype. eq must read "rows+inputs,inputs+outputs->rows+outputs" (every projection here does): a quantized
+    product runs as one 2-D matmul [M,K]·[K,N] (on XLA:CPU a 3-D int8 einsum lowers to a transposed dot about 2.5×
+    slower)."""
+    if not isinstance(w, Quantized):
+        return jnp.einsum(eq, x, w.astype(x.dtype))
+    xs, ws, out = _einsum_parts(eq)
+    n_in = sum(c in ws for c in xs)
+    rows = xs[:len(xs) - n_in]
+    if xs[len(rows):] != ws[:n_in] or out != rows + ws[n_in:]:
+        raise ValueError(f"project: {eq!r} is not rows+inputs,inputs+outputs->rows+outputs")
+    lead, outs = x.shape[:len(rows)], w.shape[n_in:]
+    m, k = math.prod(lead), math.prod(x.shape[len(rows):])
+    x2, w2 = x.reshape(m, k), w.array.reshape(k, math.prod(outs))
+    if w.dynamic:
+        # XLA:CPU runs an int8 dot of a single row by converting the whole weight to int32 first; two rows take
+        # its int8 kernel, so a one-row activation (batch-1 decoding) is doubled and the copy dropped after
+        if m == 1:
+            x2 = jnp.concatenate([x2, x2])
+        x2 = qwix.quantize(x2.astype(jnp.float32), jnp.int8, channelwise_axes=(0,))     # a scale per row
+    return qwix.dot(x2, w2)[:m].reshape(*lead, *outs).astype(x.dtype)
+
+
+def value(w) -> jax.Array:
+    """A parameter's value as a float array (dequantized if quantized), for code that needs the array itself."""
+    return w.dequantize() if isinstance(w, Quantized) else w
+
+
+def parse_mode(mode: str | None) -> str | None:
+    if mode is not None and not re.fullmatch("|".join(MODES), mode):
+        raise ConfigError(f"--quantize {mode!r} is not one of {MODES}")
+    return mode

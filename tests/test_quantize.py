@@ -1,0 +1,131 @@
+"""Post-training quantization (jaxformer.quantize, qwix): which weights are quantized and how, the error against
+the float model bounded by the format's step, cached decoding and beam search with quantized weights, the
+batch-1 padding path, and `eval` / `generate --quantize` on a trained run."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from helpers import tiny_reverse
+
+from jaxformer.cli import QUANT, main as cli_main
+from jaxformer.config import ConfigError, ModelConfig
+from jaxformer.decode import beam_search, decoder_step, generate_seq2seq, init_cache
+from jaxformer.nn import build_model
+from jaxformer.quantize import (MODES, Quantized, contracted_axes, project, quantize_model, quantize_weight,
+                                weight_bytes)
+from jaxformer.runs import load_model
+from jaxformer.train.loop import train
+
+V = 19
+EPS32 = float(np.finfo(np.float32).eps)
+# relative error of a quantized model's logits against the float model's: a few quantization steps of the
+# format (int8: 1/127 of a channel's largest weight; int4: 1/7), with headroom for their accumulation
+REL = {"int8": 8 / 127, "w8a8": 8 / 127, "int4": 2 / 7}
+
+
+def cfg(**kw):
+    base = dict(arch="decoder_only", vocab_size=V, d_model=256, num_heads=4, d_ff=256, num_decoder_layers=2,
+                num_encoder_layers=1, norm_position="pre", positional="rope", dropout=0.0, max_len=32)
+    return ModelConfig(**{**base, **kw})
+
+
+def rel(a, b):
+    return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+
+
+def test_the_contracted_axes_of_every_projection():
+    assert contracted_axes(("layers", "embed", "q_heads", "head_dim")) == (1,)         # wq/wk/wv [L,D,N,H]
+    assert contracted_axes(("layers", "q_heads", "head_dim", "embed")) == (1, 2)      # wo [L,N,H,D]
+    assert contracted_axes(("layers", "embed", "mlp")) == (1,)                        # w1 [L,D,F]
+    assert contracted_axes(("layers", "mlp", "embed")) == (1,)                        # w2 [L,F,D]
+    assert contracted_axes(("layers", "expert", "mlp", "embed")) == (2,)              # MoE w2 [L,E,F,D]
+
+
+def test_only_the_layer_projections_are_quantized_with_per_channel_scales():
+    model = quantize_model(build_model(cfg(tie_embeddings=False, ffn="moe", num_experts=2)), "int8")
+    kinds = {}
+    for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        kinds["/".join(map(str, path))] = v.get_value()
+    q = {k for k, v in kinds.items() if isinstance(v, Quantized)}
+    assert {k.split("/")[-1] for k in q} == {"wq", "wk", "wv", "wo", "w1", "w2"}
+    assert all(not isinstance(kinds[k], Quantized) for k in kinds if k.split("/")[-1] in
+               ("tokens", "head", "router", "scale", "bias", "b1", "b2", "bq", "bo"))
+    wq = kinds["decoder/layers/blocks/self_attn/wq"].array
+    assert wq.qvalue.dtype == jnp.int8 and wq.qvalue.shape == (2, 256, 4, 64)
+    assert wq.scale.shape == (2, 1, 4, 64)                              # one scale per layer and output channel
+
+
+def test_weight_bytes_quarter_and_eighth_of_float32():
+    floats = weight_bytes(build_model(cfg()))
+    b8 = weight_bytes(quantize_model(build_model(cfg()), "int8"))
+    b4 = weight_bytes(quantize_model(build_model(cfg()), "int4"))
+    assert b8["float"] == b4["float"] < floats["total"]
+    projections = floats["total"] - b8["float"]                         # float32 bytes of what was quantized
+    assert projections / 4 < b8["quantized"] < projections / 4 * 1.05   # int8 values + float32 scales
+    assert projections / 8 < b4["quantized"] < projections / 8 * 1.2   # packed int4 + block scales
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_quantized_logits_stay_within_the_formats_step_of_float(mode):
+    x = jnp.asarray(np.random.default_rng(0).integers(1, V, (3, 12)), jnp.int32)
+    want = build_model(cfg(), seed=1)(x)
+    got = quantize_model(build_model(cfg(), seed=1), mode)(x)
+    assert 0 < rel(got, want) < REL[mode]
+
+
+def test_w8a8_one_row_padding_equals_the_row_of_a_batch():
+    w = quantize_weight(jax.random.normal(jax.random.key(0), (64, 4, 16)), ("embed", "q_heads", "head_dim"), "w8a8")
+    x = jax.random.normal(jax.random.key(1), (3, 2, 64))
+    many = project("BTD,DNH->BTNH", x, w)
+    one = project("BTD,DNH->BTNH", x[:1, :1], w)
+    np.testing.assert_array_equal(np.asarray(one), np.asarray(many[:1, :1]))   # per-token scales: same bits
+
+
+@pytest.mark.parametrize("mode", ["int4", "w8a8"])
+def test_quantized_cached_decoding_equals_its_full_forward(mode):
+    model = quantize_model(build_model(cfg(), seed=2), mode)
+    x = jnp.asarray(np.random.default_rng(1).integers(1, V, (2, 9)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(9), x.shape)
+    valid = jnp.ones(x.shape, bool)
+    cache = init_cache(model.cfg, 2, 9)
+    first, cache = decoder_step(model, cache, x[:, :5], pos[:, :5], valid[:, :5], prefill=True)
+    rest = []
+    for i in range(5, 9):
+        lg, cache = decoder_step(model, cache, x[:, i:i + 1], pos[:, i:i + 1], valid[:, i:i + 1])
+        rest.append(lg)
+    got, want = jnp.concatenate([first, *rest], 1), model(x)
+    # int4 weights are constants: float32 agreement. w8a8 also rounds each activation to int8 at run time, and the
+    # cached pass's float32-level differences can flip a rounding: bounded by one int8 step of the largest logit
+    tol = 64 * EPS32 if mode == "int4" else 1 / 127
+    assert float(jnp.abs(got - want).max()) <= tol * float(jnp.abs(want).max())
+
+
+def test_quantized_seq2seq_beam_of_one_is_greedy():
+    model = quantize_model(build_model(cfg(arch="encoder_decoder", positional="sinusoidal"), seed=3), "int8")
+    src = jnp.asarray(np.random.default_rng(2).integers(3, V, (3, 6)), jnp.int32)
+    greedy = generate_seq2seq(model, src, max_new=6, bos_id=1, eos_id=2)
+    np.testing.assert_array_equal(np.asarray(beam_search(model, src, max_new=6, bos_id=1, eos_id=2, beam=1)),
+                                  np.asarray(greedy))
+
+
+@pytest.fixture(scope="module")
+def reversal_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("reverse")
+    train(tiny_reverse("train.steps=150", "train.eval_every=150", "train.checkpoint_every=150"), d, progress="none")
+    return d
+
+
+def test_cli_eval_and_generate_take_quantize(reversal_run, capsys):
+    assert QUANT == MODES
+    assert cli_main(["eval", "--workdir", str(reversal_run), "--quantize", "int8"]) == 0
+    out = capsys.readouterr().out
+    assert "weights int8" in out and "exact_match" in out
+    assert cli_main(["generate", "--workdir", str(reversal_run), "--quantize", "int4", "--beam", "2",
+                     "--prompt", "4321"]) == 0
+    assert "weights int4, beam 2" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        cli_main(["eval", "--workdir", str(reversal_run), "--quantize", "int3"])
+    assert e.value.code == 2 and "int3" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="quantize='fp8'"):
+        load_model(reversal_run, quantize="fp8")
