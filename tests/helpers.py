@@ -48,3 +48,16 @@ def train_losses(workdir) -> dict[int, float]:
 def checkpoint_steps(workdir, kind: str = "latest") -> list[int]:
     d = Path(workdir) / "checkpoints" / kind
     return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.exists() else []
+
+
+def compiled(model, *args, key=None, **kw):
+    """model(*args, **kw) run as one compiled program (eager dispatch of a model's many small ops costs far more
+    than compiling them once). key: a dropout key, for a training-mode pass (rngs=nnx.Rngs(dropout=key))."""
+    import jax
+    from flax import nnx
+    graphdef, state = nnx.split(model)
+
+    def f(state, args, key):
+        m = nnx.merge(graphdef, state)
+        return m(*args, **kw) if key is None else m(*args, rngs=nnx.Rngs(dropout=key), **kw)
+    return jax.jit(f)(state, args, key)

@@ -5,9 +5,12 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
 
 
+@pytest.mark.slow          # 13-18 s on 2 cores: make test-all (the script's only caller is a GPU machine)
 def test_gpu_script_dry_run(tmp_path):
     spec = importlib.util.spec_from_file_location("jaxformer_benchmark_gpu", SCRIPT)
     gpu = importlib.util.module_from_spec(spec)

@@ -121,3 +121,20 @@ def test_named_errors_for_lm_beam_unknown_chars_and_missing_runs(lm_run, tmp_pat
         generate_text(run, [""])
     with pytest.raises(ConfigError, match="not a run directory"):
         load_model(tmp_path)
+
+
+def test_cli_eval_and_generate_take_quantize(reversal_run, capsys):
+    from jaxformer.cli import QUANT
+    from jaxformer.quantize import MODES
+    assert QUANT == MODES
+    assert cli_main(["eval", "--workdir", str(reversal_run), "--quantize", "int8"]) == 0
+    out = capsys.readouterr().out
+    assert "weights int8" in out and "exact_match" in out
+    assert cli_main(["generate", "--workdir", str(reversal_run), "--quantize", "int4", "--beam", "2",
+                     "--prompt", "4321"]) == 0
+    assert "weights int4, beam 2" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        cli_main(["eval", "--workdir", str(reversal_run), "--quantize", "int3"])
+    assert e.value.code == 2 and "int3" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="quantize='fp8'"):
+        load_model(reversal_run, quantize="fp8")

@@ -29,6 +29,10 @@ def dense_ffn(x, p, i, activation):
     return h @ p["w2"][i] + p["b2"][i]
 
 
+# one compiled program per configuration (eager op-by-op dispatch of the MoE's many small ops is far slower)
+ffn = jax.jit(moe.moe_ffn, static_argnames=("top_k", "capacity_factor", "activation", "dropless"))
+
+
 def x_(key=1, m=M):
     return jax.random.normal(jax.random.key(key), (m, D), jnp.float32)
 
@@ -37,7 +41,7 @@ def x_(key=1, m=M):
 @pytest.mark.parametrize("factor", [1.0, 0.0])
 def test_one_expert_top1_is_the_dense_ffn(activation, factor):
     p, x = params(1, gated=activation == "swiglu"), x_()
-    y, st = moe.moe_ffn(x, **p, top_k=1, capacity_factor=factor, activation=activation)
+    y, st = ffn(x, **p, top_k=1, capacity_factor=factor, activation=activation)
     ref = dense_ffn(x, p, 0, activation)
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * float(jnp.abs(ref).max()))
     assert float(st.dropped) == 0.0 and float(st.balance) == pytest.approx(1.0)
@@ -46,7 +50,7 @@ def test_one_expert_top1_is_the_dense_ffn(activation, factor):
 def test_each_token_gets_its_experts_weighted_output():
     """Dropless top-2 against a loop over tokens: Σ_j w_j · FFN_{e_j}(x)."""
     e, p, x = 4, params(4), x_()
-    y, _ = moe.moe_ffn(x, **p, top_k=2, capacity_factor=0.0)
+    y, _ = ffn(x, **p, top_k=2, capacity_factor=0.0)
     r = moe.route(x, p["router"], 2)
     outs = jnp.stack([dense_ffn(x, p, i, "relu") for i in range(e)])             # [E,M,D]
     ref = sum(r.weights[:, j, None] * outs[r.experts[:, j], jnp.arange(M)] for j in range(2))
@@ -59,14 +63,14 @@ def test_dropless_equals_unbounded_capacity(top_k):
     e, p, x = 4, params(4), x_()
     valid = jnp.arange(M) < M - 3                                                 # three padding tokens
     unbounded = float(e)                                                           # C = M·top_k: nothing dropped
-    a, sa = moe.moe_ffn(x, **p, top_k=top_k, capacity_factor=unbounded, valid=valid)
-    b, sb = moe.moe_ffn(x, **p, top_k=top_k, capacity_factor=0.0, valid=valid)
+    a, sa = ffn(x, **p, top_k=top_k, capacity_factor=unbounded, valid=valid)
+    b, sb = ffn(x, **p, top_k=top_k, capacity_factor=0.0, valid=valid)
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.abs(a).max()))
     assert float(sa.dropped) == float(sb.dropped) == 0.0
     np.testing.assert_array_equal(a[~valid], 0.0)                                 # padding outputs nothing
     np.testing.assert_allclose(sa.load, sb.load)
     assert float(sa.load.sum()) == pytest.approx(1.0)
-    c, sc = moe.moe_ffn(x, **p, top_k=top_k, capacity_factor=0.0, valid=valid, dropless="padded")  # C = M
+    c, sc = ffn(x, **p, top_k=top_k, capacity_factor=0.0, valid=valid, dropless="padded")  # C = M
     np.testing.assert_allclose(c, b, rtol=1e-5, atol=1e-5 * float(jnp.abs(b).max()))
     assert float(sc.dropped) == 0.0
 
@@ -80,7 +84,7 @@ def test_tokens_over_capacity_are_dropped_in_order_and_output_zero():
     cap = 3
     factor = cap * e / M                                                          # C = ceil(f·M/E) = 3
     assert moe.capacity(M, e, 1, factor) == cap
-    y, st = moe.moe_ffn(x, **p, top_k=1, capacity_factor=factor)
+    y, st = ffn(x, **p, top_k=1, capacity_factor=factor)
     r = moe.route(x, p["router"], 1)
     assert bool(jnp.all(r.experts[:, 0] == 0))
     ref = r.weights[:cap] * dense_ffn(x[:cap], p, 0, "relu")
@@ -140,7 +144,7 @@ def test_router_and_experts_receive_gradient_under_jit_and_vmap(factor):
     p, x = params(4), x_()
 
     def loss(p, x):
-        y, st = moe.moe_ffn(x, **p, top_k=2, capacity_factor=factor)
+        y, st = ffn(x, **p, top_k=2, capacity_factor=factor)
         return jnp.sum(y ** 2) + 0.01 * st.balance + 1e-3 * st.z
 
     g = jax.jit(jax.grad(loss))(p, x)
@@ -149,8 +153,8 @@ def test_router_and_experts_receive_gradient_under_jit_and_vmap(factor):
     if factor == 0.0:        # jax.lax.ragged_dot has no batching rule over a leading axis (JAX: NYI)
         return
     xs = jnp.stack([x, x_(2)])                                                    # vmap over two token groups
-    ys, _ = jax.vmap(lambda x: moe.moe_ffn(x, **p, top_k=2, capacity_factor=factor))(xs)
-    y1, _ = moe.moe_ffn(xs[1], **p, top_k=2, capacity_factor=factor)
+    ys, _ = jax.vmap(lambda x: ffn(x, **p, top_k=2, capacity_factor=factor))(xs)
+    y1, _ = ffn(xs[1], **p, top_k=2, capacity_factor=factor)
     np.testing.assert_allclose(ys[1], y1, rtol=1e-5, atol=1e-6)
 
 

@@ -40,8 +40,7 @@ STRATEGIES = {
 }
 # a MoE reversal model whose 8 experts split over the expert axis (top-2, capacity that drops some tokens)
 MOE = SMALL + ["model.ffn=moe", "model.num_experts=8", "model.moe_top_k=2", "model.moe_capacity_factor=1.0"]
-MOE_MESHES = {"one device": ["parallel.data=1"], "expert 8": ["parallel.data=1", "parallel.expert=8"],
-              "data 2 x expert 2 x tensor 2": ["parallel.data=2", "parallel.expert=2", "parallel.tensor=2"]}
+MOE_MESHES = {"one device": ["parallel.data=1"], "expert 8": ["parallel.data=1", "parallel.expert=8"]}
 REFUSED = {
     "sizes that do not multiply to 8": (["parallel.data=3"], "needs 3 devices; 8 are available"),
     "a rule naming an unknown mesh axis": (["parallel.rules=mlp:pipeline"], "unknown mesh axis 'pipeline'"),

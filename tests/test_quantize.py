@@ -6,16 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import tiny_reverse
+from helpers import compiled
 
-from jaxformer.cli import QUANT, main as cli_main
-from jaxformer.config import ConfigError, ModelConfig
+from jaxformer.config import ModelConfig
 from jaxformer.decode import beam_search, decoder_step, generate_seq2seq, init_cache
 from jaxformer.nn import build_model
 from jaxformer.quantize import (MODES, Quantized, contracted_axes, project, quantize_model, quantize_weight,
                                 weight_bytes)
-from jaxformer.runs import load_model
-from jaxformer.train.loop import train
 
 V = 19
 EPS32 = float(np.finfo(np.float32).eps)
@@ -69,8 +66,8 @@ def test_weight_bytes_quarter_and_eighth_of_float32():
 @pytest.mark.parametrize("mode", MODES)
 def test_quantized_logits_stay_within_the_formats_step_of_float(mode):
     x = jnp.asarray(np.random.default_rng(0).integers(1, V, (3, 12)), jnp.int32)
-    want = build_model(cfg(), seed=1)(x)
-    got = quantize_model(build_model(cfg(), seed=1), mode)(x)
+    want = compiled(build_model(cfg(), seed=1), x)
+    got = compiled(quantize_model(build_model(cfg(), seed=1), mode), x)
     assert 0 < rel(got, want) < REL[mode]
 
 
@@ -88,13 +85,18 @@ def test_quantized_cached_decoding_equals_its_full_forward(mode):
     x = jnp.asarray(np.random.default_rng(1).integers(1, V, (2, 9)), jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(9), x.shape)
     valid = jnp.ones(x.shape, bool)
-    cache = init_cache(model.cfg, 2, 9)
-    first, cache = decoder_step(model, cache, x[:, :5], pos[:, :5], valid[:, :5], prefill=True)
-    rest = []
-    for i in range(5, 9):
-        lg, cache = decoder_step(model, cache, x[:, i:i + 1], pos[:, i:i + 1], valid[:, i:i + 1])
-        rest.append(lg)
-    got, want = jnp.concatenate([first, *rest], 1), model(x)
+
+    @nnx.jit
+    def both(model, x):
+        cache = init_cache(model.cfg, 2, 9)
+        first, cache = decoder_step(model, cache, x[:, :5], pos[:, :5], valid[:, :5], prefill=True)
+        rest = []
+        for i in range(5, 9):
+            lg, cache = decoder_step(model, cache, x[:, i:i + 1], pos[:, i:i + 1], valid[:, i:i + 1])
+            rest.append(lg)
+        return jnp.concatenate([first, *rest], 1), model(x)
+
+    got, want = both(model, x)
     # int4 weights are constants: float32 agreement. w8a8 also rounds each activation to int8 at run time, and the
     # cached pass's float32-level differences can flip a rounding: bounded by one int8 step of the largest logit
     tol = 64 * EPS32 if mode == "int4" else 1 / 127
@@ -107,25 +109,3 @@ def test_quantized_seq2seq_beam_of_one_is_greedy():
     greedy = generate_seq2seq(model, src, max_new=6, bos_id=1, eos_id=2)
     np.testing.assert_array_equal(np.asarray(beam_search(model, src, max_new=6, bos_id=1, eos_id=2, beam=1)),
                                   np.asarray(greedy))
-
-
-@pytest.fixture(scope="module")
-def reversal_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("reverse")
-    train(tiny_reverse("train.steps=150", "train.eval_every=150", "train.checkpoint_every=150"), d, progress="none")
-    return d
-
-
-def test_cli_eval_and_generate_take_quantize(reversal_run, capsys):
-    assert QUANT == MODES
-    assert cli_main(["eval", "--workdir", str(reversal_run), "--quantize", "int8"]) == 0
-    out = capsys.readouterr().out
-    assert "weights int8" in out and "exact_match" in out
-    assert cli_main(["generate", "--workdir", str(reversal_run), "--quantize", "int4", "--beam", "2",
-                     "--prompt", "4321"]) == 0
-    assert "weights int4, beam 2" in capsys.readouterr().out
-    with pytest.raises(SystemExit) as e:
-        cli_main(["eval", "--workdir", str(reversal_run), "--quantize", "int3"])
-    assert e.value.code == 2 and "int3" in capsys.readouterr().err
-    with pytest.raises(ConfigError, match="quantize='fp8'"):
-        load_model(reversal_run, quantize="fp8")
