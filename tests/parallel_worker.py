@@ -78,12 +78,14 @@ def steps(overrides: list[str], devices=None, n: int = 5) -> dict:
                                       "array_bytes": {p: shard_bytes(a) for p, a in
                                                       zip(specs(state), jax.tree.leaves(state))}}
     it = iter(task.train_dataset(rows, cfg.train.seed, plan.local_rows(rows)))
-    step, key, losses = make_train_step(graphs, cfg, plan), jax.random.key(cfg.train.seed), []
+    step, key, losses, moe = make_train_step(graphs, cfg, plan), jax.random.key(cfg.train.seed), [], {}
     with plan.use():
         for i in range(n):
             state, m = step(state, plan.global_batch(next(it), rows), jax.random.fold_in(key, i))
             losses.append(float(m["loss"]))
-    out["losses"] = losses
+            for k in (k for k in m if k.startswith("moe_")):           # a MoE model's router metrics
+                moe.setdefault(k, []).append(np.asarray(m[k]).tolist())
+    out["losses"], out["moe"] = losses, moe
     return out
 
 

@@ -16,6 +16,7 @@ from jaxformer.decode import beam_search, decoder_step, generate_seq2seq, init_c
 from jaxformer.nn import build_model, count_params
 from jaxformer.nn.layers import DecoderBlock
 from jaxformer.nn.models import decoder_self_mask, default_positions
+from jaxformer.quantize import quantize_model
 from jaxformer.runs import load_model
 from jaxformer.train.loop import train
 
@@ -41,7 +42,8 @@ def tokens(rng, b=3, t=10):
     return jnp.asarray(x)
 
 
-@pytest.mark.parametrize("activation", ["relu", pytest.param("swiglu", marks=pytest.mark.slow)])
+@pytest.mark.slow            # the FFN-level equality is in the default suite (tests/test_moe.py)
+@pytest.mark.parametrize("activation", ["relu", "swiglu"])
 def test_one_expert_top1_equals_the_dense_model_in_training_and_inference(activation):
     dense = build_model(cfg(activation=activation), seed=0)
     moe = build_model(cfg(activation=activation, ffn="moe", num_experts=1, moe_capacity_factor=1.0), seed=1)
@@ -101,6 +103,7 @@ def test_moe_every_second_layer_equals_its_layers_applied_one_by_one():
     assert n["active per token"] == n["total"] - experts + experts // 2    # top-2 of 4 experts
 
 
+@pytest.mark.slow            # the train step's MoE metrics are checked in the default suite by tests/test_parallel.py
 def test_moe_training_logs_load_and_drops_and_its_checkpoint_restores(tmp_path):
     c = tiny_lm("model.ffn=moe", "model.num_experts=4", "model.moe_top_k=2", "model.moe_capacity_factor=0.5",
                 "model.num_decoder_layers=2", "model.moe_every=2", "train.steps=4", "train.log_every=2",
@@ -163,13 +166,15 @@ def test_moe_lm_cached_decoding_equals_the_full_forward():
     close(jnp.where(valid[..., None], cached(state), 0), jnp.where(valid[..., None], want, 0))
 
 
-def test_moe_seq2seq_beam_of_one_is_greedy_decoding():
+def test_moe_seq2seq_quantized_beam_of_one_is_greedy_decoding():
+    """Beam search and greedy decoding through MoE layers (int8-quantized: one model covers both features)."""
     c = cfg(arch="encoder_decoder", ffn="moe", num_experts=4, moe_top_k=2, positional="sinusoidal")
-    model = build_model(c, seed=6)
+    model = quantize_model(build_model(c, seed=6), "int8")
     src = jnp.asarray(np.random.default_rng(5).integers(3, V, (4, 6)), jnp.int32)
     greedy = generate_seq2seq(model, src, max_new=6, bos_id=1, eos_id=2)
     beam = beam_search(model, src, max_new=6, bos_id=1, eos_id=2, beam=1)
     np.testing.assert_array_equal(np.asarray(beam), np.asarray(greedy))
+    assert len({tuple(r) for r in np.asarray(greedy).tolist()}) > 1          # the rows get different answers
 
 
 @pytest.mark.parametrize("kw,field", [

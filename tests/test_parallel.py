@@ -34,7 +34,6 @@ STRATEGIES = {
     "data parallel": ["parallel.data=8"],
     "fsdp": ["parallel.data=1", "parallel.fsdp=8"],
     "data x tensor": ["parallel.data=2", "parallel.tensor=4"],
-    "fsdp x tensor": ["parallel.data=1", "parallel.fsdp=2", "parallel.tensor=4"],
     "data x fsdp x tensor": ["parallel.data=2", "parallel.fsdp=2", "parallel.tensor=2"],
     "shard_map": ["parallel.mode=shard_map", "parallel.data=8"],
 }
@@ -92,6 +91,15 @@ def test_experts_sharded_over_the_expert_axis_train_like_one_device(eight, name)
     w1 = [s for p, s in r["specs"].items() if p.startswith("['model']") and p.endswith("['ffn']['w1'].value")]
     assert w1 and all(s[1] == "expert" for s in w1), w1                 # [L, E, D, F]: E over the expert axis
     assert r["logical"][next(p for p in r["logical"] if p.endswith("['ffn']['w1'].value"))][1] == "expert"
+    # the train step's router metrics: per-expert load sums to 1, some tokens dropped at capacity factor 1, the
+    # balancing loss ≥ 1 (1 = uniform); sharded, the same values as on one device
+    one = eight["moe"]["one device"]["moe"]
+    for m in (one, r["moe"]):
+        assert all(abs(sum(load) - 1) < 1e-5 for load in m["moe_load"])
+        assert all(0 <= d < 1 for d in m["moe_dropped"]) and max(m["moe_dropped"]) > 0
+        assert all(b >= 1 - 1e-5 for b in m["moe_balance"])
+    for k in ("moe_dropped", "moe_balance", "moe_z"):
+        np.testing.assert_allclose(r["moe"][k], one[k], rtol=RTOL, atol=1e-6)
 
 
 def _expected_spec(names, sizes, shape):
@@ -123,8 +131,8 @@ def test_parameter_and_optimizer_shardings_follow_the_rules(eight, name):
     assert mu and all(params[k] == s for k, s in mu.items())
 
 
-def test_shardings_of_fsdp_x_tensor_spelled_out(eight):
-    specs = eight["strategies"]["fsdp x tensor"]["specs"]
+def test_shardings_of_data_x_fsdp_x_tensor_spelled_out(eight):
+    specs = eight["strategies"]["data x fsdp x tensor"]["specs"]
     get = lambda suffix: next(s for p, s in specs.items() if p.endswith(suffix) and p.startswith("['model']"))
     assert get("['self_attn']['wq'].value") == [None, "fsdp", "tensor", None]      # [L, D, N, H]
     assert get("['ffn']['w2'].value") == [None, "tensor", "fsdp"]                  # [L, F, D]
