@@ -174,7 +174,10 @@ def _shard_map_step(graphs: Graphs, cfg: Config, plan: Plan, loss_fn):
     its rows of the batch, computes gradients of its tokens' objective divided by the global token count,
     and all-reduces them with an explicit `lax.psum` (the token-weighted mean over devices: `lax.pmean` of
     per-device means would weight a device with fewer target tokens too heavily). Dropout keys are folded
-    with the device's index, so masks differ per device (same distribution as one device, not the same bits)."""
+    with the device's index, so masks differ per device (same distribution as one device, not the same bits).
+    A MoE model routes each device's rows on that device: expert capacity and the router losses are per device
+    (each device a token group, as GShard), a slightly different objective from one device's; the router losses'
+    gradients are divided by the device count before the all-reduce, so the objective is their mean."""
     axes = plan.batch_axes
     pad = cfg.model.pad_id
 
