@@ -15,6 +15,8 @@ and what the compiler does with a quantized weight.
    mode. --rounds rounds over all modes in turn; each a median of --reps timed loops; the median over rounds.
 4. The compiled decode loop's HLO per mode: instructions that turn int8/int4 weight values into a float32 array of
    a whole weight's shape (the weight dequantized before its matmul), and dots that take int8 operands.
+5. The int8 KV cache (model.kv_cache_dtype=int8) against the float32 cache, float32 weights: cache bytes and
+   cached ms/token at batch 1 and 8, contexts --context and 1024.
 Writes quantize.md and quantize.json in --out.
 """
 from __future__ import annotations
@@ -100,9 +102,9 @@ def sizes() -> dict:
     return out
 
 
-def decode_loop(mode, batch, context, steps):
+def decode_loop(mode, batch, context, steps, kv="auto"):
     graphdef, state = nnx.split(model_for(mode))
-    cfg = ModelConfig(**BASE)
+    cfg = ModelConfig(**BASE, kv_cache_dtype=kv)
 
     loop = cached_loop(graphdef, steps)
     prefill = jax.jit(lambda s, c, t, p, v: decoder_step(nnx.merge(graphdef, s), c, t, p, v, prefill=True))
@@ -128,6 +130,27 @@ def speed(batches, context, steps, reps, rounds) -> list[dict]:
             rows.append({"batch": b, "context": context, "mode": k, "ms_per_token": ms, "min": min(v),
                          "max": max(v), "speedup_vs_float32": f32 / ms})
             print(rows[-1], flush=True)
+    return rows
+
+
+def kv_cache(batches, contexts, steps, reps, rounds) -> list[dict]:
+    """float32 weights; per-token time and cache bytes with the float32 and the int8 KV cache."""
+    rows = []
+    for b in batches:
+        for c in contexts:
+            loops = {kv: decode_loop(None, b, c, steps, kv) for kv in ("auto", "int8")}
+            per = {k: [] for k in loops}
+            for _ in range(rounds):
+                for k, (loop, state, filled, start) in loops.items():
+                    per[k].append(median_ms(lambda x: loop(state, x, *start), reps,
+                                            setup=lambda: (jax.tree.map(jnp.copy, filled),)) / steps)
+            nbytes = {k: sum(a.nbytes for a in jax.tree.leaves((f.k, f.v))) for k, (_, _, f, _) in loops.items()}
+            f32 = statistics.median(per["auto"])
+            for k, v in per.items():
+                rows.append({"batch": b, "context": c, "cache": "float32" if k == "auto" else k,
+                             "ms_per_token": statistics.median(v), "speedup_vs_float32": f32 / statistics.median(v),
+                             "cache_bytes": nbytes[k]})
+                print(rows[-1], flush=True)
     return rows
 
 
@@ -187,8 +210,9 @@ def main():
     size = sizes()
     rows = speed((1, 8), args.context, args.steps, args.reps, args.rounds)
     hl = hlo(args.context)
+    kv = kv_cache((1, 8), (args.context, 1024), args.steps, args.reps, args.rounds)
     res = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "args": vars(args), "accuracy": acc,
-           "bytes": size, "speed": rows, "hlo": hl}
+           "bytes": size, "speed": rows, "hlo": hl, "kv_cache": kv}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "quantize.json").write_text(json.dumps(res, indent=1))
@@ -260,6 +284,12 @@ def markdown(r: dict) -> str:
           "| batch | mode | ms/token | min | max | speed-up vs float32 |", "|---|---|---:|---:|---:|---:|"]
     L += [f"| {x['batch']} | {x['mode']} | {x['ms_per_token']:.3f} | {x['min']:.3f} | {x['max']:.3f} | "
           f"{x['speedup_vs_float32']:.2f}× |" for x in rows]
+    L += ["", "## int8 KV cache (model.kv_cache_dtype=int8; float32 weights)", "",
+          "Keys and values are rounded to int8 with a float32 scale per slot and kv head when written, and "
+          "dequantized when attended.", "",
+          "| batch | context | cache | cache MB | ms/token | speed-up vs float32 cache |", "|---|---|---|---:|---:|---:|"]
+    L += [f"| {x['batch']} | {x['context']} | {x['cache']} | {x['cache_bytes'] / 1e6:.2f} | {x['ms_per_token']:.3f} | "
+          f"{x['speedup_vs_float32']:.2f}× |" for x in r["kv_cache"]]
     L += ["", "## Accuracy (trained runs, quantized at load time)", "",
           "| run | mode | held-out loss | token accuracy | exact match |", "|---|---|---:|---:|---:|"]
     for name, res in (("reversal (configs/reverse.py)", rev), ("Alice char LM (configs/alice.py)", lm)):

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import contextlib
 import logging
 import signal
@@ -92,13 +93,16 @@ def cmd_generate(args) -> int:
     from jaxformer.inference import default_prompts, generate_text
     from jaxformer.runs import load_model
     run = load_model(args.workdir, args.which, quantize=args.quantize)
+    if args.kv_cache != "auto":                 # a decoding choice: the model's weights and outputs are unchanged
+        run.model.cfg = dataclasses.replace(run.model.cfg, kv_cache_dtype=args.kv_cache)
     prompts = args.prompt or default_prompts(run)
     outs = generate_text(run, prompts, max_new=args.max_new, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, beam=args.beam, seed=args.seed)
     how = f"beam {args.beam}" if args.beam > 1 else ("greedy" if args.temperature == 0 else
                                                       f"temperature {args.temperature}, top-k {args.top_k}, "
                                                       f"top-p {args.top_p}, seed {args.seed}")
-    quant = f", weights {args.quantize}" if args.quantize else ""
+    quant = (f", weights {args.quantize}" if args.quantize else "") + (
+        f", KV cache {args.kv_cache}" if args.kv_cache != "auto" else "")
     console.print(f"{args.workdir}: {run.which} checkpoint (step {run.step}){quant}, {how}")
     seq2seq = run.cfg.model.arch == "encoder_decoder"
     for p, o in zip(prompts, outs):
@@ -220,6 +224,8 @@ def main(argv=None) -> int:
                    "held-out inputs of the run's task")
     g.add_argument("--which", choices=("best", "latest"), default="best")
     g.add_argument("--quantize", choices=QUANT, help=QUANT_HELP)
+    g.add_argument("--kv-cache", choices=("auto", "int8"), default="auto", help="the decoding cache's storage: "
+                   "auto (the model's dtype) or int8 (a float32 scale per slot and kv head)")
     g.add_argument("--max-new", type=int, default=None, help="tokens to generate (default: enough for a seq2seq "
                    "answer; up to 200 characters for an LM)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

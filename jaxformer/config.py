@@ -106,6 +106,8 @@ class ModelConfig(_Validated):
     # stay float32, activations and matmul inputs take this dtype, while attention logits and softmax, norms,
     # output logits and the loss are computed in float32.
     dtype: str = "float32"
+    kv_cache_dtype: str = "auto"           # decoding's KV cache: auto (= dtype) | int8 (a float32 scale per slot
+                                           # and kv head; keys/values rounded when written)
     attention_backend: str = "reference"   # reference | chunked | cudnn | pallas (ops.attention.BACKENDS)
     attention_block: int = 512             # the chunked backend's tile edge (queries and keys)
     remat: str = "none"                    # recompute in the backward pass, per block: none | full | dots
@@ -158,6 +160,7 @@ class ModelConfig(_Validated):
         choice("model.activation", self.activation, activations.NAMES)
         choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
         choice("model.attention_scale", self.attention_scale, ("rsqrt", "none"))
+        choice("model.kv_cache_dtype", self.kv_cache_dtype, ("auto", "int8"))
         choice("model.attention_backend", self.attention_backend, BACKENDS)
         choice("model.remat", self.remat, REMAT_POLICIES)
         positive("model.attention_block", self.attention_block)

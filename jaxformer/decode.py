@@ -1,7 +1,7 @@
 """Autoregressive decoding with an explicit KV cache, compiled end to end.
 
-The cache is a pytree passed in and returned: k, v [L,B,S,K,H], per-slot absolute positions [B,S] and validity
-[B,S], and the next write slot. Attention over the cache is causal over *positions* and ignores invalid slots,
+The cache is a pytree passed in and returned: k, v [L,B,S,K,H] (int8 with per-slot scales when
+model.kv_cache_dtype='int8'), per-slot absolute positions [B,S] and validity [B,S], and the next write slot. Attention over the cache is causal over *positions* and ignores invalid slots,
 so left-, right- or un-padded prompt batches all decode exactly as each prompt alone.
 
 Each step reads every layer's cache once, as the first of two attention segments (cache, new keys) that are
@@ -25,22 +25,33 @@ from flax import nnx
 from jaxformer.config import ConfigError
 from jaxformer.nn.models import DTYPES, decoder_self_mask
 from jaxformer.parallel import constrain, replicate
+from jaxformer.quantize import QuantizedKV, quantize_kv
 
 CACHE_AXES = ("layers", "batch", "cache_slots", "kv_heads", "head_dim")   # k, v [L,B,S,K,H] under a plan
 
 
 class KVCache(NamedTuple):
-    k: jax.Array          # [L,B,S,K,H]
-    v: jax.Array          # [L,B,S,K,H]
+    k: jax.Array          # [L,B,S,K,H] (or a quantize.QuantizedKV with model.kv_cache_dtype='int8')
+    v: jax.Array          # [L,B,S,K,H] (likewise)
     positions: jax.Array  # [B,S] int32 absolute position of the token in each slot
     valid: jax.Array      # [B,S] bool, slot holds a real token
     index: jax.Array      # [] int32, next slot to write
 
 
+def _kv_map(fn, cache: KVCache) -> KVCache:
+    """The cache with fn applied to every array of k and v (values and scales of an int8 cache alike)."""
+    return cache._replace(k=jax.tree.map(fn, cache.k), v=jax.tree.map(fn, cache.v))
+
+
 def init_cache(cfg, batch: int, length: int) -> KVCache:
-    """An empty cache of `length` slots for a model config: k, v [L,B,S,K,H] zeros, no valid slot."""
+    """An empty cache of `length` slots for a model config: k, v [L,B,S,K,H] zeros (int8 values with float32
+    scales [L,B,S,K,1] when cfg.kv_cache_dtype='int8'), no valid slot."""
     shape = (cfg.num_decoder_layers, batch, length, cfg.kv_heads, cfg.head_dim)
-    z = constrain(jnp.zeros(shape, DTYPES[cfg.dtype]), CACHE_AXES)
+    if cfg.kv_cache_dtype == "int8":
+        z = QuantizedKV(constrain(jnp.zeros(shape, jnp.int8), CACHE_AXES),
+                        constrain(jnp.zeros(shape[:-1] + (1,), jnp.float32), CACHE_AXES))
+    else:
+        z = constrain(jnp.zeros(shape, DTYPES[cfg.dtype]), CACHE_AXES)
     return KVCache(z, z, jnp.zeros((batch, length), jnp.int32), jnp.zeros((batch, length), bool),
                    jnp.zeros((), jnp.int32))
 
@@ -53,10 +64,11 @@ def decoder_step(model, cache: KVCache, tokens, positions, valid, memory_kv=None
     Each layer attends over its S cached slots followed by the T new keys (slots [index, index+T) are still
     invalid in the old cache, so nothing is seen twice). prefill=True declares the cache empty, so the cached
     slots are skipped and a prompt's first pass costs exactly a plain forward pass. memory_kv: cross-attention
-    k/v of the encoder memory, [L,B,S,K,H] each (`cross_kv`)."""
+    k/v of the encoder memory, [L,B,S,K,H] each (`cross_kv`). An int8 cache stores the new k/v rounded; this
+    step's own keys are attended unrounded."""
     i = cache.index
     positions = positions.astype(jnp.int32)
-    past = cache if not prefill else KVCache(cache.k[:, :, :0], cache.v[:, :, :0], cache.positions[:, :0],
+    past = cache if not prefill else KVCache(*_kv_map(lambda a: a[:, :, :0], cache)[:2], cache.positions[:, :0],
                                              cache.valid[:, :0], i)
     kv_pos = jnp.concatenate([past.positions, positions], axis=1)                      # [B,S+T]
     mask = decoder_self_mask(model.cfg, positions, kv_pos, jnp.concatenate([past.valid, valid], axis=1))
@@ -67,9 +79,15 @@ def decoder_step(model, cache: KVCache, tokens, positions, valid, memory_kv=None
     x, ys = model.decoder(x, per_layer=per_layer, mask=mask, positions=positions, kv_positions=kv_pos,
                           memory_mask=memory_mask, valid=valid)
     k, v = ys["cache"]                                                                  # [L,B,T,K,H] each
-    write = lambda buf, new, axis: jax.lax.dynamic_update_slice_in_dim(buf, new.astype(buf.dtype), i, axis=axis)
-    new_cache = KVCache(constrain(write(cache.k, k, 2), CACHE_AXES), constrain(write(cache.v, v, 2), CACHE_AXES),
-                        write(cache.positions, positions, 1), write(cache.valid, valid, 1), i + tokens.shape[1])
+    if isinstance(cache.k, QuantizedKV):
+        k, v = quantize_kv(k), quantize_kv(v)
+
+    def write(buf, new, axis):
+        return jax.tree.map(lambda b, n: jax.lax.dynamic_update_slice_in_dim(b, n.astype(b.dtype), i, axis=axis),
+                            buf, new)
+    on = lambda t: jax.tree.map(lambda a: constrain(a, CACHE_AXES), t)                 # noqa: E731
+    new_cache = KVCache(on(write(cache.k, k, 2)), on(write(cache.v, v, 2)), write(cache.positions, positions, 1),
+                        write(cache.valid, valid, 1), i + tokens.shape[1])
     return model.embed.logits(x), new_cache
 
 
@@ -257,7 +275,8 @@ def _beam_search(graphdef, state, src, *, max_new, bos_id, eos_id, beam, length_
         lengths = gather(lengths) + (~was_done).astype(jnp.int32)
         finished = was_done | (new_tok == eos_id) if eos_id is not None else was_done
         flat = (jnp.arange(b)[:, None] * w + src_beam).reshape(-1)                      # reorder the cache rows
-        cache = KVCache(cache.k[:, flat], cache.v[:, flat], cache.positions[flat], cache.valid[flat], cache.index)
+        cache = _kv_map(lambda a: a[:, flat], cache)._replace(positions=cache.positions[flat],
+                                                              valid=cache.valid[flat])
         return new_tok.reshape(b * w, 1), cache, top, seqs, finished, lengths
 
     _, _, scores, seqs, finished, lengths = jax.lax.fori_loop(

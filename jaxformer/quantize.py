@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -134,6 +135,23 @@ def project(eq: str, x: jax.Array, w) -> jax.Array:
             x2 = jnp.concatenate([x2, x2])
         x2 = qwix.quantize(x2.astype(jnp.float32), jnp.int8, channelwise_axes=(0,))     # a scale per row
     return qwix.dot(x2, w2)[:m].reshape(*lead, *outs).astype(x.dtype)
+
+
+class QuantizedKV(NamedTuple):
+    """An int8 KV cache tensor: values [L,B,S,K,H] int8 and a float32 scale per slot and kv head [L,B,S,K,1]
+    (model.kv_cache_dtype='int8'). Keys and values are rounded when written and dequantized when attended."""
+    values: jax.Array
+    scale: jax.Array
+
+    def dequantize(self, dtype) -> jax.Array:
+        return (self.values.astype(jnp.float32) * self.scale).astype(dtype)
+
+
+def quantize_kv(x: jax.Array) -> QuantizedKV:
+    """[..., H] float -> QuantizedKV with a symmetric int8 scale over each vector's H values."""
+    scale = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True) / 127.0
+    q = jnp.round(x.astype(jnp.float32) / jnp.where(scale > 0, scale, 1.0))
+    return QuantizedKV(jnp.clip(q, -127, 127).astype(jnp.int8), scale)
 
 
 def value(w) -> jax.Array:

@@ -130,9 +130,9 @@ def test_cli_eval_and_generate_take_quantize(reversal_run, capsys):
     assert cli_main(["eval", "--workdir", str(reversal_run), "--quantize", "int8"]) == 0
     out = capsys.readouterr().out
     assert "weights int8" in out and "exact_match" in out
-    assert cli_main(["generate", "--workdir", str(reversal_run), "--quantize", "int4", "--beam", "2",
-                     "--prompt", "4321"]) == 0
-    assert "weights int4, beam 2" in capsys.readouterr().out
+    assert cli_main(["generate", "--workdir", str(reversal_run), "--quantize", "int4", "--kv-cache", "int8",
+                     "--beam", "2", "--prompt", "4321"]) == 0
+    assert "weights int4, KV cache int8, beam 2" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:
         cli_main(["eval", "--workdir", str(reversal_run), "--quantize", "int3"])
     assert e.value.code == 2 and "int3" in capsys.readouterr().err

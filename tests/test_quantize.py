@@ -11,8 +11,8 @@ from helpers import compiled
 from jaxformer.config import ModelConfig
 from jaxformer.decode import beam_search, decoder_step, generate_seq2seq, init_cache
 from jaxformer.nn import build_model
-from jaxformer.quantize import (MODES, Quantized, contracted_axes, project, quantize_model, quantize_weight,
-                                weight_bytes)
+from jaxformer.quantize import (MODES, Quantized, QuantizedKV, contracted_axes, project, quantize_model,
+                                quantize_weight, weight_bytes)
 
 V = 19
 EPS32 = float(np.finfo(np.float32).eps)
@@ -101,3 +101,31 @@ def test_quantized_cached_decoding_equals_its_full_forward(mode):
     # cached pass's float32-level differences can flip a rounding: bounded by one int8 step of the largest logit
     tol = 64 * EPS32 if mode == "int4" else 1 / 127
     assert float(jnp.abs(got - want).max()) <= tol * float(jnp.abs(want).max())
+
+
+def test_int8_kv_cache_decodes_like_the_full_forward_in_a_quarter_of_the_bytes():
+    c = cfg(kv_cache_dtype="int8", num_kv_heads=2)
+    model = build_model(c, seed=4)
+    x = jnp.asarray(np.random.default_rng(3).integers(1, V, (2, 9)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(9), x.shape)
+    valid = jnp.ones(x.shape, bool)
+
+    @nnx.jit
+    def both(model, x):
+        cache = init_cache(model.cfg, 2, 9)
+        first, cache = decoder_step(model, cache, x[:, :5], pos[:, :5], valid[:, :5], prefill=True)
+        rest = []
+        for i in range(5, 9):
+            lg, cache = decoder_step(model, cache, x[:, i:i + 1], pos[:, i:i + 1], valid[:, i:i + 1])
+            rest.append(lg)
+        return jnp.concatenate([first, *rest], 1), model(x), cache
+
+    got, want, cache = both(model, x)
+    assert isinstance(cache.k, QuantizedKV) and cache.k.values.dtype == jnp.int8
+    # keys and values rounded to int8 steps of each vector's largest entry: the logits move by less than a step
+    assert 0 < float(jnp.abs(got - want).max()) <= 1 / 127 * float(jnp.abs(want).max())
+    f32 = init_cache(cfg(num_kv_heads=2), 2, 9)
+    nbytes = lambda t: sum(a.nbytes for a in jax.tree.leaves(t))                     # noqa: E731
+    head_dim = 256 // 4
+    assert nbytes(cache.k) == nbytes(f32.k) // 4 + nbytes(f32.k) // head_dim          # int8 + a float32 per vector
+

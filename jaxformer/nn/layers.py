@@ -14,7 +14,7 @@ from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.moe import MoEFeedForward
 from jaxformer.nn.params import dense_init, ones, param, zeros
 from jaxformer.ops import activations, norms
-from jaxformer.quantize import project
+from jaxformer.quantize import QuantizedKV, project
 
 
 def dropout(layer: nnx.Dropout, x: jax.Array, rngs: nnx.Rngs | None) -> jax.Array:
@@ -153,6 +153,8 @@ class DecoderBlock(nnx.Module):
         if cache is None:
             return self.self_attn(y, mask=mask, q_positions=positions, return_weights=return_weights)
         k_cache, v_cache = cache
+        if isinstance(k_cache, QuantizedKV):                                # an int8 cache: attend dequantized
+            k_cache, v_cache = k_cache.dequantize(y.dtype), v_cache.dequantize(y.dtype)
         q = self.self_attn.project_q(y, positions)
         k, v = self.self_attn.project_kv(y, positions)
         k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
