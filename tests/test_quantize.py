@@ -79,24 +79,23 @@ def test_w8a8_one_row_padding_equals_the_row_of_a_batch():
     np.testing.assert_array_equal(np.asarray(one), np.asarray(many[:1, :1]))   # per-token scales: same bits
 
 
+@nnx.jit
+def cached_and_full(model, x):
+    """x [2,9]: logits of a 5-token prefill then 4 one-token cached steps, the full forward's, and the cache."""
+    pos, valid = jnp.broadcast_to(jnp.arange(9), x.shape), jnp.ones(x.shape, bool)
+    cache = init_cache(model.cfg, 2, 9)
+    first, cache = decoder_step(model, cache, x[:, :5], pos[:, :5], valid[:, :5], prefill=True)
+    rest = []
+    for i in range(5, 9):
+        lg, cache = decoder_step(model, cache, x[:, i:i + 1], pos[:, i:i + 1], valid[:, i:i + 1])
+        rest.append(lg)
+    return jnp.concatenate([first, *rest], 1), model(x), cache
+
+
 @pytest.mark.parametrize("mode", [pytest.param("int4", marks=pytest.mark.slow), "w8a8"])
 def test_quantized_cached_decoding_equals_its_full_forward(mode):
     model = quantize_model(build_model(cfg(), seed=2), mode)
-    x = jnp.asarray(np.random.default_rng(1).integers(1, V, (2, 9)), jnp.int32)
-    pos = jnp.broadcast_to(jnp.arange(9), x.shape)
-    valid = jnp.ones(x.shape, bool)
-
-    @nnx.jit
-    def both(model, x):
-        cache = init_cache(model.cfg, 2, 9)
-        first, cache = decoder_step(model, cache, x[:, :5], pos[:, :5], valid[:, :5], prefill=True)
-        rest = []
-        for i in range(5, 9):
-            lg, cache = decoder_step(model, cache, x[:, i:i + 1], pos[:, i:i + 1], valid[:, i:i + 1])
-            rest.append(lg)
-        return jnp.concatenate([first, *rest], 1), model(x)
-
-    got, want = both(model, x)
+    got, want, _ = cached_and_full(model, jnp.asarray(np.random.default_rng(1).integers(1, V, (2, 9)), jnp.int32))
     # int4 weights are constants: float32 agreement. w8a8 also rounds each activation to int8 at run time, and the
     # cached pass's float32-level differences can flip a rounding: bounded by one int8 step of the largest logit
     tol = 64 * EPS32 if mode == "int4" else 1 / 127
@@ -104,23 +103,9 @@ def test_quantized_cached_decoding_equals_its_full_forward(mode):
 
 
 def test_int8_kv_cache_decodes_like_the_full_forward_in_a_quarter_of_the_bytes():
-    c = cfg(kv_cache_dtype="int8", num_kv_heads=2)
-    model = build_model(c, seed=4)
-    x = jnp.asarray(np.random.default_rng(3).integers(1, V, (2, 9)), jnp.int32)
-    pos = jnp.broadcast_to(jnp.arange(9), x.shape)
-    valid = jnp.ones(x.shape, bool)
-
-    @nnx.jit
-    def both(model, x):
-        cache = init_cache(model.cfg, 2, 9)
-        first, cache = decoder_step(model, cache, x[:, :5], pos[:, :5], valid[:, :5], prefill=True)
-        rest = []
-        for i in range(5, 9):
-            lg, cache = decoder_step(model, cache, x[:, i:i + 1], pos[:, i:i + 1], valid[:, i:i + 1])
-            rest.append(lg)
-        return jnp.concatenate([first, *rest], 1), model(x), cache
-
-    got, want, cache = both(model, x)
+    model = build_model(cfg(kv_cache_dtype="int8", num_kv_heads=2), seed=4)
+    got, want, cache = cached_and_full(model, jnp.asarray(np.random.default_rng(3).integers(1, V, (2, 9)),
+                                                          jnp.int32))
     assert isinstance(cache.k, QuantizedKV) and cache.k.values.dtype == jnp.int8
     # keys and values rounded to int8 steps of each vector's largest entry: the logits move by less than a step
     assert 0 < float(jnp.abs(got - want).max()) <= 1 / 127 * float(jnp.abs(want).max())
@@ -128,4 +113,3 @@ def test_int8_kv_cache_decodes_like_the_full_forward_in_a_quarter_of_the_bytes()
     nbytes = lambda t: sum(a.nbytes for a in jax.tree.leaves(t))                     # noqa: E731
     head_dim = 256 // 4
     assert nbytes(cache.k) == nbytes(f32.k) // 4 + nbytes(f32.k) // head_dim          # int8 + a float32 per vector
-
