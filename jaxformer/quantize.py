@@ -18,7 +18,6 @@ QArray), so the layer scan, the KV-cached decoder and beam search run unchanged.
 from __future__ import annotations
 
 import math
-import re
 from typing import NamedTuple
 
 import jax
@@ -157,9 +156,3 @@ def quantize_kv(x: jax.Array) -> QuantizedKV:
 def value(w) -> jax.Array:
     """A parameter's value as a float array (dequantized if quantized), for code that needs the array itself."""
     return w.dequantize() if isinstance(w, Quantized) else w
-
-
-def parse_mode(mode: str | None) -> str | None:
-    if mode is not None and not re.fullmatch("|".join(MODES), mode):
-        raise ConfigError(f"--quantize {mode!r} is not one of {MODES}")
-    return mode
