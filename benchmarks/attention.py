@@ -54,7 +54,7 @@ def attention_program(backend: str, length: int, heads: int, causal: bool, dtype
     def loss(q, k, v):
         pos = jnp.arange(length)[None]
         mask = ops.CausalMask(pos, pos) if causal else None
-        out = ops.dot_product_attention(q, k, v, mask=mask, backend=backend)
+        out = ops.dot_product_attention(q, k, v, mask=mask, backend=backend).out
         return jnp.sum(out.astype(jnp.float32) ** 2)
 
     compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape).compile()

@@ -6,7 +6,7 @@ without and with a KV cache).
 Per context c (decoder-only, RoPE, pre-LN, float32, random weights):
   naive(c)   one jitted full forward over c tokens: what each new token costs without a cache at context c;
   torch(c)   the same forward in PyTorch 2.13 (nn.TransformerEncoder, norm_first, causal mask, inference mode);
-  cached(c)  per-token time of the compiled decode loop (decoder_step + greedy pick in a lax.fori_loop, cache
+  cached(c)  per-token time of the compiled decode loop (model.step + greedy pick in a lax.fori_loop, cache
              donated so it is updated in place, as inside generate_lm) running --steps tokens from context c;
   torch cached(c)  per-token time of PyTorch with a KV cache (benchmarks/torch_decoder.py: the same structure as
              ours (pre-LN, RoPE, tied head, ...), cache [L,B,N,Smax,H] preallocated and written in place,
@@ -37,7 +37,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.config import ModelConfig
-from jaxformer.decode import decoder_step, generate_lm, init_cache
+from jaxformer.decode import generate_lm
 from jaxformer.nn import build_model
 from timing import median_ms, times_ms  # benchmarks/timing.py (the script's folder is on sys.path)
 
@@ -74,14 +74,14 @@ def torch_forward(size):
 
 
 def cached_loop(graphdef, steps):
-    """jit of (state, cache, tok [B,1], pos [B,1]) -> (cache, tok, pos): `steps` greedy decoder_steps in a
+    """jit of (state, cache, tok [B,1], pos [B,1]) -> (cache, tok, pos): `steps` greedy model.steps in a
     fori_loop, the cache donated (returned, so donation aliases it), as inside generate_lm."""
     def run_steps(s, cache, tok, pos):
         m = nnx.merge(graphdef, s)
 
         def body(_, c):
             cache, tok, pos = c
-            logits, cache = decoder_step(m, cache, tok, pos, jnp.ones_like(tok, bool))
+            logits, cache = m.step(tok, pos, cache)
             return cache, jnp.argmax(logits, -1).astype(jnp.int32), pos + 1
         return jax.lax.fori_loop(0, steps, body, (cache, tok, pos))
     return jax.jit(run_steps, donate_argnums=1)
@@ -92,7 +92,7 @@ def bench_contexts(size, batch, contexts, reps, steps):
                       positional="rope", norm_position="pre", dropout=0.0, **SIZES[size])
     graphdef, state = nnx.split(build_model(cfg))
     fwd = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t)[:, -1])
-    prefill = jax.jit(lambda s, c, t, p, v: decoder_step(nnx.merge(graphdef, s), c, t, p, v, prefill=True))
+    prefill = jax.jit(lambda s, c, t, p: nnx.merge(graphdef, s).step(t, p, c, prefill=True))
 
     loop = cached_loop(graphdef, steps)
     tf = torch_forward(size)
@@ -102,11 +102,10 @@ def bench_contexts(size, batch, contexts, reps, steps):
     for c in contexts:
         toks = jax.random.randint(jax.random.key(c), (batch, c), 1, VOCAB)
         pos = jnp.broadcast_to(jnp.arange(c), (batch, c))
-        ones = jnp.ones((batch, c), bool)
-        cache = init_cache(cfg, batch, c + steps)
+        cache = nnx.merge(graphdef, state).init_cache(batch, c + steps)
         naive = median_ms(lambda: fwd(state, toks), reps)
-        ttft = median_ms(lambda: prefill(state, cache, toks, pos, ones), reps)
-        _, filled = prefill(state, cache, toks, pos, ones)
+        ttft = median_ms(lambda: prefill(state, cache, toks, pos), reps)
+        _, filled = prefill(state, cache, toks, pos)
         start = (toks[:, -1:], jnp.full((batch, 1), c, jnp.int32))
         cached = median_ms(lambda c2: loop(state, c2, *start), reps,
                            setup=lambda: (jax.tree.map(jnp.copy, filled),)) / steps

@@ -46,9 +46,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from jaxformer.config import Config, DataConfig, ModelConfig, OptimConfig, TrainConfig, resolve_vocab  # noqa: E402
+from jaxformer.config import Config, DataConfig, ModelConfig, OptimConfig, TrainConfig  # noqa: E402
 from jaxformer.configio import apply_overrides, load_config_file  # noqa: E402
-from jaxformer.data import build_task  # noqa: E402
+from jaxformer.data import resolve  # noqa: E402
 from jaxformer.decode import generate_lm  # noqa: E402
 from jaxformer.nn import build_model  # noqa: E402
 from jaxformer.ops.attention import BACKENDS  # noqa: E402
@@ -229,8 +229,7 @@ def bench_decode(s: dict, a, budget: Budget, rec: dict) -> dict:
 
 def bench_reversal(s: dict, a, budget: Budget, rec: dict) -> dict:
     cfg = apply_overrides(load_config_file(ROOT / "configs/reverse.py"), [])  # as `jaxformer train configs/reverse.py`
-    task = build_task(cfg.data)
-    cfg = resolve_vocab(cfg, task.tokenizer.vocab_size)
+    cfg, task = resolve(cfg)
     plan, rows = Plan(cfg.parallel), cfg.data.batch_size
     it = iter(task.train_dataset(rows, cfg.train.seed, plan.local_rows(rows)))
     host = [next(it) for _ in range(s["rev_batches"])]

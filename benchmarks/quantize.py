@@ -11,7 +11,7 @@ and what the compiler does with a quantized weight.
 2. Weight bytes at the base decoder size (D512, 8 heads, F2048, 6 layers, vocab 256, RoPE, pre-LN): in device
    memory (`quantize.weight_bytes`, int4 packed two per byte) and on disk (an orbax checkpoint of the parameters).
 3. Cached decoding per token at base size, batch 1 and 8, context 64: the compiled decode loop of
-   benchmarks/decode.py (decoder_step + greedy pick in a fori_loop, cache donated), random weights quantized per
+   benchmarks/decode.py (model.step + greedy pick in a fori_loop, cache donated), random weights quantized per
    mode. --rounds rounds over all modes in turn; each a median of --reps timed loops; the median over rounds.
 4. The compiled decode loop's HLO per mode: instructions that turn int8/int4 weight values into a float32 array of
    a whole weight's shape (the weight dequantized before its matmul), and dots that take int8 operands.
@@ -39,11 +39,9 @@ from flax import nnx
 from jaxformer.config import ModelConfig
 from jaxformer.configio import load_config_file
 from jaxformer.data import build_task
-from jaxformer.decode import decoder_step, init_cache
 from jaxformer.nn import build_model
 from jaxformer.quantize import MODES, quantize_model, weight_bytes
-from jaxformer.runs import load_model
-from jaxformer.train.evaluate import evaluate
+from jaxformer.inference import evaluate, load_model
 from jaxformer.train.loop import train
 from decode import cached_loop  # benchmarks/decode.py (the script's folder is on sys.path)
 from timing import median_ms  # benchmarks/timing.py
@@ -104,13 +102,12 @@ def sizes() -> dict:
 
 def decode_loop(mode, batch, context, steps, kv="auto"):
     graphdef, state = nnx.split(model_for(mode))
-    cfg = ModelConfig(**BASE, kv_cache_dtype=kv)
-
     loop = cached_loop(graphdef, steps)
-    prefill = jax.jit(lambda s, c, t, p, v: decoder_step(nnx.merge(graphdef, s), c, t, p, v, prefill=True))
+    prefill = jax.jit(lambda s, c, t, p: nnx.merge(graphdef, s).step(t, p, c, prefill=True))
     toks = jax.random.randint(jax.random.key(context), (batch, context), 1, BASE["vocab_size"])
     pos = jnp.broadcast_to(jnp.arange(context), (batch, context))
-    _, filled = prefill(state, init_cache(cfg, batch, context + steps), toks, pos, jnp.ones((batch, context), bool))
+    cache = nnx.merge(graphdef, state).init_cache(batch, context + steps, dtype=kv)
+    _, filled = prefill(state, cache, toks, pos)
     start = (toks[:, -1:], jnp.full((batch, 1), context, jnp.int32))
     return loop, state, filled, start
 

@@ -82,7 +82,8 @@ def fused_bodies(hlo: str) -> dict[str, tuple[str, str]]:
 def jax_child(name: str, steps: int) -> dict:
     import jax
     from flax import nnx
-    from jaxformer.train.step import forward, init_state, make_train_step, token_losses
+    from jaxformer.ops.losses import token_losses
+    from jaxformer.train.step import forward, init_state, make_train_step
     import train_step as ts
     c = ts.CONFIGS[name]
     cfg = ts.jax_config(c)

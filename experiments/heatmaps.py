@@ -21,7 +21,8 @@ import numpy as np
 
 from jaxformer.configio import load_config_file
 from jaxformer.data import build_task
-from jaxformer.runs import RunDir, load_model
+from jaxformer.inference import load_model
+from jaxformer.runs import RunDir
 from jaxformer.train.loop import train
 from jaxformer.viz import attention_maps, write_maps
 

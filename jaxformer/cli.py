@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import contextlib
 import logging
 import signal
@@ -23,9 +22,14 @@ from jaxformer.errors import JaxformerError
 console = Console(soft_wrap=True)       # long lines stay whole in logs and pipes
 
 
-def _config(args):
-    cfg = load_config_file(args.config)
-    return apply_overrides(cfg, args.set or [])
+def _config(args, resolved: bool = False):
+    """The config file with its --set overrides; resolved=True: with model.vocab_size taken from the data when
+    it is 0 (`data.resolve`)."""
+    cfg = apply_overrides(load_config_file(args.config), args.set or [])
+    if resolved and cfg.model.vocab_size == 0:
+        from jaxformer.data import resolve
+        cfg = resolve(cfg)[0]
+    return cfg
 
 
 def params_table(model) -> Table:
@@ -81,7 +85,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from jaxformer.train.evaluate import evaluate_run
+    from jaxformer.inference import evaluate_run
     out = evaluate_run(args.workdir, args.which, args.quantize)
     quant = f", weights {args.quantize}" if args.quantize else ""
     show_eval(out["eval"], f"held-out ({out['which']} checkpoint, step {out['step']}{quant})")
@@ -90,23 +94,24 @@ def cmd_eval(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from jaxformer.inference import default_prompts, generate_text
-    from jaxformer.runs import load_model
+    from jaxformer.arch import adapter
+    from jaxformer.inference import default_prompts, generate_text, load_model
+    if args.beam < 1:
+        from jaxformer.errors import ConfigError
+        raise ConfigError(f"--beam {args.beam} must be >= 1 (1 = greedy or sampled decoding)")
     run = load_model(args.workdir, args.which, quantize=args.quantize)
-    if args.kv_cache != "auto":                 # a decoding choice: the model's weights and outputs are unchanged
-        run.model.cfg = dataclasses.replace(run.model.cfg, kv_cache_dtype=args.kv_cache)
     prompts = args.prompt or default_prompts(run)
     outs = generate_text(run, prompts, max_new=args.max_new, temperature=args.temperature, top_k=args.top_k,
-                         top_p=args.top_p, beam=args.beam, seed=args.seed)
+                         top_p=args.top_p, beam=args.beam, seed=args.seed, kv_cache=args.kv_cache)
     how = f"beam {args.beam}" if args.beam > 1 else ("greedy" if args.temperature == 0 else
                                                       f"temperature {args.temperature}, top-k {args.top_k}, "
                                                       f"top-p {args.top_p}, seed {args.seed}")
     quant = (f", weights {args.quantize}" if args.quantize else "") + (
         f", KV cache {args.kv_cache}" if args.kv_cache != "auto" else "")
     console.print(f"{args.workdir}: {run.which} checkpoint (step {run.step}){quant}, {how}")
-    seq2seq = run.cfg.model.arch == "encoder_decoder"
+    sep = adapter(run.cfg.model.arch).separator
     for p, o in zip(prompts, outs):
-        console.print(Text.assemble((p, "bold"), (" -> " if seq2seq else "", "dim"), (o, "green")))
+        console.print(Text.assemble((p, "bold"), (sep, "dim"), (o, "green")))
     return 0
 
 
@@ -121,19 +126,16 @@ def cmd_viz(args) -> int:
 
 def cmd_params(args) -> int:
     import jax
-    import jax.numpy as jnp
-    from jaxformer.config import resolve_vocab
-    from jaxformer.data import build_task
+    from jaxformer.arch import adapter
     from jaxformer.nn import build_model
-    cfg = _config(args)
-    if cfg.model.vocab_size == 0:
-        cfg = resolve_vocab(cfg, build_task(cfg.data).tokenizer.vocab_size)
-    m = cfg.model
-    model = build_model(m)
+    cfg = _config(args, resolved=True)
+    model = build_model(cfg.model)
     console.print(params_table(model))
-    x = jnp.ones((2, 8), jnp.int32)
-    y = model(x, x) if m.arch == "encoder_decoder" else model(x)
-    console.print(f"forward pass: tokens {x.shape} -> logits {y.shape}, finite={bool(jax.numpy.isfinite(y).all())}")
+    arch = adapter(cfg.model.arch)
+    batch = arch.example_batch(2, 8)
+    y = arch.forward(model, batch)[0]
+    console.print(f"forward pass: tokens {arch.inputs(batch).shape} -> logits {y.shape}, "
+                  f"finite={bool(jax.numpy.isfinite(y).all())}")
     return 0
 
 
@@ -169,13 +171,9 @@ def cmd_plan(args) -> int:
 
     import jax
     from flax import nnx
-    from jaxformer.config import resolve_vocab
-    from jaxformer.data import build_task
     from jaxformer.parallel import Plan, rules_table
     from jaxformer.train.step import abstract_state
-    cfg = _config(args)
-    if cfg.model.vocab_size == 0:
-        cfg = resolve_vocab(cfg, build_task(cfg.data).tokenizer.vocab_size)
+    cfg = _config(args, resolved=True)
     plan = Plan(cfg.parallel)
     plan.check_batch(cfg.data.batch_size, "data.batch_size")
     _, state = abstract_state(cfg, plan)

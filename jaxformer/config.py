@@ -13,8 +13,9 @@ import types
 import typing
 from typing import Any
 
+from jaxformer.axes import LOGICAL_AXES, MESH_AXES
 from jaxformer.errors import ConfigError
-from jaxformer.ops import activations, norms, positional
+from jaxformer.ops import activations, fused, norms, positional
 from jaxformer.ops.attention import BACKENDS
 
 REMAT_POLICIES = ("none", "full", "dots")
@@ -167,16 +168,10 @@ class ModelConfig(_Validated):
         if self.ablation_mask_value != "min" and self.attention_backend != "reference":
             raise ConfigError(f"model.ablation_mask_value={self.ablation_mask_value!r} exists only with "
                               f"model.attention_backend='reference' (got {self.attention_backend!r})")
-        if self.attention_backend == "cudnn" and self.dtype == "float32":
-            raise ConfigError("model.attention_backend='cudnn' (cuDNN flash attention) takes bfloat16 or float16 "
-                              "activations; set model.dtype='bfloat16' (got model.dtype='float32')")
-        if self.attention_backend == "pallas" and self.positional == "alibi":
-            raise ConfigError("model.attention_backend='pallas' takes no additive bias; model.positional='alibi' "
-                              "needs 'chunked' or 'reference'")
-        if self.attention_backend == "pallas" and self.arch == "encoder_decoder":
-            raise ConfigError("model.attention_backend='pallas' runs self-attention only (JAX's Pallas GPU kernel "
-                              "shares one segment-id array between queries and keys); an encoder-decoder's "
-                              "cross-attention needs 'chunked', 'cudnn' or 'reference'")
+        why = fused.problem(self.attention_backend, dtype=self.dtype, where="any",
+                            bias=self.positional == "alibi", cross=self.arch == "encoder_decoder")
+        if why:
+            raise ConfigError(f"model.attention_backend={self.attention_backend!r}: {why}")
         choice("model.ablation_mask_value", self.ablation_mask_value, ("min", "zero"))
         choice("model.ablation_causal", self.ablation_causal, ("tril", "triu"))
         positive("model.norm_eps", self.norm_eps)
@@ -323,11 +318,6 @@ class TrainConfig(_Validated):
         choice("train.best_metric", self.best_metric, ("loss", "token_accuracy", "exact_match"))
 
 
-MESH_AXES = ("data", "fsdp", "expert", "tensor")
-# Logical axis names: parameters carry them (jaxformer.nn.params); activations and the KV cache are
-# constrained with them. "embed" is a parameter's D; "act_embed" is an activation's D.
-LOGICAL_AXES = ("batch", "length", "vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "layers",
-                "act_embed", "cache_slots", "expert")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import itertools
 import json
+import sys
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
 from jaxformer.config import Config, _deferred_validation
-from jaxformer.errors import ConfigError
+from jaxformer.errors import ConfigError, JaxformerError
 
 
 def from_dict(d: Any) -> Config:
@@ -114,24 +116,50 @@ def apply_overrides(cfg: Any, pairs: list[str]) -> Any:
     return cfg
 
 
-def load_config_file(path: str | Path) -> Any:
-    """Import a configs/*.py file and return its get_config(), which must return a Config."""
+_loaded = itertools.count()
+
+
+def load_python(path: str | Path, function: str, what: str, error: type[JaxformerError] = ConfigError) -> object:
+    """Import the user's Python file `path` and return what its `function()` returns. Every way it can fail is
+    `error` naming the file as `what` (e.g. "config file"): a missing path, a directory or other non-regular file,
+    a non-.py file, no such function, and any exception or sys.exit() the file raises at import or in the call
+    (a JaxformerError it raises, e.g. a ConfigError from building its Config, passes through unchanged)."""
     path = Path(path)
+    name = f"{what} {str(path)!r}"
+    if not path.exists():
+        raise error(f"{name} does not exist")
+    if path.is_dir():
+        raise error(f"{name} is a directory, not a Python file (.py) defining {function}()")
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+        raise error(f"{name} is not a regular file")
     if path.suffix != ".py":
-        raise ConfigError(f"config file {str(path)!r} is not a Python file (.py) defining get_config()")
-    spec = importlib.util.spec_from_file_location(f"jaxformer_config_{path.stem}", path)
+        raise error(f"{name} is not a Python file (.py) defining {function}()")
+    modname = f"_jaxformer_user_{next(_loaded)}_{path.stem}"
+    spec = importlib.util.spec_from_file_location(modname, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = mod          # as an import would (dataclasses, pickle look the module up by name)
+    ok = False
     try:
         spec.loader.exec_module(mod)
-        if not callable(getattr(mod, "get_config", None)):
-            raise ConfigError(f"config file {str(path)!r} defines no get_config()")
-        cfg = mod.get_config()
-    except ConfigError:
+        fn = getattr(mod, function, None)
+        if not callable(fn):
+            raise error(f"{name} defines no {function}()")
+        out, ok = fn(), True
+        return out
+    except JaxformerError:
         raise
-    except Exception as e:  # the file is user code: any failure in it is a config error, named
-        raise ConfigError(f"config file {str(path)!r} failed: {type(e).__name__}: {e}") from None
+    except SystemExit as e:             # a sys.exit(0) in the file must not end the program "successfully"
+        raise error(f"{name} called sys.exit({e.code!r})") from None
+    except Exception as e:  # the file is user code: any failure in it is a named error
+        raise error(f"{name} failed: {type(e).__name__}: {e}") from None
+    finally:
+        if not ok:
+            sys.modules.pop(modname, None)
+
+
+def load_config_file(path: str | Path) -> Any:
+    """Import a configs/*.py file and return its get_config(), which must return a Config."""
+    cfg = load_python(path, "get_config", "config file", ConfigError)
     if not isinstance(cfg, Config):
         raise ConfigError(f"config file {str(path)!r}: get_config() returned {type(cfg).__name__}, not a "
                           f"jaxformer.config.Config")

@@ -28,7 +28,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxformer.config import LOGICAL_AXES, MESH_AXES, ParallelConfig
+from jaxformer.axes import LOGICAL_AXES, MESH_AXES
+from jaxformer.config import ParallelConfig
 from jaxformer.errors import ConfigError
 
 # logical axis -> mesh axes (in order). Parameter axes: vocab, embed, q_heads, kv_heads, head_dim, mlp, layers, expert.
@@ -179,6 +180,17 @@ class Plan:
 
 
 _ACTIVE: contextvars.ContextVar[Plan | None] = contextvars.ContextVar("jaxformer_plan", default=None)
+
+
+def abstract_with_shardings(state: Any, plan: "Plan | None" = None) -> Any:
+    """An abstract state (ShapeDtypeStructs, e.g. from nnx.eval_shape) with shardings: the plan's rules, or
+    without a plan this process's first device. What a state is created or restored into."""
+    if plan is not None:
+        shardings = plan.state_shardings(state)
+    else:
+        one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        shardings = jax.tree.map(lambda _: one, state)
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings)
 
 
 def no_mesh():

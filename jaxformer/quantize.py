@@ -12,23 +12,23 @@ Modes (`quantize_model(model, mode)`):
 Attention logits and softmax, norms, embeddings, the output head and the MoE router stay as they were (float32).
 
 A quantized weight stays in its nnx.Param, stacked over layers like the float one (a `Quantized` pytree of qwix's
-QArray), so the layer scan, the KV-cached decoder and beam search run unchanged. Layers project through
-`project(eq, x, param)`, which takes float and quantized weights alike.
+QArray), so the layer scan, the KV-cached decoder and beam search run unchanged. It brings its own matmul
+(`Quantized.project`, which `jaxformer.nn.params.project` calls) and dequantization, so the modules never import
+this one; what may be quantized is parameter metadata set where each parameter is created (quantizable=True).
 """
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import qwix
 from flax import nnx, struct
 
+from jaxformer.axes import BATCH_LIKE
 from jaxformer.errors import ConfigError
 
 MODES = ("int8", "int4", "w8a8")
-BATCH_LIKE = ("layers", "expert")        # independent matrices: a scale each
 
 
 @struct.dataclass
@@ -48,6 +48,26 @@ class Quantized:
 
     def dequantize(self) -> jax.Array:
         return qwix.dequantize(self.array)
+
+    def project(self, eq: str, x: jax.Array) -> jax.Array:
+        """einsum(eq, x, self) -> x's dtype, as one 2-D matmul [M,K]·[K,N] (on XLA:CPU a 3-D int8 einsum lowers
+        to a transposed dot about 2.5× slower). eq must read "rows+inputs,inputs+outputs->rows+outputs" (every
+        projection does); w8a8 also quantizes x per row."""
+        xs, ws, out = _einsum_parts(eq)
+        n_in = sum(c in ws for c in xs)
+        rows = xs[:len(xs) - n_in]
+        if xs[len(rows):] != ws[:n_in] or out != rows + ws[n_in:]:
+            raise ValueError(f"project: {eq!r} is not rows+inputs,inputs+outputs->rows+outputs")
+        lead, outs = x.shape[:len(rows)], self.shape[n_in:]
+        m, k = math.prod(lead), math.prod(x.shape[len(rows):])
+        x2, w2 = x.reshape(m, k), self.array.reshape(k, math.prod(outs))
+        if self.dynamic:
+            # XLA:CPU runs an int8 dot of a single row by converting the whole weight to int32 first; two rows
+            # take its int8 kernel, so a one-row activation (batch-1 decoding) is doubled and the copy dropped
+            if m == 1:
+                x2 = jnp.concatenate([x2, x2])
+            x2 = qwix.quantize(x2.astype(jnp.float32), jnp.int8, channelwise_axes=(0,))     # a scale per row
+        return qwix.dot(x2, w2)[:m].reshape(*lead, *outs).astype(x.dtype)
 
 
 def contracted_axes(names: tuple[str, ...]) -> tuple[int, ...]:
@@ -71,11 +91,10 @@ def quantize_weight(w: jax.Array, names: tuple[str, ...], mode: str) -> Quantize
     return Quantized(qwix.quantize(w, qtype, channelwise_axes=channels, tiled_axes=tiles), mode == "w8a8")
 
 
-def quantizable(path: tuple, v: nnx.Variable) -> bool:
-    """Projection matrices inside the layer stacks (not embeddings, the output head or the MoE router)."""
-    keys = [str(p) for p in path]
-    return (isinstance(v, nnx.Param) and bool(v.get_metadata().get("matrix")) and "layers" in keys
-            and keys[-1] != "router")
+def quantizable(v) -> bool:
+    """A parameter created with quantizable=True (the projections inside the layer stacks: not embeddings, the
+    output head, norms or the MoE router)."""
+    return isinstance(v, nnx.Param) and bool(v.get_metadata().get("quantizable"))
 
 
 def quantize_model(model: nnx.Module, mode: str) -> nnx.Module:
@@ -84,7 +103,7 @@ def quantize_model(model: nnx.Module, mode: str) -> nnx.Module:
     if mode not in MODES:
         raise ConfigError(f"quantize={mode!r} is not one of {MODES}")
     for path, v in nnx.iter_graph(model):
-        if isinstance(v, nnx.Variable) and quantizable(path, v):
+        if quantizable(v):
             names = tuple(v.get_metadata().get("out_sharding") or ())
             v.set_value(quantize_weight(v.get_value(), names, mode))
     return model
@@ -112,47 +131,3 @@ def _einsum_parts(eq: str) -> tuple[str, str, str]:
     return x, w, out
 
 
-def project(eq: str, x: jax.Array, w) -> jax.Array:
-    """einsum(eq, x, w) for a projection: w a float array (cast to x's dtype) or a `Quantized` weight. -> x's
-    dtype. eq must read "rows+inputs,inputs+outputs->rows+outputs" (every projection here does): a quantized
-    product runs as one 2-D matmul [M,K]·[K,N] (on XLA:CPU a 3-D int8 einsum lowers to a transposed dot about 2.5×
-    slower)."""
-    if not isinstance(w, Quantized):
-        return jnp.einsum(eq, x, w.astype(x.dtype))
-    xs, ws, out = _einsum_parts(eq)
-    n_in = sum(c in ws for c in xs)
-    rows = xs[:len(xs) - n_in]
-    if xs[len(rows):] != ws[:n_in] or out != rows + ws[n_in:]:
-        raise ValueError(f"project: {eq!r} is not rows+inputs,inputs+outputs->rows+outputs")
-    lead, outs = x.shape[:len(rows)], w.shape[n_in:]
-    m, k = math.prod(lead), math.prod(x.shape[len(rows):])
-    x2, w2 = x.reshape(m, k), w.array.reshape(k, math.prod(outs))
-    if w.dynamic:
-        # XLA:CPU runs an int8 dot of a single row by converting the whole weight to int32 first; two rows take
-        # its int8 kernel, so a one-row activation (batch-1 decoding) is doubled and the copy dropped after
-        if m == 1:
-            x2 = jnp.concatenate([x2, x2])
-        x2 = qwix.quantize(x2.astype(jnp.float32), jnp.int8, channelwise_axes=(0,))     # a scale per row
-    return qwix.dot(x2, w2)[:m].reshape(*lead, *outs).astype(x.dtype)
-
-
-class QuantizedKV(NamedTuple):
-    """An int8 KV cache tensor: values [L,B,S,K,H] int8 and a float32 scale per slot and kv head [L,B,S,K,1]
-    (model.kv_cache_dtype='int8'). Keys and values are rounded when written and dequantized when attended."""
-    values: jax.Array
-    scale: jax.Array
-
-    def dequantize(self, dtype) -> jax.Array:
-        return (self.values.astype(jnp.float32) * self.scale).astype(dtype)
-
-
-def quantize_kv(x: jax.Array) -> QuantizedKV:
-    """[..., H] float -> QuantizedKV with a symmetric int8 scale over each vector's H values."""
-    scale = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True) / 127.0
-    q = jnp.round(x.astype(jnp.float32) / jnp.where(scale > 0, scale, 1.0))
-    return QuantizedKV(jnp.clip(q, -127, 127).astype(jnp.int8), scale)
-
-
-def value(w) -> jax.Array:
-    """A parameter's value as a float array (dequantized if quantized), for code that needs the array itself."""
-    return w.dequantize() if isinstance(w, Quantized) else w

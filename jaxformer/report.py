@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import math
 import os
 import platform
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 from jaxformer.errors import SweepError
+from jaxformer.runs import read_metrics
 from jaxformer.sweep import Arm, Run, Sweep, finished, read_status, runs
 
 _SPEC = re.compile(r"^(?P<split>[A-Za-z_]+)/(?P<key>[A-Za-z_0-9.]+)(?:(?P<op>[<>])(?P<x>[-+0-9.eE]+)|@(?P<at>first|min|max|median))?$")
@@ -80,13 +80,6 @@ def stat(values: list, total: int | None = None) -> Stat | None:
     return Stat(len(xs), total if total is not None else len(values), m, s, m - h, m + h)
 
 
-def read_metrics(workdir: Path) -> list[dict]:
-    p = workdir / "metrics.jsonl"
-    if not p.exists():
-        return []
-    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
-
-
 def metric_value(spec: str, status: dict | None, records: list[dict]):
     """One run's value of a metric spec (module docstring): a float, None (missing), or a str (why n/a)."""
     if status is None:
@@ -134,7 +127,7 @@ class Report:
         self.runs: list[Run] = runs(sweep, root)
         self.arms: list[Arm] = _unique_arms(self.runs)
         self.status = {r.id: read_status(r) if finished(r) else None for r in self.runs}
-        self.records = {r.id: read_metrics(r.workdir) for r in self.runs}
+        self.records = {r.id: read_metrics(r.workdir / "metrics.jsonl") for r in self.runs}
         missing = [r.id for r in self.runs if self.status[r.id] is None]
         if len(missing) == len(self.runs):
             raise SweepError(f"sweep {sweep.name} has no finished run under {self.root / sweep.name}; run "

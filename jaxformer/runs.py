@@ -9,12 +9,12 @@
                           of an attempt that left no checkpoint
     RUN/.lock             held (flock) by the one trainer allowed at a time
 
-`RunDir.lock()` opens a run for training; `load_model` restores a model (no optimizer, no data) for inference.
+`RunDir.lock()` opens a run for training. This module is the only writer of run files (restoring a model for
+inference is `jaxformer.inference.load_model`'s job: it reads them).
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -22,18 +22,12 @@ import shutil
 import time
 from pathlib import Path
 
-import jax
-from flax import nnx
-
 from jaxformer.checkpoints import Checkpoints
-from jaxformer.config import Config, ConfigError, resolve_vocab, to_dict
+from jaxformer.config import Config, ConfigError, to_dict
 from jaxformer.configio import from_dict
 from jaxformer.data import load_tokenizer, save_tokenizer
-from jaxformer.errors import CheckpointError, RunDirError
+from jaxformer.errors import RunDirError
 from jaxformer.distributed import is_primary
-from jaxformer.nn import build_model
-from jaxformer.quantize import MODES, quantize_model
-from jaxformer.parallel import Plan, no_mesh
 
 try:
     import fcntl
@@ -135,16 +129,7 @@ class RunDir:
                            set_aside=self.set_aside if is_primary() else None)     # one process moves files
 
     def read_metrics(self) -> list[dict]:
-        """The records of metrics.jsonl (a torn last line, from a crash mid-write, is skipped)."""
-        if not self.metrics_path.exists():
-            return []
-        out = []
-        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                rec = json.loads(line)
-                if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-                    out.append(rec)
-        return out
+        return read_metrics(self.metrics_path)
 
     def truncate_metrics(self, step: int) -> None:
         """Keep only the records up to `step` (those after it are recomputed from the checkpoint at `step`)."""
@@ -157,67 +142,25 @@ class RunDir:
                      self.metrics_path, len(recs) - len(keep), step)
 
 
+def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a metrics.jsonl (none if it does not exist). A line that is not a JSON object with an int
+    "step" (a torn last line from a crash mid-write, bytes that are not UTF-8, a stray value) is skipped."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.split("\n"):      # JSONL: only \n ends a record (splitlines also splits at \x1c, \u2028...)
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):    # torn or garbled JSON; a number too long to convert
+            continue
+        if isinstance(rec, dict) and type(rec.get("step")) is int:
+            out.append(rec)
+    return out
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
-
-
-# ---------------------------------------------------------------------- inference: model-only restore
-
-@dataclasses.dataclass
-class LoadedModel:
-    cfg: Config              # resolved (vocab_size filled in)
-    tokenizer: object
-    model: nnx.Module
-    step: int                # the restored checkpoint's step
-    which: str               # "best" | "latest": where it actually came from
-
-
-def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = None,
-               quantize: str | None = None) -> LoadedModel:
-    """Restore a run's model (no optimizer, no training data) from its `which` checkpoint ("best" or "latest");
-    when that kind has no readable step, the other kind is used with a warning, and `which` of the result
-    says so. plan: restore straight into that plan's shardings, else onto one device, whatever mesh the run
-    was saved from. quantize: "int8" | "int4" | "w8a8" quantizes the restored weights for inference
-    (`jaxformer.quantize`).
-    Never writes to the run directory."""
-    if which not in ("best", "latest"):
-        raise ConfigError(f"which={which!r} must be 'best' or 'latest'")
-    if quantize is not None and quantize not in MODES:
-        raise ConfigError(f"quantize={quantize!r} is not one of {MODES}")
-    run = RunDir(workdir)
-    if not run.path.is_dir():
-        raise ConfigError(f"{str(run.path)!r} is not a run directory")
-    cfg = run.read_config()
-    if not run.tokenizer_path.exists():
-        raise ConfigError(f"{run.path} has no tokenizer.json (not a run directory)")
-    tokenizer = run.read_tokenizer()
-    cfg = resolve_vocab(cfg, tokenizer.vocab_size)
-    with no_mesh():
-        graph, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg.model, seed=cfg.train.seed)))
-    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    shardings = plan.state_shardings(abstract) if plan is not None else jax.tree.map(lambda _: one, abstract)
-    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-    ckpt = run.checkpoints(cfg, read_only=True)
-    try:
-        other = "latest" if which == "best" else "best"
-        errors = []
-        for kind in (which, other):
-            try:
-                restored = ckpt.restore({"model": abstract}, (kind,))
-            except CheckpointError as e:
-                errors.append(str(e))
-                continue
-            if restored is not None:
-                if kind != which:
-                    log.warning("%s has no readable %s checkpoint; using the %s one (step %d)", run.path, which,
-                                kind, restored.step)
-                model = nnx.merge(graph, restored.items["model"])
-                if quantize is not None:
-                    quantize_model(model, quantize)
-                return LoadedModel(cfg, tokenizer, model, restored.step, kind)
-    finally:
-        ckpt.close()
-    raise CheckpointError("; ".join(errors) if errors else f"{run.path} has no checkpoint yet (train saves one "
-                          f"every train.checkpoint_every={cfg.train.checkpoint_every} steps and at the end)")

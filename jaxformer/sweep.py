@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jaxformer.config import Config
-from jaxformer.configio import apply_overrides, load_config_file
+from jaxformer.configio import apply_overrides, load_config_file, load_python
 from jaxformer.errors import ConfigError, JaxformerError, NonFiniteLoss, SweepError
 
 FINISHED = ("completed", "diverged")
@@ -138,21 +138,7 @@ def runs(sweep: Sweep, root: str | Path = "runs/sweeps") -> list[Run]:
 
 def load_sweep(path: str | Path) -> Sweep:
     """Import a sweep file and call its get_sweep(). Named errors for a missing or broken file."""
-    import importlib.util
-    path = Path(path)
-    if not path.is_file():
-        raise SweepError(f"sweep file {str(path)!r} does not exist")
-    spec = importlib.util.spec_from_file_location(f"_jaxformer_sweep_{path.stem}", path)
-    mod = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(mod)
-    except JaxformerError:
-        raise
-    except Exception as e:
-        raise SweepError(f"sweep file {str(path)!r} failed to load: {type(e).__name__}: {e}") from None
-    if not callable(getattr(mod, "get_sweep", None)):
-        raise SweepError(f"sweep file {str(path)!r} has no get_sweep() function")
-    sweep = mod.get_sweep()
+    sweep = load_python(path, "get_sweep", "sweep file", SweepError)
     if not isinstance(sweep, Sweep):
         raise SweepError(f"get_sweep() in {str(path)!r} returned {type(sweep).__name__}, not a jaxformer Sweep")
     return dataclasses.replace(sweep, source=str(path))
@@ -240,8 +226,7 @@ def _earlier_wall(run: Run) -> float:
 def _extra_eval(run: Run, overrides: tuple[str, ...]) -> dict:
     """Evaluate the run's final model on a changed held-out set (data.* overrides)."""
     from jaxformer.data import build_task
-    from jaxformer.runs import load_model
-    from jaxformer.train.evaluate import evaluate
+    from jaxformer.inference import evaluate, load_model
     try:
         loaded = load_model(run.workdir, "latest")
         cfg = apply_overrides(loaded.cfg, list(overrides))

@@ -25,10 +25,9 @@ from flax import nnx
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from jaxformer.decode import generate_seq2seq
+from jaxformer.arch import adapter
 from jaxformer.errors import ConfigError, DataError
-from jaxformer.inference import default_prompts, pad_rows, prompt_ids
-from jaxformer.runs import LoadedModel, load_model
+from jaxformer.inference import LoadedModel, default_prompts, load_model, prompt_ids
 
 log = logging.getLogger("jaxformer")
 
@@ -68,14 +67,12 @@ def encode_prompt(run: LoadedModel, prompt: str) -> np.ndarray:
     character outside the vocabulary (or a non-digit for a digit task), an empty prompt, or one too long."""
     tok, cfg = run.tokenizer, run.cfg.model
     ids = prompt_ids(tok, prompt)
-    if cfg.arch == "encoder_decoder":
-        ids = np.append(ids, tok.eos_id).astype(np.int32)
+    row = adapter(cfg.arch).prompt_row(tok, ids)
     try:
-        cfg.check_length(len(ids), f"prompt {prompt[:40]!r}" + (" (with its EOS)" if cfg.arch == "encoder_decoder"
-                                                                 else ""))
+        cfg.check_length(len(row), f"prompt {prompt[:40]!r}" + (" (with its EOS)" if len(row) > len(ids) else ""))
     except ConfigError as e:
         raise DataError(str(e)) from None
-    return ids
+    return row
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -86,31 +83,20 @@ def _weights(graphdef, state, *inputs):
 def attention_maps(run: LoadedModel, prompts: list[str]) -> list[AttentionMaps]:
     """Every layer's attention weights for each prompt. The prompts run as one right-padded batch (one compiled
     program whatever their lengths); each prompt's maps are cut to its own tokens, which padding does not
-    change (padded keys get weight 0, padded queries are dropped)."""
+    change (padded keys get weight 0, padded queries are dropped). An encoder-decoder run is shown decoding its
+    own greedy answer (`jaxformer.arch`)."""
     tok, cfg = run.tokenizer, run.cfg.model
     rows = [encode_prompt(run, p) for p in prompts]
-    src = pad_rows(rows, cfg.pad_id, left=False)
+    table = cfg.max_len if cfg.positional in ("sinusoidal", "learned") else None
+    inputs, axes, answers = adapter(cfg.arch).attention_inputs(run.model, tok, rows, cfg.pad_id, table)
     graphdef, state = nnx.split(run.model)
-    label = lambda xs: [token_label(tok, x) for x in xs]
-    if cfg.arch != "encoder_decoder":
-        w = np.asarray(_weights(graphdef, state, src)["self"])                          # [L,B,N,T,T]
-        return [AttentionMaps(p, None, {"self": w[:, b, :, :len(r), :len(r)]}, {"self": label(r)},
-                              {"self": label(r)}) for b, (p, r) in enumerate(zip(prompts, rows))]
-    width = src.shape[1]                                       # the answer's length (+ EOS) for reversal/copy
-    max_new = min(width, cfg.max_len - 1) if cfg.positional in ("sinusoidal", "learned") else width
-    out = np.asarray(generate_seq2seq(run.model, src, max_new=max_new, bos_id=tok.bos_id, eos_id=tok.eos_id))
-    answers = [o[: int(np.argmax(o == tok.eos_id))] if (o == tok.eos_id).any() else o for o in out]
-    tgts = [np.concatenate([[tok.bos_id], a[a != cfg.pad_id]]).astype(np.int32) for a in answers]
-    w = {k: np.asarray(v) for k, v in _weights(graphdef, state, src, pad_rows(tgts, cfg.pad_id, left=False)).items()}
+    w = {k: np.asarray(v) for k, v in _weights(graphdef, state, *inputs).items()}        # kind: [L,B,N,T,S]
+    label = lambda xs: [token_label(tok, x) for x in xs]                              # noqa: E731
     maps = []
-    for b, (p, r, t) in enumerate(zip(prompts, rows, tgts)):
-        n, m = len(r), len(t)
-        maps.append(AttentionMaps(
-            p, "".join(label(t[1:])),
-            {"encoder_self": w["encoder_self"][:, b, :, :n, :n], "decoder_self": w["decoder_self"][:, b, :, :m, :m],
-             "decoder_cross": w["decoder_cross"][:, b, :, :m, :n]},
-            {"encoder_self": label(r), "decoder_self": label(t), "decoder_cross": label(t)},
-            {"encoder_self": label(r), "decoder_self": label(t), "decoder_cross": label(r)}))
+    for b, (p, ax, ans) in enumerate(zip(prompts, axes, answers)):
+        answer = None if ans is None else "".join(label(ans))
+        maps.append(AttentionMaps(p, answer, {k: w[k][:, b, :, :len(q), :len(kk)] for k, (q, kk) in ax.items()},
+                                  {k: label(q) for k, (q, _) in ax.items()}, {k: label(kk) for k, (_, kk) in ax.items()}))
     return maps
 
 

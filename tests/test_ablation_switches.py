@@ -23,9 +23,9 @@ def _qkv(seed=0, b=2, t=5, n=2, h=8):
 def test_mask_value_zero_leaks_and_default_does_not():
     q, k, v = _qkv()
     mask = ops.causal_mask(5)
-    out, w = ops.dot_product_attention(q, k, v, mask=mask, return_weights=True)
+    out, w, _ = ops.dot_product_attention(q, k, v, mask=mask, return_weights=True)
     assert float(jnp.abs(jnp.where(mask, 0.0, w)).max()) == 0.0          # default: masked weights exactly 0
-    out0, w0 = ops.dot_product_attention(q, k, v, mask=mask, return_weights=True, mask_value=0.0)
+    out0, w0, _ = ops.dot_product_attention(q, k, v, mask=mask, return_weights=True, mask_value=0.0)
     assert float(jnp.where(mask, 0.0, w0).min(initial=1.0, where=~mask)) > 0.0   # every masked key leaks
     np.testing.assert_allclose(w0.sum(-1), 1.0, rtol=10 * EPS)
     # the leak is a softmax with the masked logits set to 0 (reference computed here)

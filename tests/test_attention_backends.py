@@ -71,11 +71,11 @@ def run(backend, q, k, v, mask, bias, rows, block=8):
 
     def loss(q, k, v, b):
         out = ops.dot_product_attention(q, k, v, mask=mask, bias=b if dense_bias else bias, backend=backend,
-                                        block_size=block)
+                                        block_size=block).out
         w = jnp.cos(jnp.arange(out.size, dtype=jnp.float32).reshape(out.shape))
         return jnp.sum(out * w * (1.0 if rows is None else rows[:, :, None, None]))
 
-    out, lse = jax.jit(lambda q, k, v: ops.dot_product_attention(q, k, v, mask=mask, bias=bias, backend=backend,
+    out, _, lse = jax.jit(lambda q, k, v: ops.dot_product_attention(q, k, v, mask=mask, bias=bias, backend=backend,
                                                                  block_size=block, return_lse=True))(q, k, v)
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3) if dense_bias else (0, 1, 2)))(q, k, v, bias)
     return out, lse, grads
@@ -103,17 +103,17 @@ def test_backend_agrees_with_reference(backend, name):
 def test_all_masked_rows_are_zero_with_zero_gradient():
     q, k, v, _ = make()
     mask = jnp.ones((B, 1, T, T), bool).at[:, :, 3].set(False)
-    out, lse = ops.dot_product_attention(q, k, v, mask=mask, backend="chunked", block_size=8, return_lse=True)
+    out, _, lse = ops.dot_product_attention(q, k, v, mask=mask, backend="chunked", block_size=8, return_lse=True)
     assert np.all(np.asarray(out[:, 3]) == 0) and np.all(np.isneginf(np.asarray(lse[:, :, 3])))
-    g = jax.grad(lambda q: ops.dot_product_attention(q, k, v, mask=mask, backend="chunked").sum())(q)
+    g = jax.grad(lambda q: ops.dot_product_attention(q, k, v, mask=mask, backend="chunked").out.sum())(q)
     assert np.all(np.isfinite(np.asarray(g))) and np.all(np.asarray(g[:, 3]) == 0)
 
 
 def test_chunked_kv_segments_and_uneven_blocks():
     q, k, v, _ = make(t=5, s=29)
-    want = ops.dot_product_attention(q, k, v)
+    want = ops.dot_product_attention(q, k, v).out
     got = ops.dot_product_attention(q, (k[:, :20], k[:, 20:]), (v[:, :20], v[:, 20:]), backend="chunked",
-                                    block_size=7)
+                                    block_size=7).out
     close(got, want, "segments")
 
 
@@ -125,10 +125,10 @@ def test_chunked_under_vmap():
 
 def test_weights_recomputed_from_lse():
     q, k, v, mask, bias, _, _ = case("alibi")
-    _, want = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=True)
-    out, got = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=True, backend="chunked")
+    _, want, _ = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=True)
+    out, got, _ = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=True, backend="chunked")
     close(got, want, "weights")
-    _, lse = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_lse=True, backend="chunked")
+    _, _, lse = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_lse=True, backend="chunked")
     rows = jnp.array([0, 7, 23])
     close(ops.attention_weights(q, k, lse, mask=mask, bias=bias, rows=rows), want[:, :, rows], "rows")
 
@@ -139,14 +139,14 @@ def test_named_refusals():
         if ops.fused.platform() == "gpu":
             raise BackendError("cudnn: float32 refused by problem()") if ops.fused.problem(
                 "cudnn", dtype=jnp.float32) else AssertionError("float32 should be refused")
-        ops.dot_product_attention(q, k, v, backend="cudnn")
+        ops.dot_product_attention(q, k, v, backend="cudnn").out
     with pytest.raises(BackendError, match="reference"):
-        ops.dot_product_attention(q, k, v, backend="chunked", mask_value=0.0)
+        ops.dot_product_attention(q, k, v, backend="chunked", mask_value=0.0).out
     pos = jnp.broadcast_to(jnp.arange(T), (B, T))
     with pytest.raises(BackendError, match="decode"):             # a causal mask against a cache
-        ops.dot_product_attention(q[:, :1], k, v, mask=ops.CausalMask(pos[:, :1] + 3, pos), backend="pallas")
+        ops.dot_product_attention(q[:, :1], k, v, mask=ops.CausalMask(pos[:, :1] + 3, pos), backend="pallas").out
     with pytest.raises(ValueError, match="backend"):
-        ops.dot_product_attention(q, k, v, backend="flash")
+        ops.dot_product_attention(q, k, v, backend="flash").out
     base = dict(arch="decoder_only", vocab_size=8, d_model=16, num_heads=2, d_ff=32)
     with pytest.raises(ConfigError, match="model.attention_backend"):
         ModelConfig(**base, attention_backend="cudnn")              # float32 activations

@@ -141,9 +141,9 @@ def test_sinusoidal_encoder_decoder_called_beyond_max_len_raises():
     model = build_model(cfg)
     with raises_naming("model.max_len=5", "6"):
         model.encode(jnp.ones((1, 6), jnp.int32))           # source too long
-    memory, src_mask = model.encode(jnp.ones((1, 5), jnp.int32))
+    memory = model.encode(jnp.ones((1, 5), jnp.int32))
     with raises_naming("model.max_len=5", "8"):
-        model.decode(jnp.ones((1, 8), jnp.int32), memory, src_mask)   # target too long
+        model.decode(jnp.ones((1, 8), jnp.int32), memory)          # target too long
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -242,3 +242,16 @@ def test_wrong_types_are_config_errors_naming_field_value_and_type(make, message
 
 def test_ints_are_accepted_where_floats_are_declared():
     assert tiny(rope_base=10000, norm_eps=1).rope_base == 10000
+
+
+def test_config_file_that_is_a_directory_or_calls_sys_exit_is_a_config_error(tmp_path):
+    from jaxformer.configio import load_config_file
+    (tmp_path / "cfg.py").mkdir()
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config_file(tmp_path / "cfg.py")
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(0)\n")
+    with pytest.raises(ConfigError, match=re.escape("called sys.exit(0)")):
+        load_config_file(tmp_path / "exits.py")
+    (tmp_path / "exits_late.py").write_text("import sys\ndef get_config():\n    sys.exit(0)\n")
+    with pytest.raises(ConfigError, match="called sys.exit"):
+        load_config_file(tmp_path / "exits_late.py")

@@ -15,9 +15,9 @@ from flax import nnx
 
 from jaxformer import ops
 from jaxformer.config import ConfigError, ModelConfig
-from jaxformer.decode import (beam_search, cross_kv, decoder_step, generate_lm, generate_seq2seq, greedy_naive,
-                              init_cache, sample_logits)
+from jaxformer.decode import beam_search, generate_lm, generate_seq2seq, greedy_naive, sample_logits
 from jaxformer.nn import build_model
+from jaxformer.nn.layers import Context
 
 PE = ["sinusoidal", "learned", "rope", "alibi"]
 NORM = ["pre", "post"]
@@ -85,15 +85,15 @@ def test_lm_cached_logits_equal_full_forward(pe, norm, pad):
     @jax.jit
     def cached(state):
         m = nnx.merge(graphdef, state)
-        cache = init_cache(m.cfg, full_tokens.shape[0], full_tokens.shape[1])
-        logits, cache = decoder_step(m, cache, full_tokens[:, :p], pos[:, :p], valid[:, :p])   # prefill
+        cache = m.init_cache(full_tokens.shape[0], full_tokens.shape[1])
+        logits, cache = m.step(full_tokens[:, :p], pos[:, :p], cache)                         # prefill
 
         def step(cache, x):                                                                   # one token a step
-            tok, ps, va = x
-            lg, cache = decoder_step(m, cache, tok[:, None], ps[:, None], va[:, None])
+            tok, ps = x
+            lg, cache = m.step(tok[:, None], ps[:, None], cache)
             return cache, lg[:, 0]
 
-        _, rest = jax.lax.scan(step, cache, (full_tokens[:, p:].T, pos[:, p:].T, valid[:, p:].T))
+        _, rest = jax.lax.scan(step, cache, (full_tokens[:, p:].T, pos[:, p:].T))
         return jnp.concatenate([logits, jnp.swapaxes(rest, 0, 1)], 1)
 
     got = cached(state)
@@ -113,17 +113,14 @@ def test_seq2seq_cached_logits_equal_full_forward(pe, norm, pad):
     @jax.jit
     def cached(state):
         m = nnx.merge(graphdef, state)
-        memory, src_mask = m.encode(src)
-        mkv = cross_kv(m, memory)
-        cache = init_cache(m.cfg, 3, tgt.shape[1])
+        memory = m.prepare_memory(m.encode(src))
+        cache = m.init_cache(3, tgt.shape[1])
         pos = jnp.broadcast_to(jnp.arange(tgt.shape[1]), tgt.shape)
-        ones = jnp.ones_like(tgt, bool)
-        lg, cache = decoder_step(m, cache, tgt[:, :3], pos[:, :3], ones[:, :3], mkv, src_mask)  # multi-token prefill
+        lg, cache = m.step(tgt[:, :3], pos[:, :3], cache, memory=memory)                     # multi-token prefill
 
         def step(cache, x):
             tok, ps = x
-            lg, cache = decoder_step(m, cache, tok[:, None], ps[:, None], jnp.ones_like(tok[:, None], bool), mkv,
-                                     src_mask)
+            lg, cache = m.step(tok[:, None], ps[:, None], cache, memory=memory)
             return cache, lg[:, 0]
 
         _, rest = jax.lax.scan(step, cache, (tgt[:, 3:].T, pos[:, 3:].T))
@@ -144,18 +141,18 @@ def test_prefill_flag_and_chunked_prefill_equal_the_generic_step(pe):
     prompts = jnp.asarray(ragged_prompts(np.random.default_rng(5), "left"))
     valid = prompts != 0
     pos = jnp.maximum(jnp.cumsum(valid, 1) - 1, 0)
-    cache = init_cache(cfg, 3, 10)
+    cache = m.init_cache(3, 10)
     assert cache.k.shape == (cfg.num_decoder_layers, 3, 10, cfg.kv_heads, cfg.head_dim)
-    step = jax.jit(decoder_step, static_argnames="prefill")
-    lg_a, c_a = step(m, cache, prompts, pos, valid)
-    lg_b, c_b = step(m, cache, prompts, pos, valid, prefill=True)
+    step = jax.jit(lambda m, t, p, c, prefill=False: m.step(t, p, c, prefill=prefill), static_argnames="prefill")
+    lg_a, c_a = step(m, prompts, pos, cache)
+    lg_b, c_b = step(m, prompts, pos, cache, prefill=True)
     # skipping the empty cache only drops exactly-zero terms: a few ulps at most
     np.testing.assert_allclose(np.asarray(lg_b), np.asarray(lg_a), rtol=0, atol=float32_tolerance(lg_a, ulps=8))
     for x, y in zip(c_a, c_b):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=float32_tolerance(x, ulps=8))
     tol = float32_tolerance(lg_a)
-    lg1, c = step(m, cache, prompts[:, :4], pos[:, :4], valid[:, :4], prefill=True)
-    lg2, c = step(m, c, prompts[:, 4:], pos[:, 4:], valid[:, 4:])
+    lg1, c = step(m, prompts[:, :4], pos[:, :4], cache, prefill=True)
+    lg2, c = step(m, prompts[:, 4:], pos[:, 4:], c)
     got = jnp.concatenate([lg1, lg2], 1)
     err = jnp.max(jnp.abs(jnp.where(valid[..., None], got - lg_a, 0.0)))
     assert float(err) <= tol
@@ -181,7 +178,7 @@ def lm_greedy_by_recomputation(pe):
 
         def body(i, toks):
             mask = ops.position_causal_mask(pos, pos, pos < (lens + i)[:, None])
-            logits = m.embed.logits(m.decoder(m.embed(toks, pos), mask=mask, positions=pos))
+            logits = m.embed.logits(m.decoder(m.embed(toks, pos), Context(pos, mask))[0])
             nxt = jnp.argmax(logits[rows, lens + i - 1].at[:, 0].set(-jnp.inf), -1).astype(jnp.int32)  # no pad
             return toks.at[rows, lens + i].set(nxt)
 
@@ -359,10 +356,10 @@ def s2s_next_logp():
     @jax.jit
     def f(state, src, tgt):
         m = nnx.merge(graphdef, state)
-        memory, src_mask = m.encode(src)
+        memory = m.encode(src)
         pos = jnp.broadcast_to(jnp.arange(tgt.shape[1]), tgt.shape)
-        y = m.decoder(m.embed(tgt, pos), mask=ops.causal_mask(tgt.shape[1]), positions=pos, memory=memory,
-                      memory_mask=src_mask)
+        y, _ = m.decoder(m.embed(tgt, pos), Context(pos, ops.causal_mask(tgt.shape[1]), memory=memory.x,
+                                                    memory_mask=memory.valid[:, None, None, :]))
         return jax.nn.log_softmax(m.embed.logits(y), -1)
 
     return lambda src, tgt: np.asarray(f(state, jnp.asarray(src), jnp.asarray(tgt)), np.float64)

@@ -13,7 +13,7 @@ from jaxformer.config import ConfigError
 from jaxformer.data import DataError
 from jaxformer.decode import greedy_naive
 from jaxformer.inference import generate_text
-from jaxformer.runs import load_model
+from jaxformer.inference import load_model
 from jaxformer.train.loop import train
 
 TEXT = ("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs! "

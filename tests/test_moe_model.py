@@ -12,12 +12,12 @@ from flax import nnx
 
 from helpers import compiled, tiny_lm
 from jaxformer.config import ConfigError, ModelConfig
-from jaxformer.decode import beam_search, decoder_step, generate_seq2seq, init_cache
+from jaxformer.decode import beam_search, generate_seq2seq
 from jaxformer.nn import build_model, count_params
-from jaxformer.nn.layers import DecoderBlock
+from jaxformer.nn.layers import Context, DecoderBlock
 from jaxformer.nn.models import decoder_self_mask, default_positions
 from jaxformer.quantize import quantize_model
-from jaxformer.runs import load_model
+from jaxformer.inference import load_model
 from jaxformer.train.loop import train
 
 V = 19
@@ -66,7 +66,8 @@ def test_tokens_dropped_for_capacity_pass_through_the_residual_unchanged():
     c = cfg(ffn="moe", num_experts=2, moe_capacity_factor=0.25)
     block = DecoderBlock(c, cross=False, moe=True, rngs=nnx.Rngs(params=0))
     x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 8, 32)), jnp.float32)
-    y, stats = nnx.jit(lambda b, x: b.res_ffn(x, lambda h: b.ffn(h, None, train=True), None))(block, x)
+    y, aux = nnx.jit(lambda b, x: b.res_ffn(x, lambda h: b.ffn(h, None, train=True), None))(block, x)
+    stats = aux["moe"]
     same = np.asarray(jnp.all(y == x, axis=-1)).reshape(-1)               # rows the FFN left untouched
     assert 0 < same.sum() < same.size
     assert same.sum() == round(float(stats.dropped) * same.size)          # exactly the dropped tokens
@@ -81,13 +82,12 @@ def test_moe_every_second_layer_equals_its_layers_applied_one_by_one():
 
     @nnx.jit
     def both(model, x):
-        logits, aux = model(x, return_aux=True)
+        logits, aux = model.forward(x)
         pos, valid = default_positions(x), x != 0
         h, loads = model.embed(x, pos), []
         for i in range(4):
-            out = model.decoder.layers.layer(i)(h, mask=decoder_self_mask(c, pos, pos, valid), positions=pos,
-                                                valid=valid)
-            h, extras = out if isinstance(out, tuple) else (out, {})
+            h, extras = model.decoder.layers.layer(i)(h, Context(pos, decoder_self_mask(c, pos, pos, valid),
+                                                                 valid=valid))
             assert ("moe" in extras) == (i % 2 == 1)
             loads += [extras["moe"].load] if "moe" in extras else []
         return logits, aux, model.embed.logits(model.decoder.final_norm(h)), jnp.stack(loads), valid
@@ -131,7 +131,7 @@ def test_router_receives_gradient_from_the_balancing_loss_alone():
     x = tokens(np.random.default_rng(3))
 
     def loss(m):
-        logits, aux = m(x, rngs=nnx.Rngs(dropout=jax.random.key(0)), return_aux=True)
+        logits, aux = m.forward(x, rngs=nnx.Rngs(dropout=jax.random.key(0)))
         s = {"objective": jax.lax.stop_gradient(logits).sum() * 0, "count": jnp.float32(1)}
         return objective(s, moe_metrics(aux), c)
 
@@ -153,13 +153,13 @@ def test_moe_lm_cached_decoding_equals_the_full_forward():
     @jax.jit
     def cached(state):
         m = nnx.merge(graphdef, state)
-        cache = init_cache(m.cfg, x.shape[0], x.shape[1])
-        first, cache = decoder_step(m, cache, x[:, :4], pos[:, :4], valid[:, :4], prefill=True)
+        cache = m.init_cache(x.shape[0], x.shape[1])
+        first, cache = m.step(x[:, :4], pos[:, :4], cache, prefill=True)     # pad tokens: invalid slots
 
         def step(cache, col):
-            lg, cache = decoder_step(m, cache, col[0][:, None], col[1][:, None], col[2][:, None])
+            lg, cache = m.step(col[0][:, None], col[1][:, None], cache)
             return cache, lg[:, 0]
-        _, rest = jax.lax.scan(step, cache, (x[:, 4:].T, pos[:, 4:].T, valid[:, 4:].T))
+        _, rest = jax.lax.scan(step, cache, (x[:, 4:].T, pos[:, 4:].T))
         return jnp.concatenate([first, jnp.swapaxes(rest, 0, 1)], 1)
 
     want = compiled(model, x, positions=pos)

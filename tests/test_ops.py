@@ -17,6 +17,7 @@ from jax.test_util import check_grads
 from jaxformer import ops
 from jaxformer.config import ModelConfig
 from jaxformer.nn import EncoderBlock
+from jaxformer.nn.layers import Context
 from jaxformer.ops import activations, norms, positional
 from jaxformer.ops.attention import dot_product_attention
 from jaxformer.ops.masks import causal_mask, combine_masks, padding_mask, position_causal_mask
@@ -73,7 +74,7 @@ def test_attention_matches_numpy_reference(n, kh, masked):
     q, k, v = qkv(0, n=n, kh=kh)
     mask = random_mask(7, (2, n, 5, 6)) if masked else None
     out = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
-                                mask=None if mask is None else jnp.asarray(mask))
+                                mask=None if mask is None else jnp.asarray(mask)).out
     ref, _ = ref_attention(q, k, v, mask)
     assert out.shape == (2, 5, n, 8) and out.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5, rtol=1e-5)
@@ -84,24 +85,24 @@ def test_attention_with_bias_scale_and_broadcast_mask_matches_reference():
     bias = rand(4, (1, 4, 5, 6))                 # broadcast over B
     mask = np.tril(np.ones((5, 6), bool), k=1)    # [T,S] broadcast over B and N
     out = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=jnp.asarray(mask),
-                                bias=jnp.asarray(bias), scale=0.3)
+                                bias=jnp.asarray(bias), scale=0.3).out
     ref, _ = ref_attention(q, k, v, mask, bias, scale=0.3)
     np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5, rtol=1e-5)
 
 
 def test_attention_default_scale_is_inverse_sqrt_head_dim():
     q, k, v = qkv(5, h=16)
-    a = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
-    b = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), scale=0.25)
+    a = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)).out
+    b = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), scale=0.25).out
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
-    c = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), scale=1.0)
+    c = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), scale=1.0).out
     assert np.abs(np.asarray(a) - np.asarray(c)).max() > 1e-3
 
 
 def test_attention_weights_shape_dtype_and_row_sums():
     q, k, v = qkv(11, n=4, kh=1)
     mask = random_mask(12, (2, 1, 5, 6), dead_rows=((1, 0, 3),))
-    out, w = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=jnp.asarray(mask),
+    out, w, _ = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=jnp.asarray(mask),
                                    return_weights=True)
     assert w.shape == (2, 4, 5, 6) and w.dtype == jnp.float32
     w = np.asarray(w)
@@ -119,8 +120,8 @@ def test_attention_weights_shape_dtype_and_row_sums():
 
 def test_mqa_equals_mha_with_repeated_kv_heads():
     q, k, v = qkv(21, n=4, kh=1)
-    a = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
-    b = dot_product_attention(jnp.asarray(q), jnp.asarray(np.repeat(k, 4, 2)), jnp.asarray(np.repeat(v, 4, 2)))
+    a = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)).out
+    b = dot_product_attention(jnp.asarray(q), jnp.asarray(np.repeat(k, 4, 2)), jnp.asarray(np.repeat(v, 4, 2))).out
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
@@ -130,7 +131,7 @@ def test_mqa_equals_mha_with_repeated_kv_heads():
 def test_low_precision_inputs_keep_dtype_and_match_reference(dtype):
     q, k, v = qkv(31, n=4, kh=2)
     mask = random_mask(32, (2, 4, 5, 6), dead_rows=((0, 1, 2), (1, 3, 0)))
-    out, w = dot_product_attention(jnp.asarray(q, dtype), jnp.asarray(k, dtype), jnp.asarray(v, dtype),
+    out, w, _ = dot_product_attention(jnp.asarray(q, dtype), jnp.asarray(k, dtype), jnp.asarray(v, dtype),
                                    mask=jnp.asarray(mask), return_weights=True)
     assert out.dtype == dtype and w.dtype == jnp.float32
     out = np.asarray(out.astype(jnp.float32))
@@ -151,7 +152,7 @@ def test_low_precision_large_logits_do_not_overflow(dtype):
     v = rand(41, (1, 4, 2, h))
     mask = np.ones((1, 2, 3, 4), bool)
     mask[0, 0, 2] = False                        # one fully masked row
-    out, w = dot_product_attention(jnp.asarray(q, dtype), jnp.asarray(k, dtype), jnp.asarray(v, dtype),
+    out, w, _ = dot_product_attention(jnp.asarray(q, dtype), jnp.asarray(k, dtype), jnp.asarray(v, dtype),
                                    mask=jnp.asarray(mask), return_weights=True)
     out32 = np.asarray(out.astype(jnp.float32))
     w = np.asarray(w)
@@ -190,7 +191,7 @@ def test_bf16_attention_logits_and_softmax_are_float32():
     wb /= wb.sum(-1, keepdims=True)
     tol = 1e-4            # float32 softmax of exact logits: ~1e-7; bf16 weights alone would be off by up to 2^-10
     assert np.abs(wb - ref_w).max() > 300 * tol                            # premise: bf16 logits are far off
-    out, w = dot_product_attention(jnp.asarray(q, jnp.bfloat16), jnp.asarray(k, jnp.bfloat16),
+    out, w, _ = dot_product_attention(jnp.asarray(q, jnp.bfloat16), jnp.asarray(k, jnp.bfloat16),
                                    jnp.asarray(v, jnp.bfloat16), return_weights=True)
     assert out.dtype == jnp.bfloat16 and w.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(w), ref_w, rtol=0, atol=tol)
@@ -203,13 +204,13 @@ def test_fully_masked_rows_are_zero_with_zero_gradient():
     mask = random_mask(52, (2, 4, 5, 6), dead_rows=((0, 1, 2), (1, 0, 4)))
     mask[0, :, 3, :] = False                     # a query position masked in every head
     mask = jnp.asarray(mask)
-    out = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask)
+    out = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask).out
     out = np.asarray(out)
     assert np.isfinite(out).all()
     assert (out[0, 2, 1] == 0).all() and (out[1, 4, 0] == 0).all() and (out[0, 3] == 0).all()
 
     def dead_loss(q, k, v):
-        o = dot_product_attention(q, k, v, mask=mask)
+        o = dot_product_attention(q, k, v, mask=mask).out
         return (o[0, 2, 1] ** 2).sum() + (o[1, 4, 0] ** 2).sum() + o[0, 3].sum()
 
     grads = jax.grad(dead_loss, argnums=(0, 1, 2))(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
@@ -218,7 +219,7 @@ def test_fully_masked_rows_are_zero_with_zero_gradient():
         assert (np.asarray(g) == 0).all()
 
     def loss(q, k, v):
-        return jnp.sum(dot_product_attention(q, k, v, mask=mask) ** 2)
+        return jnp.sum(dot_product_attention(q, k, v, mask=mask).out ** 2)
 
     gq, gk, gv = jax.grad(loss, argnums=(0, 1, 2))(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
     gq = np.asarray(gq)
@@ -230,7 +231,7 @@ def test_fully_masked_rows_are_zero_with_zero_gradient():
 def test_fully_masked_everything_is_zero_not_nan():
     q, k, v = qkv(61)
     mask = jnp.zeros((2, 1, 5, 6), bool)
-    out, w = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask, return_weights=True)
+    out, w, _ = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask, return_weights=True)
     assert (np.asarray(out) == 0).all() and (np.asarray(w) == 0).all()
 
 
@@ -238,7 +239,7 @@ def test_fully_masked_everything_is_zero_not_nan():
 def test_non_bool_mask_raises_type_error(bad):
     q, k, v = qkv(71)
     with pytest.raises(TypeError, match="bool"):
-        dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=jnp.ones((5, 6), bad))
+        dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=jnp.ones((5, 6), bad)).out
 
 
 @pytest.mark.parametrize("shapes", [
@@ -251,7 +252,7 @@ def test_non_bool_mask_raises_type_error(bad):
 def test_bad_shapes_raise_value_error(shapes):
     q, k, v = (jnp.zeros(s, jnp.float32) for s in shapes)
     with pytest.raises(ValueError):
-        dot_product_attention(q, k, v)
+        dot_product_attention(q, k, v).out
 
 
 @pytest.mark.parametrize("n,kh", [(4, 3), (6, 4), (2, 4)])
@@ -259,13 +260,13 @@ def test_heads_not_multiple_of_kv_heads_raises(n, kh):
     q = jnp.zeros((1, 3, n, 8))
     k = jnp.zeros((1, 3, kh, 8))
     with pytest.raises(ValueError, match=f"N={n}.*K={kh}"):
-        dot_product_attention(q, k, k)
+        dot_product_attention(q, k, k).out
 
 
 def test_unknown_backend_raises():
     q, k, v = (jnp.asarray(a) for a in qkv(81))
     with pytest.raises(ValueError, match="backend"):
-        dot_product_attention(q, k, v, backend="flash9000")
+        dot_product_attention(q, k, v, backend="flash9000").out
 
 
 @pytest.mark.parametrize("cuts", [(2,), (1, 4), (0, 6), (3, 3)])
@@ -277,12 +278,12 @@ def test_attention_over_key_segments_equals_concatenated_keys(cuts):
     bias = jnp.asarray(np.random.default_rng(113).normal(size=(1, 4, 5, 6)), jnp.float32)
     bounds = (0, *cuts, 6)
     split = lambda a: tuple(a[:, i:j] for i, j in zip(bounds[:-1], bounds[1:]))  # noqa: E731
-    whole, w_whole = dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=True)
-    seg, w_seg = dot_product_attention(q, split(k), list(split(v)), mask=mask, bias=bias, return_weights=True)
+    whole, w_whole, _ = dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=True)
+    seg, w_seg, _ = dot_product_attention(q, split(k), list(split(v)), mask=mask, bias=bias, return_weights=True)
     np.testing.assert_allclose(np.asarray(seg), np.asarray(whole), atol=1e-6)
     np.testing.assert_allclose(np.asarray(w_seg), np.asarray(w_whole), atol=1e-7)
-    loss = lambda k, v: jnp.sum(jnp.sin(dot_product_attention(q, split(k), split(v), mask=mask)))  # noqa: E731
-    ref = lambda k, v: jnp.sum(jnp.sin(dot_product_attention(q, k, v, mask=mask)))  # noqa: E731
+    loss = lambda k, v: jnp.sum(jnp.sin(dot_product_attention(q, split(k), split(v), mask=mask).out))  # noqa: E731
+    ref = lambda k, v: jnp.sum(jnp.sin(dot_product_attention(q, k, v, mask=mask).out))  # noqa: E731
     for g_seg, g_ref in zip(jax.jit(jax.grad(loss, (0, 1)))(k, v), jax.grad(ref, (0, 1))(k, v)):
         np.testing.assert_allclose(np.asarray(g_seg), np.asarray(g_ref), atol=1e-6)
 
@@ -297,23 +298,23 @@ def test_single_query_path_matches_reference_values_and_gradients(n, kh):
     bias = np.random.default_rng(133).normal(size=(1, n, 1, 7)).astype(np.float32)
     want, _ = ref_attention(q, k, v, mask, bias)
     args = [jnp.asarray(a) for a in (q, k, v)]
-    got = dot_product_attention(*args, mask=jnp.asarray(mask), bias=jnp.asarray(bias))
+    got = dot_product_attention(*args, mask=jnp.asarray(mask), bias=jnp.asarray(bias)).out
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
     seg = lambda a: (a[:, :6], a[:, 6:])  # noqa: E731
-    got_seg = jax.jit(lambda q, k, v: dot_product_attention(q, seg(k), seg(v), mask=jnp.asarray(mask)))(*args)
+    got_seg = jax.jit(lambda q, k, v: dot_product_attention(q, seg(k), seg(v), mask=jnp.asarray(mask)).out)(*args)
     np.testing.assert_allclose(np.asarray(got_seg), ref_attention(q, k, v, mask)[0], atol=1e-5)
-    f = lambda q, k, v: dot_product_attention(q, k, v, mask=jnp.asarray(mask), bias=jnp.asarray(bias))  # noqa: E731
+    f = lambda q, k, v: dot_product_attention(q, k, v, mask=jnp.asarray(mask), bias=jnp.asarray(bias)).out  # noqa: E731
     check_grads(jax.jit(f), args, order=1, modes=["rev"], eps=1e-2, atol=2e-2, rtol=2e-2)
 
 
 def test_attention_segment_errors_are_named():
     q, k, v = (jnp.asarray(a) for a in qkv(121))
     with pytest.raises(ValueError, match="same number of segments"):
-        dot_product_attention(q, (k[:, :2], k[:, 2:]), v)
+        dot_product_attention(q, (k[:, :2], k[:, 2:]), v).out
     with pytest.raises(ValueError, match="non-empty"):
-        dot_product_attention(q, (), ())
+        dot_product_attention(q, (), ()).out
     with pytest.raises(ValueError, match="disagree on B, K or H"):
-        dot_product_attention(q, (k, k[:, :, :1]), (v, v[:, :, :1]))
+        dot_product_attention(q, (k, k[:, :, :1]), (v, v[:, :, :1])).out
 
 
 # ----------------------------------------------------------------------------- attention: transforms
@@ -321,7 +322,7 @@ def test_attention_segment_errors_are_named():
 def test_attention_jit_equals_eager_and_vmap_equals_loop():
     q, k, v = qkv(91, n=4, kh=2)
     mask = jnp.asarray(random_mask(92, (2, 4, 5, 6)))
-    f = lambda q, k, v, m: dot_product_attention(q, k, v, mask=m)  # noqa: E731
+    f = lambda q, k, v, m: dot_product_attention(q, k, v, mask=m).out  # noqa: E731
     eager = f(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask)
     jitted = jax.jit(f)(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask)
     np.testing.assert_allclose(np.asarray(jitted), np.asarray(eager), atol=1e-6)
@@ -340,7 +341,7 @@ def test_attention_jit_equals_eager_and_vmap_equals_loop():
 def test_check_grads_attention_with_mask():
     q, k, v = (jnp.asarray(a) for a in qkv(101, b=1, t=3, s=4, n=2, kh=1, h=4))
     mask = jnp.asarray(np.array([[1, 1, 0, 1], [0, 0, 0, 0], [1, 0, 1, 1]], bool))  # row 1 fully masked
-    f = jax.jit(lambda q, k, v: dot_product_attention(q, k, v, mask=mask))
+    f = jax.jit(lambda q, k, v: dot_product_attention(q, k, v, mask=mask).out)
     check_grads(f, (q, k, v), order=1, modes=["rev"], eps=1e-2, atol=1e-2, rtol=1e-2)
 
 
@@ -538,7 +539,7 @@ def test_check_grads_encoder_block_wrt_input(norm_position):
     x = jnp.asarray(rand(161, (1, 4, 16)))
     mask = jnp.asarray(np.array([[[[1, 1, 1, 0]]]], bool))
     pos = jnp.arange(4)[None]
-    f = jax.jit(lambda x: block(x, mask=mask, positions=pos))  # parameters are closed-over constants
+    f = jax.jit(lambda x: block(x, Context(pos, mask))[0])  # parameters are closed-over constants
     assert f(x).shape == x.shape
     check_grads(f, (x,), order=1, modes=["rev"], eps=1e-2, atol=2e-2, rtol=2e-2)
 

@@ -28,6 +28,7 @@ from flax import nnx  # noqa: E402
 
 from jaxformer import ops  # noqa: E402
 from jaxformer.config import ModelConfig  # noqa: E402
+from jaxformer.nn.layers import Context  # noqa: E402
 from jaxformer.nn import (Decoder, DecoderBlock, Encoder, EncoderBlock, MultiHeadAttention,  # noqa: E402
                           Transformer, TransformerLM)
 
@@ -200,7 +201,7 @@ def test_sdpa_parity(kind, kv_heads):
     q, k, v = randn(rng, B, T, N, H), randn(rng, B, S, kv_heads, H), randn(rng, B, S, kv_heads, H)
     mask = _sdpa_case(kind, rng)
     ours = ops.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
-                                     mask=None if mask is None else jnp.asarray(mask))
+                                     mask=None if mask is None else jnp.asarray(mask)).out
     qt, kt, vt = (tt(a).permute(0, 2, 1, 3) for a in (q, k, v))      # -> [B,heads,len,H]
     g = N // kv_heads
     kr, vr = kt.repeat_interleave(g, dim=1), vt.repeat_interleave(g, dim=1)  # query head n uses kv head n//g
@@ -212,14 +213,14 @@ def test_sdpa_parity(kind, kv_heads):
         np.testing.assert_allclose(t2n(ref_gqa), t2n(ref), atol=1e-6)
     if mask is not None:  # the mask must matter, or this case tests nothing
         assert np.abs(t2n(ref) - np.asarray(ops.dot_product_attention(
-            jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)))).max() > 1e-2
+            jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)).out)).max() > 1e-2
 
 
 def test_sdpa_parity_scale_and_weights():
     rng = seed(2)
     q, k, v = randn(rng, B, T, N, H), randn(rng, B, S, N, H), randn(rng, B, S, N, H)
     mask = np.asarray(ops.causal_mask(T, S))[None, None] & lens_valid(SRC_LENS, S)[:, None, None, :]
-    out, w = ops.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=jnp.asarray(mask),
+    out, w, _ = ops.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=jnp.asarray(mask),
                                        scale=0.3, return_weights=True)
     qt, kt, vt = (tt(a).permute(0, 2, 1, 3) for a in (q, k, v))
     ref = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=tt(mask), scale=0.3).permute(0, 2, 1, 3)
@@ -245,7 +246,8 @@ def test_mha_parity(mode, use_bias):
     kv = x if mode == "self" else randn(rng, B, S, D)
     valid = lens_valid(TGT_LENS if mode == "self" else SRC_LENS, s)
     mask = ops.combine_masks(ops.causal_mask(T, s)[None, None], pad_mask(valid))   # [B,1,T,S]
-    out, w = ours(jnp.asarray(x), None if mode == "self" else jnp.asarray(kv), mask=mask, return_weights=True)
+    out, aux = ours(jnp.asarray(x), None if mode == "self" else jnp.asarray(kv), mask=mask, weights=True)
+    w = aux["weights"]
 
     ref, ref_w = tm(tt(x), tt(kv), tt(kv), key_padding_mask=tt(~valid), attn_mask=torch_causal(T, s),
                     need_weights=True, average_attn_weights=False)
@@ -269,7 +271,7 @@ def test_mha_gqa_parity():
     x = randn(rng, B, T, D)
     valid = lens_valid(TGT_LENS, T)
     mask = ops.combine_masks(ops.causal_mask(T)[None, None], pad_mask(valid))
-    out = ours(jnp.asarray(x), mask=mask)
+    out, _ = ours(jnp.asarray(x), mask=mask)
 
     xt = tt(x)
     q = F.linear(xt, wq, bq).view(B, T, N, H).transpose(1, 2)
@@ -294,7 +296,7 @@ def test_encoder_block_parity(norm_first, activation):
 
     x = randn(rng, B, S, D)
     valid = lens_valid(SRC_LENS, S)
-    out = ours(jnp.asarray(x), mask=pad_mask(valid), positions=None)
+    out, _ = ours(jnp.asarray(x), Context(mask=pad_mask(valid)))
     assert torch.is_grad_enabled()
     ref = tl(tt(x), src_key_padding_mask=tt(~valid))   # grad on + params require grad: no fast path
     name = f"encoder_block[{'pre' if norm_first else 'post'},{activation}]"
@@ -316,7 +318,7 @@ def test_decoder_block_parity(norm_first, activation):
     y, mem = randn(rng, B, T, D), randn(rng, B, S, D)
     tv, sv = lens_valid(TGT_LENS, T), lens_valid(SRC_LENS, S)
     self_mask = ops.combine_masks(ops.causal_mask(T), pad_mask(tv))
-    out = ours(jnp.asarray(y), mask=self_mask, positions=None, memory=jnp.asarray(mem), memory_mask=pad_mask(sv))
+    out, _ = ours(jnp.asarray(y), Context(mask=self_mask, memory=jnp.asarray(mem), memory_mask=pad_mask(sv)))
     ref = tl(tt(y), tt(mem), tgt_mask=torch_causal(T), tgt_key_padding_mask=tt(~tv),
              memory_key_padding_mask=tt(~sv))
     check(f"decoder_block[{'pre' if norm_first else 'post'},{activation}]", out, ref)
@@ -360,9 +362,9 @@ def test_transformer_stacks_parity(case):
 
     x, y = randn(rng, B, S, D), randn(rng, B, T, D)
     sv, tv = lens_valid(SRC_LENS, S), lens_valid(TGT_LENS, T)
-    memory = enc(jnp.asarray(x), mask=pad_mask(sv), positions=None)
-    out = dec(jnp.asarray(y), mask=ops.combine_masks(ops.causal_mask(T), pad_mask(tv)), positions=None,
-              memory=memory, memory_mask=pad_mask(sv))
+    memory, _ = enc(jnp.asarray(x), Context(mask=pad_mask(sv)))
+    out, _ = dec(jnp.asarray(y), Context(mask=ops.combine_masks(ops.causal_mask(T), pad_mask(tv)), memory=memory,
+                                         memory_mask=pad_mask(sv)))
 
     ref_mem = tr.encoder(tt(x), src_key_padding_mask=tt(~sv))
     ref = tr(tt(x), tt(y), tgt_mask=torch_causal(T), src_key_padding_mask=tt(~sv), tgt_key_padding_mask=tt(~tv),
@@ -381,7 +383,7 @@ def test_layer_stack_layer_matches_torch_layer():
     _load_stacks(tr, enc, dec)
     x = randn(rng, B, S, D)
     sv = lens_valid(SRC_LENS, S)
-    out = enc.layers.layer(1)(jnp.asarray(x), mask=pad_mask(sv), positions=None)
+    out, _ = enc.layers.layer(1)(jnp.asarray(x), Context(mask=pad_mask(sv)))
     check("stack.layer(1)", out, tr.encoder.layers[1](tt(x), src_key_padding_mask=tt(~sv)))
 
 
@@ -443,10 +445,10 @@ def test_decoder_only_parity(norm_first):
 
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
 def test_token_losses_match_torch_cross_entropy_with_label_smoothing(eps):
-    """train.step.token_losses(objective) vs torch.nn.functional.cross_entropy(label_smoothing=eps,
+    """ops.losses.token_losses(objective) vs torch.nn.functional.cross_entropy(label_smoothing=eps,
     ignore_index=pad, reduction="sum") on the same logits, with pad targets (whose logits are made extreme, so
     counting them would show). nll is the eps=0 cross-entropy; count and correct are over non-pad targets."""
-    from jaxformer.train.step import token_losses
+    from jaxformer.ops.losses import token_losses
 
     rng = seed(11)
     b, t, v, pad = 3, 7, 13, 0

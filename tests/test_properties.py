@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from jaxformer import ops
 from jaxformer.config import ModelConfig
 from jaxformer.nn import Transformer, TransformerLM, build_model
+from jaxformer.nn.layers import Context
 from jaxformer.ops import positional
 
 V, D, N, F, L = 17, 16, 4, 32, 2
@@ -70,7 +71,7 @@ class LM:
             m = nnx.merge(gd, state)
             pos = positions_of(tokens)
             mask = ops.position_causal_mask(pos, pos, tokens != PAD)
-            from_x = lambda x: m.embed.logits(m.decoder(x, mask=mask, positions=pos))  # noqa: E731
+            from_x = lambda x: m.embed.logits(m.decoder(x, Context(pos, mask))[0])  # noqa: E731
             x = m.embed(tokens, pos)
             return from_x(x), jax.jacrev(lambda x: from_x(x) @ w)(x)
 
@@ -112,8 +113,8 @@ class ED:
             tgt_mask = ops.combine_masks(ops.causal_mask(tgt.shape[1]), ops.padding_mask(tgt, PAD))
 
             def from_xy(xs, y):
-                memory = m.encoder(xs, mask=src_mask, positions=ps)
-                out = m.decoder(y, mask=tgt_mask, positions=pt, memory=memory, memory_mask=src_mask)
+                memory, _ = m.encoder(xs, Context(ps, src_mask))
+                out, _ = m.decoder(y, Context(pt, tgt_mask, memory=memory, memory_mask=src_mask))
                 return m.embed.logits(out)
 
             xs, y = m.embed(src, ps), m.embed(tgt, pt)
@@ -389,7 +390,7 @@ def test_absolute_position_lm_is_not_shift_invariant():
 def attention_and_grads(dtype):
     def f(q, k, v, mask, bias, ct):
         def loss(q, k, v):
-            out = ops.dot_product_attention(q, k, v, mask=mask, bias=bias)
+            out = ops.dot_product_attention(q, k, v, mask=mask, bias=bias).out
             return jnp.sum(out.astype(jnp.float32) * ct), out
         (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
         return out, grads

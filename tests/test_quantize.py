@@ -9,10 +9,11 @@ from flax import nnx
 from helpers import compiled
 
 from jaxformer.config import ModelConfig
-from jaxformer.decode import beam_search, decoder_step, generate_seq2seq, init_cache
+from jaxformer.decode import beam_search, generate_seq2seq
 from jaxformer.nn import build_model
-from jaxformer.quantize import (MODES, Quantized, QuantizedKV, contracted_axes, project, quantize_model,
-                                quantize_weight, weight_bytes)
+from jaxformer.nn.cache import QuantizedKV
+from jaxformer.nn.params import project
+from jaxformer.quantize import MODES, Quantized, contracted_axes, quantize_model, quantize_weight, weight_bytes
 
 V = 19
 EPS32 = float(np.finfo(np.float32).eps)
@@ -82,12 +83,12 @@ def test_w8a8_one_row_padding_equals_the_row_of_a_batch():
 @nnx.jit
 def cached_and_full(model, x):
     """x [2,9]: logits of a 5-token prefill then 4 one-token cached steps, the full forward's, and the cache."""
-    pos, valid = jnp.broadcast_to(jnp.arange(9), x.shape), jnp.ones(x.shape, bool)
-    cache = init_cache(model.cfg, 2, 9)
-    first, cache = decoder_step(model, cache, x[:, :5], pos[:, :5], valid[:, :5], prefill=True)
+    pos = jnp.broadcast_to(jnp.arange(9), x.shape)                     # x holds no pad id: every token is real
+    cache = model.init_cache(2, 9)
+    first, cache = model.step(x[:, :5], pos[:, :5], cache, prefill=True)
     rest = []
     for i in range(5, 9):
-        lg, cache = decoder_step(model, cache, x[:, i:i + 1], pos[:, i:i + 1], valid[:, i:i + 1])
+        lg, cache = model.step(x[:, i:i + 1], pos[:, i:i + 1], cache)
         rest.append(lg)
     return jnp.concatenate([first, *rest], 1), model(x), cache
 
@@ -109,7 +110,7 @@ def test_int8_kv_cache_decodes_like_the_full_forward_in_a_quarter_of_the_bytes()
     assert isinstance(cache.k, QuantizedKV) and cache.k.values.dtype == jnp.int8
     # keys and values rounded to int8 steps of each vector's largest entry: the logits move by less than a step
     assert 0 < float(jnp.abs(got - want).max()) <= 1 / 127 * float(jnp.abs(want).max())
-    f32 = init_cache(cfg(num_kv_heads=2), 2, 9)
+    f32 = build_model(cfg(num_kv_heads=2), seed=4).init_cache(2, 9)
     nbytes = lambda t: sum(a.nbytes for a in jax.tree.leaves(t))                     # noqa: E731
     head_dim = 256 // 4
     assert nbytes(cache.k) == nbytes(f32.k) // 4 + nbytes(f32.k) // head_dim          # int8 + a float32 per vector

@@ -20,7 +20,8 @@ from jaxformer.checkpoints import Checkpoints
 from jaxformer.cli import main as cli_main
 from jaxformer.data import build_task
 from jaxformer.errors import CheckpointError, DataError, IncompatibleCheckpoint, NonFiniteLoss, RunDirError
-from jaxformer.runs import RunDir, load_model
+from jaxformer.inference import load_model
+from jaxformer.runs import RunDir
 from jaxformer.train.loop import train
 from jaxformer.train.step import init_state
 

@@ -172,3 +172,23 @@ def test_shipped_sweeps_load_and_resolve():
         rs = runs(sweep)
         assert len(sweep.seeds) >= 3 and rs
         check(sweep, rs)
+
+
+def test_torn_and_non_utf8_metric_lines_are_skipped_by_runs_and_report(tmp_path):
+    from jaxformer.report import Report
+    from jaxformer.runs import RunDir, read_metrics
+    sweep, root = load_sweep(_sweep_file(tmp_path, name="torn", grid={"optim.lr": (1e-3,)})), tmp_path / "runs"
+    good = [{"step": 2, "split": "train", "loss": 4.0}, {"step": 4, "split": "eval", "loss": 2.5}]
+    text = (json.dumps(good[0]).encode() + b"\n\xff\xfe{\"step\": 3}\n"                # not UTF-8
+            + b'{"step": 4, "split": "train", "loss": \xff}\n[1, 2]\n{"split": "train"}\n{"step": true}\n\n'
+            + json.dumps(good[1]).encode() + b'\n{"step": 6, "split": "tr')          # torn last line
+    for r in runs(sweep, root):
+        r.workdir.mkdir(parents=True)
+        (r.workdir / "metrics.jsonl").write_bytes(text)
+        (r.workdir / "sweep.json").write_text(json.dumps({"status": "completed", "overrides": list(r.overrides),
+                                                          "evals": {}, "wall_s": 1.0}))
+    r = runs(sweep, root)[0]
+    assert read_metrics(r.workdir / "metrics.jsonl") == good == RunDir(r.workdir).read_metrics()
+    assert read_metrics(tmp_path / "none.jsonl") == []
+    rep = Report(sweep, root, tmp_path / "out")
+    assert rep.records[r.id] == good and rep.values("loss", r.arm) == [2.5, 2.5]

@@ -21,7 +21,8 @@ from jaxformer.nn import build_model
 from jaxformer.nn.params import matrix_mask
 from jaxformer.train import loop
 from jaxformer.train.loop import train
-from jaxformer.train.step import forward, init_state, make_train_step, optimizer, schedule, token_losses
+from jaxformer.ops.losses import token_losses
+from jaxformer.train.step import forward, init_state, make_train_step, optimizer, schedule
 
 
 def prepared(cfg):

@@ -11,6 +11,7 @@ from helpers import tiny_lm, tiny_reverse
 from jaxformer import ops
 from jaxformer.cli import main as cli_main
 from jaxformer.nn import build_model
+from jaxformer.nn.layers import Context
 from jaxformer.nn.models import decoder_self_mask, default_positions
 from jaxformer.train.loop import train
 
@@ -57,7 +58,8 @@ def test_requesting_weights_changes_no_logit_and_works_under_jit(models):
     s2s, lm = models
     for model, args in [(s2s, (SRC, TGT)), (lm, (TOKENS,))]:
         plain = np.asarray(model(*args))
-        logits, weights = model(*args, return_weights=True)
+        logits, aux = model.forward(*args, weights=True)
+        weights = aux["weights"]
         np.testing.assert_allclose(np.asarray(logits), plain, rtol=TOL, atol=TOL * np.abs(plain).max())
         graph, state = nnx.split(model)
         jitted = jax.jit(lambda st, *a: nnx.merge(graph, st).attention_weights(*a))(state, *args)
@@ -76,21 +78,21 @@ def test_each_layers_weights_are_that_layers_own_attention(models):
     x = s2s.embed(jnp.asarray(SRC), pos)
     for i in range(cfg.num_encoder_layers):
         blk = s2s.encoder.layers.layer(i)
-        _, w = blk.self_attn(_pre(blk.res_attn, x), mask=src_mask, q_positions=pos, return_weights=True)
+        w = blk.self_attn(_pre(blk.res_attn, x), mask=src_mask, positions=pos, weights=True)[1]["weights"]
         np.testing.assert_allclose(np.asarray(got["encoder_self"][i]), np.asarray(w), atol=TOL)
-        x = blk(x, mask=src_mask, positions=pos)
+        x = blk(x, Context(pos, src_mask))[0]
     memory = s2s.encoder.final_norm(x) if s2s.encoder.final_norm is not None else x
     tpos = default_positions(TGT)
     mask = decoder_self_mask(cfg, tpos, tpos, jnp.asarray(TGT) != cfg.pad_id)
     h = s2s.embed(jnp.asarray(TGT), tpos)
     for i in range(cfg.num_decoder_layers):
         blk = s2s.decoder.layers.layer(i)
-        _, ws = blk.self_attn(_pre(blk.res_self, h), mask=mask, q_positions=tpos, return_weights=True)
-        h1, _ = blk.res_self(h, lambda y: blk.self_attn(y, mask=mask, q_positions=tpos), None)
-        _, wc = blk.cross_attn(_pre(blk.res_cross, h1), memory, mask=src_mask, return_weights=True)
+        ws = blk.self_attn(_pre(blk.res_self, h), mask=mask, positions=tpos, weights=True)[1]["weights"]
+        h1, _ = blk.res_self(h, lambda y: blk.self_attn(y, mask=mask, positions=tpos), None)
+        wc = blk.cross_attn(_pre(blk.res_cross, h1), memory, mask=src_mask, weights=True)[1]["weights"]
         np.testing.assert_allclose(np.asarray(got["decoder_self"][i]), np.asarray(ws), atol=TOL)
         np.testing.assert_allclose(np.asarray(got["decoder_cross"][i]), np.asarray(wc), atol=TOL)
-        h = blk(h, mask=mask, positions=tpos, memory=memory, memory_mask=src_mask)
+        h = blk(h, Context(tpos, mask, memory=memory, memory_mask=src_mask))[0]
 
     got = lm.attention_weights(TOKENS)["self"]
     pos = default_positions(TOKENS)
@@ -98,9 +100,9 @@ def test_each_layers_weights_are_that_layers_own_attention(models):
     h = lm.embed(jnp.asarray(TOKENS), pos)
     for i in range(lm.cfg.num_decoder_layers):
         blk = lm.decoder.layers.layer(i)
-        _, ws = blk.self_attn(_pre(blk.res_self, h), mask=mask, q_positions=pos, return_weights=True)
+        ws = blk.self_attn(_pre(blk.res_self, h), mask=mask, positions=pos, weights=True)[1]["weights"]
         np.testing.assert_allclose(np.asarray(got[i]), np.asarray(ws), atol=TOL)
-        h = blk(h, mask=mask, positions=pos)
+        h = blk(h, Context(pos, mask))[0]
 
 
 @pytest.fixture(scope="module")

@@ -16,21 +16,21 @@ def init_grad_norms(position: str, depth: int, seed: int, norm_type: str = "laye
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxformer.config import resolve_vocab
     from jaxformer.configio import apply_overrides, load_config_file
-    from jaxformer.data import build_task
+    from jaxformer.data import resolve
     from jaxformer.nn import build_model
-    from jaxformer.train.step import forward, token_losses
+    from jaxformer.ops.losses import token_losses
+    from jaxformer.train.step import forward
     cfg = apply_overrides(load_config_file("configs/alice.py"),
                           [f"model.norm_position={position}", f"model.num_decoder_layers={depth}",
                            f"model.norm_type={norm_type}"])
-    task = build_task(cfg.data)
-    cfg = resolve_vocab(cfg, task.tokenizer.vocab_size)
+    cfg, task = resolve(cfg)
     model = build_model(cfg.model, seed)
     batch = {k: jnp.asarray(v[:32]) for k, v in task.train.items()}
 
     def loss(m):
-        t = token_losses(*forward(m, batch), cfg.model.pad_id)
+        logits, targets, _ = forward(m, batch)
+        t = token_losses(logits, targets, cfg.model.pad_id)
         return t["objective"] / t["count"]
     grads = nnx.jit(nnx.grad(loss))(model)
     blocks = grads["decoder"]["layers"]["blocks"]

@@ -1,7 +1,7 @@
 """Data: tokenizers, text loading, tasks as grain pipelines."""
-from jaxformer.data.tasks import Task, build_task
+from jaxformer.data.tasks import Task, build_task, pad_rows, resolve
 from jaxformer.data.text import load_text
 from jaxformer.data.tokenizers import CharTokenizer, DataError, DigitTokenizer, load_tokenizer, save_tokenizer
 
-__all__ = ["Task", "build_task", "load_text", "CharTokenizer", "DataError", "DigitTokenizer", "load_tokenizer",
+__all__ = ["Task", "build_task", "pad_rows", "resolve", "load_text", "CharTokenizer", "DataError", "DigitTokenizer", "load_tokenizer",
            "save_tokenizer"]

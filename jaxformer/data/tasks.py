@@ -10,7 +10,7 @@ import dataclasses
 import grain
 import numpy as np
 
-from jaxformer.config import DataConfig
+from jaxformer.config import Config, DataConfig, resolve_vocab
 from jaxformer.data.text import load_text
 from jaxformer.data.tokenizers import BOS, EOS, PAD, CharTokenizer, DataError, DigitTokenizer
 
@@ -44,6 +44,18 @@ class Task:
                 b = {k: np.concatenate([v, np.full((batch_size - len(v), *v.shape[1:]), pad_id, v.dtype)])
                      for k, v in b.items()}
             yield b
+
+
+def pad_rows(rows: list[np.ndarray], pad_id: int, left: bool) -> np.ndarray:
+    """Rows of ids -> one [B, longest] int32 batch, padded on the left (LM prompts) or the right."""
+    width = max(len(r) for r in rows)
+    out = np.full((len(rows), width), pad_id, np.int32)
+    for i, r in enumerate(rows):
+        if left:
+            out[i, width - len(r):] = r
+        else:
+            out[i, : len(r)] = r
+    return out
 
 
 # ----------------------------------------------------------------------------- digits (seed 004)
@@ -115,3 +127,10 @@ def text_task(cfg: DataConfig, tokenizer: CharTokenizer | None = None) -> Task:
 def build_task(cfg: DataConfig, tokenizer=None) -> Task:
     """The task named by cfg.task. A saved tokenizer (resume, eval) is reused instead of rebuilt."""
     return text_task(cfg, tokenizer) if cfg.task == "text" else digit_task(cfg)
+
+
+def resolve(cfg: Config, tokenizer=None) -> tuple[Config, Task]:
+    """The one config resolution from data: the task of cfg.data (a saved tokenizer reused) and the config with
+    model.vocab_size taken from its tokenizer (0 = from the data), or checked against it."""
+    task = build_task(cfg.data, tokenizer)
+    return resolve_vocab(cfg, task.tokenizer.vocab_size), task

@@ -10,22 +10,26 @@ from flax import nnx
 
 from jaxformer import ops
 from jaxformer.config import ModelConfig
-from jaxformer.nn.params import dense_init, param, zeros
+from jaxformer.nn.cache import LayerKV
+from jaxformer.nn.params import dense_init, param, project, zeros
 from jaxformer.ops import positional
-from jaxformer.quantize import project
 
 
 class MultiHeadAttention(nnx.Module):
-    """Projections wq [D,N,H], wk/wv [D,K,H], wo [N,H,D] (+ biases). RoPE/ALiBi apply to self-attention only."""
+    """Projections wq [D,N,H], wk/wv [D,K,H], wo [N,H,D] (+ biases). RoPE/ALiBi apply to self-attention only.
+
+    Returns (out [B,T,D], aux): aux {"weights": [B,N,T,S] float32} when asked, {"kv": LayerKV} (this call's new
+    keys/values [B,T,K,H]) when a cache is passed; else {}."""
 
     def __init__(self, cfg: ModelConfig, *, self_attention: bool, rngs: nnx.Rngs):
         d, n, k, h = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
         self.cfg = cfg
         self.self_attention = self_attention
-        self.wq = param(rngs, dense_init(0, (1, 2)), (d, n, h), ("embed", "q_heads", "head_dim"), matrix=True)
-        self.wk = param(rngs, dense_init(0, (1, 2)), (d, k, h), ("embed", "kv_heads", "head_dim"), matrix=True)
-        self.wv = param(rngs, dense_init(0, (1, 2)), (d, k, h), ("embed", "kv_heads", "head_dim"), matrix=True)
-        self.wo = param(rngs, dense_init((0, 1), 2), (n, h, d), ("q_heads", "head_dim", "embed"), matrix=True)
+        w = lambda init, shape, axes: param(rngs, init, shape, axes, matrix=True, quantizable=True)  # noqa: E731
+        self.wq = w(dense_init(0, (1, 2)), (d, n, h), ("embed", "q_heads", "head_dim"))
+        self.wk = w(dense_init(0, (1, 2)), (d, k, h), ("embed", "kv_heads", "head_dim"))
+        self.wv = w(dense_init(0, (1, 2)), (d, k, h), ("embed", "kv_heads", "head_dim"))
+        self.wo = w(dense_init((0, 1), 2), (n, h, d), ("q_heads", "head_dim", "embed"))
         if cfg.use_bias:
             self.bq = param(rngs, zeros, (n, h), ("q_heads", "head_dim"))
             self.bk = param(rngs, zeros, (k, h), ("kv_heads", "head_dim"))
@@ -47,39 +51,54 @@ class MultiHeadAttention(nnx.Module):
         q = project("BTD,DNH->BTNH", x, self.wq[...]) + self._bias("bq")
         return self._rope(q.astype(x.dtype), positions)
 
-    def project_kv(self, x: jax.Array, positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-        """x [B,S,D], positions [B,S] -> k, v [B,S,K,H] (k rotated when RoPE)."""
+    def project_kv(self, x: jax.Array, positions: jax.Array | None = None) -> LayerKV:
+        """x [B,S,D], positions [B,S] -> LayerKV(k, v) [B,S,K,H] (k rotated when RoPE)."""
         k = (project("BSD,DKH->BSKH", x, self.wk[...]) + self._bias("bk")).astype(x.dtype)
         v = (project("BSD,DKH->BSKH", x, self.wv[...]) + self._bias("bv")).astype(x.dtype)
-        return self._rope(k, positions), v
+        return LayerKV(self._rope(k, positions), v)
 
-    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax.Array | None = None,
-               q_positions: jax.Array | None = None, kv_positions: jax.Array | None = None,
-               return_weights: bool = False):
-        """q [B,T,N,H], k/v [B,S,K,H] (or sequences of segments, see ops.dot_product_attention), mask
-        broadcastable to [B,N,T,S] (or an ops.masks.CausalMask) -> [B,T,D] (and weights [B,N,T,S]), by the
-        attention backend model.attention_backend."""
+    def __call__(self, x: jax.Array, source: jax.Array | LayerKV | None = None, *, mask=None,
+                 positions: jax.Array | None = None, kv_positions: jax.Array | None = None,
+                 cache: LayerKV | None = None, weights: bool = False) -> tuple[jax.Array, dict]:
+        """x [B,T,D] queries at positions [B,T].
+
+        source: None (self-attention over x), or the keys/values' source for cross-attention: an array [B,S,D],
+        or its keys/values already projected (a LayerKV [B,S,K,H], `project_kv`, computed once for decoding).
+        cache: self-attention only: this layer's cached keys/values [B,S,K,H]; the queries attend over the S
+        cached slots followed by this call's T new keys, as two segments (the cache is never copied);
+        kv_positions [B,S+T] and mask (broadcastable to [B,N,T,S+T], or an ops.masks.CausalMask) decide what is
+        visible. Without a cache, kv_positions defaults to positions. -> (out [B,T,D], aux)."""
+        q = self.project_q(x, positions)
+        aux = {}
+        if source is None:
+            new = self.project_kv(x, positions)
+            kv_positions = positions if kv_positions is None else kv_positions
+            if cache is None:
+                keys, values = new
+            else:
+                past = cache.readable(x.dtype)
+                new = LayerKV(new.k.astype(past.k.dtype), new.v.astype(past.v.dtype))
+                keys, values = (past.k, new.k), (past.v, new.v)                # segments: S cached + T new
+                aux["kv"] = new
+        else:
+            keys, values = source if isinstance(source, LayerKV) else self.project_kv(source)
+        ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, weights)
+        out = (project("BTNH,NHD->BTD", ctx, self.wo[...]) + self._bias("bo")).astype(q.dtype)
+        if weights:
+            aux["weights"] = w
+        return out, aux
+
+    def _attend(self, q, k, v, mask, q_positions, kv_positions, weights: bool):
+        """q [B,T,N,H], k/v [B,S,K,H] or segments -> (context [B,T,N,H], weights or None), by the backend
+        model.attention_backend."""
+        cfg = self.cfg
         bias = None
-        if self.self_attention and self.cfg.positional == "alibi":
+        if self.self_attention and cfg.positional == "alibi":
             if q_positions is None or kv_positions is None:
                 raise ValueError("positional='alibi' needs explicit query and key positions")
-            bias = positional.AlibiBias(positional.alibi_slopes(self.cfg.num_heads), q_positions, kv_positions)
-        cfg = self.cfg
-        res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=return_weights,
+            bias = positional.AlibiBias(positional.alibi_slopes(cfg.num_heads), q_positions, kv_positions)
+        res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=weights,
                                         scale=1.0 if cfg.attention_scale == "none" else None,
                                         mask_value=0.0 if cfg.ablation_mask_value == "zero" else None,
                                         backend=cfg.attention_backend, block_size=cfg.attention_block)
-        ctx, w = res if return_weights else (res, None)
-        out = (project("BTNH,NHD->BTD", ctx, self.wo[...]) + self._bias("bo")).astype(q.dtype)
-        return (out, w) if return_weights else out
-
-    def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, mask: jax.Array | None = None,
-                 q_positions: jax.Array | None = None, kv_positions: jax.Array | None = None,
-                 return_weights: bool = False):
-        """x [B,T,D] queries; kv [B,S,D] keys/values source (None = x, self-attention) -> [B,T,D]."""
-        if kv is None:
-            kv, kv_positions = x, q_positions
-        q = self.project_q(x, q_positions)
-        k, v = self.project_kv(kv, kv_positions)
-        return self.attend(q, k, v, mask=mask, q_positions=q_positions, kv_positions=kv_positions,
-                           return_weights=return_weights)
+        return res.out, res.weights

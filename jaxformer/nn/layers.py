@@ -2,19 +2,42 @@
 
 Axis legend: B batch, T target length, S source length, D model width, F FFN width.
 Norm placement: "post" = LN(x + Sublayer(x)) (2017 paper, seed 000); "pre" = x + Sublayer(LN(x)).
+
+Return convention: every sublayer, block and stack returns (y, aux), aux a dict that may be empty:
+"self" / "cross" attention weights [B,N,T,S] (when ctx.weights), "moe" router statistics (a MoE FFN), "kv" the
+layer's new keys/values (a LayerKV [B,T,K,H], when a cache slice was passed in). Leaf layers (Norm) return
+their one array.
 """
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config import ModelConfig
 from jaxformer.nn.attention import MultiHeadAttention
+from jaxformer.nn.cache import LayerKV
 from jaxformer.nn.moe import MoEFeedForward
-from jaxformer.nn.params import dense_init, ones, param, zeros
+from jaxformer.nn.params import dense_init, ones, param, project, zeros
 from jaxformer.ops import activations, norms
-from jaxformer.quantize import QuantizedKV, project
+
+
+class Context(NamedTuple):
+    """What every block of a stack reads besides its input (the same for every layer).
+
+    positions [B,T] int: the tokens' positions. mask: the self-attention mask over the keys (a cache's S slots
+    then the T new tokens when cached), broadcastable to [B,N,T,S] or a lazy ops.masks.CausalMask.
+    kv_positions [B,S] of those keys (None = positions). valid [B,T] bool: real tokens (MoE routing only).
+    memory [B,S_src,D]: the encoder output for cross-attention when its keys/values are not precomputed per
+    layer; memory_mask its mask, broadcastable to [B,N,T,S_src]. weights: collect attention weights into aux."""
+    positions: jax.Array | None = None
+    mask: Any = None
+    kv_positions: jax.Array | None = None
+    valid: jax.Array | None = None
+    memory: jax.Array | None = None
+    memory_mask: Any = None
+    weights: bool = False
 
 
 def dropout(layer: nnx.Dropout, x: jax.Array, rngs: nnx.Rngs | None) -> jax.Array:
@@ -47,18 +70,19 @@ class FeedForward(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, f = cfg.d_model, cfg.d_ff
         self.activation, self.use_bias = cfg.activation, cfg.use_bias
-        self.w1 = param(rngs, dense_init(0, 1), (d, f), ("embed", "mlp"), matrix=True)
+        w = lambda shape, axes: param(rngs, dense_init(0, 1), shape, axes, matrix=True, quantizable=True)  # noqa
+        self.w1 = w((d, f), ("embed", "mlp"))
         if self.activation in activations.GATED:
-            self.wg = param(rngs, dense_init(0, 1), (d, f), ("embed", "mlp"), matrix=True)
-        self.w2 = param(rngs, dense_init(0, 1), (f, d), ("mlp", "embed"), matrix=True)
+            self.wg = w((d, f), ("embed", "mlp"))
+        self.w2 = w((f, d), ("mlp", "embed"))
         if cfg.use_bias:
             self.b1 = param(rngs, zeros, (f,), ("mlp",))
             self.b2 = param(rngs, zeros, (d,), ("embed",))
             if self.activation in activations.GATED:
                 self.bg = param(rngs, zeros, (f,), ("mlp",))
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """[B,T,D] -> [B,T,D]."""
+    def __call__(self, x: jax.Array, valid: jax.Array | None = None, *, train: bool = False):
+        """[B,T,D] -> ([B,T,D], {}). (valid and train: the FFN interface a MoE FFN shares; unused here.)"""
         def dense(w, b, y, eq):
             out = project(eq, y, w[...])
             return (out + b[...]).astype(y.dtype) if self.use_bias else out
@@ -67,7 +91,7 @@ class FeedForward(nnx.Module):
             h = activations.GATED[self.activation](dense(self.wg, getattr(self, "bg", None), x, "BTD,DF->BTF"), h)
         else:
             h = activations.UNGATED[self.activation](h)
-        return dense(self.w2, getattr(self, "b2", None), h, "BTF,FD->BTD")
+        return dense(self.w2, getattr(self, "b2", None), h, "BTF,FD->BTD"), {}
 
 
 class Residual(nnx.Module):
@@ -78,34 +102,27 @@ class Residual(nnx.Module):
         self.norm = Norm(cfg, rngs=rngs)
         self.drop = nnx.Dropout(cfg.dropout)
 
-    def __call__(self, x: jax.Array, sublayer, rngs: nnx.Rngs | None):
-        """x [B,T,D]; sublayer: [B,T,D] -> [B,T,D] or ([B,T,D], extra). Returns (x, extra)."""
-        out = sublayer(self.norm(x) if self.pre else x)
-        out, extra = out if isinstance(out, tuple) else (out, None)
+    def __call__(self, x: jax.Array, sublayer, rngs: nnx.Rngs | None) -> tuple[jax.Array, dict]:
+        """x [B,T,D]; sublayer: [B,T,D] -> ([B,T,D], aux). -> (x [B,T,D], the sublayer's aux)."""
+        out, aux = sublayer(self.norm(x) if self.pre else x)
         y = x + dropout(self.drop, out, rngs)
-        return (y if self.pre else self.norm(y)), extra
+        return (y if self.pre else self.norm(y)), aux
 
 
 def make_ffn(cfg: ModelConfig, moe: bool, rngs: nnx.Rngs) -> nnx.Module:
-    """The block's FFN: dense, or (moe=True) the Mixture-of-Experts FFN."""
+    """The block's FFN: dense, or (moe=True) the Mixture-of-Experts FFN; both return (y, aux)."""
     if moe:
         return MoEFeedForward(cfg, rngs=rngs)
     return FeedForward(cfg, rngs=rngs)
 
 
-def _ffn_sublayer(block, x, valid, rngs, extras: dict):
-    """The FFN residual sublayer; a MoE FFN's statistics go to extras["moe"]."""
-    if block.moe:
-        x, extras["moe"] = block.res_ffn(x, lambda y: block.ffn(y, valid, train=rngs is not None), rngs)
-        return x
-    return block.res_ffn(x, block.ffn, rngs)[0]
+def _renamed(aux: dict, name: str) -> dict:
+    """An attention sublayer's aux with its weights under `name` ("self" / "cross")."""
+    return {(name if k == "weights" else k): v for k, v in aux.items()}
 
 
 class EncoderBlock(nnx.Module):
-    """Self-attention -> FFN (dense, or Mixture-of-Experts with moe=True), each wrapped by Residual.
-
-    Returns x, or (x, extras) when there is anything extra: {"self": weights} with return_weights, {"moe":
-    ops.moe.MoEStats} from a MoE FFN."""
+    """Self-attention -> FFN (dense, or Mixture-of-Experts with moe=True), each wrapped by Residual."""
 
     def __init__(self, cfg: ModelConfig, *, moe: bool = False, rngs: nnx.Rngs):
         self.self_attn = MultiHeadAttention(cfg, self_attention=True, rngs=rngs)
@@ -114,29 +131,17 @@ class EncoderBlock(nnx.Module):
         self.res_attn = Residual(cfg, rngs=rngs)
         self.res_ffn = Residual(cfg, rngs=rngs)
 
-    def __call__(self, x: jax.Array, *, mask: jax.Array | None, positions: jax.Array | None,
-                 rngs: nnx.Rngs | None = None, return_weights: bool = False, valid: jax.Array | None = None):
-        """x [B,S,D], mask [B,1,S,S]-broadcastable, positions [B,S], valid [B,S] (non-padding; MoE routing
-        only) -> [B,S,D]; with return_weights also {"self": attention weights [B,N,S,S] float32}."""
-        x, w = self.res_attn(x, lambda y: self.self_attn(y, mask=mask, q_positions=positions,
-                                                         return_weights=return_weights), rngs)
-        extras = {"self": w} if return_weights else {}
-        x = _ffn_sublayer(self, x, valid, rngs, extras)
-        return (x, extras) if extras else x
+    def __call__(self, x: jax.Array, ctx: Context, *, rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
+        """x [B,S,D] -> ([B,S,D], aux): "self" weights [B,N,S,S] with ctx.weights, "moe" from a MoE FFN."""
+        x, a = self.res_attn(x, lambda y: self.self_attn(y, mask=ctx.mask, positions=ctx.positions,
+                                                         weights=ctx.weights), rngs)
+        x, f = self.res_ffn(x, lambda y: self.ffn(y, ctx.valid, train=rngs is not None), rngs)
+        return x, {**_renamed(a, "self"), **f}
 
 
 class DecoderBlock(nnx.Module):
     """Masked self-attention -> cross-attention over encoder memory (if cross) -> FFN (dense, or
-    Mixture-of-Experts with moe=True).
-
-    With `cache=(k, v)` ([B,S,K,H] each: this layer's cached keys/values) the self-attention attends over
-    the S cached keys followed by this step's T new keys, as two segments (no copy of the cache); the
-    caller's mask [B,1,T,S+T] and kv_positions [B,S+T] decide what is visible. The block then also returns
-    the new (k, v) [B,T,K,H] for the caller to write into its cache.
-
-    Returns x, or (x, extras) when there is anything extra: {"cache": (k, v)} with a cache, {"self", "cross"}
-    weights with return_weights, {"moe": ops.moe.MoEStats} from a MoE FFN.
-    """
+    Mixture-of-Experts with moe=True)."""
 
     def __init__(self, cfg: ModelConfig, *, cross: bool, moe: bool = False, rngs: nnx.Rngs):
         self.self_attn = MultiHeadAttention(cfg, self_attention=True, rngs=rngs)
@@ -149,41 +154,25 @@ class DecoderBlock(nnx.Module):
         self.ffn = make_ffn(cfg, moe, rngs)
         self.res_ffn = Residual(cfg, rngs=rngs)
 
-    def _self_attention(self, y, mask, positions, cache, kv_positions, return_weights=False):
-        if cache is None:
-            return self.self_attn(y, mask=mask, q_positions=positions, return_weights=return_weights)
-        k_cache, v_cache = cache
-        if isinstance(k_cache, QuantizedKV):                                # an int8 cache: attend dequantized
-            k_cache, v_cache = k_cache.dequantize(y.dtype), v_cache.dequantize(y.dtype)
-        q = self.self_attn.project_q(y, positions)
-        k, v = self.self_attn.project_kv(y, positions)
-        k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
-        keys, values = (k_cache, k), (v_cache, v)                          # segments: S cached + T new
-        out = self.self_attn.attend(q, keys, values, mask=mask, q_positions=positions, kv_positions=kv_positions)
-        return out, (k, v)
+    def __call__(self, x: jax.Array, ctx: Context, *, cache: LayerKV | None = None,
+                 memory_kv: LayerKV | None = None, rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
+        """x [B,T,D] -> ([B,T,D], aux).
 
-    def __call__(self, x: jax.Array, *, mask: jax.Array | None, positions: jax.Array | None,
-                 memory: jax.Array | None = None, memory_kv: tuple[jax.Array, jax.Array] | None = None,
-                 memory_mask: jax.Array | None = None, rngs: nnx.Rngs | None = None,
-                 cache: tuple[jax.Array, jax.Array] | None = None, kv_positions: jax.Array | None = None,
-                 return_weights: bool = False, valid: jax.Array | None = None):
-        """x [B,T,D]; memory [B,S,D] (or its precomputed cross k/v [B,S,K,H] x2); masks broadcast to
-        [B,N,T,S]; valid [B,T] (non-padding; MoE routing only). Returns [B,T,D], or ([B,T,D], extras):
-        "cache" (k, v) [B,T,K,H] when a cache is given; with return_weights (no cache) "self" [B,N,T,T] and
-        "cross" [B,N,T,S] (if cross) float32 weights; "moe" statistics."""
-        if return_weights and cache is not None:
-            raise ValueError("return_weights is for uncached passes (cache=None)")
-        x, extra = self.res_self(x, lambda y: self._self_attention(y, mask, positions, cache, kv_positions,
-                                                                   return_weights), rngs)
-        extras = {"cache": extra} if cache is not None else {"self": extra} if return_weights else {}
+        cache: this layer's cached keys/values [B,S,K,H]: the self-attention attends over them followed by the T
+        new keys (ctx.mask and ctx.kv_positions cover S+T keys), and aux["kv"] holds the new keys/values
+        [B,T,K,H] for the caller to write into its cache. memory_kv: this layer's cross-attention keys/values of
+        the encoder memory [B,S,K,H] (else they are projected from ctx.memory). aux also holds "self" [B,N,T,S]
+        and "cross" [B,N,T,S_src] weights with ctx.weights (uncached passes), "moe" statistics."""
+        if ctx.weights and cache is not None:
+            raise ValueError("attention weights are for uncached passes (cache=None)")
+        x, a = self.res_self(x, lambda y: self.self_attn(y, mask=ctx.mask, positions=ctx.positions,
+                                                         kv_positions=ctx.kv_positions, cache=cache,
+                                                         weights=ctx.weights), rngs)
+        aux = _renamed(a, "self")
         if self.cross:
-            def cross(y):
-                if memory_kv is not None:
-                    q = self.cross_attn.project_q(y)
-                    return self.cross_attn.attend(q, *memory_kv, mask=memory_mask, return_weights=return_weights)
-                return self.cross_attn(y, memory, mask=memory_mask, return_weights=return_weights)
-            x, w = self.res_cross(x, cross, rngs)
-            if return_weights:
-                extras["cross"] = w
-        x = _ffn_sublayer(self, x, valid, rngs, extras)
-        return (x, extras) if extras else x
+            source = memory_kv if memory_kv is not None else ctx.memory
+            x, c = self.res_cross(x, lambda y: self.cross_attn(y, source, mask=ctx.memory_mask,
+                                                               weights=ctx.weights), rngs)
+            aux.update(_renamed(c, "cross"))
+        x, f = self.res_ffn(x, lambda y: self.ffn(y, ctx.valid, train=rngs is not None), rngs)
+        return x, {**aux, **f}

@@ -1,7 +1,17 @@
-"""Assembled models: Transformer (encoder-decoder, encode/decode) and TransformerLM (decoder-only).
+"""Assembled models: Transformer (encoder-decoder) and TransformerLM (decoder-only). Each owns its forward pass
+(written once, `_decoder_pass`), its KV cache (`init_cache`) and its cached step (`step`).
 
-Axis legend: B batch, S source length, T target length, D model width, V vocab, L layers, N heads.
-Attention weights (`attention_weights`, or return_weights=True) are [L,B,N,T,S]: query rows T, key columns S.
+Axis legend: B batch, S source length / cache slots, T target length, D model width, V vocab, L layers, N heads.
+
+Calls: `model(...) -> logits [B,T,V]` (float32); `model.forward(...) -> (logits, aux)` with aux a dict that may
+be empty: "moe" (router statistics stacked over the MoE layers, encoder's first) for a MoE model, "weights" (every
+layer's attention weights, [L,B,N,T,S]) when asked with weights=True.
+
+Attention inputs are explicit: `positions` and `segment_ids` (int [B,T]: 0 = padding, documents numbered from 1;
+for the encoder-decoder one of each per side). A query sees only keys of its own document (causally in a
+decoder), and positions default to restarting at each document, so a row of packed documents gives each the
+logits it has alone. When segment_ids are not given, keys whose token is model.pad_id are padding and positions
+are 0..T-1.
 """
 from __future__ import annotations
 
@@ -14,15 +24,15 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import ops
+from jaxformer.axes import ACTIVATION, LOGITS
 from jaxformer.config import ConfigError, ModelConfig
 from jaxformer.errors import BackendError
-from jaxformer.nn.layers import DecoderBlock, EncoderBlock, Norm, dropout
-from jaxformer.nn.params import param
+from jaxformer.nn.cache import KVCache, LayerKV, Memory, init_cache
+from jaxformer.nn.layers import Context, DecoderBlock, EncoderBlock, Norm, dropout
+from jaxformer.nn.params import DTYPES, param
 from jaxformer.nn.stack import LayerStack
-from jaxformer.parallel import constrain
 from jaxformer.ops import positional
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+from jaxformer.parallel import constrain
 
 
 def default_positions(tokens: jax.Array) -> jax.Array:
@@ -31,14 +41,54 @@ def default_positions(tokens: jax.Array) -> jax.Array:
 
 
 def decoder_self_mask(cfg: ModelConfig, q_positions: jax.Array, k_positions: jax.Array,
-                      k_valid: jax.Array | None = None):
-    """The decoder's self-attention mask: causal over positions, valid keys only. [B,T], [B,S], [B,S] ->
-    a lazy ops.masks.CausalMask ([B,1,T,S] by its .dense()). With the ablation switch
-    model.ablation_causal='triu' a query sees itself and the future (a dense [B,1,T,S] array)."""
+                      k_valid: jax.Array | None = None, q_segments: jax.Array | None = None,
+                      k_segments: jax.Array | None = None):
+    """The decoder's self-attention mask: causal over positions, valid keys only (and, with segment ids, keys of
+    the query's own document). [B,T], [B,S], [B,S] (, [B,T], [B,S]) -> a lazy ops.masks.CausalMask ([B,1,T,S] by
+    its .dense()). With the ablation switch model.ablation_causal='triu' a query sees itself and the future (a
+    dense [B,1,T,S] array)."""
     if cfg.ablation_causal == "triu":
         m = (k_positions[:, None, :] >= q_positions[:, :, None])[:, None]
+        if q_segments is not None:
+            m = m & (q_segments[:, :, None] == k_segments[:, None, :])[:, None]
         return m if k_valid is None else m & k_valid[:, None, None, :]
-    return ops.masks.CausalMask(q_positions, k_positions, k_valid)     # lazy: the chunked backend tiles it
+    return ops.masks.CausalMask(q_positions, k_positions, k_valid, q_segments, k_segments)
+
+
+class _Tokens:
+    """One side's attention inputs, resolved once: positions, validity and (explicit only) segment ids [B,T]."""
+
+    def __init__(self, cfg: ModelConfig, tokens, positions=None, segment_ids=None):
+        if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+            raise ValueError(f"tokens must be an integer [B,T] array; got {tokens.shape} {tokens.dtype}")
+        for name, a in (("positions", positions), ("segment_ids", segment_ids)):
+            if a is not None and a.shape != tokens.shape:
+                raise ValueError(f"{name} must be [B,T] like the tokens {tokens.shape}; got {a.shape}")
+        if segment_ids is None:
+            self.segments, self.valid = None, tokens != cfg.pad_id
+            self.positions = default_positions(tokens) if positions is None else positions
+        else:
+            self.segments, self.valid = segment_ids.astype(jnp.int32), segment_ids != 0
+            self.positions = ops.positions_from_segments(segment_ids) if positions is None else positions
+        self.positions = self.positions.astype(jnp.int32)
+
+    @property
+    def slot_segments(self) -> jax.Array:
+        """Segment ids as a cache stores them: the explicit ones, else 1 for a real token, 0 for padding."""
+        return self.segments if self.segments is not None else self.valid.astype(jnp.int32)
+
+    def self_mask(self):
+        """Non-causal self-attention (the encoder): [B,1,1,S] key padding, or [B,1,S,S] within documents."""
+        if self.segments is None:
+            return self.valid[:, None, None, :]
+        return ops.segment_mask(self.segments, self.segments)
+
+    def cross_mask(self, memory: Memory):
+        """Cross-attention of these queries over the memory: its key padding [B,1,1,S], or [B,1,T,S] within
+        documents when both sides have segment ids."""
+        if self.segments is None or memory.segments is None:
+            return memory.valid[:, None, None, :]
+        return ops.segment_mask(self.segments, memory.segments)
 
 
 class Embedder(nnx.Module):
@@ -60,8 +110,6 @@ class Embedder(nnx.Module):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
         """tokens [B,T] int, positions [B,T] int -> [B,T,D] in the compute dtype."""
-        if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-            raise ValueError(f"tokens must be an integer [B,T] array; got {tokens.shape} {tokens.dtype}")
         self.cfg.check_length(tokens.shape[1])
         if self.cfg.positional in ("sinusoidal", "learned") and not isinstance(positions, jax.core.Tracer):
             # eager inputs only: under jit an out-of-table position cannot raise; it gives NaN (generate and
@@ -73,7 +121,7 @@ class Embedder(nnx.Module):
         # under a plan, rows are looked up straight into the batch layout (constraining the table too, to
         # gather its D first, silences an XLA resharding warning on 3-axis meshes but more than doubles FSDP's
         # temporary memory in the train step: benchmarks/parallel.py)
-        x = constrain(jnp.take(self.tokens[...], tokens, axis=0), ("batch", "length", "act_embed"))
+        x = constrain(jnp.take(self.tokens[...], tokens, axis=0), ACTIVATION)
         if self.cfg.scale_embeddings:
             x = x * math.sqrt(self.cfg.d_model)
         if self.cfg.positional == "sinusoidal":
@@ -88,7 +136,7 @@ class Embedder(nnx.Module):
             out = jnp.einsum("BTD,VD->BTV", x, self.tokens[...].astype(x.dtype), preferred_element_type=jnp.float32)
         else:
             out = jnp.einsum("BTD,DV->BTV", x, self.head[...].astype(x.dtype), preferred_element_type=jnp.float32)
-        return constrain(out, ("batch", "length", "vocab"))
+        return constrain(out, LOGITS)
 
 
 def _makers(cfg: ModelConfig, block):
@@ -106,13 +154,10 @@ class Encoder(nnx.Module):
                                  remat=cfg.remat, rngs=rngs)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
 
-    def __call__(self, x, *, mask, positions, rngs=None, **kwargs):
-        """x [B,S,D], mask [B,1,1|S,S], positions [B,S] -> memory [B,S,D], or (memory, extras) when the blocks
-        return extras, stacked over layers: "self" weights [L,B,N,S,S] with return_weights=True, "moe"
-        statistics."""
-        x, ys = self.layers(x, mask=mask, positions=positions, rngs=rngs, **kwargs)
-        x = self.final_norm(x) if self.final_norm is not None else x
-        return (x, ys) if ys else x
+    def __call__(self, x, ctx: Context, *, rngs=None) -> tuple[jax.Array, dict]:
+        """x [B,S,D] -> (memory [B,S,D], aux stacked over layers: "self" weights [L,B,N,S,S], "moe")."""
+        x, aux = self.layers(x, ctx, rngs=rngs)
+        return (self.final_norm(x) if self.final_norm is not None else x), aux
 
 
 class Decoder(nnx.Module):
@@ -123,29 +168,70 @@ class Decoder(nnx.Module):
                                  cfg.num_decoder_layers, remat=cfg.remat, rngs=rngs)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
 
-    def __call__(self, x, *, rngs=None, per_layer=None, **kwargs):
-        """x [B,T,D] -> x [B,T,D], or (x, extras) when the blocks return extras, stacked over layers [L,...]:
-        "cache" when per_layer holds one, "self"/"cross" weights with return_weights=True, "moe" statistics."""
-        x, ys = self.layers(x, rngs=rngs, per_layer=per_layer, **kwargs)
-        x = self.final_norm(x) if self.final_norm is not None else x
-        return (x, ys) if ys else x
+    def __call__(self, x, ctx: Context, *, cache: LayerKV | None = None, memory_kv: LayerKV | None = None,
+                 rngs=None) -> tuple[jax.Array, dict]:
+        """x [B,T,D] -> (x [B,T,D], aux stacked over layers [L,...]: "kv" new keys/values when cached, "self" /
+        "cross" weights, "moe")."""
+        x, aux = self.layers(x, ctx, cache=cache, memory_kv=memory_kv, rngs=rngs)
+        return (self.final_norm(x) if self.final_norm is not None else x), aux
 
 
-def _split(out) -> tuple[jax.Array, dict]:
-    """An Encoder/Decoder result -> (x, extras dict)."""
-    return out if isinstance(out, tuple) else (out, {})
-
-
-def _aux(*ys: dict) -> dict:
-    """The auxiliary outputs of the stacks: {"moe": ops.moe.MoEStats, leaves [L_moe, ...] over every MoE layer
-    (encoder first)} or {} for a dense model."""
-    stats = [y["moe"] for y in ys if "moe" in y]
+def _moe_aux(*auxes: dict) -> dict:
+    """{"moe": ops.moe.MoEStats, leaves [L_moe, ...] over every MoE layer (encoder first)} or {}."""
+    stats = [a["moe"] for a in auxes if "moe" in a]
     if not stats:
         return {}
     return {"moe": stats[0] if len(stats) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *stats)}
 
 
-class Transformer(nnx.Module):
+class _Model(nnx.Module):
+    """What both architectures share: the decoder pass (uncached, or one cached step) and the cache."""
+
+    def init_cache(self, batch: int, length: int, *, dtype: str = "auto") -> KVCache:
+        """An empty decoder KV cache of `length` slots for `batch` rows: k, v [L,B,S,K,H] in the compute dtype
+        (dtype="auto", or model.kv_cache_dtype when set) or int8 with a float32 scale per slot and kv head
+        (dtype="int8")."""
+        cfg = self.cfg
+        dtype = cfg.kv_cache_dtype if dtype == "auto" else dtype
+        if dtype not in ("auto", "int8"):
+            raise ConfigError(f"KV cache dtype={dtype!r} is not one of ('auto', 'int8')")
+        return init_cache(cfg.num_decoder_layers, batch, length, cfg.kv_heads, cfg.head_dim,
+                          "int8" if dtype == "int8" else DTYPES[cfg.dtype])
+
+    def _decoder_pass(self, tokens, side: _Tokens, *, memory: Memory | None = None, cache: KVCache | None = None,
+                      prefill: bool = False, rngs=None, weights: bool = False):
+        """The forward pass, written once: embed -> decoder stack -> logits. Uncached (cache=None), or over a
+        cache: the T new tokens attend over the cache's slots then themselves, and their keys/values are written
+        at slots [index, index+T). -> (logits [B,T,V] float32, aux, the new cache or None)."""
+        pos, valid = side.positions, side.valid
+        past = None
+        if cache is None:
+            kv_pos, k_valid, k_seg = pos, valid, side.segments
+        else:
+            past = cache.without_slots() if prefill else cache
+            kv_pos = jnp.concatenate([past.positions, pos], axis=1)                        # [B,S+T]
+            k_valid = jnp.concatenate([past.valid, valid], axis=1)
+            k_seg = None if side.segments is None else jnp.concatenate([past.segments, side.segments], axis=1)
+        mask = decoder_self_mask(self.cfg, pos, kv_pos, k_valid, side.segments, k_seg)
+        ctx = Context(pos, mask, kv_pos, valid, weights=weights,
+                      memory=None if memory is None or memory.kv is not None else memory.x,
+                      memory_mask=None if memory is None else side.cross_mask(memory))
+        x = self.embed(tokens, pos, rngs)
+        x, aux = self.decoder(x, ctx, cache=None if past is None else past.layers,
+                              memory_kv=None if memory is None else memory.kv, rngs=rngs)
+        new_cache = None
+        if cache is not None:
+            new_cache = cache.write(aux.pop("kv"), pos, side.slot_segments)
+        return self.embed.logits(x), aux, new_cache
+
+    def _step(self, tokens, positions, cache: KVCache, memory, segment_ids, prefill):
+        tokens = jnp.asarray(tokens)
+        side = _Tokens(self.cfg, tokens, positions, segment_ids)
+        logits, _, cache = self._decoder_pass(tokens, side, memory=memory, cache=cache, prefill=prefill)
+        return logits, cache
+
+
+class Transformer(_Model):
     """Encoder-decoder Transformer (Vaswani et al. 2017) with one shared vocabulary and embedding."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -156,60 +242,64 @@ class Transformer(nnx.Module):
         self.encoder = Encoder(cfg, rngs=rngs)
         self.decoder = Decoder(cfg, cross=True, rngs=rngs)
 
-    def _encode(self, src, rngs, return_weights=False):
-        src_mask = ops.padding_mask(src, self.cfg.pad_id)
-        pos = default_positions(src)
-        x = self.embed(src, pos, rngs)
-        memory, ys = _split(self.encoder(x, mask=src_mask, positions=pos, rngs=rngs,
-                                         return_weights=return_weights, valid=src != self.cfg.pad_id))
-        return memory, src_mask, ys
+    def _encode(self, src, positions, segment_ids, rngs, weights):
+        side = _Tokens(self.cfg, src, positions, segment_ids)
+        ctx = Context(side.positions, side.self_mask(), valid=side.valid, weights=weights)
+        x, aux = self.encoder(self.embed(src, side.positions, rngs), ctx, rngs=rngs)
+        return Memory(x, side.valid, side.segments), aux
 
-    def encode(self, src: jax.Array, *, rngs: nnx.Rngs | None = None, return_weights: bool = False):
-        """src [B,S] tokens (pad = cfg.pad_id) -> (memory [B,S,D], src_mask [B,1,1,S]); with return_weights
-        also the encoder's self-attention weights [L,B,N,S,S]."""
-        memory, src_mask, ys = self._encode(src, rngs, return_weights)
-        return (memory, src_mask, ys["self"]) if return_weights else (memory, src_mask)
+    def encode(self, src: jax.Array, *, positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
+               rngs: nnx.Rngs | None = None) -> Memory:
+        """src [B,S] tokens -> the encoder memory (`nn.cache.Memory`: x [B,S,D], the source's validity and
+        segment ids)."""
+        return self._encode(src, positions, segment_ids, rngs, False)[0]
 
-    def _decode(self, tgt, memory, src_mask, rngs, return_weights=False):
-        pos = default_positions(tgt)
-        valid = tgt != self.cfg.pad_id
-        mask = decoder_self_mask(self.cfg, pos, pos, valid)
-        y = self.embed(tgt, pos, rngs)
-        y, ys = _split(self.decoder(y, mask=mask, positions=pos, memory=memory, memory_mask=src_mask, rngs=rngs,
-                                    return_weights=return_weights, valid=valid))
-        return self.embed.logits(y), ys
+    def prepare_memory(self, memory: Memory) -> Memory:
+        """The memory with each decoder layer's cross-attention keys/values computed once (kv [L,B,S,K,H]), as
+        cached decoding reads them at every step."""
+        kv = self.decoder.layers.map(lambda blk: blk.cross_attn.project_kv(memory.x))
+        return memory._replace(kv=LayerKV(*kv))
 
-    def decode(self, tgt: jax.Array, memory: jax.Array, src_mask: jax.Array, *,
-               rngs: nnx.Rngs | None = None, return_weights: bool = False):
-        """tgt [B,T] decoder input tokens, memory [B,S,D], src_mask [B,1,1,S] -> logits [B,T,V] (float32);
-        with return_weights also {"self": [L,B,N,T,T], "cross": [L,B,N,T,S]} weights.
-        Self-attention is causal and ignores padded target keys."""
-        logits, ys = self._decode(tgt, memory, src_mask, rngs, return_weights)
-        return (logits, {k: ys[k] for k in ("self", "cross")}) if return_weights else logits
+    def decode(self, tgt: jax.Array, memory: Memory, *, positions: jax.Array | None = None,
+               segment_ids: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> jax.Array:
+        """tgt [B,T] decoder input tokens over an encoder memory -> logits [B,T,V] (float32), teacher forced:
+        causal self-attention (within documents when segment ids are given)."""
+        side = _Tokens(self.cfg, tgt, positions, segment_ids)
+        return self._decoder_pass(tgt, side, memory=memory, rngs=rngs)[0]
 
-    def __call__(self, src: jax.Array, tgt: jax.Array, *, rngs: nnx.Rngs | None = None,
-                 return_weights: bool = False, return_aux: bool = False):
-        """src [B,S], tgt [B,T] (teacher-forced decoder input) -> logits [B,T,V]; with return_weights
-        (logits, `attention_weights`'s dict); with return_aux (logits, aux): aux {"moe": ops.moe.MoEStats
-        stacked over the MoE layers, encoder's first} for a MoE model, {} for a dense one."""
-        if return_weights and return_aux:
-            raise ValueError("return_weights and return_aux are separate calls")
-        memory, src_mask, enc = self._encode(src, rngs, return_weights)
-        logits, dec = self._decode(tgt, memory, src_mask, rngs, return_weights)
-        if return_aux:
-            return logits, _aux(enc, dec)
-        if return_weights:
-            return logits, {"encoder_self": enc["self"], "decoder_self": dec["self"], "decoder_cross": dec["cross"]}
-        return logits
+    def forward(self, src: jax.Array, tgt: jax.Array, *, src_positions=None, tgt_positions=None,
+                src_segment_ids=None, tgt_segment_ids=None, rngs: nnx.Rngs | None = None,
+                weights: bool = False) -> tuple[jax.Array, dict]:
+        """src [B,S], tgt [B,T] (teacher-forced decoder input) -> (logits [B,T,V], aux): "moe" for a MoE model;
+        with weights=True "weights": {"encoder_self": [L,B,N,S,S], "decoder_self": [L,B,N,T,T],
+        "decoder_cross": [L,B,N,T,S]}."""
+        memory, enc = self._encode(src, src_positions, src_segment_ids, rngs, weights)
+        side = _Tokens(self.cfg, tgt, tgt_positions, tgt_segment_ids)
+        logits, dec, _ = self._decoder_pass(tgt, side, memory=memory, rngs=rngs, weights=weights)
+        aux = _moe_aux(enc, dec)
+        if weights:
+            aux["weights"] = {"encoder_self": enc["self"], "decoder_self": dec["self"], "decoder_cross": dec["cross"]}
+        return logits, aux
 
-    def attention_weights(self, src: jax.Array, tgt: jax.Array) -> dict[str, jax.Array]:
+    def __call__(self, src: jax.Array, tgt: jax.Array, **kw) -> jax.Array:
+        """src [B,S], tgt [B,T] -> logits [B,T,V] (float32); keywords as `forward`."""
+        return self.forward(src, tgt, **kw)[0]
+
+    def step(self, tokens: jax.Array, positions: jax.Array, cache: KVCache, *, memory: Memory,
+             segment_ids: jax.Array | None = None, prefill: bool = False) -> tuple[jax.Array, KVCache]:
+        """One cached decoder call: tokens, positions [B,T] over an encoder memory (`prepare_memory` computes its
+        keys/values once) -> (logits [B,T,V], the cache with the T new keys/values written). prefill=True declares
+        the cache empty (its slots are skipped: the first pass costs a plain forward pass)."""
+        return self._step(tokens, positions, cache, memory, segment_ids, prefill)
+
+    def attention_weights(self, src: jax.Array, tgt: jax.Array, **kw) -> dict[str, jax.Array]:
         """Every layer's attention weights (float32, a distribution over the visible keys; 0 on masked ones) for
         src [B,S] and decoder input tgt [B,T]: {"encoder_self": [L,B,N,S,S], "decoder_self": [L,B,N,T,T],
         "decoder_cross": [L,B,N,T,S]} (L layers, N heads, T queries, S keys)."""
-        return self(src, tgt, return_weights=True)[1]
+        return self.forward(src, tgt, weights=True, **kw)[1]["weights"]
 
 
-class TransformerLM(nnx.Module):
+class TransformerLM(_Model):
     """Decoder-only causal language model."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -219,29 +309,37 @@ class TransformerLM(nnx.Module):
         self.embed = Embedder(cfg, rngs=rngs)
         self.decoder = Decoder(cfg, cross=False, rngs=rngs)
 
-    def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
-                 rngs: nnx.Rngs | None = None, return_weights: bool = False, return_aux: bool = False):
-        """tokens [B,T] -> logits [B,T,V] (float32). positions [B,T] default 0..T-1; the mask is causal over
-        positions and ignores pad keys, so left-padded rows with shifted positions work unchanged.
-        With return_weights: (logits, `attention_weights`'s dict); with return_aux: (logits, aux), aux
-        {"moe": ops.moe.MoEStats stacked over the MoE layers} for a MoE model, {} for a dense one."""
-        if return_weights and return_aux:
-            raise ValueError("return_weights and return_aux are separate calls")
-        pos = default_positions(tokens) if positions is None else positions
-        valid = tokens != self.cfg.pad_id
-        mask = decoder_self_mask(self.cfg, pos, pos, valid)
-        x = self.embed(tokens, pos, rngs)
-        x, ys = _split(self.decoder(x, mask=mask, positions=pos, rngs=rngs, return_weights=return_weights,
-                                    valid=valid))
-        logits = self.embed.logits(x)
-        if return_aux:
-            return logits, _aux(ys)
-        return (logits, {"self": ys["self"]}) if return_weights else logits
+    def forward(self, tokens: jax.Array, *, positions: jax.Array | None = None,
+                segment_ids: jax.Array | None = None, rngs: nnx.Rngs | None = None,
+                weights: bool = False) -> tuple[jax.Array, dict]:
+        """tokens [B,T] -> (logits [B,T,V] float32, aux): "moe" for a MoE model; with weights=True "weights":
+        {"self": [L,B,N,T,T]}. The mask is causal over positions (and within documents with segment_ids), so
+        left-padded rows with shifted positions work unchanged."""
+        side = _Tokens(self.cfg, tokens, positions, segment_ids)
+        logits, aux, _ = self._decoder_pass(tokens, side, rngs=rngs, weights=weights)
+        out = _moe_aux(aux)
+        if weights:
+            out["weights"] = {"self": aux["self"]}
+        return logits, out
 
-    def attention_weights(self, tokens: jax.Array, *, positions: jax.Array | None = None) -> dict[str, jax.Array]:
+    def __call__(self, tokens: jax.Array, **kw) -> jax.Array:
+        """tokens [B,T] -> logits [B,T,V] (float32); keywords as `forward`."""
+        return self.forward(tokens, **kw)[0]
+
+    def step(self, tokens: jax.Array, positions: jax.Array, cache: KVCache, *, memory: None = None,
+             segment_ids: jax.Array | None = None, prefill: bool = False) -> tuple[jax.Array, KVCache]:
+        """One cached call: tokens, positions [B,T] -> (logits [B,T,V], the cache with the T new keys/values
+        written at slots [index, index+T)). Without segment_ids, tokens equal to model.pad_id are padding (their
+        slots are never attended); with them, each query sees only its own document's slots (pass them to every
+        step of a packed row). prefill=True declares the cache empty (its slots are skipped)."""
+        if memory is not None:
+            raise ValueError("a decoder-only model attends over no memory")
+        return self._step(tokens, positions, cache, None, segment_ids, prefill)
+
+    def attention_weights(self, tokens: jax.Array, **kw) -> dict[str, jax.Array]:
         """Every layer's causal self-attention weights for tokens [B,T] (float32, a distribution over the
         visible keys; 0 on masked ones): {"self": [L,B,N,T,T]} (L layers, N heads, T queries and keys)."""
-        return self(tokens, positions=positions, return_weights=True)[1]
+        return self.forward(tokens, weights=True, **kw)[1]["weights"]
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer | TransformerLM:

@@ -8,9 +8,8 @@ import jax
 from flax import nnx
 
 from jaxformer.config import ModelConfig
-from jaxformer.nn.params import dense_init, param, zeros
+from jaxformer.nn.params import dense, dense_init, param, zeros
 from jaxformer.ops import activations, moe
-from jaxformer.quantize import value
 
 
 class MoEFeedForward(nnx.Module):
@@ -25,10 +24,11 @@ class MoEFeedForward(nnx.Module):
         self.top_k, self.capacity_factor, self.dropless = cfg.moe_top_k, cfg.moe_capacity_factor, cfg.moe_dropless
         self.router = param(rngs, dense_init(0, 1), (d, e), ("embed", None), matrix=True)
         expert = dense_init(1, 2, 0)
-        self.w1 = param(rngs, expert, (e, d, f), ("expert", "embed", "mlp"), matrix=True)
+        w = lambda shape, axes: param(rngs, expert, shape, axes, matrix=True, quantizable=True)   # noqa: E731
+        self.w1 = w((e, d, f), ("expert", "embed", "mlp"))
         if self.activation in activations.GATED:
-            self.wg = param(rngs, expert, (e, d, f), ("expert", "embed", "mlp"), matrix=True)
-        self.w2 = param(rngs, expert, (e, f, d), ("expert", "mlp", "embed"), matrix=True)
+            self.wg = w((e, d, f), ("expert", "embed", "mlp"))
+        self.w2 = w((e, f, d), ("expert", "mlp", "embed"))
         if cfg.use_bias:
             self.b1 = param(rngs, zeros, (e, f), ("expert", "mlp"))
             self.b2 = param(rngs, zeros, (e, d), ("expert", "embed"))
@@ -36,11 +36,11 @@ class MoEFeedForward(nnx.Module):
                 self.bg = param(rngs, zeros, (e, f), ("expert", "mlp"))
 
     def __call__(self, x: jax.Array, valid: jax.Array | None = None, *, train: bool = False):
-        """x [B,T,D], valid [B,T] bool (padding takes no expert slot) -> ([B,T,D], ops.moe.MoEStats)."""
+        """x [B,T,D], valid [B,T] bool (padding takes no expert slot) -> ([B,T,D], {"moe": ops.moe.MoEStats})."""
         b, t, d = x.shape
-        get = lambda name: value(getattr(self, name)[...]) if hasattr(self, name) else None   # quantized: dequantized
+        get = lambda name: dense(getattr(self, name)[...]) if hasattr(self, name) else None   # quantized: dequantized
         y, stats = moe.moe_ffn(x.reshape(b * t, d), self.router[...], get("w1"), get("w2"),
                                top_k=self.top_k, capacity_factor=self.capacity_factor if train else 0.0,
                                activation=self.activation, valid=None if valid is None else valid.reshape(-1),
                                b1=get("b1"), b2=get("b2"), wg=get("wg"), bg=get("bg"), dropless=self.dropless)
-        return y.reshape(b, t, d), stats
+        return y.reshape(b, t, d), {"moe": stats}

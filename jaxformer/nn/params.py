@@ -1,4 +1,5 @@
-"""Parameter creation with logical axis names (what sharding rules map onto mesh axes) and weight-decay marks.
+"""Parameter creation with logical axis names (what sharding rules map onto mesh axes), weight-decay and
+quantization marks, and `project`, the one matmul every projection goes through.
 
 Logical axes: "vocab" V, "embed" D, "q_heads" N, "kv_heads" K, "head_dim" H, "mlp" F, "expert" E, "layers" L
 (the last is prepended by the layer stack).
@@ -10,16 +11,34 @@ import jax.numpy as jnp
 from flax import nnx
 
 Init = jax.nn.initializers.Initializer
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}   # model.dtype -> jnp
 
 
 def param(rngs: nnx.Rngs, init: Init, shape: tuple[int, ...], axes: tuple[str, ...], dtype=jnp.float32, *,
-          matrix: bool = False) -> nnx.Param:
+          matrix: bool = False, quantizable: bool = False) -> nnx.Param:
     """An nnx.Param whose metadata `out_sharding` holds its logical axis names (not applied eagerly).
     matrix=True marks a weight matrix (a projection), as opposed to a bias, a norm scale or an embedding
-    table: AdamW decays only these by default (optim.weight_decay_mask='matrices')."""
+    table: AdamW decays only these by default (optim.weight_decay_mask='matrices'). quantizable=True marks a
+    projection that post-training quantization may replace (its matmul goes through `project`)."""
     if len(axes) != len(shape):
         raise ValueError(f"axes {axes} do not match shape {shape}")
-    return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=axes, eager_sharding=False, matrix=matrix)
+    return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=axes, eager_sharding=False, matrix=matrix,
+                     quantizable=quantizable)
+
+
+def project(eq: str, x: jax.Array, w) -> jax.Array:
+    """einsum(eq, x, w) for a projection weight w -> x's dtype. w is a float array (cast to x's dtype) or any
+    weight that brings its own matmul (`w.project(eq, x)`, e.g. a quantized weight), so modules never import
+    a quantizer."""
+    if hasattr(w, "project"):
+        return w.project(eq, x)
+    return jnp.einsum(eq, x, w.astype(x.dtype))
+
+
+def dense(w) -> jax.Array:
+    """A weight's value as a float array: a weight that brings its own matmul is dequantized (`w.dequantize()`);
+    for code that needs the array itself (e.g. grouped expert matmuls)."""
+    return w.dequantize() if hasattr(w, "dequantize") else w
 
 
 def dense_init(in_axes: int | tuple[int, ...], out_axes: int | tuple[int, ...],

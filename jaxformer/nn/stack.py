@@ -12,9 +12,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer.axes import ACTIVATION
+from jaxformer.nn.cache import LayerKV
 from jaxformer.parallel import constrain
 
-ACTIVATION = ("batch", "length", "act_embed")     # the residual stream [B,T,D] between blocks
 REMAT = {"none": None, "full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 Make = Callable[[nnx.Rngs], nnx.Module]
@@ -54,14 +55,15 @@ class LayerStack(nnx.Module):
     def _kinds(self) -> list[nnx.Module]:
         return [self.blocks] if self.pattern == 1 else list(self.blocks)
 
-    def __call__(self, x: jax.Array, *, rngs: nnx.Rngs | None = None, per_layer=None, **kwargs):
-        """Apply the L blocks in order. x [B,T,D] -> (x [B,T,D], ys).
+    def __call__(self, x: jax.Array, ctx, *, cache: LayerKV | None = None, memory_kv: LayerKV | None = None,
+                 rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
+        """Apply the L blocks in order: block(x, ctx, ...) -> (x, aux). x [B,T,D] -> (x [B,T,D], aux).
 
-        per_layer: optional dict of keyword arguments whose leaves have a leading axis L (e.g. the KV cache),
-        sliced per layer and passed to block i. kwargs are passed to every block unchanged.
-        ys: a dict of what the blocks returned besides x (a block returns x or (x, extras dict)): each key's
-        leaves stacked on a leading axis over the layers that returned it, in layer order (L for all layers).
-        rngs: a dropout stream (training); each layer gets its own key.
+        ctx: what every block reads (`nn.layers.Context`). cache, memory_kv: per-layer inputs, leaves with a
+        leading axis L (the decoder's cached keys/values; the cross-attention keys/values of the memory), sliced
+        per layer and passed to block i under the same names. aux: each key's leaves stacked on a leading axis
+        over the layers that returned it, in layer order (L for all layers). rngs: a dropout stream (training);
+        each layer gets its own key.
         """
         n, groups = self.pattern, self.num_layers // self.pattern
         graphdefs, states = zip(*(nnx.split(k) for k in self._kinds()))
@@ -69,25 +71,25 @@ class LayerStack(nnx.Module):
         if rngs is not None:
             keys = jax.random.split(rngs.dropout(), self.num_layers)
             keys = keys.reshape(groups, n, *keys.shape[1:])
+        per_layer = {k: v for k, v in (("cache", cache), ("memory_kv", memory_kv)) if v is not None}
         per_layer = jax.tree.map(lambda a: a.reshape(groups, n, *a.shape[1:]), per_layer)
 
         def body(h, xs):
             layer_states, key, extra = xs
-            ys = []
+            auxes = []
             for j in range(n):
                 h = constrain(h, ACTIVATION)               # block boundary: sharded by the active plan's rules
                 block = nnx.merge(graphdefs[j], layer_states[j])
                 r = nnx.Rngs(dropout=key[j]) if key is not None else None
-                out = block(h, rngs=r, **jax.tree.map(lambda a: a[j], extra or {}), **kwargs)
-                h, y = out if isinstance(out, tuple) else (out, {})
-                ys.append(y)
-            return h, tuple(ys)
+                h, aux = block(h, ctx, rngs=r, **jax.tree.map(lambda a: a[j], extra))
+                auxes.append(aux)
+            return h, tuple(auxes)
 
         if self.remat != "none":
             body = jax.checkpoint(body, policy=REMAT[self.remat], prevent_cse=False)
-        x, ys = jax.lax.scan(body, x, (tuple(states), keys, per_layer))
+        x, auxes = jax.lax.scan(body, x, (tuple(states), keys, per_layer))
         x = constrain(x, ACTIVATION)
-        return x, _interleave(ys)
+        return x, _interleave(auxes)
 
     def map(self, fn):
         """Stacked results of fn(block) over the L blocks, in layer order (e.g. each layer's cross k/v)."""

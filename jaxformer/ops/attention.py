@@ -4,6 +4,8 @@ Axis legend: B batch, T query length, S key length, N query heads, K kv heads, H
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -15,6 +17,13 @@ from jaxformer.ops.masks import dense_mask
 # a recomputing backward, O(T + S) memory, any platform | cudnn: cuDNN flash attention (GPU, bf16/fp16) |
 # pallas: JAX's Pallas flash-attention kernel (GPU/TPU; interpret mode on CPU)
 BACKENDS = ("reference", "chunked", "cudnn", "pallas")
+
+
+class Attention(NamedTuple):
+    """What `dot_product_attention` returns, always: the output, and the weights / log-sum-exp when asked."""
+    out: jax.Array                  # [B,T,N,H] in q's dtype
+    weights: jax.Array | None       # [B,N,T,S] float32 with return_weights=True, else None
+    lse: jax.Array | None           # [B,N,T] float32 with return_lse=True (−inf for a row with no visible key)
 
 
 def _segments(x, name: str) -> tuple[jax.Array, ...]:
@@ -76,7 +85,7 @@ def _check_mask(mask) -> None:
 
 def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: float | None = None,
                           return_weights: bool = False, return_lse: bool = False, backend: str = "reference",
-                          mask_value: float | None = None, block_size: int = 512):
+                          mask_value: float | None = None, block_size: int = 512) -> Attention:
     """softmax(q·kᵀ·scale + bias, masked) · v.
 
     Args:
@@ -85,8 +94,9 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
         also be a sequence of segments [B,S_i,K,H] that stand for their concatenation along S (S = sum S_i)
         without materializing it: a KV cache followed by the current step's keys costs no copy of the cache
         ("reference"; the other backends concatenate).
-      mask: boolean, True = may attend, broadcastable to [B,N,T,S]; or a lazy `ops.masks.CausalMask`, which
-        "chunked" builds tile by tile (the others materialise it).
+      mask: boolean, True = may attend, broadcastable to [B,N,T,S]; or a lazy `ops.masks.CausalMask` (causal
+        over positions, optionally within segments and a sliding window), which "chunked" builds tile by tile
+        (the others materialise it).
       bias: additive logits bias broadcastable to [B,N,T,S], or a lazy `ops.positional.AlibiBias`.
       scale: logits scale, default 1/sqrt(H).
       return_weights: also return the attention weights [B,N,T,S] (float32). The non-reference backends
@@ -101,7 +111,7 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
       block_size: "chunked" tile edge (queries and keys).
 
     Returns:
-      out [B,T,N,H] in q's dtype, then the weights [B,N,T,S] if asked, then the lse [B,N,T] if asked.
+      `Attention(out [B,T,N,H] in q's dtype, weights [B,N,T,S] or None, lse [B,N,T] or None)`.
       Logits and softmax are float32; a query row whose keys are all masked returns zeros (and zero
       gradient), never NaN.
     """
@@ -129,8 +139,7 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
             out, lse = fused.pallas_attention(q, kc, vc, mask, bias, scale=scale,
                                               want_lse=return_weights or return_lse)
         weights = attention_weights(q, kc, lse, mask=mask, bias=bias, scale=scale) if return_weights else None
-    res = (out,) + ((weights,) if return_weights else ()) + ((lse,) if return_lse else ())
-    return res[0] if len(res) == 1 else res
+    return Attention(out, weights if return_weights else None, lse if return_lse else None)
 
 
 def attention_weights(q: jax.Array, k, lse: jax.Array, *, mask=None, bias=None, scale: float | None = None,

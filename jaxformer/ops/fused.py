@@ -22,22 +22,37 @@ def platform() -> str:
     return jax.default_backend()
 
 
-def problem(backend: str, *, dtype=None, where: str | None = None) -> str | None:
-    """Why `backend` cannot run on this machine with activations of `dtype`, or None. Checked by the model
-    before compiling; the per-call checks (masks, shapes) happen while tracing."""
+def problem(backend: str, *, dtype=None, where: str | None = None, bias: bool = False,
+            cross: bool = False) -> str | None:
+    """Why `backend` cannot run, or None: the one capability check of the attention backends (the config checks
+    it with where="any", the model again on this machine before compiling; the kernels' per-call checks of
+    masks and shapes happen while tracing).
+
+    dtype: the activations' dtype; where: the platform ("cpu" | "gpu" | "tpu"; default this process's, "any"
+    skips the platform checks); bias: an additive bias such as ALiBi is needed; cross: cross-attention (an
+    encoder-decoder) is needed."""
     plat = where or platform()
     if backend == "cudnn":
-        if plat != "gpu":
+        if plat not in ("gpu", "any"):
             return f"attention backend 'cudnn' needs an NVIDIA GPU; this process runs on {plat!r}"
         if dtype is not None and jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
             return (f"attention backend 'cudnn' (cuDNN flash attention) takes bfloat16 or float16 activations; "
                     f"got {jnp.dtype(dtype).name} (set model.dtype='bfloat16')")
+    if backend == "pallas":
+        if bias:
+            return ("attention backend 'pallas' takes no additive bias (ALiBi or a custom bias); model.positional="
+                    "'alibi' needs 'chunked' or 'reference'")
+        if cross:
+            return ("attention backend 'pallas' runs self-attention only (JAX's Pallas GPU kernel shares one "
+                    "segment-id array between queries and keys); an encoder-decoder's cross-attention needs "
+                    "'chunked', 'cudnn' or 'reference'")
     return None
 
 
-def _key_valid(mask, b: int, t: int, s: int):
-    """-> (k_valid [B,S] | None, causal: bool) when the mask is key padding and/or self-attention causal
-    (the forms the Pallas kernels take), else raise BackendError."""
+def _segment_ids(mask, b: int, t: int, s: int):
+    """-> (ids [B,S] int32 | None, causal: bool) when the mask is key padding, self-attention causal, and/or
+    packed documents (the forms the Pallas kernels take: a query sees keys of its own id; 0 = padding), else
+    raise BackendError."""
     if mask is None:
         return None, False
     if isinstance(mask, masks_lib.CausalMask):
@@ -45,9 +60,17 @@ def _key_valid(mask, b: int, t: int, s: int):
             raise BackendError("attention backend 'pallas' takes a causal mask only in self-attention over one "
                                "sequence (queries and keys at the same positions); decode steps against a KV "
                                "cache need 'chunked' or 'reference'")
-        return mask.k_valid, True
+        if mask.window is not None:
+            raise BackendError("attention backend 'pallas' takes no sliding window; use 'chunked' or 'reference'")
+        valid = jnp.ones((b, s), bool) if mask.k_valid is None else mask.k_valid
+        if mask.q_segments is None:
+            return (None if mask.k_valid is None else valid.astype(jnp.int32)), True
+        if mask.q_segments is not mask.k_segments:
+            raise BackendError("attention backend 'pallas' takes packed documents only in self-attention (one "
+                               "segment-id array for queries and keys)")
+        return jnp.where(valid, mask.k_segments, 0).astype(jnp.int32), True
     if mask.ndim == 4 and mask.shape[1] == 1 and mask.shape[2] == 1:           # [B|1,1,1,S]: key padding
-        return jnp.broadcast_to(mask[:, 0, 0, :], (b, s)), False
+        return jnp.broadcast_to(mask[:, 0, 0, :], (b, s)).astype(jnp.int32), False
     raise BackendError(f"attention backend 'pallas' takes key-padding masks [B,1,1,S] or a causal "
                        f"ops.masks.CausalMask; got a dense mask of shape {mask.shape}")
 
@@ -59,33 +82,33 @@ def pallas_attention(q, k, v, mask, bias, *, scale: float, want_lse: bool = Fals
     (the GPU kernel shares one segment-id array between queries and keys); every other row is."""
     b, t, n, h = q.shape
     s = k.shape[1]
-    if bias is not None:
-        raise BackendError("attention backend 'pallas' takes no additive bias (ALiBi or a custom bias); "
-                           "use 'chunked'")
-    k_valid, causal = _key_valid(mask, b, t, s)
+    why = problem("pallas", bias=bias is not None)
+    if why:
+        raise BackendError(why)
+    ids, causal = _segment_ids(mask, b, t, s)
     g = n // k.shape[2]
     k, v = (jnp.repeat(x, g, axis=2) if g > 1 else x for x in (k, v))   # GQA/MQA: the kernels take N kv heads
     if platform() == "tpu":
         from jax.experimental.pallas.ops.tpu import flash_attention as tpu
-        seg = None if k_valid is None else tpu.SegmentIds(jnp.ones((b, t), jnp.int32), k_valid.astype(jnp.int32))
+        q_ids = None if ids is None else (ids if t == s else jnp.ones((b, t), jnp.int32))
+        seg = None if ids is None else tpu.SegmentIds(q_ids, ids)
         out = tpu.flash_attention(*(jnp.swapaxes(x, 1, 2) for x in (q, k, v)), segment_ids=seg, causal=causal,
                                   sm_scale=scale)
-        return jnp.swapaxes(out, 1, 2), _lse(q, k, k_valid, causal, scale) if want_lse else None
+        return jnp.swapaxes(out, 1, 2), _lse(q, k, ids, causal, scale) if want_lse else None
     from jax.experimental.pallas.ops.gpu import attention as gpu
-    if k_valid is not None and t != s:
+    if ids is not None and t != s:
         raise BackendError("attention backend 'pallas' (GPU kernel) takes key padding only in self-attention "
                            f"(T == S); got T={t}, S={s}")
     bq, bk = _block(t, "T"), _block(s, "S")
     block = gpu.BlockSizes(block_q=bq, block_k=bk, block_q_dkv=min(bq, 32), block_kv_dkv=min(bk, 32),
                            block_q_dq=min(bq, 32), block_kv_dq=min(bk, 32))
-    seg = None if k_valid is None else k_valid.astype(jnp.int32)
-    run = lambda residuals, *a: gpu.mha(*a, seg, sm_scale=scale, causal=causal, block_sizes=block,
+    run = lambda residuals, *a: gpu.mha(*a, ids, sm_scale=scale, causal=causal, block_sizes=block,
                                         interpret=platform() == "cpu", return_residuals=residuals)
     out, lse = run(False, q, k, v), None
     if want_lse:
         lse = run(True, *jax.lax.stop_gradient((q, k, v)))[1] * math.log(2.0)   # the kernel's lse is in base 2
-    if k_valid is not None:                            # rows of padded queries: zeros, like an all-masked row
-        out = jnp.where(k_valid[:, :, None, None], out, 0).astype(q.dtype)
+    if ids is not None:                                # rows of padded queries: zeros, like an all-masked row
+        out = jnp.where(ids[:, :, None, None] != 0, out, 0).astype(q.dtype)
     return out, lse
 
 
@@ -99,13 +122,17 @@ def _block(length: int, name: str) -> int:
     raise BackendError(f"attention backend 'pallas' (GPU kernel) needs {name}={length} to be a multiple of 16")
 
 
-def _lse(q, k, k_valid, causal, scale):
-    """Per-row log-sum-exp [B,N,T] for kernels that do not return one (the chunked forward over q and k)."""
+def _lse(q, k, ids, causal, scale):
+    """Per-row log-sum-exp [B,N,T] for kernels that do not return one (the chunked forward over q and k), under
+    the kernel's own masking: key ids [B,S] (0 = padding; a query of id i sees keys of id i), causal or not."""
     from jaxformer.ops.flash import chunked_attention
     mask = None
-    if k_valid is not None or causal:
+    if ids is not None or causal:
         pos = jnp.broadcast_to(jnp.arange(q.shape[1]), q.shape[:2])
-        mask = masks_lib.CausalMask(pos, pos, k_valid) if causal else k_valid[:, None, None, :]
+        valid = None if ids is None else ids != 0
+        segs = None if ids is None or q.shape[1] != k.shape[1] else ids
+        mask = (masks_lib.CausalMask(pos, pos, valid, segs, segs) if causal else
+                masks_lib.segment_mask(segs, ids) if segs is not None else valid[:, None, None, :])
     return chunked_attention(q, k, k, mask, None, scale=scale)[1]
 
 

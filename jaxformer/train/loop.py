@@ -33,14 +33,14 @@ from tqdm.auto import tqdm
 
 from jaxformer import ops
 from jaxformer.checkpoints import Checkpoints
-from jaxformer.config import Config, resolve_vocab, resume_differences
-from jaxformer.data import Task, build_task
+from jaxformer.config import Config, resume_differences
+from jaxformer.data import Task, resolve
 from jaxformer.distributed import initialize, is_primary
 from jaxformer.errors import IncompatibleCheckpoint, NonFiniteLoss
 from jaxformer.parallel import Plan
 from jaxformer.runs import RunDir
-from jaxformer.train.evaluate import evaluate, examples
-from jaxformer.train.step import Graphs, abstract_state, init_state, make_eval_step, make_train_step, schedule
+from jaxformer.inference.evaluate import evaluate, examples, make_eval_step
+from jaxformer.train.step import Graphs, abstract_state, init_state, make_train_step, schedule
 
 
 @dataclasses.dataclass
@@ -121,8 +121,7 @@ def prepare(cfg: Config, run: RunDir, plan: Plan) -> Prepared:
     ckpt = run.checkpoints(cfg)
     try:
         resuming, restored = not ckpt.empty(), None
-        task = build_task(cfg.data, run.read_tokenizer() if resuming and run.tokenizer_path.exists() else None)
-        cfg = resolve_vocab(cfg, task.tokenizer.vocab_size)
+        cfg, task = resolve(cfg, run.read_tokenizer() if resuming and run.tokenizer_path.exists() else None)
         if resuming:
             diffs = resume_differences(run.read_config(), cfg)
             if diffs:

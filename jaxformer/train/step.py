@@ -2,7 +2,7 @@
 
 The training state is a dict {"model": State, "opt": State} of the model's and the optimizer's nnx.split
 states (one checkpoint item each, so a model restores without its optimizer); `Graphs` holds their graphdefs.
-Batches: seq2seq {"src" [B,S], "tgt_in" [B,T], "tgt_out" [B,T]}; LM {"inputs" [B,T], "targets" [B,T]}.
+Batches are the architecture's (`jaxformer.arch`: seq2seq {"src", "tgt_in", "tgt_out"}; LM {"inputs", "targets"}).
 
 Under a `jaxformer.parallel.Plan` the state is created sharded (a jitted init with the plan's out-shardings:
 no device ever holds more than its shards) and the steps are jitted with explicit in/out shardings; with
@@ -18,10 +18,12 @@ import optax
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from jaxformer.arch import adapter
 from jaxformer.config import Config, OptimConfig
 from jaxformer.nn import build_model
 from jaxformer.nn.params import matrix_mask
-from jaxformer.parallel import Plan, no_mesh
+from jaxformer.ops.losses import token_losses
+from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
 
 
 def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -71,10 +73,7 @@ def abstract_state(cfg: Config, plan: Plan | None = None) -> tuple[Graphs, dict]
     the target to create or restore a state into. -> (graphs, {"model": State, "opt": State})."""
     with no_mesh():
         graphs, state = _split(*nnx.eval_shape(lambda: _build(cfg)))
-    if plan is not None:
-        shardings = plan.state_shardings(state)
-        state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings)
-    return graphs, state
+    return graphs, (abstract_with_shardings(state, plan) if plan is not None else state)
 
 
 def shardings_of(state):
@@ -93,26 +92,10 @@ def init_state(cfg: Config, plan: Plan | None = None) -> tuple[Graphs, dict]:
     return graphs, init(jax.random.key(cfg.train.seed))
 
 
-def token_losses(logits: jax.Array, targets: jax.Array, pad_id: int, label_smoothing: float = 0.0):
-    """logits [B,T,V] float32, targets [B,T] -> dict of sums over non-pad tokens:
-    objective (label-smoothed CE), nll, correct, count. Pad targets contribute nothing (nor gradient)."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    objective = (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(-1) if label_smoothing else nll
-    w = (targets != pad_id).astype(jnp.float32)
-    correct = (logits.argmax(-1) == targets).astype(jnp.float32)
-    return {"objective": (objective * w).sum(), "nll": (nll * w).sum(), "correct": (correct * w).sum(),
-            "count": w.sum()}
-
-
 def forward(model, batch: dict, rngs: nnx.Rngs | None = None):
-    """-> (logits [B,T,V], targets [B,T], aux) for either batch kind; aux: the model's auxiliary outputs
-    ({"moe": statistics} for a Mixture-of-Experts model, else {})."""
-    if "src" in batch:
-        logits, aux = model(batch["src"], batch["tgt_in"], rngs=rngs, return_aux=True)
-        return logits, batch["tgt_out"], aux
-    logits, aux = model(batch["inputs"], rngs=rngs, return_aux=True)
-    return logits, batch["targets"], aux
+    """-> (logits [B,T,V], targets [B,T], aux) for the model's architecture (`jaxformer.arch`); aux: the model's
+    auxiliary outputs ({"moe": statistics} for a Mixture-of-Experts model, else {})."""
+    return adapter(model.cfg.arch).forward(model, batch, rngs)
 
 
 def moe_metrics(aux: dict) -> dict:
@@ -184,7 +167,7 @@ def _shard_map_step(graphs: Graphs, cfg: Config, plan: Plan, loss_fn):
     def per_device(state, batch, rng):
         model, opt = nnx.merge(graphs.model, state["model"]), nnx.merge(graphs.opt, state["opt"])
         rng = jax.random.fold_in(rng, jax.lax.axis_index(axes))
-        targets = batch["tgt_out"] if "tgt_out" in batch else batch["targets"]
+        targets = adapter(cfg.model.arch).targets(batch)
         total = jax.lax.psum((targets != pad).sum().astype(jnp.float32), axes)
         shards = plan.batch_shards
         (_, (s, moe)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch, rng, total, shards)
@@ -195,18 +178,3 @@ def _shard_map_step(graphs: Graphs, cfg: Config, plan: Plan, loss_fn):
 
     return jax.shard_map(per_device, mesh=plan.mesh, in_specs=(P(), P(axes), P()), out_specs=(P(), P()),
                          check_vma=False)
-
-
-def make_eval_step(model_graph: nnx.GraphDef, cfg: Config, plan: Plan | None = None):
-    """eval_step(model_state, batch) -> sums {nll, correct, count} (teacher forced, no dropout)."""
-    pad = cfg.model.pad_id
-
-    def eval_step(model_state, batch):
-        model = nnx.merge(model_graph, model_state)
-        logits, targets, _ = forward(model, batch)
-        s = token_losses(logits, targets, pad)
-        return {k: s[k] for k in ("nll", "correct", "count")}
-
-    if plan is None:
-        return jax.jit(eval_step)
-    return jax.jit(eval_step, in_shardings=(None, plan.batch_sharding(2)), out_shardings=plan.replicated)

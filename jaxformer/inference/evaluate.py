@@ -1,5 +1,6 @@
-"""Held-out evaluation of a model: teacher-forced loss and token accuracy, greedy exact match for seq2seq,
-decoded examples; `evaluate_run` does it for a run directory's checkpoint."""
+"""Held-out evaluation of a model: teacher-forced loss and token accuracy, greedy exact match where the
+architecture scores whole answers (seq2seq), decoded examples; `evaluate_run` does it for a run directory's
+checkpoint."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,12 +9,27 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxformer.arch import adapter
 from jaxformer.config import Config
 from jaxformer.data import Task, build_task
-from jaxformer.decode import generate_seq2seq
-from jaxformer.parallel import Plan, replicate
-from jaxformer.runs import load_model
-from jaxformer.train.step import make_eval_step
+from jaxformer.inference.restore import load_model
+from jaxformer.ops.losses import token_losses
+from jaxformer.parallel import Plan
+
+
+def make_eval_step(model_graph: nnx.GraphDef, cfg: Config, plan: Plan | None = None):
+    """eval_step(model_state, batch) -> sums {nll, correct, count} (teacher forced, no dropout), jitted (under
+    a plan: the batch sharded by its rows, the sums replicated)."""
+    pad, arch = cfg.model.pad_id, adapter(cfg.model.arch)
+
+    def eval_step(model_state, batch):
+        logits, targets, _ = arch.forward(nnx.merge(model_graph, model_state), batch)
+        s = token_losses(logits, targets, pad)
+        return {k: s[k] for k in ("nll", "correct", "count")}
+
+    if plan is None:
+        return jax.jit(eval_step)
+    return jax.jit(eval_step, in_shardings=(None, plan.batch_sharding(2)), out_shardings=plan.replicated)
 
 
 def evaluate(cfg: Config, task: Task, model: nnx.Module, eval_step=None, plan: Plan | None = None) -> dict:
@@ -21,6 +37,7 @@ def evaluate(cfg: Config, task: Task, model: nnx.Module, eval_step=None, plan: P
     eval_step: `make_eval_step(nnx.graphdef(model), cfg, plan)`, built once by a caller that evaluates often.
     Batches have one shape (the last is padded with all-pad rows that count nowhere), so each compiles once;
     under a plan they are global arrays of which this process reads only its rows."""
+    arch = adapter(cfg.model.arch)
     graph, state = nnx.split(model)
     eval_step = eval_step or make_eval_step(graph, cfg, plan)
     n_eval, pad = len(next(iter(task.eval.values()))), cfg.model.pad_id
@@ -35,42 +52,28 @@ def evaluate(cfg: Config, task: Task, model: nnx.Module, eval_step=None, plan: P
         s = eval_step(state, batch)
         for k in tot:
             tot[k] += float(s[k])
-        if task.kind == "seq2seq":     # decoded tokens come back replicated: every process reads them whole
-            pred = np.asarray(predict(model, task, batch["src"], host["tgt_out"].shape[1]))
-            real = (host["tgt_out"] != pad).any(1)
-            exact += int((real & (pred == host["tgt_out"]).all(1)).sum())
+        if arch.exact_match:           # decoded tokens come back replicated: every process reads them whole
+            want = arch.targets(host)
+            pred = np.asarray(arch.predict(model, task.tokenizer, arch.inputs(batch), want.shape[1]))
+            real = (want != pad).any(1)
+            exact += int((real & (pred == want).all(1)).sum())
             n += int(real.sum())
     out = {"loss": tot["nll"] / tot["count"], "token_accuracy": tot["correct"] / tot["count"]}
-    if task.kind == "seq2seq":
+    if arch.exact_match:
         out["exact_match"] = exact / n
     return out
 
 
-def predict(model, task: Task, src, width: int):
-    tok = task.tokenizer
-    return generate_seq2seq(model, src, max_new=width, bos_id=tok.bos_id, eos_id=tok.eos_id)
-
-
 def examples(task: Task, model: nnx.Module, k: int, batch_rows: int = 0) -> list[dict]:
-    """k decoded held-out examples: input, target, prediction, ok (greedy answers for seq2seq; next-character
+    """k decoded held-out examples: input, target, prediction, ok (greedy answers for seq2seq; next-token
     predictions for a language model). batch_rows: decode that many held-out rows and keep the first k (pass
     evaluation's batch size, and the decoder compiled for evaluation serves these too)."""
-    tok, ev = task.tokenizer, {a: b[:k] for a, b in task.eval.items()}
-    rows = []
     if k <= 0:
-        return rows
-    if task.kind == "seq2seq":
-        src = task.eval["src"][:max(k, batch_rows)]
-        pred = np.asarray(predict(model, task, src, ev["tgt_out"].shape[1]))[:k]
-        pairs = zip(ev["src"], ev["tgt_out"], pred)
-    else:
-        graph, state = nnx.split(model)
-        best = jax.jit(lambda st, x: replicate(nnx.merge(graph, st)(x).argmax(-1)))(state, ev["inputs"])
-        pairs = zip(ev["inputs"], ev["targets"], np.asarray(best))
-    for x, y, p in pairs:
-        rows.append({"input": tok.decode(x), "target": tok.decode(y), "prediction": tok.decode(p),
-                     "ok": bool(np.all(p == y))})
-    return rows
+        return []
+    tok = task.tokenizer
+    rows = adapter(model.cfg.arch).examples(model, task, k, batch_rows)
+    return [{"input": tok.decode(x), "target": tok.decode(y), "prediction": tok.decode(p), "ok": bool(np.all(p == y))}
+            for x, y, p in rows]
 
 
 def evaluate_run(workdir: str | Path, which: str = "best", quantize: str | None = None) -> dict:

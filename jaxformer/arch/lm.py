@@ -1,0 +1,72 @@
+"""The decoder-only adapter: batches {"inputs", "targets"}, prompts continued (left-padded, so every row's last
+token is its last column), next-token predictions as decoded examples."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxformer import decode
+from jaxformer.errors import ConfigError, DataError
+from jaxformer.parallel import replicate
+
+
+class LanguageModel:
+    arch = "decoder_only"
+    task_kind = "lm"
+    separator = ""                            # between a prompt and its output when printed
+    exact_match = False
+
+    def forward(self, model, batch: dict, rngs=None):
+        """-> (logits [B,T,V], targets [B,T], aux)."""
+        logits, aux = model.forward(batch["inputs"], rngs=rngs)
+        return logits, batch["targets"], aux
+
+    def example_batch(self, rows: int, length: int) -> dict:
+        """A batch of ones [rows, length] (a forward pass to check a config)."""
+        ones = np.ones((rows, length), np.int32)
+        return {"inputs": ones, "targets": ones}
+
+    def targets(self, batch: dict):
+        return batch["targets"]
+
+    def inputs(self, batch: dict):
+        return batch["inputs"]
+
+    def prompt_row(self, tokenizer, ids: np.ndarray) -> np.ndarray:
+        return np.asarray(ids, np.int32)
+
+    def prompt_batch(self, rows: list[np.ndarray], pad_id: int) -> np.ndarray:
+        from jaxformer.data import pad_rows
+        return pad_rows(rows, pad_id, left=True)
+
+    def generate(self, model, tokenizer, prompts, *, max_new: int | None = None, key=None, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, beam: int = 1, kv_cache: str = "auto"):
+        """prompts [B,P] -> continuations [B,max_new] (default: up to 200 tokens, within model.max_len)."""
+        if beam > 1:
+            raise ConfigError(f"beam={beam}: beam search is implemented for encoder-decoder runs only")
+        cfg = model.cfg
+        max_new = max(1, min(200, cfg.max_len - prompts.shape[1])) if max_new is None else max_new
+        return decode.generate_lm(model, prompts, max_new=max_new, key=key, temperature=temperature, top_k=top_k,
+                                  top_p=top_p, kv_cache=kv_cache)
+
+    def default_prompts(self, task) -> list[str]:
+        """The first half of three held-out blocks."""
+        return [task.tokenizer.decode(x[: max(1, len(x) // 2)]) for x in task.eval["inputs"][:3]]
+
+    def examples(self, model, task, k: int, batch_rows: int = 0) -> list[tuple]:
+        """k held-out (input, target, next-token predictions) id rows."""
+        ev = {a: b[:k] for a, b in task.eval.items()}
+        graph, state = nnx.split(model)
+        best = jax.jit(lambda st, x: replicate(nnx.merge(graph, st)(x).argmax(-1)))(state, ev["inputs"])
+        return list(zip(ev["inputs"], ev["targets"], np.asarray(best)))
+
+    def attention_inputs(self, model, tokenizer, rows: list[np.ndarray], pad_id: int, max_len: int | None):
+        """What heatmaps show: the causal self-attention over each prompt (right-padded: padding changes no
+        visible row). -> (model inputs, per prompt {kind: (query ids, key ids)}, answers: None each)."""
+        from jaxformer.data import pad_rows
+        return (pad_rows(rows, pad_id, left=False),), [{"self": (r, r)} for r in rows], [None] * len(rows)
+
+    def check_prompt(self, text: str) -> None:
+        if not text:
+            raise DataError("an empty prompt: a character LM needs at least one character to continue")

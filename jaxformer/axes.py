@@ -1,0 +1,22 @@
+"""The one axis table: the mesh's axes, the logical axis names, and the named layouts of the arrays that are
+constrained with them. Parameters carry logical names where they are created (`jaxformer.nn.params`); the
+rule table mapping logical names onto mesh axes is `jaxformer.parallel.RULES`.
+
+Axis legend: B batch, T query length, S key length / cache slots, D model width, N query heads, K kv heads,
+H head dim, F FFN width, V vocab, L layers, E experts.
+"""
+from __future__ import annotations
+
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+
+# Logical axis names. "embed" is a parameter's D; "act_embed" is an activation's D.
+LOGICAL_AXES = ("batch", "length", "vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "layers",
+                "act_embed", "cache_slots", "expert")
+
+# Named layouts of activations and caches (what `jaxformer.parallel.constrain` takes).
+ACTIVATION = ("batch", "length", "act_embed")                       # the residual stream [B,T,D]
+LOGITS = ("batch", "length", "vocab")                               # [B,T,V]
+CACHE = ("layers", "batch", "cache_slots", "kv_heads", "head_dim")  # KV cache k, v [L,B,S,K,H]
+
+# Parameter axes that index independent matrices (a quantization scale each), never contracted.
+BATCH_LIKE = ("layers", "expert")

@@ -1,0 +1,81 @@
+"""Restoring a trained model for inference: the model alone (no optimizer, no training data) from a run
+directory's config.json, tokenizer.json and best (or latest) checkpoint, optionally quantized."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+from flax import nnx
+
+from jaxformer.config import Config, resolve_vocab
+from jaxformer.errors import CheckpointError, ConfigError
+from jaxformer.nn import build_model
+from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
+from jaxformer.runs import RunDir
+
+log = logging.getLogger("jaxformer")
+QUANTIZE_MODES = ("int8", "int4", "w8a8")          # jaxformer.quantize.MODES (imported on use: it loads qwix)
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    cfg: Config              # resolved (vocab_size filled in)
+    tokenizer: object
+    model: nnx.Module
+    step: int                # the restored checkpoint's step
+    which: str               # "best" | "latest": where it actually came from
+
+
+def abstract_model(cfg: Config, plan: Plan | None = None):
+    """(graphdef, abstract model state) of a resolved config: shapes and dtypes with shardings (the plan's, else
+    one device), nothing allocated; the target to restore a model into."""
+    with no_mesh():
+        graph, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg.model, seed=cfg.train.seed)))
+    return graph, abstract_with_shardings(abstract, plan)
+
+
+def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = None,
+               quantize: str | None = None) -> LoadedModel:
+    """Restore a run's model (no optimizer, no training data) from its `which` checkpoint ("best" or "latest");
+    when that kind has no readable step, the other kind is used with a warning, and `which` of the result
+    says so. plan: restore straight into that plan's shardings, else onto one device, whatever mesh the run
+    was saved from. quantize: "int8" | "int4" | "w8a8" quantizes the restored weights for inference
+    (`jaxformer.quantize`).
+    Never writes to the run directory."""
+    if which not in ("best", "latest"):
+        raise ConfigError(f"which={which!r} must be 'best' or 'latest'")
+    if quantize is not None and quantize not in QUANTIZE_MODES:
+        raise ConfigError(f"quantize={quantize!r} is not one of {QUANTIZE_MODES}")
+    run = RunDir(workdir)
+    if not run.path.is_dir():
+        raise ConfigError(f"{str(run.path)!r} is not a run directory")
+    cfg = run.read_config()
+    if not run.tokenizer_path.exists():
+        raise ConfigError(f"{run.path} has no tokenizer.json (not a run directory)")
+    tokenizer = run.read_tokenizer()
+    cfg = resolve_vocab(cfg, tokenizer.vocab_size)
+    graph, abstract = abstract_model(cfg, plan)
+    ckpt = run.checkpoints(cfg, read_only=True)
+    try:
+        other = "latest" if which == "best" else "best"
+        errors = []
+        for kind in (which, other):
+            try:
+                restored = ckpt.restore({"model": abstract}, (kind,))
+            except CheckpointError as e:
+                errors.append(str(e))
+                continue
+            if restored is not None:
+                if kind != which:
+                    log.warning("%s has no readable %s checkpoint; using the %s one (step %d)", run.path, which,
+                                kind, restored.step)
+                model = nnx.merge(graph, restored.items["model"])
+                if quantize is not None:
+                    from jaxformer.quantize import quantize_model
+                    quantize_model(model, quantize)
+                return LoadedModel(cfg, tokenizer, model, restored.step, kind)
+    finally:
+        ckpt.close()
+    raise CheckpointError("; ".join(errors) if errors else f"{run.path} has no checkpoint yet (train saves one "
+                          f"every train.checkpoint_every={cfg.train.checkpoint_every} steps and at the end)")
