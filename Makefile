@@ -4,10 +4,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[test]"
 	touch $@
 
 install: $(BIN)/.installed
@@ -16,10 +16,13 @@ run: install
 	$(BIN)/jaxformer train configs/reverse.py
 
 test: install
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile -rs
+
+test-slow: install
+	$(BIN)/python -m pytest -n 2 --dist loadfile -rs -m slow
 
 test-all: install
-	$(BIN)/python -m pytest -n 2 --dist loadfile -m "slow or not slow"
+	$(BIN)/python -m pytest -n 2 --dist loadfile -rs -m "slow or not slow"
 
 bench: install
 	$(BIN)/python benchmarks/train_step.py
@@ -28,4 +31,4 @@ bench: install
 	$(BIN)/python benchmarks/make_run.py
 	$(BIN)/python benchmarks/quantize.py
 
-.PHONY: install run test test-all bench
+.PHONY: install run test test-slow test-all bench

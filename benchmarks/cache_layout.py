@@ -8,7 +8,7 @@
   [B,K,S,H]  the per-head einsum on a cache stored kv-heads first (the layout we do *not* use: the documented
              cache contract is [L,B,S,K,H]), the transpose-free reference point.
 Each variant runs a jitted fori_loop of --steps decode steps; each step scans over L layers, attends over the
-cache plus the new key (two segments, as decode.decoder_step does) and writes the new k/v into the donated
+cache plus the new key (two segments, as the model's cached step does) and writes the new k/v into the donated
 cache in place. Base-model attention shapes: L=6, K=N=8 heads, H=64, float32. Medians of --reps runs.
 Writes benchmarks/results/cache_layout.md and .json.
 """

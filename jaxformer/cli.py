@@ -96,9 +96,6 @@ def cmd_eval(args) -> int:
 def cmd_generate(args) -> int:
     from jaxformer.arch import adapter
     from jaxformer.inference import default_prompts, generate_text, load_model
-    if args.beam < 1:
-        from jaxformer.errors import ConfigError
-        raise ConfigError(f"--beam {args.beam} must be >= 1 (1 = greedy or sampled decoding)")
     run = load_model(args.workdir, args.which, quantize=args.quantize)
     prompts = args.prompt or default_prompts(run)
     outs = generate_text(run, prompts, max_new=args.max_new, temperature=args.temperature, top_k=args.top_k,
@@ -255,6 +252,9 @@ def main(argv=None) -> int:
     cmds = {"train": cmd_train, "eval": cmd_eval, "params": cmd_params, "generate": cmd_generate,
             "plan": cmd_plan, "sweep": cmd_sweep, "report": cmd_report, "viz": cmd_viz}
     try:
+        if getattr(args, "workdir", None) == "":
+            from jaxformer.errors import ConfigError
+            raise ConfigError("--workdir '' names no directory")
         with _log_to_console():
             return cmds[args.cmd](args)
     except JaxformerError as e:

@@ -55,6 +55,12 @@ def positive(field: str, value: Any, allow_zero: bool = False) -> None:
         raise ConfigError(f"{field}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
 
 
+def seed_range(field: str, value: Any) -> None:
+    """A PRNG seed: an integer in [0, 2**32)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2 ** 32:
+        raise ConfigError(f"{field}={value!r} must be an integer in [0, 2**32)")
+
+
 def _type_ok(value: Any, typ: Any) -> bool:
     if typing.get_origin(typ) in (typing.Union, types.UnionType):
         return any(_type_ok(value, a) for a in typing.get_args(typ))
@@ -111,6 +117,9 @@ class ModelConfig(_Validated):
                                            # and kv head; keys/values rounded when written)
     attention_backend: str = "reference"   # reference | chunked | cudnn | pallas (ops.attention.BACKENDS)
     attention_block: int = 512             # the chunked backend's tile edge (queries and keys)
+    attention_windows: tuple[int, ...] = ()  # sliding-window (local) self-attention of the decoder, per layer: a
+                                           # pattern of windows repeated over the layers, 0 = global; e.g. (128,)
+                                           # every layer sees its 128 most recent positions, (128, 0) alternates
     remat: str = "none"                    # recompute in the backward pass, per block: none | full | dots
                                            # (dots: keep the matmul outputs without batch dims, recompute the rest)
     attention_scale: str = "rsqrt"         # logits scale: "rsqrt" = 1/sqrt(H) (the paper) | "none" = 1
@@ -168,8 +177,8 @@ class ModelConfig(_Validated):
         if self.ablation_mask_value != "min" and self.attention_backend != "reference":
             raise ConfigError(f"model.ablation_mask_value={self.ablation_mask_value!r} exists only with "
                               f"model.attention_backend='reference' (got {self.attention_backend!r})")
-        why = fused.problem(self.attention_backend, dtype=self.dtype, where="any",
-                            bias=self.positional == "alibi", cross=self.arch == "encoder_decoder")
+        why = fused.problem(self.attention_backend, dtype=self.dtype, where="any", bias=self.positional == "alibi",
+                            cross=self.arch == "encoder_decoder", window=any(self.attention_windows))
         if why:
             raise ConfigError(f"model.attention_backend={self.attention_backend!r}: {why}")
         choice("model.ablation_mask_value", self.ablation_mask_value, ("min", "zero"))
@@ -185,6 +194,17 @@ class ModelConfig(_Validated):
             raise ConfigError(f"model.moe_top_k={self.moe_top_k} exceeds model.num_experts={self.num_experts}")
         positive("model.moe_capacity_factor", self.moe_capacity_factor, allow_zero=True)
         positive("model.moe_every", self.moe_every)
+        for w in self.attention_windows:
+            if w < 0:
+                raise ConfigError(f"model.attention_windows={self.attention_windows!r}: a window must be >= 0 "
+                                  f"(0 = global); got {w}")
+        if self.attention_windows and self.num_decoder_layers % len(self.attention_windows):
+            raise ConfigError(f"model.attention_windows={self.attention_windows!r}: its pattern of "
+                              f"{len(self.attention_windows)} does not divide model.num_decoder_layers="
+                              f"{self.num_decoder_layers}")
+        if any(self.attention_windows) and self.ablation_causal != "tril":
+            raise ConfigError(f"model.attention_windows={self.attention_windows!r} needs the causal decoder "
+                              f"(model.ablation_causal='tril'; got {self.ablation_causal!r})")
         choice("model.moe_dropless", self.moe_dropless, ("ragged", "padded"))
         positive("model.moe_balance_weight", self.moe_balance_weight, allow_zero=True)
         positive("model.moe_z_weight", self.moe_z_weight, allow_zero=True)
@@ -215,6 +235,11 @@ class ModelConfig(_Validated):
     @property
     def use_final_norm(self) -> bool:
         return self.norm_position == "pre" if self.final_norm is None else self.final_norm
+
+    def layer_windows(self) -> tuple[int, ...]:
+        """Each decoder layer's self-attention window (0 = global): model.attention_windows repeated."""
+        pattern = self.attention_windows or (0,)
+        return tuple(pattern[i % len(pattern)] for i in range(self.num_decoder_layers))
 
     def check_length(self, length: int, what: str = "sequence") -> None:
         """Positions come from a table of model.max_len rows (sinusoidal/learned): refuse longer inputs."""
@@ -247,6 +272,7 @@ class DataConfig(_Validated):
     def validate(self) -> None:
         check_types(self, "data")
         choice("data.task", self.task, ("reverse", "copy", "text"))
+        seed_range("data.seed", self.seed)
         for f in ("batch_size", "num_train", "num_eval", "min_len", "max_len", "block_size"):
             v = getattr(self, f)
             if v <= 0:
@@ -289,6 +315,10 @@ class OptimConfig(_Validated):
         choice("optim.schedule", self.schedule, ("constant", "noam", "warmup_cosine"))
         choice("optim.weight_decay_mask", self.weight_decay_mask, ("matrices", "all"))
         positive("optim.lr", self.lr)
+        for f in ("b1", "b2"):
+            v = getattr(self, f)
+            if not 0.0 <= v < 1.0:                               # NaN fails this too
+                raise ConfigError(f"optim.{f}={v!r} must be in [0, 1)")
         for f in ("warmup_steps", "weight_decay", "clip_norm"):
             positive(f"optim.{f}", getattr(self, f), allow_zero=True)
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -310,6 +340,7 @@ class TrainConfig(_Validated):
 
     def validate(self) -> None:
         check_types(self, "train")
+        seed_range("train.seed", self.seed)
         for f in ("steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "eval_batch_size"):
             v = getattr(self, f)
             if v <= 0:
@@ -363,6 +394,9 @@ class ParallelConfig(_Validated):
                                       f"(mesh axes: {MESH_AXES})")
         if self.num_processes is not None and self.num_processes < 1:
             raise ConfigError(f"parallel.num_processes={self.num_processes} must be >= 1")
+        if self.process_id is not None and self.num_processes is None:
+            raise ConfigError(f"parallel.process_id={self.process_id} needs parallel.num_processes (how many "
+                              f"processes the run has)")
         if self.process_id is not None and not 0 <= self.process_id < (self.num_processes or self.process_id + 1):
             raise ConfigError(f"parallel.process_id={self.process_id} must be in [0, parallel.num_processes)")
         positive("parallel.heartbeat_timeout_s", self.heartbeat_timeout_s)
@@ -391,9 +425,13 @@ class Config(_Validated):
         self.model.check_length(longest, "data")
 
 
-def resolve_vocab(cfg: Config, vocab_size: int) -> Config:
+def resolve_vocab(cfg: Config, vocab_size: int, pad_id: int | None = None) -> Config:
     """Fill model.vocab_size from the tokenizer's `vocab_size` (0 = take it from the data), or check that the
-    configured one is large enough."""
+    configured one is large enough; pad_id: the tokenizer's, which model.pad_id must equal (padding the model
+    ignores must be the padding the data writes)."""
+    if pad_id is not None and cfg.model.pad_id != pad_id:
+        raise ConfigError(f"model.pad_id={cfg.model.pad_id} is not the tokenizer's pad id {pad_id}: the model would "
+                          f"attend to the data's padding and ignore a real token; set model.pad_id={pad_id}")
     if cfg.model.vocab_size == 0:
         return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))
     if cfg.model.vocab_size < vocab_size:

@@ -36,6 +36,9 @@ def from_dict(d: Any) -> Config:
         bad = sorted(set(sub) - known)
         if bad:
             raise ConfigError(f"unknown config key(s) {[f'{name}.{k}' for k in bad]}")
+        fields = typing.get_type_hints(cls)
+        sub = {k: tuple(v) if typing.get_origin(fields[k]) is tuple and isinstance(v, list) else v
+               for k, v in sub.items()}                           # JSON lists back to the declared tuples
         with _deferred_validation():
             kw[name] = cls(**sub)
     with _deferred_validation():
@@ -74,7 +77,12 @@ def _coerce(key: str, raw: str, typ: Any) -> Any:
     if typ is str:
         return raw
     if origin is tuple:
-        vals = json.loads(raw) if raw.startswith("[") else raw.split(",")
+        try:
+            vals = json.loads(raw) if raw.startswith("[") else raw.split(",")
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{key}={raw!r} is not a JSON list nor comma-separated values ({e.msg})") from None
+        if not isinstance(vals, list):
+            raise ConfigError(f"{key}={raw!r} is not a list")
         return tuple(_coerce(key, str(v), args[0]) for v in vals)
     raise ConfigError(f"{key}: cannot set a field of type {typ} from the command line")
 

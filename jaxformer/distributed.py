@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 import jax
 
@@ -41,7 +42,8 @@ def settings(cfg: ParallelConfig) -> dict | None:
     kw = {"coordinator_address": cfg.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS") or None,
           "num_processes": cfg.num_processes if cfg.num_processes is not None else _env_int("JAX_NUM_PROCESSES"),
           "process_id": cfg.process_id if cfg.process_id is not None else _env_int("JAX_PROCESS_ID"),
-          "heartbeat_timeout_seconds": cfg.heartbeat_timeout_s}
+          "heartbeat_timeout_seconds": cfg.heartbeat_timeout_s,
+          "initialization_timeout": cfg.heartbeat_timeout_s}          # an unreachable peer fails in this time
     if cfg.distributed == "off":
         return None
     if cfg.distributed == "auto":
@@ -60,6 +62,7 @@ def initialize(cfg: ParallelConfig) -> None:
     kw = settings(cfg)
     if kw is None or jax.distributed.is_initialized():
         return
+    _check_host(kw["coordinator_address"])
     try:
         jax.distributed.initialize(**kw)
     except (ValueError, TypeError, RuntimeError) as e:
@@ -68,6 +71,20 @@ def initialize(cfg: ParallelConfig) -> None:
                           f"parallel.num_processes and parallel.process_id (or the $JAX_* variables)") from None
     log.info("process %d of %d, %d local devices of %d", jax.process_index(), jax.process_count(),
              jax.local_device_count(), jax.device_count())
+
+
+def _check_host(address: str | None) -> None:
+    """ConfigError at once for a coordinator address that is not HOST:PORT or whose host does not resolve (JAX
+    would wait for its whole initialization timeout, then abort the process)."""
+    if address is None:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"parallel.coordinator={address!r} must look like HOST:PORT")
+    try:
+        socket.getaddrinfo(host.strip("[]"), int(port))
+    except (OSError, UnicodeError) as e:
+        raise ConfigError(f"parallel.coordinator={address!r}: host {host!r} does not resolve ({e})") from None
 
 
 def is_primary() -> bool:

@@ -2,7 +2,11 @@
 
     RUN/config.json       the resolved config (model.vocab_size filled in)
     RUN/tokenizer.json    the tokenizer (a run restores without its training data)
+    RUN/data.json         the fingerprint (sha256) of the text trained on: a resume refuses another corpus
     RUN/metrics.jsonl     one object per line: step, split, metrics; exactly one history, no duplicate steps
+    RUN/timings.jsonl     one object per training attempt: where the time went (jaxformer.train.loop)
+    RUN/sweep.json        a sweep run's final status (sweep.partial: the wall time of interrupted attempts)
+    RUN/viz/              attention heatmaps (jaxformer viz)
     RUN/tb/               TensorBoard events of the same metrics
     RUN/checkpoints/      orbax checkpoints: latest/ (newest N) and best/ (jaxformer.checkpoints)
     RUN/attic/            what was set aside, never deleted: unreadable or superseded checkpoints, the history
@@ -48,6 +52,11 @@ class RunDir:
         self.tb_path = self.path / "tb"
         self.checkpoints_path = self.path / "checkpoints"
         self.attic_path = self.path / "attic"
+        self.timings_path = self.path / "timings.jsonl"
+        self.sweep_status_path = self.path / "sweep.json"
+        self.sweep_partial_path = self.path / "sweep.partial"
+        self.viz_path = self.path / "viz"
+        self.data_path = self.path / "data.json"
 
     # ------------------------------------------------------------------ opening for training
 
@@ -82,7 +91,7 @@ class RunDir:
 
     def has_history(self) -> bool:
         """Metrics from an earlier attempt (lines in metrics.jsonl or TensorBoard events)."""
-        lines = self.metrics_path.exists() and self.metrics_path.read_text(encoding="utf-8").strip()
+        lines = self.metrics_path.exists() and self.metrics_path.read_text(encoding="utf-8", errors="replace").strip()
         return bool(lines) or (self.tb_path.exists() and any(self.tb_path.iterdir()))
 
     def set_aside_history(self, why: str) -> None:
@@ -115,9 +124,17 @@ class RunDir:
     def read_tokenizer(self):
         return load_tokenizer(self.tokenizer_path)
 
-    def write(self, cfg: Config, tokenizer) -> None:
-        """Write config.json (resolved) and tokenizer.json, each atomically."""
+    def read_fingerprint(self) -> str | None:
+        """The sha256 of the text this run trained on (None: generated data, or a run from before it was kept)."""
+        try:
+            return json.loads(self.data_path.read_text(encoding="utf-8")).get("sha256")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def write(self, cfg: Config, tokenizer, fingerprint: str | None = None) -> None:
+        """Write config.json (resolved), tokenizer.json and data.json (the data's fingerprint), each atomically."""
         _atomic_write(self.config_path, json.dumps(to_dict(cfg), indent=2))
+        _atomic_write(self.data_path, json.dumps({"sha256": fingerprint}))
         tmp = self.tokenizer_path.with_suffix(".tmp")
         save_tokenizer(tokenizer, tmp)
         os.replace(tmp, self.tokenizer_path)
@@ -130,6 +147,34 @@ class RunDir:
 
     def read_metrics(self) -> list[dict]:
         return read_metrics(self.metrics_path)
+
+    def metrics_log(self) -> "MetricsLog":
+        """metrics.jsonl opened for appending one record per step and split (close it when done)."""
+        return MetricsLog(self.metrics_path)
+
+    def append_timings(self, record: dict) -> None:
+        with self.timings_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def read_sweep_status(self) -> dict | None:
+        """sweep.json's status, or None (absent or unreadable)."""
+        try:
+            return json.loads(self.sweep_status_path.read_text(encoding="utf-8", errors="replace"))
+        except (OSError, ValueError):
+            return None
+
+    def write_sweep_status(self, status: dict) -> None:
+        _atomic_write(self.sweep_status_path, json.dumps(status, indent=1))
+
+    def read_partial_wall(self) -> float:
+        """Wall seconds of a sweep run's earlier, interrupted attempts (0 if none)."""
+        try:
+            return float(self.sweep_partial_path.read_text())
+        except (OSError, ValueError):
+            return 0.0
+
+    def write_partial_wall(self, seconds: float) -> None:
+        _atomic_write(self.sweep_partial_path, str(seconds))
 
     def truncate_metrics(self, step: int) -> None:
         """Keep only the records up to `step` (those after it are recomputed from the checkpoint at `step`)."""
@@ -158,6 +203,20 @@ def read_metrics(path: str | Path) -> list[dict]:
         if isinstance(rec, dict) and type(rec.get("step")) is int:
             out.append(rec)
     return out
+
+
+class MetricsLog:
+    """Appends metrics records to a run's metrics.jsonl, one line each, flushed as written."""
+
+    def __init__(self, path: Path):
+        self._f = path.open("a", encoding="utf-8")
+
+    def write(self, step: int, split: str, metrics: dict) -> None:
+        self._f.write(json.dumps({"step": step, "split": split, **metrics}) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
 
 
 def _atomic_write(path: Path, text: str) -> None:

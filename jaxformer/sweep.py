@@ -25,7 +25,6 @@ import concurrent.futures
 import dataclasses
 import itertools
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -37,6 +36,7 @@ from typing import Any, Callable
 from jaxformer.config import Config
 from jaxformer.configio import apply_overrides, load_config_file, load_python
 from jaxformer.errors import ConfigError, JaxformerError, NonFiniteLoss, SweepError
+from jaxformer.runs import RunDir
 
 FINISHED = ("completed", "diverged")
 
@@ -167,11 +167,7 @@ def check(sweep: Sweep, all_runs: list[Run]) -> None:
 
 
 def read_status(run: Run) -> dict | None:
-    p = run.workdir / "sweep.json"
-    try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError):
-        return None
+    return RunDir(run.workdir).read_sweep_status()
 
 
 def finished(run: Run) -> bool:
@@ -206,21 +202,15 @@ def run_one(sweep: Sweep, run: Run) -> dict:
     status.update(arm=run.arm.name, seed=run.seed, overrides=list(run.overrides),
                   wall_s=time.perf_counter() - t0 + _earlier_wall(run))
     if status["status"] == "interrupted":       # resumed later: its wall time so far counts then
-        (run.workdir / "sweep.partial").write_text(str(status["wall_s"]))
+        RunDir(run.workdir).write_partial_wall(status["wall_s"])
     else:
-        tmp = run.workdir / "sweep.json.tmp"
-        tmp.write_text(json.dumps(status, indent=1))
-        os.replace(tmp, run.workdir / "sweep.json")
+        RunDir(run.workdir).write_sweep_status(status)
     return status
 
 
 def _earlier_wall(run: Run) -> float:
     """Wall time of earlier, interrupted attempts (kept in RUN/sweep.partial)."""
-    p = run.workdir / "sweep.partial"
-    try:
-        return float(p.read_text())
-    except (OSError, ValueError):
-        return 0.0
+    return RunDir(run.workdir).read_partial_wall()
 
 
 def _extra_eval(run: Run, overrides: tuple[str, ...]) -> dict:
@@ -282,7 +272,13 @@ def run_sweep(sweep: Sweep, root: str | Path = "runs/sweeps", jobs: int = 1, onl
     if jobs <= 1:
         for r in pending:
             echo(f"[{r.index + 1}/{len(all_runs)}] {r.id}")
-            st = run_one(sweep, r)
+            try:
+                st = run_one(sweep, r)
+            except JaxformerError as e:           # this run cannot go on; the others still can (as with --jobs)
+                echo(f"{r.id}: failed: {e}")
+                counts["failed"] = counts.get("failed", 0) + 1
+                failed.append(r)
+                continue
             counts[st["status"]] = counts.get(st["status"], 0) + 1
             if st["status"] == "interrupted":
                 raise KeyboardInterrupt

@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 from jaxformer.arch import adapter
 from jaxformer.errors import ConfigError, DataError
 from jaxformer.inference import LoadedModel, default_prompts, load_model, prompt_ids
+from jaxformer.runs import RunDir
 
 log = logging.getLogger("jaxformer")
 
@@ -96,7 +97,8 @@ def attention_maps(run: LoadedModel, prompts: list[str]) -> list[AttentionMaps]:
     for b, (p, ax, ans) in enumerate(zip(prompts, axes, answers)):
         answer = None if ans is None else "".join(label(ans))
         maps.append(AttentionMaps(p, answer, {k: w[k][:, b, :, :len(q), :len(kk)] for k, (q, kk) in ax.items()},
-                                  {k: label(q) for k, (q, _) in ax.items()}, {k: label(kk) for k, (_, kk) in ax.items()}))
+                                  {k: label(q) for k, (q, _) in ax.items()},
+                                  {k: label(kk) for k, (_, kk) in ax.items()}))
     return maps
 
 
@@ -158,7 +160,7 @@ def write_heatmaps(workdir: str | Path, prompts: list[str] | None = None, which:
     run = load_model(workdir, which)
     prompts = list(prompts) if prompts else default_prompts(run)
     maps = attention_maps(run, prompts)                 # checks every prompt before anything is written
-    out = Path(workdir) / "viz" if out is None else Path(out)
+    out = RunDir(workdir).viz_path if out is None else Path(out)
     log.info("%s: %s checkpoint (step %d); heatmaps of %d prompt(s) into %s", workdir, run.which, run.step,
              len(prompts), out)
     return [path for i, m in enumerate(maps) for path in write_maps(m, i, out, dpi)]

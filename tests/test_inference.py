@@ -11,7 +11,7 @@ from helpers import tiny_lm, tiny_reverse
 from jaxformer.cli import main as cli_main
 from jaxformer.config import ConfigError
 from jaxformer.data import DataError
-from jaxformer.decode import greedy_naive
+from jaxformer.decode import generate_seq2seq, greedy_naive
 from jaxformer.inference import generate_text
 from jaxformer.inference import load_model
 from jaxformer.train.loop import train
@@ -138,3 +138,24 @@ def test_cli_eval_and_generate_take_quantize(reversal_run, capsys):
     assert e.value.code == 2 and "int3" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="quantize='fp8'"):
         load_model(reversal_run, quantize="fp8")
+
+
+def test_exact_match_counts_exactly_the_answers_that_equal_their_targets(reversal_run):
+    """Half the held-out targets are replaced by the model's own greedy answers: exact match must be exactly the
+    share of rows whose answer equals the target, counted here independently (an evaluator that counts every
+    answer, or none, or compares the wrong columns, fails). The answers come from the same cached decoder the
+    evaluator uses, so the premise is the counting alone, not a tie-free decoding."""
+    import dataclasses
+
+    from jaxformer.data import build_task
+    from jaxformer.inference import evaluate
+    run = load_model(reversal_run)
+    task = build_task(run.cfg.data, run.tokenizer)
+    tok, want = run.tokenizer, task.eval["tgt_out"].copy()
+    pred = np.asarray(generate_seq2seq(run.model, task.eval["src"], max_new=want.shape[1], bos_id=tok.bos_id,
+                                       eos_id=tok.eos_id))
+    want[::2] = pred[::2]
+    task = dataclasses.replace(task, eval={**task.eval, "tgt_out": want})
+    expected = float(np.mean((pred == want).all(1)))
+    assert 0.5 <= expected < 1.0
+    assert evaluate(run.cfg, task, run.model)["exact_match"] == expected

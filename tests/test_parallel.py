@@ -313,7 +313,7 @@ def test_launch_settings_come_from_config_then_environment(monkeypatch):
     monkeypatch.setenv("SLURM_NTASKS", "1")
     assert distributed.settings(ParallelConfig()) is None
     detect = {"coordinator_address": None, "num_processes": None, "process_id": None,
-              "heartbeat_timeout_seconds": 100}
+              "heartbeat_timeout_seconds": 100, "initialization_timeout": 100}
     monkeypatch.setenv("SLURM_NTASKS", "2")                                      # srun: JAX detects the rest
     assert distributed.settings(ParallelConfig()) == detect
     monkeypatch.delenv("SLURM_NTASKS")

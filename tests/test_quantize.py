@@ -9,7 +9,6 @@ from flax import nnx
 from helpers import compiled
 
 from jaxformer.config import ModelConfig
-from jaxformer.decode import beam_search, generate_seq2seq
 from jaxformer.nn import build_model
 from jaxformer.nn.cache import QuantizedKV
 from jaxformer.nn.params import project
@@ -52,6 +51,23 @@ def test_only_the_layer_projections_are_quantized_with_per_channel_scales():
     wq = kinds["decoder/layers/blocks/self_attn/wq"].array
     assert wq.qvalue.dtype == jnp.int8 and wq.qvalue.shape == (2, 256, 4, 64)
     assert wq.scale.shape == (2, 1, 4, 64)                              # one scale per layer and output channel
+    int4 = quantize_model(build_model(cfg()), "int4")
+    q4 = {"/".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(nnx.state(int4, nnx.Param))}
+    assert q4["decoder/layers/blocks/self_attn/wq"].array.scale.shape == (2, 2, 4, 64)   # 256 inputs: 2 blocks
+    assert q4["decoder/layers/blocks/self_attn/wo"].array.scale.shape == (2, 1, 1, 256)  # N·H in, per channel
+
+
+def test_w8a8_multiplies_int8_by_int8():
+    """w8a8's dot takes int8 activations as well as int8 weights (weight-only int8 dequantizes its weight and
+    multiplies floats)."""
+    x = jax.random.normal(jax.random.key(1), (3, 2, 64))
+    for mode, both in (("w8a8", True), ("int8", False)):
+        w = quantize_weight(jax.random.normal(jax.random.key(0), (64, 4, 16)), ("embed", "q_heads", "head_dim"),
+                            mode)
+        dots = [e for e in jax.make_jaxpr(lambda x: project("BTD,DNH->BTNH", x, w))(x).jaxpr.eqns
+                if e.primitive.name == "dot_general"]
+        assert len(dots) == 1
+        assert [str(v.aval.dtype) for v in dots[0].invars].count("int8") == (2 if both else 0), dots[0]
 
 
 def test_weight_bytes_quarter_and_eighth_of_float32():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import textwrap
@@ -192,3 +193,15 @@ def test_torn_and_non_utf8_metric_lines_are_skipped_by_runs_and_report(tmp_path)
     assert read_metrics(tmp_path / "none.jsonl") == []
     rep = Report(sweep, root, tmp_path / "out")
     assert rep.records[r.id] == good and rep.values("loss", r.arm) == [2.5, 2.5]
+
+
+def test_a_sequential_sweep_goes_on_past_a_failing_run(tmp_path):
+    """One run's data cannot serve its batch size (a DataError at train time): the sequential sweep records it
+    as failed, runs the others, and names the failure at the end (as --jobs does)."""
+    from jaxformer.errors import SweepError
+    path = _sweep_file(tmp_path, name="mixed", grid={"data.batch_size": (100000, 8)})
+    sweep, root = load_sweep(path), tmp_path / "runs"
+    sweep = dataclasses.replace(sweep, seeds=(0,))
+    with pytest.raises(SweepError, match="did not finish"):
+        run_sweep(sweep, root, echo=lambda m: None)
+    assert [r.arm.name for r in runs(sweep, root) if (r.workdir / "sweep.json").exists()] == ["batch_size=8"]

@@ -78,6 +78,9 @@ def test_adamw_weight_decay_applies_to_matrices_only_by_default(mask):
     names = {"/".join(map(str, k)) for k in flat_p}
     assert {"embed/tokens", "decoder/layers/blocks/ffn/b1", "encoder/layers/blocks/res_attn/norm/scale"} <= names
     assert sum(flat_m.values()) >= 8 and not all(flat_m.values())
+    # independently of the implementation's own marks: the projections are the matrices, by name
+    projections = {"wq", "wk", "wv", "wo", "w1", "w2", "wg", "head", "router"}
+    assert {k: flat_m[k] for k in flat_p} == {k: str(k[-1]) in projections for k in flat_p}
     for k, p in flat_p.items():
         decayed = flat_m[k] or mask == "all"
         want = -0.1 * 0.5 * np.asarray(p[...]) if decayed else np.zeros(p.shape)
@@ -201,3 +204,38 @@ def test_train_and_eval_steps_compile_once_across_steps_and_after_a_resume(tmp_p
     assert first["train_step"] == 1 and second["train_step"] == 1, (first, second)
     assert 1 <= first["eval_step"] <= 2 and second["eval_step"] == first["eval_step"], (first, second)
     assert first["_track"] <= 1 and second["_track"] == 0, (first, second)
+
+
+def test_resume_with_dropout_is_bitwise_equal(tmp_path):
+    """Dropout on: the per-step dropout keys must continue, not restart, when a run resumes."""
+    cfg = tiny_lm("model.dropout=0.3", "train.steps=4", "train.log_every=1", "train.checkpoint_every=2",
+                  "train.eval_every=100", "train.num_examples=0")
+    train(cfg, tmp_path / "full", progress="none")
+    train(cfg, tmp_path / "resumed", stop_after=2, progress="none")
+    train(cfg, tmp_path / "resumed", progress="none")
+    a, b = train_losses(tmp_path / "full"), train_losses(tmp_path / "resumed")
+    assert sorted(a) == list(range(1, 5)) and a == b, (a, b)
+    off = tiny_lm("train.steps=4", "train.log_every=1", "train.eval_every=100", "train.num_examples=0")
+    train(off, tmp_path / "off", progress="none")
+    assert train_losses(tmp_path / "off")[1] != a[1]                  # and dropout was really on
+
+
+def test_logged_grad_norm_is_the_unclipped_norm_and_clipping_scales_the_update():
+    """SGD lr 1 with optim.clip_norm=c: the logged grad_norm is |g| of the independently computed gradient, and
+    the update is -c·g/|g| when |g| > c."""
+    cfg, task, graphs, state = prepared(tiny_lm("optim.name=sgd", "optim.lr=1.0", "optim.schedule=constant",
+                                                "optim.clip_norm=0.01", "optim.warmup_steps=0", "model.dropout=0"))
+    batch = {k: jnp.asarray(v[:8]) for k, v in task.train.items()}
+
+    def loss(m):
+        logits, targets, _ = forward(m, batch)
+        t = token_losses(logits, targets, cfg.model.pad_id)
+        return t["objective"] / t["count"]
+    params = lambda st: nnx.state(nnx.merge(graphs.model, st), nnx.Param)           # noqa: E731
+    before = jax.tree.map(jnp.copy, params(state["model"]))
+    g = nnx.grad(loss)(nnx.merge(graphs.model, state["model"]))                    # w.r.t. the parameters
+    norm = float(optax.global_norm(g))
+    new, m = make_train_step(graphs, cfg)(state, batch, jax.random.key(0))
+    assert norm > 0.01 and abs(float(m["grad_norm"]) - norm) <= 1e-5 * norm
+    for p0, p1, gi in zip(jax.tree.leaves(before), jax.tree.leaves(params(new["model"])), jax.tree.leaves(g)):
+        np.testing.assert_allclose(np.asarray(p1), np.asarray(p0 - 0.01 * gi / norm), rtol=1e-5, atol=1e-7)

@@ -7,13 +7,13 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import decode
-from jaxformer.errors import ConfigError, DataError
+from jaxformer.data import pad_rows
+from jaxformer.errors import ConfigError
 from jaxformer.parallel import replicate
 
 
 class LanguageModel:
     arch = "decoder_only"
-    task_kind = "lm"
     separator = ""                            # between a prompt and its output when printed
     exact_match = False
 
@@ -37,7 +37,6 @@ class LanguageModel:
         return np.asarray(ids, np.int32)
 
     def prompt_batch(self, rows: list[np.ndarray], pad_id: int) -> np.ndarray:
-        from jaxformer.data import pad_rows
         return pad_rows(rows, pad_id, left=True)
 
     def generate(self, model, tokenizer, prompts, *, max_new: int | None = None, key=None, temperature: float = 0.0,
@@ -64,9 +63,4 @@ class LanguageModel:
     def attention_inputs(self, model, tokenizer, rows: list[np.ndarray], pad_id: int, max_len: int | None):
         """What heatmaps show: the causal self-attention over each prompt (right-padded: padding changes no
         visible row). -> (model inputs, per prompt {kind: (query ids, key ids)}, answers: None each)."""
-        from jaxformer.data import pad_rows
         return (pad_rows(rows, pad_id, left=False),), [{"self": (r, r)} for r in rows], [None] * len(rows)
-
-    def check_prompt(self, text: str) -> None:
-        if not text:
-            raise DataError("an empty prompt: a character LM needs at least one character to continue")

@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from jaxformer import decode
-from jaxformer.errors import DataError
+from jaxformer.data import pad_rows
 
 
 class Seq2Seq:
     arch = "encoder_decoder"
-    task_kind = "seq2seq"
     separator = " -> "                            # between a prompt and its output when printed
     exact_match = True                          # evaluation also decodes and scores whole answers
 
@@ -36,7 +35,7 @@ class Seq2Seq:
         return np.append(ids, tokenizer.eos_id).astype(np.int32)
 
     def prompt_batch(self, rows: list[np.ndarray], pad_id: int) -> np.ndarray:
-        return _pad(rows, pad_id, left=False)
+        return pad_rows(rows, pad_id, left=False)
 
     def generate(self, model, tokenizer, src, *, max_new: int | None = None, key=None, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, beam: int = 1, kv_cache: str = "auto"):
@@ -76,13 +75,4 @@ class Seq2Seq:
         answers = [o[: int(np.argmax(o == tokenizer.eos_id))] if (o == tokenizer.eos_id).any() else o for o in out]
         tgts = [np.concatenate([[tokenizer.bos_id], a[a != pad_id]]).astype(np.int32) for a in answers]
         axes = [{"encoder_self": (r, r), "decoder_self": (t, t), "decoder_cross": (t, r)} for r, t in zip(rows, tgts)]
-        return (src, _pad(tgts, pad_id, left=False)), axes, [t[1:] for t in tgts]
-
-    def check_prompt(self, text: str) -> None:
-        if not text:
-            raise DataError("an empty prompt: a seq2seq run needs an input to answer")
-
-
-def _pad(rows, pad_id: int, left: bool) -> np.ndarray:
-    from jaxformer.data import pad_rows
-    return pad_rows(rows, pad_id, left=left)
+        return (src, pad_rows(tgts, pad_id, left=False)), axes, [t[1:] for t in tgts]

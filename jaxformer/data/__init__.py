@@ -3,5 +3,6 @@ from jaxformer.data.tasks import Task, build_task, pad_rows, resolve
 from jaxformer.data.text import load_text
 from jaxformer.data.tokenizers import CharTokenizer, DataError, DigitTokenizer, load_tokenizer, save_tokenizer
 
-__all__ = ["Task", "build_task", "pad_rows", "resolve", "load_text", "CharTokenizer", "DataError", "DigitTokenizer", "load_tokenizer",
+__all__ = ["Task", "build_task", "pad_rows", "resolve", "load_text", "CharTokenizer", "DataError", "DigitTokenizer",
+           "load_tokenizer",
            "save_tokenizer"]

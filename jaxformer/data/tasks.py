@@ -6,6 +6,7 @@ LM batches: inputs [B,T], targets [B,T] (inputs shifted by one).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import grain
 import numpy as np
@@ -21,6 +22,7 @@ class Task:
     tokenizer: object
     train: dict[str, np.ndarray]   # full training arrays, [num_examples, ...]
     eval: dict[str, np.ndarray]    # full held-out arrays
+    fingerprint: str | None = None  # sha256 of the text read (a corpus read by path), None for generated data
 
     def train_dataset(self, batch_size: int, seed: int, rows: slice = slice(None)) -> grain.MapDataset:
         """Batches of the global batch_size, infinite, reshuffled every epoch, deterministic in `seed`; iter()
@@ -121,7 +123,8 @@ def text_task(cfg: DataConfig, tokenizer: CharTokenizer | None = None) -> Task:
     if cut < cfg.block_size + 1:
         raise DataError(f"data.eval_fraction={cfg.eval_fraction} leaves {cut} training characters, less than one "
                         f"block of data.block_size={cfg.block_size} (+1)")
-    return Task("lm", tok, lm_blocks(ids[:cut], cfg.block_size), lm_blocks(ids[cut:], cfg.block_size))
+    return Task("lm", tok, lm_blocks(ids[:cut], cfg.block_size), lm_blocks(ids[cut:], cfg.block_size),
+                hashlib.sha256(text.encode("utf-8")).hexdigest())
 
 
 def build_task(cfg: DataConfig, tokenizer=None) -> Task:
@@ -131,6 +134,7 @@ def build_task(cfg: DataConfig, tokenizer=None) -> Task:
 
 def resolve(cfg: Config, tokenizer=None) -> tuple[Config, Task]:
     """The one config resolution from data: the task of cfg.data (a saved tokenizer reused) and the config with
-    model.vocab_size taken from its tokenizer (0 = from the data), or checked against it."""
+    model.vocab_size taken from its tokenizer (0 = from the data), or checked against it; model.pad_id must be
+    the tokenizer's."""
     task = build_task(cfg.data, tokenizer)
-    return resolve_vocab(cfg, task.tokenizer.vocab_size), task
+    return resolve_vocab(cfg, task.tokenizer.vocab_size, task.tokenizer.pad_id), task

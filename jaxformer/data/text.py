@@ -37,10 +37,15 @@ def corpus_path(path: str | Path) -> Path:
 
 def load_text(path: str | Path, *, gutenberg: bool = True) -> str:
     """Read UTF-8 text (a byte-order mark is dropped), normalise CRLF/CR to LF, optionally strip the Gutenberg
-    boilerplate. path: a file, or "builtin:NAME". Raises DataError for a missing or empty file."""
+    boilerplate. path: a file, or "builtin:NAME". Raises DataError for a missing, empty, all-NUL or non-regular
+    file (a directory, a FIFO)."""
     path = corpus_path(path)
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"text file {str(path)!r} does not exist")
+    if path.is_dir():
+        raise DataError(f"text file {str(path)!r} is a directory, not a text file")
+    if not path.is_file():
+        raise DataError(f"text file {str(path)!r} is not a regular file (a FIFO or device cannot be read twice)")
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")
@@ -51,4 +56,6 @@ def load_text(path: str | Path, *, gutenberg: bool = True) -> str:
         text = strip_gutenberg(text)
     if not text.strip():
         raise DataError(f"text file {str(path)!r} is empty")
+    if not text.replace("\x00", "").strip():
+        raise DataError(f"text file {str(path)!r} holds only NUL bytes (a sparse or zeroed file), no text")
     return text

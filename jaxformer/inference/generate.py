@@ -7,6 +7,7 @@ import numpy as np
 
 from jaxformer.arch import adapter
 from jaxformer.data import DataError, build_task
+from jaxformer.errors import ConfigError
 from jaxformer.data.tokenizers import DigitTokenizer
 from jaxformer.inference.restore import LoadedModel
 
@@ -38,6 +39,10 @@ def generate_text(run: LoadedModel, prompts: list[str], *, max_new: int | None =
     kv_cache: the decoding cache's storage, "auto" (the model's dtype) or "int8"."""
     if not prompts:
         raise DataError("no prompts given")
+    if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
+        raise ConfigError(f"beam={beam!r} must be an integer >= 1 (1 = greedy or sampled decoding)")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
+        raise ConfigError(f"seed={seed!r} must be an integer in [0, 2**32)")
     tok, arch = run.tokenizer, adapter(run.cfg.model.arch)
     batch = arch.prompt_batch([arch.prompt_row(tok, prompt_ids(tok, p)) for p in prompts], run.cfg.model.pad_id)
     out = arch.generate(run.model, tok, batch, max_new=max_new, key=jax.random.key(seed), temperature=temperature,

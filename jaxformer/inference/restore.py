@@ -54,7 +54,7 @@ def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = Non
     if not run.tokenizer_path.exists():
         raise ConfigError(f"{run.path} has no tokenizer.json (not a run directory)")
     tokenizer = run.read_tokenizer()
-    cfg = resolve_vocab(cfg, tokenizer.vocab_size)
+    cfg = resolve_vocab(cfg, tokenizer.vocab_size, getattr(tokenizer, "pad_id", None))
     graph, abstract = abstract_model(cfg, plan)
     ckpt = run.checkpoints(cfg, read_only=True)
     try:

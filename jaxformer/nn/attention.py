@@ -5,7 +5,6 @@ Axis legend: B batch, T query length, S key length, D model width, N query heads
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import ops

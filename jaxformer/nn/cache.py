@@ -118,9 +118,3 @@ class Memory(NamedTuple):
     valid: jax.Array
     segments: jax.Array | None = None
     kv: LayerKV | None = None
-
-    def take(self, rows: jax.Array) -> "Memory":
-        """The memory with its batch rows reordered / repeated (rows [B'] int)."""
-        pick = lambda a, axis: None if a is None else jnp.take(a, rows, axis=axis)     # noqa: E731
-        kv = None if self.kv is None else LayerKV(pick(self.kv.k, 1), pick(self.kv.v, 1))
-        return Memory(pick(self.x, 0), pick(self.valid, 0), pick(self.segments, 0), kv)

@@ -155,17 +155,20 @@ class DecoderBlock(nnx.Module):
         self.res_ffn = Residual(cfg, rngs=rngs)
 
     def __call__(self, x: jax.Array, ctx: Context, *, cache: LayerKV | None = None,
-                 memory_kv: LayerKV | None = None, rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
+                 memory_kv: LayerKV | None = None, window: jax.Array | None = None,
+                 rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
         """x [B,T,D] -> ([B,T,D], aux).
 
         cache: this layer's cached keys/values [B,S,K,H]: the self-attention attends over them followed by the T
         new keys (ctx.mask and ctx.kv_positions cover S+T keys), and aux["kv"] holds the new keys/values
         [B,T,K,H] for the caller to write into its cache. memory_kv: this layer's cross-attention keys/values of
-        the encoder memory [B,S,K,H] (else they are projected from ctx.memory). aux also holds "self" [B,N,T,S]
-        and "cross" [B,N,T,S_src] weights with ctx.weights (uncached passes), "moe" statistics."""
+        the encoder memory [B,S,K,H] (else they are projected from ctx.memory). window: this layer's sliding
+        window (an int scalar, 0 = global) applied to ctx.mask (a lazy ops.masks.CausalMask). aux also holds
+        "self" [B,N,T,S] and "cross" [B,N,T,S_src] weights with ctx.weights (uncached passes), "moe" statistics."""
         if ctx.weights and cache is not None:
             raise ValueError("attention weights are for uncached passes (cache=None)")
-        x, a = self.res_self(x, lambda y: self.self_attn(y, mask=ctx.mask, positions=ctx.positions,
+        mask = ctx.mask if window is None else ctx.mask._replace(window=window)
+        x, a = self.res_self(x, lambda y: self.self_attn(y, mask=mask, positions=ctx.positions,
                                                          kv_positions=ctx.kv_positions, cache=cache,
                                                          weights=ctx.weights), rngs)
         aux = _renamed(a, "self")

@@ -167,12 +167,15 @@ class Decoder(nnx.Module):
         self.layers = LayerStack(_makers(cfg, lambda **kw: DecoderBlock(cfg, cross=cross, **kw)),
                                  cfg.num_decoder_layers, remat=cfg.remat, rngs=rngs)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
+        self.windows = cfg.layer_windows() if any(cfg.attention_windows) else None    # static, per layer
 
     def __call__(self, x, ctx: Context, *, cache: LayerKV | None = None, memory_kv: LayerKV | None = None,
                  rngs=None) -> tuple[jax.Array, dict]:
         """x [B,T,D] -> (x [B,T,D], aux stacked over layers [L,...]: "kv" new keys/values when cached, "self" /
-        "cross" weights, "moe")."""
-        x, aux = self.layers(x, ctx, cache=cache, memory_kv=memory_kv, rngs=rngs)
+        "cross" weights, "moe"). Layers with a sliding window (model.attention_windows) see only that many
+        recent positions."""
+        window = None if self.windows is None else jnp.asarray(self.windows, jnp.int32)
+        x, aux = self.layers(x, ctx, cache=cache, memory_kv=memory_kv, window=window, rngs=rngs)
         return (self.final_norm(x) if self.final_norm is not None else x), aux
 
 

@@ -57,9 +57,3 @@ def matrix_mask(module: nnx.Module) -> nnx.State:
     """nnx.state(module, nnx.Param) with each parameter replaced by True for weight matrices (see `param`)."""
     return jax.tree.map(lambda v: bool(v.get_metadata().get("matrix", False)), nnx.state(module, nnx.Param),
                         is_leaf=lambda x: isinstance(x, nnx.Variable))
-
-
-def logical_axes(module: nnx.Module) -> dict:
-    """{path: logical axis names} of every parameter (stacked ones carry "layers" first)."""
-    return {path: tuple(v.get_metadata().get("out_sharding") or ())
-            for path, v in nnx.to_flat_state(nnx.state(module, nnx.Param))}

@@ -56,14 +56,14 @@ class LayerStack(nnx.Module):
         return [self.blocks] if self.pattern == 1 else list(self.blocks)
 
     def __call__(self, x: jax.Array, ctx, *, cache: LayerKV | None = None, memory_kv: LayerKV | None = None,
-                 rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
+                 window: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
         """Apply the L blocks in order: block(x, ctx, ...) -> (x, aux). x [B,T,D] -> (x [B,T,D], aux).
 
-        ctx: what every block reads (`nn.layers.Context`). cache, memory_kv: per-layer inputs, leaves with a
-        leading axis L (the decoder's cached keys/values; the cross-attention keys/values of the memory), sliced
-        per layer and passed to block i under the same names. aux: each key's leaves stacked on a leading axis
-        over the layers that returned it, in layer order (L for all layers). rngs: a dropout stream (training);
-        each layer gets its own key.
+        ctx: what every block reads (`nn.layers.Context`). cache, memory_kv, window: per-layer inputs, leaves with
+        a leading axis L (the decoder's cached keys/values; the cross-attention keys/values of the memory; each
+        layer's sliding window, int [L]), sliced per layer and passed to block i under the same names.
+        aux: each key's leaves stacked on a leading axis over the layers that returned it, in layer order (L for
+        all layers). rngs: a dropout stream (training); each layer gets its own key.
         """
         n, groups = self.pattern, self.num_layers // self.pattern
         graphdefs, states = zip(*(nnx.split(k) for k in self._kinds()))
@@ -71,7 +71,8 @@ class LayerStack(nnx.Module):
         if rngs is not None:
             keys = jax.random.split(rngs.dropout(), self.num_layers)
             keys = keys.reshape(groups, n, *keys.shape[1:])
-        per_layer = {k: v for k, v in (("cache", cache), ("memory_kv", memory_kv)) if v is not None}
+        per_layer = {k: v for k, v in (("cache", cache), ("memory_kv", memory_kv), ("window", window))
+                     if v is not None}
         per_layer = jax.tree.map(lambda a: a.reshape(groups, n, *a.shape[1:]), per_layer)
 
         def body(h, xs):

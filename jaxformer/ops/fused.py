@@ -23,14 +23,14 @@ def platform() -> str:
 
 
 def problem(backend: str, *, dtype=None, where: str | None = None, bias: bool = False,
-            cross: bool = False) -> str | None:
+            cross: bool = False, window: bool = False) -> str | None:
     """Why `backend` cannot run, or None: the one capability check of the attention backends (the config checks
     it with where="any", the model again on this machine before compiling; the kernels' per-call checks of
     masks and shapes happen while tracing).
 
     dtype: the activations' dtype; where: the platform ("cpu" | "gpu" | "tpu"; default this process's, "any"
     skips the platform checks); bias: an additive bias such as ALiBi is needed; cross: cross-attention (an
-    encoder-decoder) is needed."""
+    encoder-decoder) is needed; window: sliding-window attention is needed."""
     plat = where or platform()
     if backend == "cudnn":
         if plat not in ("gpu", "any"):
@@ -42,6 +42,9 @@ def problem(backend: str, *, dtype=None, where: str | None = None, bias: bool = 
         if bias:
             return ("attention backend 'pallas' takes no additive bias (ALiBi or a custom bias); model.positional="
                     "'alibi' needs 'chunked' or 'reference'")
+        if window:
+            return ("attention backend 'pallas' takes no sliding window (model.attention_windows); use 'chunked' or "
+                    "'reference'")
         if cross:
             return ("attention backend 'pallas' runs self-attention only (JAX's Pallas GPU kernel shares one "
                     "segment-id array between queries and keys); an encoder-decoder's cross-attention needs "
@@ -61,7 +64,7 @@ def _segment_ids(mask, b: int, t: int, s: int):
                                "sequence (queries and keys at the same positions); decode steps against a KV "
                                "cache need 'chunked' or 'reference'")
         if mask.window is not None:
-            raise BackendError("attention backend 'pallas' takes no sliding window; use 'chunked' or 'reference'")
+            raise BackendError(problem("pallas", window=True))
         valid = jnp.ones((b, s), bool) if mask.k_valid is None else mask.k_valid
         if mask.q_segments is None:
             return (None if mask.k_valid is None else valid.astype(jnp.int32)), True

@@ -17,8 +17,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import json
 import logging
+import math
 import signal
 import sys
 import time
@@ -107,8 +107,7 @@ def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, pr
             status = "completed" if step >= p.cfg.train.steps else "interrupted"
             timings = {k: round(clock[k], 4) for k in TIMINGS}
             if is_primary():
-                with (run.path / "timings.jsonl").open("a", encoding="utf-8") as f:
-                    f.write(json.dumps({"from_step": p.start, "to_step": step, **timings}) + "\n")
+                run.append_timings({"from_step": p.start, "to_step": step, **timings})
             return {"status": status, "signal": signame, "step": step, "eval": last_eval or {}, "examples": rows,
                     "workdir": str(run.path), "wall_s": time.perf_counter() - t0, "timings": timings}
         finally:
@@ -127,6 +126,11 @@ def prepare(cfg: Config, run: RunDir, plan: Plan) -> Prepared:
             if diffs:
                 raise IncompatibleCheckpoint(f"{run.path} holds checkpoints of another config; differing keys: "
                                              + "; ".join(diffs) + ". Use a new --workdir.")
+            saved = run.read_fingerprint()
+            if saved is not None and saved != task.fingerprint:
+                raise IncompatibleCheckpoint(f"{run.path} was trained on other text than {cfg.data.path!r} holds "
+                                             f"now (sha256 {saved[:12]}… then, {str(task.fingerprint)[:12]}… now); "
+                                             f"restore the file or use a new --workdir")
         plan.check_batch(cfg.data.batch_size, "data.batch_size")
         graphs, target = abstract_state(cfg, plan)          # checks every sharded dimension
         if resuming:
@@ -142,7 +146,7 @@ def prepare(cfg: Config, run: RunDir, plan: Plan) -> Prepared:
             if primary:
                 run.set_aside_history("no checkpoint to resume from")
         if primary:
-            run.write(cfg, task.tokenizer)
+            run.write(cfg, task.tokenizer, task.fingerprint)
     except BaseException:
         ckpt.close()
         raise
@@ -199,24 +203,28 @@ class _Progress:
 
 @jax.jit
 def _track(bad, bad_loss, tokens, step, m):
-    """Device-side bookkeeping of one step: the first step with a non-finite loss (−1: none yet), its loss,
-    and the target tokens since the last log."""
-    new = (bad < 0) & ~jnp.isfinite(m["loss"])
-    return jnp.where(new, step, bad), jnp.where(new, m["loss"], bad_loss), tokens + m["tokens"]
+    """Device-side bookkeeping of one step: the first step whose loss or gradient norm is not finite (−1: none
+    yet; a non-finite gradient makes that step's update, and so its parameters, non-finite), its loss, and the
+    target tokens since the last log."""
+    new = (bad < 0) & ~(jnp.isfinite(m["loss"]) & jnp.isfinite(m["grad_norm"]))
+    seen = jnp.stack([m["loss"], m["grad_norm"]]).astype(jnp.float32)
+    return jnp.where(new, step, bad), jnp.where(new, seen, bad_loss), tokens + m["tokens"]
 
 
 class _Watch:
     """What the loop learns about its steps without reading them back each step (see `_track`)."""
 
     def __init__(self):
-        self.bad, self.bad_loss, self.tokens = jnp.int32(-1), jnp.float32(0), jnp.float32(0)
+        self.bad, self.bad_loss, self.tokens = jnp.int32(-1), jnp.zeros(2, jnp.float32), jnp.float32(0)
 
     def add(self, step: int, m: dict) -> None:
         self.bad, self.bad_loss, self.tokens = _track(self.bad, self.bad_loss, self.tokens, jnp.int32(step), m)
 
-    def first_bad(self) -> tuple[int | None, float]:
-        bad, loss = jax.device_get((self.bad, self.bad_loss))
-        return (int(bad), float(loss)) if bad >= 0 else (None, 0.0)
+    def first_bad(self) -> tuple[int | None, float, float]:
+        """-> (the first step whose loss or gradient norm was not finite, its loss, its gradient norm), or
+        (None, 0, 0)."""
+        bad, seen = jax.device_get((self.bad, self.bad_loss))
+        return (int(bad), float(seen[0]), float(seen[1])) if bad >= 0 else (None, 0.0, 0.0)
 
     def take_tokens(self) -> float:
         tokens, self.tokens = float(self.tokens), jnp.float32(0)
@@ -235,7 +243,7 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
     eval_step = make_eval_step(p.graphs.model, cfg, plan)
     lr_at, base_key = schedule(cfg.optim, tc.steps), jax.random.key(tc.seed)
     primary = is_primary()
-    log = run.metrics_path.open("a", encoding="utf-8") if primary else None
+    log = run.metrics_log() if primary else None
     tb = SummaryWriter(str(run.tb_path), purge_step=p.start or None) if primary else None
     bar = _Progress(progress if primary else "none", tc.steps, p.start)
 
@@ -243,8 +251,7 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
         rec = {k: float(v) for k, v in metrics.items()}
         if not primary:
             return
-        log.write(json.dumps({"step": step, "split": split, **rec}) + "\n")
-        log.flush()
+        log.write(step, split, rec)
         for k, v in rec.items():
             tb.add_scalar(f"{split}/{k}", v, step)
         bar.log(step, split, rec)
@@ -254,14 +261,18 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
 
     def check():
         """The one host read of the hot loop (at log, eval and checkpoint steps): raise NonFiniteLoss naming
-        the first step whose loss was not finite, before any checkpoint could hold its state."""
-        bad, loss = watch.first_bad()
+        the first step whose loss or gradient norm was not finite, before any checkpoint could hold its state
+        (a non-finite gradient poisons that step's parameters even while its loss is finite)."""
+        bad, loss, gnorm = watch.first_bad()
         if bad is not None:
             good = ckpt.steps("latest")
             where = (f"last good checkpoint: step {good[-1]} in {ckpt.root / 'latest'}" if good else
                      "no checkpoint was saved before it")
-            raise NonFiniteLoss(f"loss is {loss} at step {bad}; {where}. Lower optim.lr, raise "
-                                f"optim.warmup_steps or set optim.clip_norm")
+            what = (f"loss is {loss}" if not math.isfinite(loss) else
+                    f"gradient norm is {gnorm} (loss {loss:.4g})")
+            raise NonFiniteLoss(f"{what} at step {bad}; {where}. Train again in a new --workdir (a run "
+                                f"resumes only with its own optim.*) with a lower optim.lr, a higher "
+                                f"optim.warmup_steps or optim.clip_norm set")
 
     # The loop never waits for the device between those reads: the next batch is fetched and put on the
     # device while the current step runs (the data state saved with a checkpoint is the one of its step).

@@ -1,6 +1,7 @@
 """Explicit attention inputs: packed documents (segment ids, positions restarting per document) give each
 document the logits and the cached greedy decoding it has alone, on every attention backend that runs here; a
-token equal to the pad id that is not padding attends normally once segment ids say so.
+token equal to the pad id that is not padding attends normally once segment ids say so; sliding-window layers
+see exactly their window, cached or not.
 
 Wrong implementations these catch: a mask that ignores segments (documents see each other), positions that do
 not restart (absolute encodings shift), segment masks applied only to the queries, a cache that forgets its
@@ -131,3 +132,55 @@ def test_packed_seq2seq_pairs_equal_each_pair_alone(backend):
     alone = np.concatenate([run(m, jnp.asarray([s], jnp.int32), jnp.asarray([t], jnp.int32))
                             for s, t in zip(srcs, tgts)], 1)
     assert np.abs(packed - alone).max() <= tol(alone)
+
+
+# ----------------------------------------------------------------------------- sliding-window attention
+
+def test_window_mask_matches_a_numpy_reference():
+    rng = np.random.default_rng(0)
+    qp, kp = rng.integers(0, 20, (2, 7)), rng.integers(0, 20, (2, 9))
+    for w in (0, 1, 3):
+        got = np.asarray(ops.position_causal_mask(jnp.asarray(qp), jnp.asarray(kp), window=jnp.int32(w)))[:, 0]
+        d = qp[:, :, None] - kp[:, None, :]
+        np.testing.assert_array_equal(got, (d >= 0) & ((d < w) | (w == 0)))
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked"])
+def test_windowed_layers_see_exactly_their_receptive_field(backend):
+    """Two layers of window 3: position t depends on positions t-4 .. t and on nothing earlier; a pattern (3, 0)
+    makes the second layer global again."""
+    m = model(positional="rope", attention_windows=(3,), attention_backend=backend, attention_block=4)
+    x = jnp.asarray([[3, 4, 5, 6, 7, 8, 9, 10, 1, 2]], jnp.int32)
+    moved = np.abs(run(m, x.at[0, 0].set(11)) - run(m, x)).max(-1)[0]
+    assert (moved[:5] > 0).all() and (moved[5:] == 0).all(), moved
+    mixed = model(positional="rope", attention_windows=(3, 0))
+    assert (np.abs(run(mixed, x.at[0, 0].set(11)) - run(mixed, x)).max(-1)[0] > 0).all()
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked"])
+def test_windowed_cached_decoding_equals_the_full_forward(backend):
+    m = model(positional="alibi", attention_windows=(2, 0), attention_backend=backend, attention_block=4)
+    x = jnp.asarray(np.random.default_rng(1).integers(1, V, (2, 11)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(11, dtype=jnp.int32), x.shape)
+
+    @jax.jit
+    def cached(x):
+        cache = m.init_cache(2, 11)
+        first, cache = m.step(x[:, :4], pos[:, :4], cache, prefill=True)
+        rest = []
+        for i in range(4, 11):
+            lg, cache = m.step(x[:, i:i + 1], pos[:, i:i + 1], cache)
+            rest.append(lg)
+        return jnp.concatenate([first, *rest], 1)
+    want = run(m, x)
+    assert np.abs(np.asarray(cached(x)) - want).max() <= tol(want)
+
+
+def test_windows_are_validated_and_pallas_refuses_them():
+    from jaxformer.errors import ConfigError
+    with pytest.raises(ConfigError, match="model.attention_windows"):
+        cfg(attention_windows=(3, 0, 1))                      # 3 does not divide 2 layers
+    with pytest.raises(ConfigError, match="model.attention_windows"):
+        cfg(attention_windows=(-1,))
+    with pytest.raises(ConfigError, match="sliding window"):
+        cfg(attention_windows=(4,), attention_backend="pallas")

@@ -1,0 +1,138 @@
+"""Plant the bug you fear: apply each plausible wrong implementation below to a copy of the repository, run the
+tests meant to catch it, and report which mutants survive (a survivor is a test still to write).
+
+    .venv/bin/python tests/mutants.py [--only NAME ...] [--out FILE.json]
+
+Each mutant replaces one exact snippet of one file (the script fails loudly if the snippet is gone, so the list
+cannot rot silently) and names the pytest selection that must fail on it. The copy is imported through
+PYTHONPATH, ahead of the editable install, so the working tree is never touched. Not collected by pytest.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    why: str          # the wrong implementation, in words
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTANTS = (
+    Mutant("segments-ignored", "the causal mask ignores document boundaries", "jaxformer/ops/masks.py",
+           "        m = m & (q_segments[:, :, None] == k_segments[:, None, :])\n", "",
+           ("tests/test_attention_inputs.py",)),
+    Mutant("positions-do-not-restart", "positions run on across packed documents", "jaxformer/ops/masks.py",
+           "    pos = idx - jax.lax.cummax(start, axis=1)\n", "    pos = idx + 0 * start\n",
+           ("tests/test_attention_inputs.py",)),
+    Mutant("cache-forgets-documents", "the KV cache stores every slot as document 1", "jaxformer/nn/cache.py",
+           "put(self.segments, segments.astype(jnp.int32), 1)", "put(self.segments, jnp.ones_like(segments), 1)",
+           ("tests/test_attention_inputs.py", "-k", "cached")),
+    Mutant("cross-attention-leaks", "cross-attention sees every packed source", "jaxformer/nn/models.py",
+           "        return ops.segment_mask(self.segments, memory.segments)\n",
+           "        return memory.valid[:, None, None, :]\n", ("tests/test_attention_inputs.py", "-k", "seq2seq")),
+    Mutant("pallas-drops-segments", "the Pallas kernel gets key padding instead of segment ids",
+           "jaxformer/ops/fused.py", "        return jnp.where(valid, mask.k_segments, 0).astype(jnp.int32), True\n",
+           "        return valid.astype(jnp.int32), True\n", ("tests/test_attention_inputs.py", "-k", "pallas")),
+    Mutant("window-off-by-one", "a window of w sees w+1 positions", "jaxformer/ops/masks.py",
+           "k_positions[:, None, :] < window", "k_positions[:, None, :] <= window",
+           ("tests/test_attention_inputs.py", "-k", "window")),
+    Mutant("embedding-decayed", "AdamW decays the embedding table", "jaxformer/nn/models.py",
+           '(cfg.vocab_size, d), ("vocab", "embed"))', '(cfg.vocab_size, d), ("vocab", "embed"), matrix=True)',
+           ("tests/test_train.py", "-k", "weight_decay")),
+    Mutant("int4-one-scale", "int4 with one scale per matrix (no per-channel scales, no 128-input blocks)",
+           "jaxformer/quantize.py", "channelwise_axes=channels, tiled_axes=tiles)",
+           "channelwise_axes=(), tiled_axes=None)", ("tests/test_quantize.py",)),
+    Mutant("w8a8-float-activations", "w8a8 that never quantizes its activations", "jaxformer/quantize.py",
+           "        if self.dynamic:\n", "        if False:\n", ("tests/test_quantize.py",)),
+    Mutant("exact-match-counts-all", "exact match counts every answer as exact", "jaxformer/inference/evaluate.py",
+           "exact += int((real & (pred == want).all(1)).sum())", "exact += int(real.sum())",
+           ("tests/test_inference.py", "-k", "exact")),
+    Mutant("nan-guard-loss-only", "the NaN guard reads the loss alone", "jaxformer/train/loop.py",
+           '~(jnp.isfinite(m["loss"]) & jnp.isfinite(m["grad_norm"]))', '~jnp.isfinite(m["loss"])',
+           ("tests/test_bad_inputs.py", "-k", "gradient")),
+    Mutant("dropout-keys-restart", "dropout keys restart from the first step on resume", "jaxformer/train/loop.py",
+           "jax.random.fold_in(base_key, step - 1)", "jax.random.fold_in(base_key, step - 1 - p.start)",
+           ("tests/test_train.py", "-k", "dropout")),
+    Mutant("no-clipping", "optim.clip_norm is ignored", "jaxformer/train/step.py",
+           "optax.chain(optax.clip_by_global_norm(cfg.clip_norm), base)", "base",
+           ("tests/test_train.py", "-k", "clipping")),
+    Mutant("pad-id-unchecked", "model.pad_id may disagree with the tokenizer", "jaxformer/config.py",
+           "    if pad_id is not None and cfg.model.pad_id != pad_id:\n", "    if False:\n",
+           ("tests/test_bad_inputs.py", "-k", "nonsense")),
+    Mutant("beam-never-finishes", "beam search keeps extending finished beams", "jaxformer/decode.py",
+           "        logp = jnp.where(finished[..., None], only_pad, _no_pad(logp, pad))",
+           "        logp = _no_pad(logp, pad)", ("tests/test_decode.py", "-k", "beam")),
+)
+
+
+def copy_tree(dest: Path) -> None:
+    """The files git tracks plus the untracked ones it does not ignore, as they are in the working tree."""
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.split("\n")
+    for rel in filter(None, out):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def run(m: Mutant, tree: Path) -> dict:
+    target = tree / m.path
+    original = target.read_text()
+    if original.count(m.old) != 1:
+        raise SystemExit(f"mutant {m.name}: its snippet occurs {original.count(m.old)} times in {m.path}; update "
+                         f"tests/mutants.py")
+    target.write_text(original.replace(m.old, m.new))
+    t0 = time.perf_counter()
+    try:
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *m.tests],
+                              cwd=tree, env=env, capture_output=True, text=True)
+    finally:
+        target.write_text(original)
+    last = (proc.stdout.strip().splitlines() or [""])[-1]
+    return {"name": m.name, "why": m.why, "killed": proc.returncode != 0, "tests": " ".join(m.tests),
+            "seconds": round(time.perf_counter() - t0, 1), "pytest": last}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--only", nargs="+", help="mutant names")
+    p.add_argument("--out", help="write the results as JSON")
+    args = p.parse_args()
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        tree = Path(d)
+        copy_tree(tree)
+        for m in chosen:
+            rows.append(run(m, tree))
+            r = rows[-1]
+            print(f"{'killed  ' if r['killed'] else 'SURVIVED'} {r['name']:26} {r['seconds']:6.1f}s  {r['pytest']}",
+                  flush=True)
+    survivors = [r["name"] for r in rows if not r["killed"]]
+    print(f"{len(rows) - len(survivors)}/{len(rows)} mutants killed" + (f"; survivors: {survivors}" if survivors
+                                                                        else ""))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

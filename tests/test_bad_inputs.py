@@ -1,0 +1,101 @@
+"""Inputs a user can get wrong are refused by name (a named error, exit 2, no traceback), and a diverging run
+never saves a poisoned checkpoint. Each case was accepted (or crashed) before it was refused here."""
+import types
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from helpers import cli_args, tiny_lm, tiny_reverse
+
+from jaxformer.cli import main as cli_main
+from jaxformer.configio import apply_overrides
+from jaxformer.data import DataError, resolve
+from jaxformer.data.tokenizers import DigitTokenizer
+from jaxformer.errors import ConfigError, NonFiniteLoss
+from jaxformer.inference import generate_text, prompt_ids
+from jaxformer.train.loop import train
+
+
+@pytest.mark.parametrize("override,field", [
+    ("data.seed=-1", "data.seed"), ("train.seed=-3", "train.seed"), (f"train.seed={2 ** 40}", "train.seed"),
+    ("optim.b1=1.5", "optim.b1"), ("optim.b2=nan", "optim.b2"), ("optim.b1=-0.1", "optim.b1"),
+    ("parallel.process_id=1", "parallel.process_id"), ("parallel.rules=[abc", "parallel.rules"),
+    ("model.pad_id=5", "model.pad_id"),
+])
+def test_nonsense_config_values_are_named(override, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        resolve(apply_overrides(tiny_reverse(), [override]))
+
+
+def test_superscript_digits_are_not_digits():
+    with pytest.raises(DataError, match="digits 0-9"):
+        prompt_ids(DigitTokenizer(), "²³")
+    np.testing.assert_array_equal(prompt_ids(DigitTokenizer(), "12"), DigitTokenizer().encode([1, 2]))
+
+
+@pytest.mark.parametrize("kw,what", [({"beam": 0}, "beam"), ({"beam": -3}, "beam"), ({"seed": 2 ** 70}, "seed"),
+                                     ({"seed": -1}, "seed")])
+def test_decoding_arguments_are_checked_before_anything_runs(kw, what):
+    run = types.SimpleNamespace()                     # never read: the arguments are refused first
+    with pytest.raises(ConfigError, match=what):
+        generate_text(run, ["123"], **kw)
+
+
+def test_an_empty_workdir_is_refused(capsys):
+    assert cli_main(["train", *cli_args("configs/reverse.py", []), "--workdir", ""]) == 2
+    assert cli_main(["generate", "--workdir", ""]) == 2
+    out = capsys.readouterr().out
+    assert "--workdir ''" in out and "Traceback" not in out
+
+
+def test_a_non_finite_gradient_stops_the_run_before_its_checkpoint_is_saved(tmp_path):
+    """AdamW at lr 1e6 without clipping: the gradient norm turns non-finite while the loss is still finite, so
+    that step's parameters are poisoned. The run stops naming that step, and every checkpoint it saved holds
+    finite arrays only (before: the loss-only guard saved and named a NaN checkpoint as the last good one)."""
+    from jaxformer.inference import load_model
+    cfg = tiny_lm("optim.lr=1e6", "optim.clip_norm=0", "optim.schedule=constant", "train.steps=30",
+                  "train.checkpoint_every=1", "train.keep_checkpoints=30", "train.eval_every=1000")
+    with pytest.raises(NonFiniteLoss, match=r"at step (\d+)") as e:
+        train(cfg, tmp_path, progress="none")
+    bad = int(str(e.value).split("at step ")[1].split(";")[0])
+    good = load_model(tmp_path, "latest")
+    assert good.step == bad - 1 and f"last good checkpoint: step {bad - 1}" in str(e.value)
+    assert all(bool(np.isfinite(np.asarray(x)).all()) for x in jax.tree.leaves(nnx.state(good.model)))
+    assert "new --workdir" in str(e.value)
+
+
+def test_text_paths_that_are_not_text_files_are_named(tmp_path):
+    import os
+
+    from jaxformer.data import load_text
+    with pytest.raises(DataError, match="is a directory"):
+        load_text(tmp_path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="not a regular file"):
+        load_text(fifo)
+    nul = tmp_path / "nul.txt"
+    nul.write_bytes(b"\0" * 4096)
+    with pytest.raises(DataError, match="NUL"):
+        load_text(nul, gutenberg=False)
+
+
+def test_an_unresolvable_coordinator_fails_at_once():
+    from jaxformer.config import ParallelConfig
+    from jaxformer.distributed import initialize
+    for address, what in (("no-such-host.invalid:1234", "does not resolve"), ("hostonly", "HOST:PORT")):
+        with pytest.raises(ConfigError, match=what):
+            initialize(ParallelConfig(coordinator=address, num_processes=2, process_id=1))
+
+
+def test_resume_refuses_a_changed_corpus_at_the_same_path(tmp_path):
+    from jaxformer.errors import IncompatibleCheckpoint
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    cfg = tiny_lm(f"data.path={corpus}", "data.gutenberg=False", "data.num_chars=None", "train.steps=4",
+                  "train.checkpoint_every=2", "train.eval_every=100", "train.num_examples=0")
+    train(cfg, tmp_path / "run", stop_after=2, progress="none")
+    corpus.write_text("the quick brown fox jumps over the lazy cat. " * 40)      # same characters, other text
+    with pytest.raises(IncompatibleCheckpoint, match="other text"):
+        train(cfg, tmp_path / "run", progress="none")
