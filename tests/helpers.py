@@ -61,3 +61,22 @@ def compiled(model, *args, key=None, **kw):
         m = nnx.merge(graphdef, state)
         return m(*args, **kw) if key is None else m(*args, rngs=nnx.Rngs(dropout=key), **kw)
     return jax.jit(f)(state, args, key)
+
+
+def cached_and_full(model, x, prefill: int):
+    """x [B,T] (no pad id: every token real): the logits of a `prefill`-token cached prefill followed by one-token
+    cached steps, the full forward's logits, and the final cache; one compiled program."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    @nnx.jit
+    def run(model, x):
+        b, t = x.shape
+        pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), x.shape)
+        first, cache = model.step(x[:, :prefill], pos[:, :prefill], model.init_cache(b, t), prefill=True)
+        rest = []
+        for i in range(prefill, t):
+            lg, cache = model.step(x[:, i:i + 1], pos[:, i:i + 1], cache)
+            rest.append(lg)
+        return jnp.concatenate([first, *rest], 1), model(x), cache
+    return run(model, x)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import cached_and_full
 
 from jaxformer import ops
 from jaxformer.config import ModelConfig
@@ -49,8 +50,8 @@ def run(m, *args, **kw):
     return np.asarray(jax.jit(lambda st, *a: nnx.merge(graphdef, st)(*a, **kw))(state, *args))
 
 
-@pytest.mark.parametrize("pe", ["sinusoidal", "learned", "rope", "alibi"])
-@pytest.mark.parametrize("backend", ["reference", "chunked"])
+@pytest.mark.parametrize("pe,backend", [(pe, "reference") for pe in ("sinusoidal", "learned", "rope", "alibi")]
+                         + [("learned", "chunked"), ("alibi", "chunked")])     # absolute and bias-based on tiles
 def test_packed_row_equals_each_document_alone(pe, backend):
     m = model(positional=pe, attention_backend=backend, attention_block=4)
     packed = run(m, jnp.asarray(ROW), segment_ids=jnp.asarray(SEG))
@@ -161,19 +162,8 @@ def test_windowed_layers_see_exactly_their_receptive_field(backend):
 def test_windowed_cached_decoding_equals_the_full_forward(backend):
     m = model(positional="alibi", attention_windows=(2, 0), attention_backend=backend, attention_block=4)
     x = jnp.asarray(np.random.default_rng(1).integers(1, V, (2, 11)), jnp.int32)
-    pos = jnp.broadcast_to(jnp.arange(11, dtype=jnp.int32), x.shape)
-
-    @jax.jit
-    def cached(x):
-        cache = m.init_cache(2, 11)
-        first, cache = m.step(x[:, :4], pos[:, :4], cache, prefill=True)
-        rest = []
-        for i in range(4, 11):
-            lg, cache = m.step(x[:, i:i + 1], pos[:, i:i + 1], cache)
-            rest.append(lg)
-        return jnp.concatenate([first, *rest], 1)
-    want = run(m, x)
-    assert np.abs(np.asarray(cached(x)) - want).max() <= tol(want)
+    got, want, _ = cached_and_full(m, x, 4)
+    assert np.abs(np.asarray(got) - np.asarray(want)).max() <= tol(want)
 
 
 def test_windows_are_validated_and_pallas_refuses_them():

@@ -74,7 +74,7 @@ def test_load_text_empty_is_an_error(tmp_path, data):
 def test_load_text_missing_file_or_directory(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         load_text(tmp_path / "nope.txt")
-    with pytest.raises(DataError, match="is a directory"):             # named for what it is (issue T)
+    with pytest.raises(DataError, match="is a directory"):             # named for what it is
         load_text(tmp_path)
 
 

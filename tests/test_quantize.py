@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import compiled
+from helpers import cached_and_full, compiled
 
 from jaxformer.config import ModelConfig
 from jaxformer.nn import build_model
@@ -96,23 +96,11 @@ def test_w8a8_one_row_padding_equals_the_row_of_a_batch():
     np.testing.assert_array_equal(np.asarray(one), np.asarray(many[:1, :1]))   # per-token scales: same bits
 
 
-@nnx.jit
-def cached_and_full(model, x):
-    """x [2,9]: logits of a 5-token prefill then 4 one-token cached steps, the full forward's, and the cache."""
-    pos = jnp.broadcast_to(jnp.arange(9), x.shape)                     # x holds no pad id: every token is real
-    cache = model.init_cache(2, 9)
-    first, cache = model.step(x[:, :5], pos[:, :5], cache, prefill=True)
-    rest = []
-    for i in range(5, 9):
-        lg, cache = model.step(x[:, i:i + 1], pos[:, i:i + 1], cache)
-        rest.append(lg)
-    return jnp.concatenate([first, *rest], 1), model(x), cache
-
-
 @pytest.mark.parametrize("mode", [pytest.param("int4", marks=pytest.mark.slow), "w8a8"])
 def test_quantized_cached_decoding_equals_its_full_forward(mode):
     model = quantize_model(build_model(cfg(), seed=2), mode)
-    got, want, _ = cached_and_full(model, jnp.asarray(np.random.default_rng(1).integers(1, V, (2, 9)), jnp.int32))
+    x = jnp.asarray(np.random.default_rng(1).integers(1, V, (2, 9)), jnp.int32)
+    got, want, _ = cached_and_full(model, x, 5)
     # int4 weights are constants: float32 agreement. w8a8 also rounds each activation to int8 at run time, and the
     # cached pass's float32-level differences can flip a rounding: bounded by one int8 step of the largest logit
     tol = 64 * EPS32 if mode == "int4" else 1 / 127
@@ -122,7 +110,7 @@ def test_quantized_cached_decoding_equals_its_full_forward(mode):
 def test_int8_kv_cache_decodes_like_the_full_forward_in_a_quarter_of_the_bytes():
     model = build_model(cfg(kv_cache_dtype="int8", num_kv_heads=2), seed=4)
     got, want, cache = cached_and_full(model, jnp.asarray(np.random.default_rng(3).integers(1, V, (2, 9)),
-                                                          jnp.int32))
+                                                          jnp.int32), 5)
     assert isinstance(cache.k, QuantizedKV) and cache.k.values.dtype == jnp.int8
     # keys and values rounded to int8 steps of each vector's largest entry: the logits move by less than a step
     assert 0 < float(jnp.abs(got - want).max()) <= 1 / 127 * float(jnp.abs(want).max())
