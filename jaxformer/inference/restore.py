@@ -15,7 +15,6 @@ from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
 from jaxformer.runs import RunDir
 
 log = logging.getLogger("jaxformer")
-QUANTIZE_MODES = ("int8", "int4", "w8a8")          # jaxformer.quantize.MODES (imported on use: it loads qwix)
 
 
 @dataclasses.dataclass
@@ -45,8 +44,10 @@ def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = Non
     Never writes to the run directory."""
     if which not in ("best", "latest"):
         raise ConfigError(f"which={which!r} must be 'best' or 'latest'")
-    if quantize is not None and quantize not in QUANTIZE_MODES:
-        raise ConfigError(f"quantize={quantize!r} is not one of {QUANTIZE_MODES}")
+    if quantize is not None:
+        from jaxformer.quantize import MODES           # imported on use: it loads qwix
+        if quantize not in MODES:
+            raise ConfigError(f"quantize={quantize!r} is not one of {MODES}")
     run = RunDir(workdir)
     if not run.path.is_dir():
         raise ConfigError(f"{str(run.path)!r} is not a run directory")
