@@ -92,12 +92,6 @@ def _check_room(cfg, prompt_len: int, max_new: int, cache_len: int | None):
     cfg.check_length(total, "prompt + generated")
 
 
-def _kv_dtype(kv_cache: str) -> str:
-    if kv_cache not in ("auto", "int8"):
-        raise ConfigError(f"kv_cache={kv_cache!r} is not one of ('auto', 'int8')")
-    return kv_cache
-
-
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "eos_id", "sampling", "cache_len", "kv_cache"))
 def _generate_lm(graphdef, state, prompts, segment_ids, key, *, max_new, eos_id, sampling, cache_len, kv_cache):
     model = nnx.merge(graphdef, state)
@@ -133,7 +127,7 @@ def generate_lm(model, prompts, *, max_new: int, key=None, temperature: float = 
     segment_ids = None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
     return _generate_lm(graphdef, state, prompts, segment_ids, key, max_new=max_new, eos_id=eos_id,
                         sampling=_sampling(temperature, top_k, top_p, model.cfg.vocab_size), cache_len=cache_len,
-                        kv_cache=_kv_dtype(kv_cache))
+                        kv_cache=kv_cache)
 
 
 def _memory(model, src, segment_ids=None):
@@ -162,7 +156,7 @@ def generate_seq2seq(model, src, *, max_new: int, bos_id: int, eos_id: int | Non
     key = jax.random.key(0) if key is None else key
     return _generate_seq2seq(graphdef, state, jnp.asarray(src, jnp.int32), key, max_new=max_new, bos_id=bos_id,
                              eos_id=eos_id, sampling=_sampling(temperature, top_k, top_p, model.cfg.vocab_size),
-                             kv_cache=_kv_dtype(kv_cache))
+                             kv_cache=kv_cache)
 
 
 def finish_after_eos(tokens: jax.Array, eos_id: int, pad_id: int) -> jax.Array:
@@ -246,4 +240,4 @@ def beam_search(model, src, *, max_new: int, bos_id: int, eos_id: int | None, be
     _check_room(model.cfg, 0, max_new, None)
     graphdef, state = nnx.split(model)
     return _beam_search(graphdef, state, jnp.asarray(src, jnp.int32), max_new=max_new, bos_id=bos_id,
-                        eos_id=eos_id, beam=beam, length_penalty=float(length_penalty), kv_cache=_kv_dtype(kv_cache))
+                        eos_id=eos_id, beam=beam, length_penalty=float(length_penalty), kv_cache=kv_cache)
