@@ -9,7 +9,9 @@ deleted), so the resumed run can save those steps again.
 from __future__ import annotations
 
 import logging
+import re
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -66,11 +68,20 @@ class Checkpoints:
         eval `metrics` are given. Returns when the write is complete."""
         args = ocp.args.Composite(**{k: ocp.args.StandardSave(v) for k, v in state.items()},
                                   data=ocp.args.JsonSave(data_state))
-        self.managers["latest"].save(step, args=args, force=True)
-        if metrics is not None:
-            self.managers["best"].save(step, args=args, metrics=metrics, force=True)
-        for m in self.managers.values():
-            m.wait_until_finished()
+        try:
+            with _held_library_errors():
+                self.managers["latest"].save(step, args=args, force=True)
+                if metrics is not None:
+                    self.managers["best"].save(step, args=args, metrics=metrics, force=True)
+                for m in self.managers.values():
+                    m.wait_until_finished()
+        except Exception as e:        # a full disk, a vanished mount, permissions: orbax/tensorstore raise
+            done = [s for s in self.steps("latest") if s != step]
+            raise CheckpointError(
+                f"cannot write the checkpoint of step {step} in {self.root}: {_reason(e)}. "
+                + (f"The newest complete checkpoint is step {done[-1]} (kept); " if done else
+                   "No earlier checkpoint exists; ")
+                + "free space (or fix the disk) and rerun the same command to resume") from None
 
     def restore(self, target: dict, kinds: tuple[str, ...] = ("latest",), *, data: bool = False
                 ) -> Restored | None:
@@ -94,7 +105,7 @@ class Checkpoints:
             try:
                 out = self.managers[kind].restore(step, args=ocp.args.Composite(**args))
             except Exception as e:  # orbax/tensorstore/JSON errors of one unreadable step: try the next
-                _quiet_failed_reads()
+                _quiet_aborted_io()
                 bad.append((kind, step, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"))
                 log.warning("checkpoint %s is unreadable (%s)", self.root / kind / str(step), bad[-1][2])
                 continue
@@ -123,26 +134,54 @@ class Checkpoints:
             m.close()
 
 
-def _quiet_failed_reads() -> None:
-    """When one array of a step fails to read, orbax closes its event loop while tensorstore still completes
-    the other reads; their callbacks then raise "Event loop is closed" (printed as unraisable tracebacks, after
-    the restore has returned) and leave "Future exception was never retrieved" log records. That is noise about
-    a failure already reported by name: after the first failed read, this process drops exactly those (and the
-    "coroutine was never awaited" warning of the same aborted read)."""
+def _reason(e: Exception) -> str:
+    """The OS's words for a failed write (e.g. "No space left on device"), else the error's first line."""
+    text = str(e)
+    for why in ("No space left on device", "Disk quota exceeded", "Permission denied", "Read-only file system",
+                "Input/output error"):
+        if why in text:
+            return why
+    return f"{type(e).__name__}: {(text.splitlines() or [''])[0][:200]}"
+
+
+class _held_library_errors:
+    """While a save runs, orbax's ERROR log records (one per failed write, with its traceback) are held back:
+    re-emitted if the save succeeds, dropped if it fails (the caller raises one CheckpointError instead)."""
+
+    def __enter__(self):
+        _quiet_aborted_io()
+        self.records, self.logger = [], logging.getLogger("absl")
+        self.filter = lambda r: r.levelno < logging.ERROR or self.records.append(r)
+        self.logger.addFilter(self.filter)
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        self.logger.removeFilter(self.filter)
+        for r in self.records if exc_type is None else ():
+            self.logger.handle(r)
+
+
+def _quiet_aborted_io() -> None:
+    """When one array of a step fails to read or write, orbax closes its event loop while tensorstore still
+    completes the other reads or writes; their callbacks then raise "Event loop is closed" (printed as
+    tracebacks from tensorstore's threads, also after the restore or save has returned) and leave "Future
+    exception was never retrieved" log records. That is noise about a failure reported by name (a warning, or
+    a CheckpointError): from the first save or failed read on, this process drops exactly those (and the
+    "coroutine was never awaited" warnings of the same aborted operation)."""
     global _QUIETED
     if _QUIETED:
         return
-    _QUIETED, hook = True, sys.unraisablehook
-
-    def quiet(u):
-        if not (isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"):
-            hook(u)
-
-    sys.unraisablehook = quiet
-    logging.getLogger("asyncio").addFilter(
-        lambda record: not record.getMessage().startswith("Future exception was never retrieved"))
-    warnings.filterwarnings("ignore", message="coroutine 'Store._get_array_metadatas' was never awaited",
-                            category=RuntimeWarning)      # the same aborted read, seen from tensorstore's side
+    _QUIETED = True
+    closed = lambda e: isinstance(e, RuntimeError) and str(e) == "Event loop is closed"
+    unraisable, excepthook, thread_hook = sys.unraisablehook, sys.excepthook, threading.excepthook
+    sys.unraisablehook = lambda u: None if closed(u.exc_value) else unraisable(u)
+    sys.excepthook = lambda t, e, tb: None if closed(e) else excepthook(t, e, tb)    # tensorstore's threads
+    threading.excepthook = lambda a: None if closed(a.exc_value) else thread_hook(a)
+    logging.getLogger("asyncio").addFilter(lambda record: not re.match(
+        r"(Future|_GatheringFuture|Task) exception was never retrieved", record.getMessage()))
+    for coroutine in ("Store._get_array_metadatas", "async_serialize_from_host.<locals>.write_fragment"):
+        warnings.filterwarnings("ignore", message=f"coroutine '{re.escape(coroutine)}' was never awaited",
+                                category=RuntimeWarning)   # the same aborted read or write, seen from tensorstore
 
 
 _QUIETED = False

@@ -56,6 +56,8 @@ def show_eval(ev: dict, title: str):
 
 
 def cmd_train(args) -> int:
+    import jax
+
     from jaxformer.distributed import is_primary
     from jaxformer.train.loop import train
     cfg = _config(args)
@@ -68,7 +70,10 @@ def cmd_train(args) -> int:
                           + f"; mesh {p.plan.describe()}")
 
     out = train(cfg, workdir, progress="lines" if args.no_progress else "auto", on_start=on_start)
-    if not is_primary():
+    primary = is_primary()
+    if jax.distributed.is_initialized():     # every process leaves together, here, not in its exit handlers
+        jax.distributed.shutdown()           # (which wait behind threads and printing; the peers' wait is bounded)
+    if not primary:
         return 0 if out["signal"] is None else 128 + signal.Signals[out["signal"]].value
     console.print(f"status: {out['status']}" + (f" by {out['signal']}" if out["signal"] else "")
                   + f" at step {out['step']} after {out['wall_s']:.1f} s")
@@ -260,10 +265,14 @@ def main(argv=None) -> int:
     except JaxformerError as e:
         console.print(Text.assemble((f"{e.label}:", "red"), " ", str(e)), soft_wrap=True)   # one unbroken line
         return e.exit_code
+    except BrokenPipeError:                  # stdout closed (`| head`, a quitting `less`) outside the train loop
+        from jaxformer.train.loop import detach_stdout
+        detach_stdout()
+        return 128 + getattr(signal, "SIGPIPE", 13)
     except OSError as e:                     # the machine's doing, not ours: a full disk, a vanished mount
         console.print(Text.assemble(("I/O error:", "red"), " ", str(e)), soft_wrap=True)
         return 2
-    except KeyboardInterrupt:                # a second Ctrl-C during training, or one outside it
+    except KeyboardInterrupt:                # a Ctrl-C outside the training loop
         console.print("[red]interrupted[/red]")
         return 128 + signal.SIGINT.value
 

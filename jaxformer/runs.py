@@ -152,6 +152,10 @@ class RunDir:
         """metrics.jsonl opened for appending one record per step and split (close it when done)."""
         return MetricsLog(self.metrics_path)
 
+    def board(self, purge_step: int | None = None) -> "Board":
+        """The TensorBoard event writer of RUN/tb (close it when done)."""
+        return Board(self.tb_path, purge_step)
+
     def append_timings(self, record: dict) -> None:
         with self.timings_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
@@ -206,17 +210,80 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 class MetricsLog:
-    """Appends metrics records to a run's metrics.jsonl, one line each, flushed as written."""
+    """Appends metrics records to a run's metrics.jsonl, one line each, flushed as written. A failed write (a
+    full disk) is a RunDirError: the metrics are the run's record, so the run stops."""
 
     def __init__(self, path: Path):
+        self.path = path
         self._f = path.open("a", encoding="utf-8")
 
     def write(self, step: int, split: str, metrics: dict) -> None:
-        self._f.write(json.dumps({"step": step, "split": split, **metrics}) + "\n")
-        self._f.flush()
+        try:
+            self._f.write(json.dumps({"step": step, "split": split, **metrics}) + "\n")
+            self._f.flush()
+        except OSError as e:
+            raise RunDirError(f"cannot write {self.path}: {e.strerror or e}; free space (or fix the disk) and "
+                              f"rerun the same command: it resumes from the newest checkpoint") from None
 
     def close(self) -> None:
-        self._f.close()
+        try:
+            self._f.close()
+        except OSError:         # the failed write was reported already; its buffered tail is recomputed on resume
+            pass
+
+
+class Board:
+    """TensorBoard scalars of a run (tensorboardX). Events that cannot be written (a full disk) are a warning,
+    once: metrics.jsonl holds the same records. Its writer thread and exit handler are then kept quiet."""
+
+    def __init__(self, path: Path, purge_step: int | None = None):
+        from tensorboardX import SummaryWriter
+        self.failed = False
+        self._w = SummaryWriter(str(path), purge_step=purge_step)
+        self._quiet_writer_threads()
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        if not self.failed:
+            self._guard(self._w.add_scalar, tag, value, step)
+
+    def close(self) -> None:
+        if not self.failed:
+            self._guard(self._w.close)
+
+    def _guard(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except OSError as e:
+            self._fail(e)
+
+    def _fail(self, e: OSError) -> None:
+        self.failed = True
+        log.warning("TensorBoard events in %s are no longer written (%s); metrics.jsonl has the same records",
+                    self._w.logdir, e.strerror or e)
+        writer = self._w.file_writer.event_writer if self._w.file_writer is not None else None
+        if writer is not None:                             # stop its thread; its exit handler would flush
+            try:                                           # again, and fail again
+                if writer._worker is not None:
+                    writer._worker.stop()
+            except Exception:       # noqa: BLE001 (the thread's own write failure, already reported above)
+                pass
+            writer._closed = True
+
+    @staticmethod
+    def _quiet_writer_threads() -> None:
+        """A failed write kills tensorboardX's logger thread with a printed traceback: keep that one quiet."""
+        import threading
+
+        from tensorboardX.event_file_writer import _EventLoggerThread
+        hook = threading.excepthook
+        if getattr(hook, "_jaxformer", False):
+            return
+
+        def quiet(a):
+            if not (isinstance(a.thread, _EventLoggerThread) and isinstance(a.exc_value, OSError)):
+                hook(a)
+        quiet._jaxformer = True
+        threading.excepthook = quiet
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -9,8 +9,10 @@ JAX: float32 matmuls at "highest" precision, so float32 tolerances hold on GPUs/
 precision is TF32 / bfloat16 passes) as they do on CPU. Compiled programs go to a persistent compilation cache in
 .pytest_cache/ (shared by the xdist workers and by the CLI subprocesses some tests start): the many small
 trainings compile the same few programs, and a cache hit skips XLA's compile, not any computation. The tests'
-programs are tiny and compiling them costs far more than running them, so XLA's backend (LLVM) optimisation level
-is 0: a code-generation setting (no change to the HLO, nor to what the tests compute), about 30% off the suite.
+programs are tiny and compiling them costs far more than running them, so XLA:CPU compiles them cheaply: LLVM
+optimisation level 0 (about 30% off the suite) and the classic elemental emitters instead of the MLIR fusion
+emitters (compiling a small train step 2.5x faster: 1.7 s -> 0.7 s). Both are code-generation settings: no change
+to the HLO, nor to what the tests compute, only to how fast the machine code is made and runs.
 On a GPU, memory is allocated on demand so that the two xdist workers can share it; the scale-out tests run their
 8 (or 2 × 4) devices as fake CPU devices in their own processes on any machine (tests/test_parallel.py).
 """
@@ -24,8 +26,9 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # on a GPU, the xdist workers share its memory
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):   # see the module docstring
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):   # module docstring
+    if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
 import jax  # noqa: E402  (after the cache settings above)
 import pytest  # noqa: E402

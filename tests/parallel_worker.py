@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 job = json.loads(Path(sys.argv[1]).read_text())
@@ -147,19 +148,36 @@ def shipped(path: str) -> dict:
     return {"mesh": plan.sizes, "mode": plan.mode}
 
 
-results: dict = {"devices": jax.device_count(), "strategies": {}, "errors": {}, "configs": {}}
+results: dict = {"devices": jax.device_count(), "strategies": {}, "errors": {}, "configs": {}, "seconds": {}}
+_t = time.perf_counter()
+
+
+def _lap(what: str) -> None:
+    """Wall seconds of each part, so that the suite's budget can be split by what costs."""
+    global _t
+    results["seconds"][what] = round(time.perf_counter() - _t, 1)
+    _t = time.perf_counter()
+
+
 for path in job.get("configs", []):
     results["configs"][Path(path).stem] = shipped(path)
+_lap("configs")
 for name, overrides in job.get("strategies", {}).items():
     results["strategies"][name] = steps(overrides)
+    _lap(name)
 if job.get("strategies"):
     results["strategies"]["one device"] = steps(job["baseline"], jax.devices()[:1])
+    _lap("one device")
 for name, overrides in job.get("moe", {}).items():
     results.setdefault("moe", {})[name] = steps(overrides, jax.devices()[:1] if name == "one device" else None)
+    _lap(f"moe {name}")
 for name, overrides in job.get("errors", {}).items():
     results["errors"][name] = refused(overrides)
+_lap("errors")
 if "lm_decode" in job:
     results["lm_decode"] = lm_decode(job["lm_decode"])
+    _lap("lm_decode")
 if "reshard" in job:
     results["reshard"] = reshard(job["reshard"])
+    _lap("reshard")
 Path(sys.argv[2]).write_text(json.dumps(results))

@@ -216,6 +216,7 @@ def test_lm_loss_and_grads_per_backend(backend):
     assert_same(loss_and_grads(dataclasses.replace(LM, attention_backend=backend), tokens), want)
 
 
+@pytest.mark.slow          # the encoder-decoder through the chunked backend with ALiBi: ~8 s
 def test_seq2seq_with_alibi_chunked():
     tokens, src = lm_batch(), lm_batch()[::-1, 3:]
     assert_same(loss_and_grads(dataclasses.replace(SEQ, attention_backend="chunked"), tokens, src),

@@ -89,7 +89,7 @@ def test_cudnn_packed_documents():
     assert np.abs(packed - alone).max() <= 64 * float(jnp.finfo(jnp.bfloat16).eps) * np.abs(alone).max()
 
 
-@pytest.mark.parametrize("backend", ["reference", "chunked"])
+@pytest.mark.parametrize("backend", ["reference", pytest.param("chunked", marks=pytest.mark.slow)])
 def test_cached_greedy_decoding_of_a_packed_row_continues_its_last_document_alone(backend):
     m = model(positional="rope", attention_backend=backend, attention_block=4)
     other = np.array([[5, 6, 7, 8, 9, 10, 3, 4, 11, 12, 4, 4]], np.int32)                    # one document

@@ -1,5 +1,9 @@
 """Inputs a user can get wrong are refused by name (a named error, exit 2, no traceback), and a diverging run
 never saves a poisoned checkpoint. Each case was accepted (or crashed) before it was refused here."""
+import dataclasses
+import os
+import re
+import subprocess
 import types
 
 import jax
@@ -12,7 +16,7 @@ from jaxformer.cli import main as cli_main
 from jaxformer.configio import apply_overrides
 from jaxformer.data import DataError, resolve
 from jaxformer.data.tokenizers import DigitTokenizer
-from jaxformer.errors import ConfigError, NonFiniteLoss
+from jaxformer.errors import CheckpointError, ConfigError, NonFiniteLoss
 from jaxformer.inference import generate_text, prompt_ids
 from jaxformer.train.loop import train
 
@@ -99,3 +103,37 @@ def test_resume_refuses_a_changed_corpus_at_the_same_path(tmp_path):
     corpus.write_text("the quick brown fox jumps over the lazy cat. " * 40)      # same characters, other text
     with pytest.raises(IncompatibleCheckpoint, match="other text"):
         train(cfg, tmp_path / "run", progress="none")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 600 kB tmpfs (root only: mounting needs it): room for a tiny run's first checkpoints, not for many."""
+    d = tmp_path / "disk"
+    d.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(d)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root (a full disk is simulated with one)")
+    yield d
+    subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning",       # pytest's own hooks
+                            "ignore::pytest.PytestUnhandledThreadExceptionWarning",   # replace the ones the
+                            "ignore:coroutine:RuntimeWarning")                        # CLI process quiets
+def test_a_full_disk_is_one_named_error_and_the_run_resumes_once_there_is_room(small_disk, capfd):
+    """Before: ~600 lines of orbax/tensorstore/asyncio/tensorboardX tracebacks, and the I/O error of a
+    TensorBoard flush in place of the checkpoint's. Now: one CheckpointError naming the step, the reason and the
+    checkpoint that is kept, one warning about TensorBoard, and nothing else."""
+    cfg = tiny_lm("train.steps=60", "train.log_every=1", "train.checkpoint_every=1", "train.eval_every=1000",
+                  "train.keep_checkpoints=100", "train.num_examples=0")
+    with pytest.raises(CheckpointError) as e:
+        train(cfg, small_disk / "run", progress="none")
+    m = re.search(r"checkpoint of step (\d+) .*: No space left on device\. The newest complete checkpoint is "
+                  r"step (\d+) \(kept\)", str(e.value))
+    assert m and int(m[2]) == int(m[1]) - 1, str(e.value)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Event loop is closed" not in err and "ERROR" not in err, err[-3000:]
+    subprocess.run(["mount", "-o", "remount,size=50M", str(small_disk)], check=True)
+    out = train(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=int(m[1]) + 1)),
+                small_disk / "run", progress="none")
+    assert out["status"] == "completed" and out["step"] == int(m[1]) + 1

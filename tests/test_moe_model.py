@@ -166,6 +166,7 @@ def test_moe_lm_cached_decoding_equals_the_full_forward():
     close(jnp.where(valid[..., None], cached(state), 0), jnp.where(valid[..., None], want, 0))
 
 
+@pytest.mark.slow          # int8 weights, MoE encoder-decoder, beam search: ~8 s of compiling
 def test_moe_seq2seq_quantized_beam_of_one_is_greedy_decoding():
     """Beam search and greedy decoding through MoE layers (int8-quantized: one model covers both features)."""
     c = cfg(arch="encoder_decoder", ffn="moe", num_experts=4, moe_top_k=2, positional="sinusoidal")

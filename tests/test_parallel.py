@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,18 +57,25 @@ def _worker(job: dict, tmp) -> dict:
     return json.loads((tmp / "out.json").read_text())
 
 
+# The default lane's worker (~60 s alone on 2 cores) covers data parallel, FSDP and the 3-axis mesh against one
+# device, the refused meshes, the shipped configs and the checkpoint resharding; the slow lane's second worker
+# (~40 s) adds the other strategies, the expert axis and sharded LM decoding.
+DEFAULT_STRATEGIES = ("data parallel", "fsdp", "data x fsdp x tensor")
+
+
+def _strategy(name):
+    return name if name in DEFAULT_STRATEGIES else pytest.param(name, marks=pytest.mark.slow)
+
+
 @pytest.fixture(scope="module")
 def eight(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("eight")
     steps = ["train.steps=20", "train.eval_every=20", "train.checkpoint_every=10", "train.log_every=1"]
     return _worker({
         "devices": 8, "tmp": str(tmp), "baseline": SMALL + ["parallel.data=1"],
-        "strategies": {k: SMALL + v for k, v in STRATEGIES.items()},
+        "strategies": {k: SMALL + STRATEGIES[k] for k in DEFAULT_STRATEGIES},
         "errors": {k: v[0] for k, v in REFUSED.items()},
-        "moe": {k: MOE + v for k, v in MOE_MESHES.items()},
         "configs": [str(p) for p in sorted((ROOT / "configs/parallel").glob("*.py"))],
-        "lm_decode": {"one": ["parallel.data=1", "model.num_heads=4"],
-                      "data x tensor": ["parallel.data=2", "parallel.tensor=4", "model.num_heads=4"]},
         "reshard": {"overrides": SMALL + STRATEGIES["fsdp"] + steps, "workdir": str(tmp / "fsdp-run"),
                     "meshes": {"fsdp": SMALL + STRATEGIES["fsdp"],
                                "data x tensor": SMALL + STRATEGIES["data x tensor"],
@@ -75,16 +83,38 @@ def eight(tmp_path_factory):
     }, tmp)
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
-def test_every_strategy_trains_like_one_device(eight, name):
-    base, got = eight["strategies"]["one device"]["losses"], eight["strategies"][name]["losses"]
+@pytest.fixture(scope="module")
+def eight_more(tmp_path_factory):
+    """The slow lane's 8-device worker: the remaining strategies (with their own one-device baseline), MoE
+    on the expert axis, and sharded LM decoding."""
+    tmp = tmp_path_factory.mktemp("eight-more")
+    return _worker({
+        "devices": 8, "tmp": str(tmp), "baseline": SMALL + ["parallel.data=1"],
+        "strategies": {k: SMALL + v for k, v in STRATEGIES.items() if k not in DEFAULT_STRATEGIES},
+        "moe": {k: MOE + v for k, v in MOE_MESHES.items()},
+        "lm_decode": {"one": ["parallel.data=1", "model.num_heads=4"],
+                      "data x tensor": ["parallel.data=2", "parallel.tensor=4", "model.num_heads=4"]},
+    }, tmp)
+
+
+def _run(request, name) -> dict:
+    """The strategy's record, from whichever worker ran it."""
+    return request.getfixturevalue("eight" if name in DEFAULT_STRATEGIES else "eight_more")["strategies"]
+
+
+@pytest.mark.parametrize("name", [_strategy(n) for n in STRATEGIES])
+def test_every_strategy_trains_like_one_device(request, name):
+    runs = _run(request, name)
+    base, got = runs["one device"]["losses"], runs[name]["losses"]
     assert len(got) == len(base) == 5
     np.testing.assert_allclose(got, base, rtol=RTOL)
     assert base[0] != base[-1]                                  # the steps did change the model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in MOE_MESHES if n != "one device"])
-def test_experts_sharded_over_the_expert_axis_train_like_one_device(eight, name):
+def test_experts_sharded_over_the_expert_axis_train_like_one_device(eight_more, name):
+    eight = eight_more
     r, base = eight["moe"][name], eight["moe"]["one device"]["losses"]
     np.testing.assert_allclose(r["losses"], base, rtol=RTOL)
     assert base[0] != base[-1]
@@ -112,9 +142,9 @@ def _expected_spec(names, sizes, shape):
     return out
 
 
-@pytest.mark.parametrize("name", [n for n in STRATEGIES if n != "shard_map"])
-def test_parameter_and_optimizer_shardings_follow_the_rules(eight, name):
-    r = eight["strategies"][name]
+@pytest.mark.parametrize("name", [_strategy(n) for n in STRATEGIES if n != "shard_map"])
+def test_parameter_and_optimizer_shardings_follow_the_rules(request, name):
+    r = _run(request, name)[name]
     sized = {p: b["total"] for p, b in r["array_bytes"].items()}
     checked = 0
     for path, spec in r["specs"].items():
@@ -140,8 +170,9 @@ def test_shardings_of_data_x_fsdp_x_tensor_spelled_out(eight):
     assert all(s is None for s in get("['embed']['table'].value"))
 
 
-def test_shard_map_mode_keeps_the_state_replicated(eight):
-    r = eight["strategies"]["shard_map"]
+@pytest.mark.slow
+def test_shard_map_mode_keeps_the_state_replicated(eight_more):
+    r = eight_more["strategies"]["shard_map"]
     assert all(all(s is None for s in spec) for spec in r["specs"].values())
     assert r["bytes"]["model"]["per_device_max"] == r["bytes"]["model"]["total"]
 
@@ -203,8 +234,9 @@ def test_sharded_decoding_gives_the_tokens_of_one_device(eight, mesh):
         assert len({tuple(row) for row in r["one"][how]}) > 1, how         # the inputs get different answers
 
 
-def test_sharded_lm_decoding_gives_the_tokens_of_one_device(eight):
-    r = eight["lm_decode"]
+@pytest.mark.slow
+def test_sharded_lm_decoding_gives_the_tokens_of_one_device(eight_more):
+    r = eight_more["lm_decode"]
     assert r["data x tensor"] == r["one"]
     assert len({t for row in r["one"]["sampled"] for t in row}) > 3            # sampling really varies
 
@@ -218,25 +250,54 @@ def _free_port() -> int:
 
 
 def _launch(workdir, overrides, n=2):
+    """Start n `jaxformer train` processes of 4 devices each. Their output goes to files (an unread pipe can
+    block a process, and with it the collective its peers wait in); Python's fault handler prints every
+    thread's stack should the distributed runtime abort one."""
     port = _free_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONFAULTHANDLER="1",
                XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4")
     procs = []
+    Path(workdir).parent.mkdir(parents=True, exist_ok=True)
     for i in range(n):
         args = cli_args("configs/reverse.py", TINY_REVERSE + SMALL + overrides + [
             f"parallel.coordinator=127.0.0.1:{port}", f"parallel.num_processes={n}", f"parallel.process_id={i}"])
-        procs.append(subprocess.Popen([sys.executable, "-m", "jaxformer.cli", "train", *args, "--workdir",
-                                       str(workdir), "--no-progress"], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        out = open(Path(workdir).parent / f"{Path(workdir).name}-{port}-{i}.out", "w+")
+        err = open(Path(workdir).parent / f"{Path(workdir).name}-{port}-{i}.err", "w+")
+        p = subprocess.Popen([sys.executable, "-m", "jaxformer.cli", "train", *args, "--workdir", str(workdir),
+                              "--no-progress"], env=env, stdout=out, stderr=err, text=True)
+        p.files = (out, err)
+        procs.append(p)
     return procs
+
+
+def _wait(procs, timeout=600) -> list[tuple[str, str]]:
+    """Wait for every process; -> (stdout, stderr) of each."""
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    outs = []
+    for p in procs:
+        for f in p.files:
+            f.seek(0)
+        outs.append(tuple(f.read() for f in p.files))
+        for f in p.files:
+            f.close()
+    return outs
+
+
+def _tails(outs) -> str:
+    return "\n".join(f"--- process {i} stderr:\n{err[-3000:]}" for i, (_, err) in enumerate(outs))
 
 
 @pytest.mark.slow          # two 4-device processes against one: ~55 s on 2 cores (make test-all)
 def test_two_processes_train_like_one_process_and_one_device(eight, tmp_path):
     procs = _launch(tmp_path / "run", ["train.steps=5", "train.log_every=1", "train.eval_every=5"])
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
+    outs = _wait(procs)
+    assert [p.returncode for p in procs] == [0, 0], _tails(outs)
     assert "process 0 of 2, 4 local devices of 8" in outs[0][1]
     assert "status: completed" in outs[0][0] and "status: completed" not in outs[1][0]   # process 0 reports
     losses = [train_losses(tmp_path / "run")[s] for s in range(1, 6)]
@@ -244,8 +305,8 @@ def test_two_processes_train_like_one_process_and_one_device(eight, tmp_path):
     np.testing.assert_allclose(losses, eight["strategies"]["one device"]["losses"], rtol=RTOL)
     # the same command with more steps resumes both processes from the checkpoint
     procs = _launch(tmp_path / "run", ["train.steps=7", "train.log_every=1", "train.eval_every=5"])
-    outs = [p.communicate(timeout=600) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    outs = _wait(procs)
+    assert [p.returncode for p in procs] == [0, 0], _tails(outs)
     assert "resuming at step 5" in outs[0][0]
     assert sorted(train_losses(tmp_path / "run")) == list(range(1, 8))
 
@@ -257,16 +318,17 @@ def test_a_dead_process_fails_the_other_within_the_heartbeat_timeout(tmp_path):
     try:
         deadline = time.monotonic() + 300
         while not (workdir / "metrics.jsonl").exists() or not (workdir / "metrics.jsonl").read_text():
-            assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].communicate()[1][-3000:]
+            assert time.monotonic() < deadline and procs[0].poll() is None, _tails(_wait(procs, 1))
             time.sleep(0.2)
         procs[1].send_signal(signal.SIGKILL)
         killed = time.monotonic()
-        _, err = procs[0].communicate(timeout=120)
+        procs[0].wait(timeout=120)
         waited = time.monotonic() - killed
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+        err = _wait(procs, 10)[0][1]
     assert procs[0].returncode != 0
     assert "another task died" in err                     # JAX's coordination service says why
     assert waited < 60

@@ -227,22 +227,47 @@ def test_nan_loss_before_any_checkpoint_exits_3_saying_so(tmp_path, capsys):
     assert "None" not in out and "Traceback" not in out and checkpoint_steps(tmp_path) == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_saves_a_checkpoint_and_exits_128_plus_signum(tmp_path, sig):
+def _endless_training(tmp_path, **popen):
     cmd = [sys.executable, "-m", "jaxformer.cli", "train",
            *cli_args("configs/alice.py", TINY_LM + ["train.steps=100000", "train.log_every=1",
                                                     "train.eval_every=100000"]),
            "--workdir", str(tmp_path), "--no-progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, text=True, **popen)
     deadline = time.time() + 120
     while not train_losses_or_none(tmp_path) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.1)   # poll for the loop to run (its handlers are installed before step 1's record)
-    proc.send_signal(sig)
+    return proc
+
+
+@pytest.mark.parametrize("sigs", [
+    pytest.param((signal.SIGTERM,), marks=pytest.mark.slow, id="SIGTERM"),
+    pytest.param((signal.SIGINT,), marks=pytest.mark.slow, id="SIGINT"),
+    pytest.param((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), id="SIGHUP-then-two-more")])
+def test_a_signal_saves_a_checkpoint_and_exits_128_plus_signum(tmp_path, sigs):
+    """SIGTERM (a scheduler), SIGINT (Ctrl-C) and SIGHUP (the terminal closed) stop at the current step with a
+    checkpoint; signals that follow the first are held until it is written, so they cannot discard it."""
+    proc = _endless_training(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    for sig in sigs:
+        proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + sig.value, out
-    assert f"interrupted by {sig.name}" in out and "decoded held-out examples" not in out   # exits promptly
+    assert proc.returncode == 128 + sigs[0].value, out
+    assert f"interrupted by {sigs[0].name}" in out and "decoded held-out examples" not in out   # exits promptly
+    for later in sigs[1:]:
+        assert f"{later.name} received while stopping on {sigs[0].name}: held" in out
     last = max(train_losses(tmp_path))
     assert checkpoint_steps(tmp_path)[-1] == last       # saved at the step it stopped at
+    assert not list((tmp_path / "checkpoints" / "latest").glob("*tmp*"))     # and completely written
+
+
+def test_closing_stdout_stops_like_sigterm_with_a_checkpoint(tmp_path):
+    """`jaxformer train ... | head` (or a `less` that quits): the first failed write stops the run as SIGTERM
+    would, with a checkpoint of its step and exit status 128 + SIGPIPE, and a line on stderr saying why."""
+    proc = _endless_training(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()                                 # the reader goes away
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGPIPE.value, err[-3000:]
+    assert "stdout was closed: stopping at step" in err and "Traceback" not in err, err[-3000:]
+    assert checkpoint_steps(tmp_path)[-1] == max(train_losses(tmp_path))
 
 
 def train_losses_or_none(workdir):

@@ -37,6 +37,7 @@ def _sweep_file(tmp_path, name="grid", grid=None, extra="", evals=None):
     return p
 
 
+@pytest.mark.slow          # a 2 x 2 grid trained, resumed, skipped and reported: ~45 s
 def test_grid_runs_resume_skip_and_report(tmp_path, capsys):
     path = _sweep_file(tmp_path, evals={"half": ("data.eval_fraction=0.5",), "long": ("data.block_size=200",)},
                        extra=', "half": "evals:half/loss", "long": "evals:long/loss"')

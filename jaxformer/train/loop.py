@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import signal
 import sys
 import time
@@ -28,7 +29,6 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
 from jaxformer import ops
@@ -153,24 +153,55 @@ def prepare(cfg: Config, run: RunDir, plan: Plan) -> Prepared:
     return Prepared(cfg, task, graphs, state, start, data_state, ckpt, plan)
 
 
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
 class _Signals:
-    """The first SIGINT/SIGTERM sets a flag (the loop saves and stops); a second one interrupts at once."""
+    """The first SIGINT/SIGTERM/SIGHUP (Ctrl-C, a scheduler, a closed terminal) sets a flag: the loop saves a
+    checkpoint at the step it is on and stops. Later ones are held (noted on stderr) until that checkpoint is
+    written: a stop that was asked for never loses the run. SIGKILL still stops at once."""
 
     def __init__(self):
         self.received = None
 
     def __enter__(self):
-        self.old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.old = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
         return self
 
     def _handle(self, signum, frame):
-        if self.received is not None:
-            raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+            return
+        _stderr_line(f"{signal.Signals(signum).name} received while stopping on {self.received}: held until the "
+                     f"checkpoint is written (SIGKILL stops at once)")
 
     def __exit__(self, *exc):
         for s, h in self.old.items():
             signal.signal(s, h)
+
+
+def _stderr_line(text: str) -> None:
+    try:
+        print(f"WARNING: {text}", file=sys.stderr, flush=True)
+    except OSError:                     # no terminal left to tell
+        pass
+
+
+def detach_stdout() -> None:
+    """Point stdout at /dev/null after a write to it failed (`| head` exited, a `less` quit, the terminal closed):
+    later prints, and the interpreter's final flush, then go nowhere instead of raising. STDOUT_CLOSED records
+    it: a training loop stops as on SIGTERM, saving its checkpoint."""
+    global STDOUT_CLOSED
+    STDOUT_CLOSED = True
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):      # no real file descriptor behind sys.stdout
+        sys.stdout = open(os.devnull, "w")
+
+
+STDOUT_CLOSED = False
 
 
 class _Progress:
@@ -185,7 +216,10 @@ class _Progress:
 
     def step(self, n: int = 1) -> None:
         if self.bar is not None:
-            self.bar.update(n)
+            try:
+                self.bar.update(n)
+            except OSError:
+                detach_stdout()
 
     def log(self, step: int, split: str, metrics: dict) -> None:
         if self.bar is not None and split == "train":
@@ -194,7 +228,10 @@ class _Progress:
             text = "  ".join(f"{k} {v:,.0f}" if abs(v) >= 1e4 else f"{k} {v:.4g}" for k, v in metrics.items()
                              if "/" not in k)             # per-expert loads go to the logs only
             line = f"{split} step {step}/{self.total}  {text}"
-            (self.bar.write(line) if self.bar is not None else print(line, flush=True))
+            try:
+                (self.bar.write(line) if self.bar is not None else print(line, flush=True))
+            except OSError:                              # stdout went away: see detach_stdout
+                detach_stdout()
 
     def close(self) -> None:
         if self.bar is not None:
@@ -244,7 +281,7 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
     lr_at, base_key = schedule(cfg.optim, tc.steps), jax.random.key(tc.seed)
     primary = is_primary()
     log = run.metrics_log() if primary else None
-    tb = SummaryWriter(str(run.tb_path), purge_step=p.start or None) if primary else None
+    tb = run.board(purge_step=p.start or None) if primary else None
     bar = _Progress(progress if primary else "none", tc.steps, p.start)
 
     def emit(step, split, metrics):
@@ -291,6 +328,9 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
                     batch = plan.global_batch(next(data_iter), rows)
                 bar.step()
                 eval_now = step % tc.eval_every == 0 or step == tc.steps
+                if STDOUT_CLOSED and sig.received is None:
+                    sig.received = "SIGPIPE"                 # stdout closed: stop as on SIGTERM
+                    _stderr_line(f"stdout was closed: stopping at step {step} with a checkpoint, as on SIGTERM")
                 stopping = sig.received or (stop_after is not None and step >= stop_after)
                 saving = eval_now or step % tc.checkpoint_every == 0 or stopping
                 if step % tc.log_every == 0 or step == tc.steps or saving:
@@ -322,5 +362,5 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
         bar.close()
         if primary:
             log.close()
-            tb.close()
+            tb.close()          # neither raises: a failed write was reported (or raised) where it happened
     return state, step, None, last_eval
