@@ -83,11 +83,13 @@ class Checkpoints:
                    "No earlier checkpoint exists; ")
                 + "free space (or fix the disk) and rerun the same command to resume") from None
 
-    def restore(self, target: dict, kinds: tuple[str, ...] = ("latest",), *, data: bool = False
-                ) -> Restored | None:
+    def restore(self, target: dict, kinds: tuple[str, ...] = ("latest",), *, data: bool = False,
+                check: Callable[[dict], None] | None = None) -> Restored | None:
         """Restore the items named in `target` (item -> abstract or live pytree: shapes, dtypes, shardings),
         and the data iterator state if `data`, from the first readable candidate step: with one kind, "latest"
         tries the newest first and "best" the best first; with several, the newest step of any kind first.
+        `check(items)` may raise to reject a step that reads but cannot be used (e.g. a data state of another
+        shape): it is then skipped like an unreadable one.
         -> Restored, or None when no step exists. Raises CheckpointError when steps exist but none is readable."""
         candidates = []
         for kind in kinds:
@@ -104,6 +106,8 @@ class Checkpoints:
         for kind, step in candidates:
             try:
                 out = self.managers[kind].restore(step, args=ocp.args.Composite(**args))
+                if check is not None:
+                    check({k: out[k] for k in args})
             except Exception as e:  # orbax/tensorstore/JSON errors of one unreadable step: try the next
                 _quiet_aborted_io()
                 bad.append((kind, step, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"))

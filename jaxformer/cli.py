@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import sys
 import time
@@ -272,9 +273,31 @@ def main(argv=None) -> int:
     except OSError as e:                     # the machine's doing, not ours: a full disk, a vanished mount
         console.print(Text.assemble(("I/O error:", "red"), " ", str(e)), soft_wrap=True)
         return 2
+    except (RuntimeError, AssertionError) as e:
+        why = _platform_failure(e)
+        if why is None:
+            raise
+        console.print(Text.assemble(("platform error:", "red"), " ", why), soft_wrap=True)
+        return 2
     except KeyboardInterrupt:                # a Ctrl-C outside the training loop
         console.print("[red]interrupted[/red]")
         return 128 + signal.SIGINT.value
+
+
+def _platform_failure(e: BaseException) -> str | None:
+    """If JAX could not start the platform $JAX_PLATFORMS names (no GPU, no plugin, a typo): the sentence to
+    print instead of the traceback; else None. (JAX raises RuntimeError, or for 'cuda' without its plugin an
+    AssertionError; asking again raises again, which tells them from other errors.)"""
+    import jax
+    try:
+        jax.devices()
+        return None
+    except (RuntimeError, AssertionError) as again:
+        text = str(again) or str(e)
+        first = text.splitlines()[0] if text else "no such backend is installed"
+        want = os.environ.get("JAX_PLATFORMS", "")
+        return (f"JAX cannot start the platform JAX_PLATFORMS={want!r} asks for on this machine ({first[:300]}); "
+                f"unset JAX_PLATFORMS (JAX then picks what is there) or install that platform's jax plugin")
 
 
 @contextlib.contextmanager

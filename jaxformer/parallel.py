@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import os
 from typing import Any
 
 import jax
@@ -225,3 +226,56 @@ def shard_bytes(tree: Any) -> dict[str, int]:
         for s in a.addressable_shards:
             per[s.device] = per.get(s.device, 0) + s.data.size * s.data.dtype.itemsize
     return {"total": total, "per_device_max": max(per.values(), default=0)}
+
+
+def _free_bytes(device) -> int | None:
+    """Memory a device can still take: the host's available memory for a CPU device (shared by all of them),
+    the allocator's limit for an accelerator; None where unknown."""
+    if device.platform == "cpu":
+        try:
+            for line in open("/proc/meminfo"):
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    try:
+        return (device.memory_stats() or {}).get("bytes_limit")
+    except Exception:       # noqa: BLE001 (a backend without memory statistics)
+        return None
+
+
+def check_fits(abstract: dict, what: str = "the training state") -> None:
+    """ConfigError when the arrays of `abstract` ({"model", "opt"} of ShapeDtypeStructs with shardings) and
+    the gradients of "model" cannot fit the local devices' memory: a lower bound (activations come on top),
+    checked before anything is allocated, so that an impossible size is named instead of ending in the
+    allocator's error or the kernel's OOM killer."""
+    per: dict[Any, dict[str, int]] = {}
+    for part, tree in abstract.items():
+        for a in jax.tree.leaves(tree):
+            sharding = getattr(a, "sharding", None)
+            shard = sharding.shard_shape(a.shape) if sharding is not None else a.shape
+            nbytes = math.prod(shard) * a.dtype.itemsize
+            for d in (sharding.addressable_devices if sharding is not None else jax.local_devices()[:1]):
+                parts = per.setdefault(d, {})
+                parts[part] = parts.get(part, 0) + nbytes
+                if part == "model":
+                    parts["gradients"] = parts.get("gradients", 0) + nbytes
+    if not per:
+        return
+    cpu = [d for d in per if d.platform == "cpu"]
+    groups = ([("host memory", cpu, _free_bytes(cpu[0]))] if cpu else []) + [
+        (f"{d.device_kind} {d.id}", [d], _free_bytes(d)) for d in per if d.platform != "cpu"]
+    gib = lambda n: f"{n / 2 ** 30:.1f} GiB"
+    for where, devices, free in groups:
+        need = sum(sum(per[d].values()) for d in devices)
+        if free is not None and need > free:
+            names = {"model": "parameters", "opt": "optimizer state"}
+            parts = {names.get(k, k): sum(per[d].get(k, 0) for d in devices) for k in per[devices[0]]}
+            raise ConfigError(
+                f"{what} needs at least {gib(need)} of {where} ({', '.join(f'{k} {gib(v)}' for k, v in parts.items())}; "
+                f"activations come on top) and {gib(free)} is free: make the model smaller (model.d_model, "
+                f"model.d_ff, the layer counts, model.vocab_size) or shard it over more devices (parallel.fsdp)")

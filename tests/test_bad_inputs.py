@@ -4,13 +4,14 @@ import dataclasses
 import os
 import re
 import subprocess
+import sys
 import types
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import cli_args, tiny_lm, tiny_reverse
+from helpers import ROOT, cli_args, tiny_lm, tiny_reverse
 
 from jaxformer.cli import main as cli_main
 from jaxformer.configio import apply_overrides
@@ -137,3 +138,26 @@ def test_a_full_disk_is_one_named_error_and_the_run_resumes_once_there_is_room(s
     out = train(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=int(m[1]) + 1)),
                 small_disk / "run", progress="none")
     assert out["status"] == "completed" and out["step"] == int(m[1]) + 1
+
+
+def test_a_model_that_cannot_fit_in_memory_is_named_before_anything_is_allocated(tmp_path):
+    """d_model 2^16 with d_ff 2^18 is ~770 GiB of float32 training state: before, XLA's allocator failed (or
+    the OOM killer ended the process) while building it; now a ConfigError names the sizes."""
+    cfg = tiny_lm("model.d_model=65536", "model.d_ff=262144", "model.num_heads=2")
+    with pytest.raises(ConfigError, match=r"the training state needs at least [\d.]+ GiB of host memory \("
+                                          r"parameters .*gradients .*optimizer state .*is free: make the model smaller"):
+        train(cfg, tmp_path / "run", progress="none")
+    assert not (tmp_path / "run" / "checkpoints" / "latest").exists() or not any(
+        (tmp_path / "run" / "checkpoints" / "latest").iterdir())
+
+
+def test_a_platform_this_machine_lacks_is_a_named_error():
+    """JAX_PLATFORMS=cuda on a machine without a GPU: before, an AssertionError traceback from inside JAX."""
+    if any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("this machine has a GPU: JAX_PLATFORMS=cuda works here")
+    env = dict(os.environ, JAX_PLATFORMS="cuda")
+    proc = subprocess.run([sys.executable, "-m", "jaxformer.cli", "params", "configs/reverse.py"], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "platform error: JAX cannot start the platform JAX_PLATFORMS='cuda'" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr

@@ -57,6 +57,7 @@ CORRUPTIONS = {
     "garbled-metadata": lambda d: (d / "opt" / "_METADATA").write_text("{not json"),
     "garbled-data-state": lambda d: (d / "data" / "metadata").write_text("{not json"),
     "missing-item": lambda d: shutil.rmtree(d / "opt"),
+    "data-state-of-another-shape": lambda d: (d / "data" / "metadata").write_text('{"epoch": [1, 2]}'),
 }
 
 

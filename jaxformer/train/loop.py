@@ -37,7 +37,7 @@ from jaxformer.config import Config, resume_differences
 from jaxformer.data import Task, resolve
 from jaxformer.distributed import initialize, is_primary
 from jaxformer.errors import IncompatibleCheckpoint, NonFiniteLoss
-from jaxformer.parallel import Plan
+from jaxformer.parallel import Plan, check_fits
 from jaxformer.runs import RunDir
 from jaxformer.inference.evaluate import evaluate, examples, make_eval_step
 from jaxformer.train.step import Graphs, abstract_state, init_state, make_train_step, schedule
@@ -133,8 +133,13 @@ def prepare(cfg: Config, run: RunDir, plan: Plan) -> Prepared:
                                              f"restore the file or use a new --workdir")
         plan.check_batch(cfg.data.batch_size, "data.batch_size")
         graphs, target = abstract_state(cfg, plan)          # checks every sharded dimension
+        check_fits(target)                                  # and that it can fit at all
         if resuming:
-            restored = ckpt.restore(target, ("latest", "best"), data=True)
+            rows = cfg.data.batch_size
+
+            def fits(items):          # a data state this run's input pipeline cannot take is skipped, too
+                iter(task.train_dataset(rows, cfg.train.seed, plan.local_rows(rows))).set_state(items["data"])
+            restored = ckpt.restore(target, ("latest", "best"), data=True, check=fits)
         primary = is_primary()
         if restored is not None:
             state, start, data_state = {k: restored.items[k] for k in target}, restored.step, restored.items["data"]
