@@ -1,5 +1,6 @@
 # Two commands: `make run` (main job) and `make test` (the suite CI runs). `make bench`: the performance
-# report (about half an hour on 2 cores; run it on an otherwise idle machine).
+# report: every script whose results file the README cites, then the README's rendered tables (about an hour
+# on 2 cores, an estimate: the scripts' own run times summed; run it on an otherwise idle machine).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -30,5 +31,9 @@ bench: install
 	$(BIN)/python benchmarks/decode.py --sizes tiny base --batches 1 8 --contexts 64 256 1024 --reps 7
 	$(BIN)/python benchmarks/make_run.py
 	$(BIN)/python benchmarks/quantize.py
+	$(BIN)/python benchmarks/attention.py --reps 3
+	$(BIN)/python benchmarks/cache_layout.py --reps 5
+	$(BIN)/python benchmarks/parallel.py --devices 8 --steps 5
+	$(BIN)/python benchmarks/readme_tables.py
 
 .PHONY: install run test test-slow test-all bench

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
@@ -88,7 +87,8 @@ def main():
                 row[variant + "_ms"] = median_ms(decode_loop(variant, args.steps), args.reps, make) / args.steps
             rows.append(row)
             print(row, flush=True)
-    machine = f"{platform.machine()} {jax.devices()[0].device_kind}, jax {jax.__version__}"
+    from jaxformer.report import machine as describe_machine
+    machine = describe_machine()                     # the CPU model, cores, OS, devices, library versions
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     (out / "cache_layout.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))

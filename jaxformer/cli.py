@@ -161,10 +161,11 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from jaxformer.report import write_report
+    from jaxformer.report import rewrite_verdict, write_report
     from jaxformer.sweep import load_sweep
-    path = write_report(load_sweep(args.sweep), args.root, args.out)
-    console.print(f"report: {path}")
+    sweep = load_sweep(args.sweep)
+    path = rewrite_verdict(sweep, args.out) if args.verdict_only else write_report(sweep, args.root, args.out)
+    console.print(f"report: {path}" + (" (verdict recomputed from its CSVs)" if args.verdict_only else ""))
     return 0
 
 
@@ -248,6 +249,8 @@ def main(argv=None) -> int:
     r.add_argument("sweep")
     r.add_argument("--root", default="runs/sweeps")
     r.add_argument("--out", default="docs/ablations", help="directory for NAME.md, PNGs and CSVs")
+    r.add_argument("--verdict-only", action="store_true", help="recompute only the verdict of OUT/NAME.md from "
+                   "OUT/NAME_runs.csv (no run directories needed)")
     v = sub.add_parser("viz", help="write per-layer attention heatmaps (PNG) of a run's best (or latest) checkpoint")
     v.add_argument("--workdir", required=True)
     v.add_argument("--prompt", action="append", help="an input (repeatable; one set of figures each). Default: the "

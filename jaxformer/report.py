@@ -8,7 +8,11 @@ Metric specs (a sweep's `metrics`, label -> spec):
   "SPLIT/KEY@first"    the first logged value (e.g. the loss before training has done much)
   "SPLIT/KEY@min", "@max"  the smallest (largest) logged value, e.g. the best held-out loss before overfitting
   "SPLIT/KEY@median"   the median logged value (e.g. throughput, robust to a few disturbed intervals)
+  "SPLIT/KEY@tail:N"   the mean of the last N logged values (e.g. the training loss over the last epoch's
+                       batches instead of the last batch alone)
   "SPLIT/KEY<X", ">X"  the first logged step at which the value is below (above) X; none if never
+  "SPLIT/KEY<X~W"      the same for the mean of the last W logged values (a smoothed crossing: one lucky
+                       batch does not count)
   "evals:NAME/KEY"     a key of the sweep's extra evaluation NAME; an evaluation that could not run is "n/a"
   "diverged"           1 if the run stopped on a non-finite loss, else 0 (its mean is the divergence rate)
   "failed:SPLIT/KEY>X" 1 if the run diverged or its last value is above (<: below) X, else 0 (a failure rate)
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
 import os
 import platform
@@ -29,7 +34,8 @@ from jaxformer.errors import SweepError
 from jaxformer.runs import read_metrics
 from jaxformer.sweep import Arm, Run, Sweep, finished, read_status, runs
 
-_SPEC = re.compile(r"^(?P<split>[A-Za-z_]+)/(?P<key>[A-Za-z_0-9.]+)(?:(?P<op>[<>])(?P<x>[-+0-9.eE]+)|@(?P<at>first|min|max|median))?$")
+_SPEC = re.compile(r"^(?P<split>[A-Za-z_]+)/(?P<key>[A-Za-z_0-9.]+)(?:(?P<op>[<>])(?P<x>[-+0-9.eE]+)(?:~(?P<w>\d+))?"
+                   r"|@(?P<at>first|min|max|median|tail:(?P<n>\d+)))?$")
 
 
 def machine() -> str:
@@ -107,6 +113,10 @@ def metric_value(spec: str, status: dict | None, records: list[dict]):
         raise SweepError(f"metric spec {spec!r} is not SPLIT/KEY, SPLIT/KEY<X, SPLIT/KEY>X, evals:NAME/KEY "
                          f"or diverged")
     rows = [r for r in records if r["split"] == m["split"] and m["key"] in r]
+    if m["n"]:
+        if status["status"] != "completed" or len(rows) < int(m["n"]):
+            return None
+        return statistics.fmean(r[m["key"]] for r in rows[-int(m["n"]):])
     if m["at"]:
         vals = [r[m["key"]] for r in rows if math.isfinite(r[m["key"]])]
         if not vals:
@@ -114,9 +124,12 @@ def metric_value(spec: str, status: dict | None, records: list[dict]):
         return {"first": vals[0], "min": min(vals), "max": max(vals), "median": statistics.median(vals)}[m["at"]]
     if m["op"] is None:
         return rows[-1][m["key"]] if rows and status["status"] == "completed" else None
-    x = float(m["x"])
-    hit = next((r["step"] for r in rows if (r[m["key"]] < x if m["op"] == "<" else r[m["key"]] > x)), None)
-    return float(hit) if hit is not None else None
+    x, w = float(m["x"]), int(m["w"] or 1)
+    for i in range(w - 1, len(rows)):
+        v = statistics.fmean(r[m["key"]] for r in rows[i - w + 1:i + 1])
+        if v < x if m["op"] == "<" else v > x:
+            return float(rows[i]["step"])
+    return None
 
 
 class Report:
@@ -133,6 +146,7 @@ class Report:
             raise SweepError(f"sweep {sweep.name} has no finished run under {self.root / sweep.name}; run "
                              f"`jaxformer sweep {sweep.source}` first")
         self.missing = missing
+        self.info = None          # a summary may keep what it measured besides the runs here (NAME_info.json)
 
     def runs_of(self, arm: Arm) -> list[Run]:
         return [r for r in self.runs if r.arm == arm]
@@ -158,6 +172,78 @@ class Report:
 
     def wall_s(self) -> float:
         return sum(st.get("wall_s", 0.0) for st in self.status.values() if st)
+
+
+class CSVReport(Report):
+    """A report read back from its committed OUT/NAME_runs.csv (and OUT/NAME_info.json, what a summary measured
+    besides the runs) instead of the run directories: the verdict of a published report can be recomputed, and
+    checked, from the files it was written from."""
+
+    def __init__(self, sweep: Sweep, out: str | Path = "docs/ablations"):
+        self.sweep, self.root, self.out = sweep, Path("<csv>"), Path(out)
+        self.runs = runs(sweep, self.root)
+        self.arms = _unique_arms(self.runs)
+        path = self.out / f"{sweep.name}_runs.csv"
+        if not path.is_file():
+            raise SweepError(f"{path} not found: `jaxformer report {sweep.source}` writes it")
+        with path.open(newline="", encoding="utf-8") as f:
+            rows = {(r["arm"], int(r["seed"])): r for r in csv.DictReader(f)}
+        self._rows = {r.id: rows.get((r.arm.name, r.seed)) for r in self.runs}
+        self.status = {i: ({"status": row["status"], "wall_s": float(row["wall_s"] or 0)}
+                           if row and row["status"] != "missing" else None) for i, row in self._rows.items()}
+        self.records = {}
+        self.missing = [i for i, st in self.status.items() if st is None]
+        info = self.out / f"{sweep.name}_info.json"
+        self.info = json.loads(info.read_text(encoding="utf-8")) if info.is_file() else None
+
+    def values(self, label: str, arm: Arm) -> list:
+        out = []
+        for r in self.runs_of(arm):
+            row = self._rows[r.id]
+            if row is None or label not in row:
+                raise SweepError(f"{self.out / self.sweep.name}_runs.csv has no column {label!r} for {r.id}: "
+                                 f"the report predates this metric; rerun the sweep's report")
+            cell = row[label]
+            try:
+                out.append(None if cell == "" else float(cell))
+            except ValueError:
+                out.append(cell)                           # "n/a" reasons of extra evaluations
+        return out
+
+
+def difference(a: list, b: list) -> Stat | None:
+    """mean(a) − mean(b) with Welch's 95% Student-t interval (unequal variances; Welch–Satterthwaite degrees of
+    freedom). The `total`/`n` fields count a's values. None when either side has fewer than two values."""
+    xs = [float(v) for v in a if isinstance(v, (int, float)) and math.isfinite(v)]
+    ys = [float(v) for v in b if isinstance(v, (int, float)) and math.isfinite(v)]
+    if len(xs) < 2 or len(ys) < 2:
+        return None
+    from scipy.stats import t
+    va, vb = statistics.variance(xs) / len(xs), statistics.variance(ys) / len(ys)
+    d, se = statistics.fmean(xs) - statistics.fmean(ys), math.sqrt(va + vb)
+    if se == 0:
+        return Stat(len(xs), len(a), d, 0.0, d, d)
+    df = (va + vb) ** 2 / (va ** 2 / (len(xs) - 1) + vb ** 2 / (len(ys) - 1))
+    h = float(t.ppf(0.975, df)) * se
+    return Stat(len(xs), len(a), d, se, d - h, d + h)
+
+
+def equivalence(diff: Stat | None, margin: float) -> str:
+    """The verdict on "a equals b" from the 95% interval of their difference a − b and a declared margin (a
+    difference smaller than `margin` is one we call negligible). It starts with one of: "equivalent" (the whole
+    interval lies within ±margin); "lower" / "higher" (the interval excludes 0; "by more than the margin" when
+    it lies wholly beyond it); "not resolved" (neither: more seeds would tell). Overlapping intervals of a and b
+    alone are no evidence of equality."""
+    if diff is None:
+        return "not resolved (fewer than two values per arm)"
+    ci = f"difference {diff.mean:+.3g}, 95% interval [{diff.lo:+.3g}, {diff.hi:+.3g}], margin ±{margin:g}"
+    if -margin < diff.lo and diff.hi < margin:
+        return f"equivalent ({ci})"
+    if diff.hi < 0 or diff.lo > 0:
+        word = "lower" if diff.hi < 0 else "higher"
+        beyond = diff.hi <= -margin or diff.lo >= margin
+        return f"{word}{' by more than the margin' if beyond else ''} ({ci})"
+    return f"not resolved ({ci})"
 
 
 def _unique_arms(all_runs: list[Run]) -> list[Arm]:
@@ -328,6 +414,8 @@ def write_report(sweep: Sweep, root: str | Path = "runs/sweeps", out: str | Path
                   + ", ".join(rep.missing[:8]) + (" …" if len(rep.missing) > 8 else "")]
     if sweep.summary is not None:
         lines += ["", "## Verdict", "", sweep.summary(rep).strip()]
+        if getattr(rep, "info", None) is not None:        # what the summary measured besides the runs
+            (rep.out / f"{sweep.name}_info.json").write_text(json.dumps(rep.info, indent=1) + "\n")
     lines += ["", "## Results", "", "Per arm: mean ± std over seeds [95% Student-t interval of the mean]; "
               "(k/n) when only k of n runs have the value.", "", markdown_table(rep), ""]
     lines += [link for link in curves] + ([bars] if bars else [])
@@ -337,4 +425,34 @@ def write_report(sweep: Sweep, root: str | Path = "runs/sweeps", out: str | Path
               f"TensorBoard HParams: `tensorboard --logdir {hp}`.", ""]
     path = rep.out / f"{sweep.name}.md"
     path.write_text("\n".join(lines))
+    return path
+
+
+_VERDICT = re.compile(r"(?ms)^## Verdict\n\n(.*?)\n\n## ")
+
+
+def committed_verdict(sweep: Sweep, out: str | Path = "docs/ablations") -> str:
+    """The verdict section of the published OUT/NAME.md."""
+    path = Path(out) / f"{sweep.name}.md"
+    m = _VERDICT.search(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if m is None:
+        raise SweepError(f"{path} has no '## Verdict' section")
+    return m.group(1).strip()
+
+
+def verdict_from_csv(sweep: Sweep, out: str | Path = "docs/ablations") -> str:
+    """The verdict that `sweep.summary` computes from the committed CSVs (CSVReport)."""
+    if sweep.summary is None:
+        raise SweepError(f"sweep {sweep.name} has no summary()")
+    return sweep.summary(CSVReport(sweep, out)).strip()
+
+
+def rewrite_verdict(sweep: Sweep, out: str | Path = "docs/ablations") -> Path:
+    """Recompute OUT/NAME.md's verdict from its CSVs and write it in place (the rest of the report stays): for
+    a change to how a sweep's verdict is decided, without its runs."""
+    path = Path(out) / f"{sweep.name}.md"
+    committed_verdict(sweep, out)
+    text = path.read_text(encoding="utf-8")
+    new = verdict_from_csv(sweep, out)
+    path.write_text(_VERDICT.sub(lambda m: f"## Verdict\n\n{new}\n\n## ", text, count=1), encoding="utf-8")
     return path

@@ -78,6 +78,22 @@ MUTANTS = (
     Mutant("beam-never-finishes", "beam search keeps extending finished beams", "jaxformer/decode.py",
            "        logp = jnp.where(finished[..., None], only_pad, _no_pad(logp, pad))",
            "        logp = _no_pad(logp, pad)", ("tests/test_decode.py", "-k", "beam")),
+    Mutant("overlap-means-equal", "equality decided by overlapping intervals of the two arms",
+           "jaxformer/report.py", "    if -margin < diff.lo and diff.hi < margin:\n",
+           "    if diff.lo <= 0 <= diff.hi:\n", ("tests/test_reports.py", "-k", "equivalence")),
+    Mutant("pooled-variance", "a pooled-variance (Student) interval where Welch's is claimed", "jaxformer/report.py",
+           "    df = (va + vb) ** 2 / (va ** 2 / (len(xs) - 1) + vb ** 2 / (len(ys) - 1))",
+           "    df = len(xs) + len(ys) - 2", ("tests/test_reports.py", "-k", "welch")),
+    Mutant("verdict-by-hand", "a summary's verdict wording changed without regenerating the reports",
+           "configs/sweeps/width.py", '        return "holds"\n', '        return "holds (roughly)"\n',
+           ("tests/test_reports.py", "-k", "width")),
+    Mutant("second-signal-interrupts", "a second signal interrupts the stop checkpoint", "jaxformer/train/loop.py",
+           '        _stderr_line(f"{signal.Signals(signum).name} received while stopping',
+           '        raise KeyboardInterrupt\n        _stderr_line(f"{signal.Signals(signum).name} received while stopping',
+           ("tests/test_runs.py", "-k", "SIGHUP")),
+    Mutant("data-state-unchecked", "a data state the pipeline cannot take is restored anyway",
+           "jaxformer/train/loop.py", "data=True, check=fits)", "data=True)",
+           ("tests/test_runs.py", "-k", "another-shape")),
 )
 
 

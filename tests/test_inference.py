@@ -1,4 +1,5 @@
 """`jaxformer generate`: restore a run without its data and decode prompts; output equals independent decoding."""
+import dataclasses
 import functools
 
 import jax
@@ -159,3 +160,21 @@ def test_exact_match_counts_exactly_the_answers_that_equal_their_targets(reversa
     expected = float(np.mean((pred == want).all(1)))
     assert 0.5 <= expected < 1.0
     assert evaluate(run.cfg, task, run.model)["exact_match"] == expected
+
+
+def test_evaluation_never_applies_dropout():
+    """Dropout needs an explicit rngs argument, which only the train step passes: a model with dropout 0.5
+    evaluates (held-out metrics) exactly like the same weights with dropout 0, and the same twice, while a call
+    with rngs does drop. A model that kept dropout on at inference (a seed warning) would differ."""
+    from jaxformer.data import resolve
+    from jaxformer.inference import evaluate
+    from jaxformer.nn import build_model
+    cfg, task = resolve(tiny_lm("model.dropout=0.5"))
+    off = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dropout=0.0))
+    model, same = build_model(cfg.model), build_model(off.model)
+    nnx.update(same, nnx.state(model, nnx.Param))
+    first, again, without = evaluate(cfg, task, model), evaluate(cfg, task, model), evaluate(off, task, same)
+    assert first == again == without
+    tokens = jnp.asarray(np.arange(1, 17).reshape(2, 8) % cfg.model.vocab_size)
+    np.testing.assert_array_equal(model(tokens), same(tokens))
+    assert not np.array_equal(model(tokens, rngs=nnx.Rngs(dropout=1)), model(tokens))

@@ -1,15 +1,25 @@
 """FFN activation at equal parameter count: ReLU and GELU with d_ff=128, SwiGLU with d_ff=85 (3·D·85 ≈ 2·D·128)."""
+from jaxformer.report import difference, equivalence
 from jaxformer.sweep import Sweep
+
+# The equivalence margin of "GELU ≈ ReLU": a best held-out loss within 0.05 nats per character (~2% of the
+# loss, ~3x its seed-to-seed std) is a difference we call negligible.
+MARGIN = 0.05
 
 
 def summary(rep) -> str:
-    relu, gelu, swi = (rep.stat("best held-out loss", rep.arms[i]) for i in range(3))
-    gap = abs(relu.mean - gelu.mean)
-    overlap = relu.lo <= gelu.hi and gelu.lo <= relu.hi
+    label = "best held-out loss"
+    relu, gelu, swi = (rep.stat(label, rep.arms[i]) for i in range(3))
+    diff = difference(rep.values(label, rep.arms[1]), rep.values(label, rep.arms[0]))
+    verdict = equivalence(diff, MARGIN)
     return "\n".join([
-        f"- Seed 004: GELU ≈ ReLU. Best held-out loss ReLU {relu.fmt()}, GELU {gelu.fmt()}: difference "
-        f"{gap:.3f}; " + ("the 95% intervals overlap, so the claim holds here." if overlap else
-                          "the 95% intervals do not overlap: they differ measurably here."),
+        f"- Seed 004: GELU ≈ ReLU. Best held-out loss ReLU {relu.fmt()}, GELU {gelu.fmt()}; GELU − ReLU: "
+        f"{verdict}. " + next(text for start, text in (
+            ("equivalent", "The claim holds here."),
+            ("lower", "The claim does not hold here: GELU is measurably better."),
+            ("higher", "The claim does not hold here: GELU is measurably worse."),
+            ("not resolved", "Not resolved with these seeds: the interval is wider than the margin, so neither "
+                             "equality nor a difference is shown.")) if verdict.startswith(start)),
         f"- SwiGLU at the same parameter count: {swi.fmt()} "
         f"({'better' if swi.mean < min(relu.mean, gelu.mean) else 'not better'} than both on the mean).",
     ])

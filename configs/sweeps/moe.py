@@ -4,7 +4,10 @@ width, each token routed to 2 (its active FFN equals the dense one, its FFN para
 the MoE's total FFN parameters (d_ff doubled)."""
 import time
 
+from jaxformer.report import difference, equivalence
 from jaxformer.sweep import Sweep
+
+MARGIN = 0.05       # nats per character: a best held-out loss difference we call negligible (~2% of the loss)
 
 ARMS = ({"name": "dense d_ff=512"},
         {"name": "MoE 4 experts × d_ff=256, top-2", "model.ffn": "moe", "model.num_experts": 4, "model.moe_top_k": 2,
@@ -52,15 +55,16 @@ def _params_and_forward(rep):
 
 
 def summary(rep) -> str:
-    info = _params_and_forward(rep)
+    info = rep.info or _params_and_forward(rep)           # from moe_info.json when rebuilt from the CSVs
     rep.info = info
     dense, moe, big = rep.arms
     i_d, i_m, i_b = info[dense.name], info[moe.name], info[big.name]
     l_d, l_m, l_b = (rep.stat("best held-out loss", a) for a in rep.arms)
     t_d, t_m, t_b = (rep.stat("train tokens/s", a) for a in rep.arms)
 
-    def vs(a, b):
-        return ("lower" if a.hi < b.lo else "higher" if a.lo > b.hi else "indistinguishable (95% intervals overlap)")
+    def vs(a, b):          # MoE − dense on the best held-out loss, against the declared margin
+        return equivalence(difference(rep.values("best held-out loss", a), rep.values("best held-out loss", b)),
+                           MARGIN)
     train_ratio, fwd_ratio = t_m.mean / t_d.mean, i_d["forward_ms"] / i_m["forward_padded_ms"]
     return "\n".join([
         f"- Parameters: MoE {i_m['total']:,} total, {i_m['active']:,} active per token; dense d_ff=512 "
@@ -73,8 +77,9 @@ def summary(rep) -> str:
         f"(inference, dropless): {i_m['forward_ms']:.1f} ms with grouped matmuls (`jax.lax.ragged_dot`, slow on "
         f"XLA:CPU), {i_m['forward_padded_ms']:.1f} ms padded (every expert over every token, 2× the FLOPs), "
         f"vs {i_d['forward_ms']:.1f} ms dense.",
-        f"- Quality: best held-out loss MoE {l_m.fmt()}, dense equal-active {l_d.fmt()} (MoE {vs(l_m, l_d)}), "
-        f"dense equal-total {l_b.fmt()} (MoE {vs(l_m, l_b)}).",
+        f"- Quality: best held-out loss MoE {l_m.fmt()}, dense equal-active {l_d.fmt()} (MoE − dense: "
+        f"{vs(moe, dense)}), dense equal-total {l_b.fmt()} (MoE − dense: {vs(moe, big)}); equal means within "
+        f"±{MARGIN} nats on the 95% (Welch) interval of the difference.",
         "- Seed 004's claim \"twice the parameters, about the same compute\": the FFN parameters double and the "
         "active path's FLOPs equal the dense model's, by construction. Measured time: training "
         + (f"about the same ({train_ratio:.2f}×); " if train_ratio >= 0.8 else f"slower ({train_ratio:.2f}×); ")

@@ -2,16 +2,23 @@
 from jaxformer.sweep import Sweep
 
 
+def _at_most(st, x) -> str:
+    return "holds" if st.hi <= x else "does not hold" if st.lo > x else "not resolved"
+
+
 def summary(rep) -> str:
     arm = rep.arms[0]
     s = lambda lab: rep.stat(lab, arm)
-    loss, em95, final = s("steps to train loss < 0.1"), s("steps to 95% exact match"), s("held-out exact match")
+    loss, one = s("steps to train loss < 0.1 (mean of 5 logs)"), s("steps to train loss < 0.1 (one batch)")
+    em95, final = s("steps to 95% exact match"), s("held-out exact match")
+    em = ("holds" if final.lo >= 0.95 else "does not hold" if final.hi < 0.95 else "not resolved")
     return "\n".join([
-        f"- Seed 004: train loss below 0.1 after about 500 steps. Measured {loss.fmt()} steps: "
-        + ("holds (sooner)." if loss.mean <= 550 else "does not hold (later)."),
+        f"- Seed 004: train loss below 0.1 after about 500 steps (read as: by 550). Measured: the mean of 5 "
+        f"consecutive logged losses (steps 10 apart) first falls below 0.1 at step {loss.fmt()} "
+        f"(a single batch first does at {one.fmt()}): {_at_most(loss, 550)}, on the 95% interval over seeds.",
         f"- Seed 004: 95% validation accuracy. Steps to 95% held-out exact match (evaluated every 50): "
-        f"{em95.fmt()}; final exact match {100 * final.mean:.1f} ± {100 * final.std:.1f}%: "
-        + ("holds." if final.mean >= 0.95 else "does not hold."),
+        f"{em95.fmt()}; final exact match {100 * final.mean:.1f} ± {100 * final.std:.1f}% "
+        f"[{100 * final.lo:.1f}, {100 * final.hi:.1f}]: {em}.",
     ])
 
 
@@ -22,6 +29,7 @@ def get_sweep():
             "2+2 Pre-LN layers, D=64, batch 64, 1,500 steps, AdamW 3e-3 with warmup and cosine decay; evaluated "
             "every 50 steps. Exact match = the whole greedy-decoded answer is right.",
         set=("train.eval_every=50", "train.log_every=10", "train.checkpoint_every=1500", "train.num_examples=0"),
-        metrics={"steps to train loss < 0.1": "train/loss<0.1", "steps to 95% exact match": "eval/exact_match>0.949",
+        metrics={"steps to train loss < 0.1 (mean of 5 logs)": "train/loss<0.1~5",
+                 "steps to train loss < 0.1 (one batch)": "train/loss<0.1", "steps to 95% exact match": "eval/exact_match>0.949",
                  "held-out exact match": "eval/exact_match", "held-out loss": "eval/loss"},
         curves=("train/loss", "eval/exact_match"), summary=summary)

@@ -1,0 +1,77 @@
+"""Published verdicts follow from their own data: every sweep report's verdict is rebuilt from its committed CSVs
+and must equal the committed text; the statistics deciding them are checked against scipy; the metric specs
+that smooth a single batch away are checked on synthetic histories."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from helpers import ROOT
+from jaxformer.report import committed_verdict, difference, equivalence, metric_value, verdict_from_csv
+from jaxformer.sweep import load_sweep
+
+SWEEPS = sorted((ROOT / "configs" / "sweeps").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
+def test_each_published_verdict_is_what_its_committed_csv_gives(path: Path):
+    """A summary() changed without regenerating the report, a CSV edited by hand, or a verdict written by hand
+    fails here (regenerate with `jaxformer report SWEEP --verdict-only`)."""
+    sweep = load_sweep(path)
+    assert verdict_from_csv(sweep, ROOT / "docs" / "ablations") == committed_verdict(sweep, ROOT / "docs" / "ablations")
+
+
+def test_difference_is_welchs_interval():
+    a, b = [2.17, 2.15, 2.19], [2.21, 2.18, 2.25]
+    d = difference(a, b)
+    ref = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert d.mean == pytest.approx(np.mean(a) - np.mean(b), rel=1e-12)
+    assert (d.lo, d.hi) == (pytest.approx(ref.low, rel=1e-9), pytest.approx(ref.high, rel=1e-9))
+    assert difference([1.0], b) is None and difference(a, [1.0, math.nan]) is None
+
+
+@pytest.mark.parametrize("a, b, margin, verdict", [
+    ([2.000, 2.001, 1.999], [2.002, 2.000, 2.001], 0.05, "equivalent"),
+    ([2.0, 2.1, 1.9], [2.05, 2.15, 1.95], 0.05, "not resolved"),     # intervals overlap: still not equality
+    ([2.00, 2.01, 1.99], [2.04, 2.05, 2.03], 0.05, "lower ("),       # excludes 0, inside the margin's reach
+    ([2.00, 2.01, 1.99], [2.20, 2.21, 2.19], 0.05, "lower by more than the margin"),
+    ([2.20, 2.21, 2.19], [2.00, 2.01, 1.99], 0.05, "higher by more than the margin"),
+])
+def test_equivalence_decides_on_the_interval_of_the_difference(a, b, margin, verdict):
+    got = equivalence(difference(a, b), margin)
+    assert got.startswith(verdict), got
+    if verdict == "not resolved":                      # the old rule ("the 95% intervals overlap") said equal
+        sa, sb = stats.t.interval(0.95, 2, np.mean(a), stats.sem(a)), stats.t.interval(0.95, 2, np.mean(b), stats.sem(b))
+        assert sa[0] <= sb[1] and sb[0] <= sa[1]
+
+
+def _records(losses, every=10):
+    return [{"step": every * (i + 1), "split": "train", "loss": v} for i, v in enumerate(losses)]
+
+
+def test_tail_mean_and_smoothed_crossing_ignore_one_lucky_batch():
+    done = {"status": "completed"}
+    losses = [1.0, 0.5, 0.09, 0.3, 0.2, 0.12, 0.08, 0.07, 0.06, 0.05]
+    rec = _records(losses)
+    assert metric_value("train/loss<0.1", done, rec) == 30.0                      # one batch
+    assert metric_value("train/loss<0.1~3", done, rec) == 80.0                    # mean(0.12, 0.08, 0.07)
+    assert metric_value("train/loss@tail:4", done, rec) == pytest.approx(np.mean(losses[-4:]))
+    assert metric_value("train/loss@tail:11", done, rec) is None                  # fewer values than asked
+    assert metric_value("train/loss<0.01~3", done, rec) is None                   # never
+    assert metric_value("train/loss@tail:2", {"status": "diverged"}, rec) is None
+
+
+def test_readme_tables_are_the_rendering_of_the_results_files():
+    """README figures rendered from benchmarks/results/*.json: a hand edit, or a results file rewritten
+    without re-rendering, fails here (`python benchmarks/readme_tables.py` re-renders)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "benchmarks" / "readme_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert text.count("<!-- table:") >= 2
+    assert tables.render(text) == text
