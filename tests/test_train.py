@@ -110,6 +110,7 @@ def test_resume_is_bitwise_equal_with_vocab_from_the_data(tmp_path):
     assert rest["timings"] == {k: attempts[1][k] for k in loop.TIMINGS}
 
 
+@pytest.mark.slow          # a throughput bookkeeping check: ~7 s of training
 def test_tokens_per_second_measures_the_last_interval_only(tmp_path, monkeypatch):
     """A fake clock advancing 10 s per reading: each train record's tokens_per_s must be that interval's
     tokens / 10 s (an LM batch holds exactly B·T target tokens), not the average since the start."""
