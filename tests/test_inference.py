@@ -49,7 +49,10 @@ def greedy_by_recomputation(model, prompt_ids: list[int], n: int, width: int = 4
     for _ in range(n):
         x = np.zeros((1, width), np.int32)
         x[0, :len(ids)] = ids
-        ids.append(int(np.asarray(forward(state, jnp.asarray(x)))[0, len(ids) - 1].argmax()))
+        row = np.asarray(forward(state, jnp.asarray(x)))[0, len(ids) - 1]
+        first, second = np.sort(row)[-2:][::-1]
+        assert first - second > 1e-3, f"near tie ({first - second:.2e}): exact tokens would not be a fair test"
+        ids.append(int(row.argmax()))
     return ids[len(prompt_ids):]
 
 

@@ -75,3 +75,24 @@ def test_readme_tables_are_the_rendering_of_the_results_files():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert text.count("<!-- table:") >= 2
     assert tables.render(text) == text
+
+
+def test_the_quoted_ffn_parameter_count_is_the_models_and_the_formula():
+    """The docs quote 2,099,712 FFN parameters per layer at D=512, F=2048 (seed 004: "nearly 2M"): it must be
+    what the model builds (abstractly: nothing is allocated) and the formula 2·D·F + F + D (weights and biases)."""
+    import json
+
+    import jax
+    from flax import nnx
+
+    from jaxformer.configio import load_config_file
+    from jaxformer.nn import build_model
+    base = load_config_file(ROOT / "configs" / "base.py").model
+    params = nnx.state(nnx.eval_shape(lambda: build_model(base)), nnx.Param)
+    ffn = sum(int(np.prod(leaf.shape)) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+              if "['encoder']" in jax.tree_util.keystr(path) and "['ffn']" in jax.tree_util.keystr(path))
+    per_layer = ffn // base.num_encoder_layers
+    assert per_layer == 2 * 512 * 2048 + 2048 + 512 == 2_099_712
+    assert json.loads((ROOT / "docs" / "claims.json").read_text())["ffn_params_per_layer_d512_f2048"] == per_layer
+    for doc in ("README.md", "docs/claims.md"):
+        assert f"{per_layer:,} per layer, {6 * per_layer:,} for six" in (ROOT / doc).read_text(encoding="utf-8")
