@@ -223,6 +223,7 @@ def test_seq2seq_with_alibi_chunked():
                 loss_and_grads(SEQ, tokens, src))
 
 
+@pytest.mark.slow          # ~8 s; the chunked backend's cached decoding is also in tests/test_attention_inputs.py
 def test_cached_decoding_equals_full_forward_chunked():
     from jaxformer import decode
     model = build_model(dataclasses.replace(LM, attention_backend="chunked"), seed=0)

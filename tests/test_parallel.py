@@ -57,9 +57,9 @@ def _worker(job: dict, tmp) -> dict:
     return json.loads((tmp / "out.json").read_text())
 
 
-# The default lane's worker (~60 s alone on 2 cores) covers data parallel, FSDP and the 3-axis mesh against one
-# device, the refused meshes, the shipped configs and the checkpoint resharding; the slow lane's second worker
-# (~40 s) adds the other strategies, the expert axis and sharded LM decoding.
+# The default lane's worker (~35 s alone on 2 cores) covers data parallel, FSDP and the 3-axis mesh against one
+# device, the refused meshes and the shipped configs; the slow lane's second worker (~75 s) adds the other
+# strategies, the expert axis, checkpoints resharded across meshes and sharded decoding.
 DEFAULT_STRATEGIES = ("data parallel", "fsdp", "data x fsdp x tensor")
 
 
@@ -70,27 +70,28 @@ def _strategy(name):
 @pytest.fixture(scope="module")
 def eight(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("eight")
-    steps = ["train.steps=20", "train.eval_every=20", "train.checkpoint_every=10", "train.log_every=1"]
     return _worker({
         "devices": 8, "tmp": str(tmp), "baseline": SMALL + ["parallel.data=1"],
         "strategies": {k: SMALL + STRATEGIES[k] for k in DEFAULT_STRATEGIES},
         "errors": {k: v[0] for k, v in REFUSED.items()},
         "configs": [str(p) for p in sorted((ROOT / "configs/parallel").glob("*.py"))],
-        "reshard": {"overrides": SMALL + STRATEGIES["fsdp"] + steps, "workdir": str(tmp / "fsdp-run"),
-                    "meshes": {"fsdp": SMALL + STRATEGIES["fsdp"],
-                               "data x tensor": SMALL + STRATEGIES["data x tensor"],
-                               "one": SMALL + ["parallel.data=1"]}},
     }, tmp)
 
 
 @pytest.fixture(scope="module")
 def eight_more(tmp_path_factory):
-    """The slow lane's 8-device worker: the remaining strategies (with their own one-device baseline), MoE
-    on the expert axis, and sharded LM decoding."""
+    """The slow lane's 8-device worker: the remaining strategies (with their own one-device baseline, and FSDP
+    again for the resume comparison), MoE on the expert axis, checkpoints resharded across meshes, and sharded
+    decoding."""
     tmp = tmp_path_factory.mktemp("eight-more")
+    steps = ["train.steps=20", "train.eval_every=20", "train.checkpoint_every=10", "train.log_every=1"]
     return _worker({
         "devices": 8, "tmp": str(tmp), "baseline": SMALL + ["parallel.data=1"],
-        "strategies": {k: SMALL + v for k, v in STRATEGIES.items() if k not in DEFAULT_STRATEGIES},
+        "strategies": {k: SMALL + v for k, v in STRATEGIES.items() if k not in DEFAULT_STRATEGIES or k == "fsdp"},
+        "reshard": {"overrides": SMALL + STRATEGIES["fsdp"] + steps, "workdir": str(tmp / "fsdp-run"),
+                    "meshes": {"fsdp": SMALL + STRATEGIES["fsdp"],
+                               "data x tensor": SMALL + STRATEGIES["data x tensor"],
+                               "one": SMALL + ["parallel.data=1"]}},
         "moe": {k: MOE + v for k, v in MOE_MESHES.items()},
         "lm_decode": {"one": ["parallel.data=1", "model.num_heads=4"],
                       "data x tensor": ["parallel.data=2", "parallel.tensor=4", "model.num_heads=4"]},
@@ -211,24 +212,27 @@ def test_bad_meshes_are_refused_by_name_before_compiling(eight, name):
     assert r["compiled"] == 0
 
 
-def test_resume_on_a_mesh_is_bitwise(eight):
+@pytest.mark.slow
+def test_resume_on_a_mesh_is_bitwise(eight_more):
     """Stopped at step 2 and resumed (train()) vs 5 uninterrupted steps of the same FSDP plan: equal bits."""
-    r = eight["reshard"]
+    r = eight_more["reshard"]
     assert sorted(map(int, r["losses"])) == list(range(1, 21))
-    assert [r["losses"][str(s)] for s in range(1, 6)] == eight["strategies"]["fsdp"]["losses"]
+    assert [r["losses"][str(s)] for s in range(1, 6)] == eight_more["strategies"]["fsdp"]["losses"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", ["data x tensor", "one"])
-def test_checkpoint_saved_under_fsdp_restores_onto_another_mesh(eight, mesh):
-    r = eight["reshard"]
+def test_checkpoint_saved_under_fsdp_restores_onto_another_mesh(eight_more, mesh):
+    r = eight_more["reshard"]
     assert r[mesh]["values"] == r["fsdp"]["values"]                 # every parameter, bitwise
     if mesh == "data x tensor":
         assert r[mesh]["specs"] != r["fsdp"]["specs"]                # and it really was resharded
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", ["data x tensor", "fsdp"])
-def test_sharded_decoding_gives_the_tokens_of_one_device(eight, mesh):
-    r = eight["reshard"]
+def test_sharded_decoding_gives_the_tokens_of_one_device(eight_more, mesh):
+    r = eight_more["reshard"]
     for how in ("greedy", "beam"):
         assert r[mesh][how] == r["one"][how], how
         assert len({tuple(row) for row in r["one"][how]}) > 1, how         # the inputs get different answers
