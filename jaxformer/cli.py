@@ -161,8 +161,9 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from jaxformer.report import rewrite_verdict, write_report
+    from jaxformer.report import write_report
     from jaxformer.sweep import load_sweep
+    from jaxformer.verdicts import rewrite_verdict
     sweep = load_sweep(args.sweep)
     path = rewrite_verdict(sweep, args.out) if args.verdict_only else write_report(sweep, args.root, args.out)
     console.print(f"report: {path}" + (" (verdict recomputed from its CSVs)" if args.verdict_only else ""))

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxformer.axes import LOGICAL_AXES, MESH_AXES
 from jaxformer.config import ParallelConfig

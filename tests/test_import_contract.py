@@ -22,7 +22,7 @@ RULES = (
          reason="ops is pure math: no Flax-facing code, no config"),
     Rule(("jaxformer.nn",), never=("jaxformer.train", "jaxformer.runs", "jaxformer.decode", "jaxformer.quantize",
                                    "jaxformer.cli", "jaxformer.inference", "jaxformer.sweep", "jaxformer.report",
-                                   "jaxformer.viz", "jaxformer.checkpoints"),
+                                   "jaxformer.verdicts", "jaxformer.viz", "jaxformer.checkpoints"),
          reason="nn is modules built from ops and config, below everything that uses them"),
     Rule(("jaxformer.decode",), never=("jaxformer.train", "jaxformer.runs", "jaxformer.config", "jaxformer.configio",
                                        "jaxformer.nn.models", "jaxformer.cli", "jaxformer.inference",

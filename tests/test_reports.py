@@ -11,7 +11,8 @@ import pytest
 from scipy import stats
 
 from helpers import ROOT
-from jaxformer.report import committed_verdict, difference, equivalence, metric_value, verdict_from_csv
+from jaxformer.report import metric_value
+from jaxformer.verdicts import committed_verdict, difference, equivalence, verdict_from_csv
 from jaxformer.sweep import load_sweep
 
 SWEEPS = sorted((ROOT / "configs" / "sweeps").glob("*.py"))

@@ -16,7 +16,6 @@ import pytest
 from flax import nnx
 from helpers import TINY_LM, checkpoint_steps, cli_args, records, tiny_lm, train_losses
 
-from jaxformer.checkpoints import Checkpoints
 from jaxformer.cli import main as cli_main
 from jaxformer.data import build_task
 from jaxformer.errors import CheckpointError, DataError, IncompatibleCheckpoint, NonFiniteLoss, RunDirError
