@@ -50,9 +50,9 @@ def performance() -> str:
 
 def make_run() -> str:
     """`make run`'s phases (make_run.json: medians over its runs)."""
-    st = _load("make_run")["stats"]
-    m = {k: v["median"] for k, v in st.items()}
-    steps = _load("make_run")["runs"][0]["to_step"]
+    run = _load("make_run")
+    m = {k: v["median"] for k, v in run["stats"].items()}
+    steps = run["runs"][0]["to_step"]
     return (f"`make run` takes {m['wall']:.0f} s end to end: {m['steps']:.0f} s of train steps "
             f"({1e3 * m['steps'] / steps:.0f} ms each), {m['first_step']:.1f} s tracing and compiling the step, "
             f"{m['setup']:.1f} s setup, {m['eval']:.1f} s evaluation, {m['checkpoint']:.1f} s checkpoints, "

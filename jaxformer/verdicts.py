@@ -72,6 +72,17 @@ def difference(a: list, b: list) -> Stat | None:
     return Stat(len(xs), len(a), d, se, d - h, d + h)
 
 
+def within(st: Stat, lo: float, hi: float) -> str:
+    """The verdict on a threshold or tolerance claim ("the mean lies in [lo, hi]") from the 95% interval of the
+    mean: "holds" when the interval lies inside, "does not hold" when it lies wholly outside, else "not
+    resolved"."""
+    if lo <= st.lo and st.hi <= hi:
+        return "holds"
+    if st.hi < lo or st.lo > hi:
+        return "does not hold"
+    return "not resolved"
+
+
 def equivalence(diff: Stat | None, margin: float) -> str:
     """The verdict on "a equals b" from the 95% interval of their difference a − b and a declared margin (a
     difference smaller than `margin` is one we call negligible). It starts with one of: "equivalent" (the whole

@@ -12,7 +12,7 @@ from scipy import stats
 
 from helpers import ROOT
 from jaxformer.report import metric_value
-from jaxformer.verdicts import committed_verdict, difference, equivalence, verdict_from_csv
+from jaxformer.verdicts import committed_verdict, difference, equivalence, verdict_from_csv, within
 from jaxformer.sweep import load_sweep
 
 SWEEPS = sorted((ROOT / "configs" / "sweeps").glob("*.py"))
@@ -97,3 +97,12 @@ def test_the_quoted_ffn_parameter_count_is_the_models_and_the_formula():
     assert json.loads((ROOT / "docs" / "claims.json").read_text())["ffn_params_per_layer_d512_f2048"] == per_layer
     for doc in ("README.md", "docs/claims.md"):
         assert f"{per_layer:,} per layer, {6 * per_layer:,} for six" in (ROOT / doc).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("lo, hi, verdict", [(1.70, 1.80, "holds"), (1.50, 1.70, "not resolved"),
+                                             (1.30, 1.50, "does not hold"), (2.00, 2.10, "does not hold")])
+def test_within_decides_a_tolerance_claim_on_the_whole_interval(lo, hi, verdict):
+    """Seed 000's "loss ≈ 1.8" with ±10% ([1.62, 1.98]): an interval that merely touches the range is not a
+    verdict either way (the old width rule called it "holds")."""
+    from jaxformer.report import Stat
+    assert within(Stat(3, 3, (lo + hi) / 2, 0.1, lo, hi), 1.62, 1.98) == verdict

@@ -1,9 +1,8 @@
 """Seed 004's digit reversal as shipped (configs/reverse.py, the README's main job), over seeds."""
+import math
+
 from jaxformer.sweep import Sweep
-
-
-def _at_most(st, x) -> str:
-    return "holds" if st.hi <= x else "does not hold" if st.lo > x else "not resolved"
+from jaxformer.verdicts import within
 
 
 def summary(rep) -> str:
@@ -11,11 +10,11 @@ def summary(rep) -> str:
     s = lambda lab: rep.stat(lab, arm)
     loss, one = s("steps to train loss < 0.1 (mean of 5 logs)"), s("steps to train loss < 0.1 (one batch)")
     em95, final = s("steps to 95% exact match"), s("held-out exact match")
-    em = ("holds" if final.lo >= 0.95 else "does not hold" if final.hi < 0.95 else "not resolved")
+    em = within(final, 0.95, math.inf)
     return "\n".join([
         f"- Seed 004: train loss below 0.1 after about 500 steps (read as: by 550). Measured: the mean of 5 "
         f"consecutive logged losses (steps 10 apart) first falls below 0.1 at step {loss.fmt()} "
-        f"(a single batch first does at {one.fmt()}): {_at_most(loss, 550)}, on the 95% interval over seeds.",
+        f"(a single batch first does at {one.fmt()}): {within(loss, -math.inf, 550)}, on the 95% interval over seeds.",
         f"- Seed 004: 95% validation accuracy. Steps to 95% held-out exact match (evaluated every 50): "
         f"{em95.fmt()}; final exact match {100 * final.mean:.1f} ± {100 * final.std:.1f}% "
         f"[{100 * final.lo:.1f}, {100 * final.hi:.1f}]: {em}.",

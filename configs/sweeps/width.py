@@ -1,14 +1,6 @@
 """Seed 000's char LM at three widths: the first 10,000 characters of Alice, D = 32, 64, 128 (d_ff = 2D)."""
 from jaxformer.sweep import Sweep
-
-
-def _within(st, lo, hi) -> str:
-    """holds / does not hold / not resolved: the 95% interval of `st` inside [lo, hi], outside it, or across."""
-    if lo <= st.lo and st.hi <= hi:
-        return "holds"
-    if st.hi < lo or st.lo > hi:
-        return "does not hold"
-    return "not resolved"
+from jaxformer.verdicts import within
 
 
 def summary(rep) -> str:
@@ -17,18 +9,18 @@ def summary(rep) -> str:
     l64, l32 = at(64, "train loss (last epoch)"), at(32, "train loss (last epoch)")
     h64, h32 = at(64, "held-out loss"), at(32, "held-out loss")
     acc, tacc = at(64, "held-out accuracy"), at(64, "train accuracy (last epoch)")
-    acc_verdicts = {_within(acc, 0.78, 1.0), _within(tacc, 0.78, 1.0)}
+    acc_verdicts = {within(acc, 0.78, 1.0), within(tacc, 0.78, 1.0)}
     acc_v = ("holds" if "holds" in acc_verdicts else "does not hold" if acc_verdicts == {"does not hold"} else
              "not resolved")
     return "\n".join([
         "Train loss is the mean over the last epoch of training batches (the last 28 steps = 8,960 of the 9,000 "
         "training characters), not one batch; each verdict is decided on its 95% interval over the seeds.",
         f"- Seed 000: loss ≈ 1.8 after 10 epochs at D=64 (tolerance ±10%: [1.62, 1.98]). Measured train loss "
-        f"{l64.fmt()}, held-out {h64.fmt()}: {_within(l64, 1.62, 1.98)}"
-        + (f" ({'lower' if l64.hi < 1.62 else 'higher'})." if _within(l64, 1.62, 1.98) == "does not hold" else "."),
+        f"{l64.fmt()}, held-out {h64.fmt()}: {within(l64, 1.62, 1.98)}"
+        + (f" ({'lower' if l64.hi < 1.62 else 'higher'})." if within(l64, 1.62, 1.98) == "does not hold" else "."),
         f"- Seed 000: loss > 3.2 at D=32. Measured train loss {l32.fmt()}, held-out {h32.fmt()}: "
         + {"holds": "holds.", "does not hold": "does not hold: D=32 learns well below 3.2.",
-           "not resolved": "not resolved."}[_within(l32, 3.2, float("inf"))],
+           "not resolved": "not resolved."}[within(l32, 3.2, float("inf"))],
         f"- Seed 000: 83% character accuracy (tolerance 5 points: ≥ 78%). Measured at D=64: "
         f"{100 * tacc.mean:.1f} ± {100 * tacc.std:.1f}% on the last epoch's training batches, {100 * acc.mean:.1f} "
         f"± {100 * acc.std:.1f}% on held-out text: {acc_v}"
