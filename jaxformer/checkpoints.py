@@ -32,6 +32,13 @@ class Restored(NamedTuple):
     items: dict        # item name -> restored pytree (or dict for "data")
 
 
+def _barriers(kind: str) -> ocp.options.MultiprocessingOptions:
+    """Each manager's own cross-process barrier names. orbax names a save's barriers by the step alone
+    ("async_write_complete.5"), so two managers saving one step at once would share them: with several
+    processes one manager's barrier then meets the other's and a process waits until the timeout."""
+    return ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=f"jaxformer_{kind}")
+
+
 class Checkpoints:
     """The two managers of `root` (= RUN/checkpoints). read_only: never create or move anything."""
 
@@ -48,10 +55,10 @@ class Checkpoints:
         try:
             self.managers = {
                 "latest": ocp.CheckpointManager(self.root / "latest", options=ocp.CheckpointManagerOptions(
-                    max_to_keep=keep, **common)),
+                    max_to_keep=keep, multiprocessing_options=_barriers("latest"), **common)),
                 "best": ocp.CheckpointManager(self.root / "best", options=ocp.CheckpointManagerOptions(
                     max_to_keep=None if read_only else 1, best_fn=lambda m: m[best_metric], best_mode=best_mode,
-                    **common)),
+                    multiprocessing_options=_barriers("best"), **common)),
             }
         finally:
             absl_log.setLevel(level)

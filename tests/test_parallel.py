@@ -315,6 +315,26 @@ def test_two_processes_train_like_one_process_and_one_device(eight, tmp_path):
     assert sorted(train_losses(tmp_path / "run")) == list(range(1, 8))
 
 
+def test_two_processes_save_into_both_managers_at_once(tmp_path):
+    """Every evaluation step is saved into "latest" and "best" at once. orbax names a save's cross-process
+    barriers by the step alone, so without each manager's own barrier names the two managers' barriers met:
+    one process failed ("barrier ... is already ongoing") or both waited for the barrier timeout."""
+    port, steps = _free_port(), 4
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    files = [(open(tmp_path / f"{i}.out", "w+"), open(tmp_path / f"{i}.err", "w+")) for i in range(2)]
+    procs = []
+    for i, (out, err) in enumerate(files):
+        procs.append(subprocess.Popen([sys.executable, str(Path(__file__).parent / "checkpoint_worker.py"), str(i),
+                                       str(port), str(tmp_path / "checkpoints"), str(steps)],
+                                      env=env, stdout=out, stderr=err, text=True))
+        procs[-1].files = (out, err)
+    outs = _wait(procs, timeout=120)        # ~10 s when the barriers are apart; a clash waits far longer
+    assert [p.returncode for p in procs] == [0, 0], _tails(outs)
+    for out, _ in outs:                     # (gloo prints its connections to stdout too)
+        assert [ln for ln in out.splitlines() if not ln.startswith("[Gloo]")] == (
+            [f"saved {s}" for s in range(1, steps + 1)] + ["restored"])
+
+
 @pytest.mark.slow          # two processes and a heartbeat timeout: ~20 s of waiting (make test-all)
 def test_a_dead_process_fails_the_other_within_the_heartbeat_timeout(tmp_path):
     workdir = tmp_path / "run"
