@@ -118,6 +118,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(d)], check=False)
 
 
+@pytest.mark.slow          # two trainings into a small tmpfs (~8 s)
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning",       # pytest's own hooks
                             "ignore::pytest.PytestUnhandledThreadExceptionWarning",   # replace the ones the
                             "ignore:coroutine:RuntimeWarning")                        # CLI process quiets

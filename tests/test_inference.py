@@ -24,7 +24,7 @@ TEXT = ("The quick brown fox jumps over the lazy dog. Pack my box with five doze
 @pytest.fixture(scope="module")
 def reversal_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("reverse")
-    train(tiny_reverse("train.steps=30", "train.eval_every=30"), d, progress="none")
+    train(tiny_reverse("train.steps=30", "train.eval_every=30", "train.num_examples=0"), d, progress="none")
     return d
 
 
@@ -34,7 +34,8 @@ def lm_run(tmp_path_factory):
     corpus = d / "corpus.txt"
     corpus.write_text(TEXT)
     cfg = tiny_lm(f"data.path={corpus}", "data.num_chars=None", "data.gutenberg=False", "data.block_size=16",
-                  "model.max_len=48", "train.steps=20", "train.eval_every=20", "train.checkpoint_every=20")
+                  "model.max_len=48", "train.steps=20", "train.eval_every=20", "train.checkpoint_every=20",
+                  "train.num_examples=0")
     train(cfg, d / "run", progress="none")
     corpus.unlink()                                       # generate must not need the training data
     return d / "run"
@@ -73,6 +74,7 @@ def test_reversal_generate_equals_full_recomputation_decoding(reversal_run):
     assert generate_text(run, prompts, beam=1) == got
 
 
+@pytest.mark.slow          # the trained char-LM fixture (~10 s); tests/test_decode.py batches ragged LM prompts
 def test_lm_generate_batches_ragged_prompts_like_each_alone_and_like_recomputation(lm_run):
     run = load_model(lm_run, "latest")
     assert (run.step, run.which) == (20, "latest")
@@ -86,7 +88,7 @@ def test_lm_generate_batches_ragged_prompts_like_each_alone_and_like_recomputati
     assert a == generate_text(run, prompts, max_new=8, temperature=1.0, top_k=5, seed=3)
 
 
-def test_cli_generate_prints_prompts_and_answers(reversal_run, lm_run, capsys):
+def test_cli_generate_prints_prompts_and_answers(reversal_run, capsys):
     assert cli_main(["generate", "--workdir", str(reversal_run), "--prompt", "4321", "--prompt", "77"]) == 0
     out = capsys.readouterr().out
     run = load_model(reversal_run)
@@ -94,6 +96,10 @@ def test_cli_generate_prints_prompts_and_answers(reversal_run, lm_run, capsys):
         assert f"{p} -> {a}" in out
     assert cli_main(["generate", "--workdir", str(reversal_run)]) == 0            # default: held-out inputs
     assert capsys.readouterr().out.count(" -> ") == 3
+
+
+@pytest.mark.slow          # the trained char-LM fixture (~10 s)
+def test_cli_generate_samples_a_char_lm_like_the_library(lm_run, capsys):
     sampled = ["--prompt", "The", "--max-new", "5", "--beam", "1", "--temperature", "0.7", "--top-p", "0.9",
                "--seed", "4"]
     assert cli_main(["generate", "--workdir", str(lm_run), *sampled]) == 0
@@ -115,6 +121,7 @@ def test_cli_generate_bad_inputs_exit_2_with_named_errors(reversal_run, argv, me
     assert message in capsys.readouterr().out.replace("\n", "")
 
 
+@pytest.mark.slow          # the trained char-LM fixture (~10 s)
 def test_named_errors_for_lm_beam_unknown_chars_and_missing_runs(lm_run, tmp_path):
     run = load_model(lm_run)
     with pytest.raises(ConfigError, match="beam=2"):

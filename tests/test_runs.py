@@ -60,7 +60,12 @@ CORRUPTIONS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(CORRUPTIONS))
+# the default lane keeps one corruption of each part (arrays, an item, the data state); the rest run slow
+DEFAULT_CORRUPTIONS = ("truncated-arrays", "missing-item", "data-state-of-another-shape")
+
+
+@pytest.mark.parametrize("kind", [k if k in DEFAULT_CORRUPTIONS else pytest.param(k, marks=pytest.mark.slow)
+                                  for k in CORRUPTIONS])
 def test_corrupt_newest_checkpoint_resumes_from_the_previous_one_naming_the_bad_step(finished_lm, tmp_path,
                                                                                       kind, caplog):
     run = copy_run(finished_lm, tmp_path)
@@ -259,6 +264,7 @@ def test_a_signal_saves_a_checkpoint_and_exits_128_plus_signum(tmp_path, sigs):
     assert not list((tmp_path / "checkpoints" / "latest").glob("*tmp*"))     # and completely written
 
 
+@pytest.mark.slow          # a training subprocess (~12 s); the default lane stops one by signals (SIGHUP ...)
 def test_closing_stdout_stops_like_sigterm_with_a_checkpoint(tmp_path):
     """`jaxformer train ... | head` (or a `less` that quits): the first failed write stops the run as SIGTERM
     would, with a checkpoint of its step and exit status 128 + SIGPIPE, and a line on stderr saying why."""

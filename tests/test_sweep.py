@@ -196,6 +196,7 @@ def test_torn_and_non_utf8_metric_lines_are_skipped_by_runs_and_report(tmp_path)
     assert rep.records[r.id] == good and rep.values("loss", r.arm) == [2.5, 2.5]
 
 
+@pytest.mark.slow          # three tiny trainings (~6 s)
 def test_a_sequential_sweep_goes_on_past_a_failing_run(tmp_path):
     """One run's data cannot serve its batch size (a DataError at train time): the sequential sweep records it
     as failed, runs the others, and names the failure at the end (as --jobs does)."""
