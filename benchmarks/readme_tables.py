@@ -1,4 +1,5 @@
-"""Render the README's performance table from the committed results files, so that no figure in it can go stale.
+"""Render the README's tables from the committed results files, so that no figure in them can go stale: the
+performance table and `make run`'s phases (here), and the claims table (benchmarks/claims_table.py).
 
   python benchmarks/readme_tables.py          # rewrite README.md between the table markers
   python benchmarks/readme_tables.py --check  # exit 1 if README.md differs from what the results give
@@ -15,6 +16,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from claims_table import claims  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 _BLOCK = re.compile(r"(?s)(<!-- table:(?P<name>[a-z_]+) [^\n]*-->\n).*?(\n<!-- /table:(?P=name) -->)")
 
@@ -61,7 +64,7 @@ def make_run() -> str:
             f"prints them).")
 
 
-TABLES = {"performance": performance, "make_run": make_run}
+TABLES = {"performance": performance, "make_run": make_run, "claims": claims}
 
 
 def render(text: str) -> str:

@@ -353,6 +353,16 @@ def test_sampling_greedy_and_reproducible_with_explicit_keys():
     gen = lambda key: np.asarray(generate_lm(model, prompts, max_new=6, key=key, temperature=1.0))  # noqa: E731
     a, b, c = gen(jax.random.key(7)), gen(jax.random.key(7)), gen(jax.random.key(8))
     np.testing.assert_array_equal(a, b)                               # explicit keys: reproducible
+    # ... and reproduced independently: token i is drawn from the full (uncached) forward pass over the sequence
+    # so far, with the pad id excluded and the documented key fold_in(key, i)
+    graphdef, state = nnx.split(model)
+    last = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)[:, -1])
+    seq = prompts
+    for i in range(6):
+        logits = last(state, seq).at[:, model.cfg.pad_id].set(jnp.finfo(jnp.float32).min)
+        tok = sample_logits(logits, jax.random.fold_in(jax.random.key(7), i), temperature=1.0)
+        seq = jnp.concatenate([seq, tok[:, None]], 1)
+    np.testing.assert_array_equal(a, np.asarray(seq[:, 3:]))
     assert (a != c).any()                                             # and the key is used (24 near-uniform draws)
     assert (a != a[:1]).any()                                         # identical rows draw independently
 

@@ -35,7 +35,7 @@ def ref_attention(q, k, v, mask=None, bias=None, scale=None):
     Returns (out [B,T,N,H], weights [B,N,T,S]); fully masked rows give zero weights and zero output."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     b, t, n, h = q.shape
-    s, kh = k.shape[1], k.shape[2]
+    kh = k.shape[2]
     g = n // kh
     k = np.repeat(k, g, axis=2)   # query head i uses kv head i // g
     v = np.repeat(v, g, axis=2)
@@ -326,6 +326,9 @@ def test_attention_jit_equals_eager_and_vmap_equals_loop():
     eager = f(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask)
     jitted = jax.jit(f)(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask)
     np.testing.assert_allclose(np.asarray(jitted), np.asarray(eager), atol=1e-6)
+    want, _ = ref_attention(q, k, v, mask=np.asarray(mask))          # and each equals the float64 reference
+    for got in (eager, jitted):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
 
     # vmap over an extra leading axis E=3 equals a Python loop
     qs, ks, vs = (jnp.asarray(np.stack([a, a * 0.5 + 1, -a])) for a in (q, k, v))

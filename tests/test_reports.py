@@ -74,8 +74,48 @@ def test_readme_tables_are_the_rendering_of_the_results_files():
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert text.count("<!-- table:") >= 2
+    assert text.count("<!-- table:") >= 3
     assert tables.render(text) == text
+
+
+def test_the_claims_table_figures_follow_their_results_files(tmp_path, monkeypatch):
+    """Every measured figure of the claims table is read from a results file: change a report's CSV, a run's
+    outcome or a benchmark's JSON in a copy and the rendered row changes with it."""
+    import csv
+    import importlib.util
+    import json
+    import shutil
+    for d in ("docs", "benchmarks/results", "configs/sweeps"):
+        shutil.copytree(ROOT / d, tmp_path / d)
+    spec = importlib.util.spec_from_file_location("claims_table", ROOT / "benchmarks" / "claims_table.py")
+    ct = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ct)
+    committed = ct.claims()
+    assert committed in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert committed.count("\n| 000: ") + committed.count("\n| 004: ") == 28          # every claim has its row
+    path = tmp_path / "docs/ablations/width_arms.csv"
+    rows = list(csv.reader(path.open(encoding="utf-8")))
+    for r in rows:
+        if r[:2] == ["D=64", "train loss (last epoch)"]:
+            r[4] = "1.9"
+    with path.open("w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+    runs = tmp_path / "docs/ablations/norm_placement_runs.csv"
+    text = runs.read_text(encoding="utf-8").splitlines()
+    first_failed = next(i for i, line in enumerate(text) if ",post,12," in line and line.endswith(",1.0,0.0"))
+    text[first_failed] = text[first_failed][: -len(",1.0,0.0")] + ",0.0,0.0"
+    runs.write_text("\n".join(text) + "\n", encoding="utf-8")
+    decode = json.loads((tmp_path / "benchmarks/results/decode.json").read_text())
+    next(r for r in decode["rows"] if (r["size"], r["batch"], r["context"]) == ("base", 1, 64))["speedup"] = 4.4
+    (tmp_path / "benchmarks/results/decode.json").write_text(json.dumps(decode))
+    monkeypatch.setattr(ct, "ROOT", tmp_path)
+    monkeypatch.setattr(ct, "ABLATIONS", tmp_path / "docs/ablations")
+    for f in (ct._arms, ct.runs, ct.result):
+        f.cache_clear()
+    changed = ct.claims()
+    assert "train loss over the last epoch 1.90 ± 0.03" in changed and "1.76 ± 0.03" not in changed
+    assert "Post-LN failed 17/24 runs at 6 and 12 layers (11 of 12 at 12 layers" in changed
+    assert "at context 64 (4.4×)" in changed and "holds in size (4.4× at 64" in changed
 
 
 def test_the_quoted_ffn_parameter_count_is_the_models_and_the_formula():

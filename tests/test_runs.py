@@ -215,6 +215,7 @@ NAN = ["optim.name=sgd", "optim.lr=1e12", "optim.clip_norm=0", "optim.schedule=c
        "train.eval_every=1000"]
 
 
+@pytest.mark.slow          # two trainings (~7 s); test_bad_inputs.py stops a run on a non-finite gradient
 def test_nan_loss_stops_naming_the_step_and_the_last_good_checkpoint(tmp_path):
     with pytest.raises(NonFiniteLoss, match=r"at step \d+") as e:
         train(tiny_lm(*NAN, "train.checkpoint_every=1"), tmp_path, progress="none")

@@ -120,6 +120,7 @@ def _pngs(paths):
     return all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
 
 
+@pytest.mark.slow          # two trainings for the fixture (~13 s); the weights themselves are checked by default
 def test_viz_writes_one_png_per_prompt_layer_and_kind(runs, tmp_path, capsys):
     s2s, lm = runs
     assert cli_main(["viz", "--workdir", str(s2s), "--prompt", "123", "--prompt", "98765"]) == 0
@@ -134,6 +135,7 @@ def test_viz_writes_one_png_per_prompt_layer_and_kind(runs, tmp_path, capsys):
     assert not (lm / "viz").exists()
 
 
+@pytest.mark.slow          # the trained runs fixture
 def test_bad_run_directories_and_prompts_are_named_errors(runs, tmp_path, capsys):
     s2s, lm = runs
     (tmp_path / "corrupt").mkdir()
