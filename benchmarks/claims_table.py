@@ -185,10 +185,13 @@ def _masking() -> tuple[str, str]:
 def _attention_scale() -> str:
     heads = sorted({int(r["model.num_heads"]) for r in runs("attention_scale")}, reverse=True)
     failed, total = count("attention_scale", "failed", model__attention_scale="none")
-    a = lambda h, scale: arm("attention_scale", f"num_heads={h}, attention_scale={scale}", "train loss")  # noqa: E731
-    gaps = "/".join(f"{a(h, 'none').mean - a(h, 'rsqrt').mean:.2f}" for h in heads)
-    return (f"Alice, D=128, H = {'/'.join(str(128 // h) for h in heads)}: {failed}/{total} unscaled runs failed; "
-            f"final train loss higher by {gaps} than scaled")
+    v = lambda h, scale: values("attention_scale", f"num_heads={h}, attention_scale={scale}", "train loss")  # noqa: E731
+    d = {128 // h: difference(v(h, "none"), v(h, "rsqrt")) for h in heads}
+    apart = [h for h, x in d.items() if x.lo > 0]
+    return (f"Alice, D=128, H = {'/'.join(map(str, d))}: {failed}/{total} unscaled runs failed; final train loss "
+            f"higher by {'/'.join(f'{x.mean:.2f}' for x in d.values())} than scaled (Welch's 95% interval of the "
+            f"difference above 0 at H = {' and '.join(map(str, apart)) or 'none'}"
+            + (f", not at {' and '.join(str(h) for h in d if h not in apart)})" if len(apart) < len(d) else ")"))
 
 
 def _norm_placement() -> str:

@@ -83,6 +83,32 @@ def within(st: Stat, lo: float, hi: float) -> str:
     return "not resolved"
 
 
+def above(st: Stat | None, x: float) -> str:
+    """The verdict on "the mean is at least x" from its 95% interval: "holds" when the whole interval is ≥ x,
+    "does not hold" when it lies wholly below, else "not resolved" (also with no values)."""
+    if st is None:
+        return "not resolved"
+    return "holds" if st.lo >= x else "does not hold" if st.hi < x else "not resolved"
+
+
+def below(st: Stat | None, x: float) -> str:
+    """The verdict on "the mean is below x" from its 95% interval (the mirror of `above`)."""
+    if st is None:
+        return "not resolved"
+    return "holds" if st.hi < x else "does not hold" if st.lo >= x else "not resolved"
+
+
+def more_often(k1: int, n1: int, k2: int, n2: int) -> tuple[str, float]:
+    """Does an event happen more often in group 1 (k1 of n1 runs) than in group 2 (k2 of n2)? One-sided Fisher
+    exact test -> ("holds" when p < 0.05, else "not resolved"; "does not hold" when group 1's rate is not
+    higher at all, p)."""
+    from scipy.stats import fisher_exact
+    p = float(fisher_exact([[k1, n1 - k1], [k2, n2 - k2]], alternative="greater").pvalue)
+    if k1 * n2 <= k2 * n1:
+        return "does not hold", p
+    return ("holds" if p < 0.05 else "not resolved"), p
+
+
 def equivalence(diff: Stat | None, margin: float) -> str:
     """The verdict on "a equals b" from the 95% interval of their difference a − b and a declared margin (a
     difference smaller than `margin` is one we call negligible). It starts with one of: "equivalent" (the whole

@@ -146,3 +146,34 @@ def test_within_decides_a_tolerance_claim_on_the_whole_interval(lo, hi, verdict)
     verdict either way (the old width rule called it "holds")."""
     from jaxformer.report import Stat
     assert within(Stat(3, 3, (lo + hi) / 2, 0.1, lo, hi), 1.62, 1.98) == verdict
+
+
+@pytest.mark.parametrize("lo, hi, at_least, under", [(0.55, 0.9, "holds", "does not hold"),
+                                                     (0.1, 0.45, "does not hold", "holds"),
+                                                     (0.4, 0.6, "not resolved", "not resolved"),
+                                                     (0.5, 0.7, "holds", "does not hold")])
+def test_threshold_verdicts_use_the_whole_interval(lo, hi, at_least, under):
+    """A threshold claim (exact match ≥ 50%, loss below x) holds or fails only when the whole 95% interval of the
+    mean is on one side: a mean on the right side with an interval across the line is "not resolved"."""
+    from jaxformer.report import Stat
+    from jaxformer.verdicts import above, below
+    st = Stat(3, 3, (lo + hi) / 2, 0.1, lo, hi)
+    assert above(st, 0.5) == at_least and below(st, 0.5) == under
+    assert above(None, 0.5) == below(None, 0.5) == "not resolved"
+
+
+def test_more_often_is_a_one_sided_fisher_exact_test():
+    """Post-LN failing 18/24 runs against Pre-LN's 0/24 is decided by Fisher's exact test (scipy's, computed here
+    by hand from the hypergeometric tail as well), not by comparing the two counts."""
+    import math
+
+    from jaxformer.verdicts import more_often
+
+    def tail(k1, n1, k2, n2):          # P(X >= k1), X ~ hypergeometric(n1 + n2, k1 + k2, n1)
+        total, events = n1 + n2, k1 + k2
+        return sum(math.comb(events, x) * math.comb(total - events, n1 - x)
+                   for x in range(k1, min(events, n1) + 1)) / math.comb(total, n1)
+    verdict, p = more_often(18, 24, 0, 24)
+    assert verdict == "holds" and p == pytest.approx(tail(18, 24, 0, 24), rel=1e-9) and p < 1e-6
+    assert more_often(2, 3, 0, 3)[0] == "not resolved"              # 2/3 vs 0/3: p = 0.2, too few runs
+    assert more_often(1, 12, 1, 12)[0] == more_often(0, 12, 3, 12)[0] == "does not hold"

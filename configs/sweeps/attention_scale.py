@@ -1,5 +1,6 @@
 """Attention logits scaled by 1/sqrt(H) vs not scaled, as the head dim H grows (D=128 fixed: N = 16, 4, 1)."""
 from jaxformer.sweep import Sweep
+from jaxformer.verdicts import difference
 
 HEADS = (16, 4, 1)          # H = 128 / N = 8, 32, 128
 
@@ -11,15 +12,19 @@ def summary(rep) -> str:
         st = {sc: (rep.stat("train loss", arm(sc)), rep.stat("best held-out loss", arm(sc)),
                    rep.stat("failed", arm(sc))) for sc in ("rsqrt", "none")}
         (ts, hs, _), (tu, hu, fu) = st["rsqrt"], st["none"]
-        slower.append(tu.mean - ts.mean)
+        slower.append(difference(rep.values("train loss", arm("none")), rep.values("train loss", arm("rsqrt"))))
         lines.append(f"- H={128 // n}: final train loss scaled {ts.fmt()} vs unscaled {tu.fmt()}; best held-out "
                      f"loss scaled {hs.fmt()} vs unscaled {hu.fmt()}; unscaled failed in {fu.mean * fu.n:.0f}/{fu.n}.")
     failed = sum(round(rep.stat("failed", a).mean * rep.stat("failed", a).n) for a in rep.select(attention_scale="none"))
+    higher = [d.lo > 0 for d in slower]           # Welch's 95% interval of unscaled − scaled lies above 0
+    gaps = ", ".join(f"{d.mean:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}]" for d in slower)
     lines.append("- Seed 004: without the scale, training blows up. " + (
         f"Does not hold as stated at this size: no unscaled run diverged or stalled ({failed} failed), but "
-        f"without the scale the training loss falls more slowly at every head dim (final train loss higher by "
-        f"{', '.join(f'{d:+.2f}' for d in slower)} at H = 8, 32, 128). Post-LN, AdamW and clipping at 1.0 keep "
-        f"the unscaled logits trainable here." if failed == 0 else
+        + (f"without the scale the training loss falls more slowly at every head dim (final train loss higher by "
+           f"{gaps} at H = 8, 32, 128: Welch's 95% interval of the difference lies above 0 at each)"
+           if all(higher) else f"the final train loss is higher without the scale at {sum(higher)} of "
+           f"{len(higher)} head dims on Welch's 95% interval (differences {gaps} at H = 8, 32, 128)")
+        + ". Post-LN, AdamW and clipping at 1.0 keep the unscaled logits trainable here." if failed == 0 else
         f"Holds in part: {failed} unscaled runs failed."))
     return "\n".join(lines)
 

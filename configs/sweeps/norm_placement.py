@@ -3,6 +3,7 @@ initialisation (the quantity Xiong et al. 2020 analyse)."""
 import statistics
 
 from jaxformer.sweep import Sweep
+from jaxformer.verdicts import more_often
 
 DEPTHS = (2, 6, 12)
 LRS = (1e-3, 5e-3)
@@ -97,10 +98,13 @@ def summary(rep) -> str:
     deep = [d for d in DEPTHS if d > 2]
     (pf, pn), (qf, qn) = fails("post", deep), fails("pre", deep)
     (sf, sn), (tf, tn) = fails("post", [2]), fails("pre", [2])
+    verdict, p = more_often(pf, pn, qf, qn)        # one-sided Fisher exact test on the failure counts
     lines.append(f"- Seed 004: Pre-LN converges faster and is more stable. At {' and '.join(map(str, deep))} layers "
-                 f"Post-LN failed {pf}/{pn} runs and Pre-LN {qf}/{qn}: "
-                 + ("the claim holds there, and Post-LN's failures are stalls at the character-frequency loss, not "
-                    "NaNs; 50 warmup steps did not rescue 12 layers. " if pf > qf else "no difference in stability there. ")
+                 f"Post-LN failed {pf}/{pn} runs and Pre-LN {qf}/{qn} (Fisher's exact test, one-sided: p = {p:.2g}): "
+                 + {"holds": "the claim holds there, and Post-LN's failures are stalls at the character-frequency "
+                             "loss, not NaNs; 50 warmup steps did not rescue 12 layers. ",
+                    "not resolved": "not resolved there (p ≥ 0.05). ",
+                    "does not hold": "no difference in stability there. "}[verdict]
                  + f"At 2 layers both train (failed {sf}/{sn} vs {tf}/{tn}) and neither converges consistently faster: "
                  "compare the steps to 2.4 arm by arm in the table.")
     return "\n".join(lines)
