@@ -94,6 +94,19 @@ MUTANTS = (
     Mutant("data-state-unchecked", "a data state the pipeline cannot take is restored anyway",
            "jaxformer/train/loop.py", "data=True, check=fits)", "data=True)",
            ("tests/test_runs.py", "-k", "another-shape")),
+    Mutant("shared-barrier-names", "both checkpoint managers use orbax's step-named barriers (two processes clash)",
+           "jaxformer/checkpoints.py", 'barrier_sync_key_prefix=f"jaxformer_{kind}"', "barrier_sync_key_prefix=None",
+           ("tests/test_parallel.py", "-k", "both_managers")),
+    Mutant("threshold-on-the-mean", "a threshold claim decided on the mean, not its interval", "jaxformer/verdicts.py",
+           '    return "holds" if st.lo >= x else "does not hold" if st.hi < x else "not resolved"',
+           '    return "holds" if st.mean >= x else "does not hold"', ("tests/test_reports.py", "-k", "threshold")),
+    Mutant("counts-compared", "more failures decided by comparing the counts, without a test", "jaxformer/verdicts.py",
+           '    return ("holds" if p < 0.05 else "not resolved"), p', '    return "holds", p',
+           ("tests/test_reports.py", "-k", "fisher")),
+    Mutant("stale-claims-figure", "a claims-table figure that ignores its results file", "benchmarks/claims_table.py",
+           "({_times(r['speedup'])}), {_times(_decode_row('base', 1, 256)['speedup'])} at 256",
+           "(2.9×), {_times(_decode_row('base', 1, 256)['speedup'])} at 256",
+           ("tests/test_reports.py", "-k", "claims_table")),
 )
 
 
