@@ -197,6 +197,21 @@ def cmd_plan(args) -> int:
 
 
 QUANT = ("int8", "int4", "w8a8")          # jaxformer.quantize.MODES (not imported here: it loads qwix)
+def cmd_data(args) -> int:
+    from jaxformer.data.prepare import prepare
+    index = prepare(args.inputs, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size, docs=args.docs,
+                    eval_fraction=args.eval_fraction, shard_tokens=args.shard_tokens, dtype=args.dtype,
+                    progress=not args.no_progress and sys.stderr.isatty())
+    tok = index["tokenizer"]
+    print(f"prepared {args.out}: {tok['kind']} tokenizer of {tok['vocab_size']:,} ids, {index['dtype']} shards, "
+          f"{index['seconds']:.1f} s")
+    for split, info in index["splits"].items():
+        print(f"  {split}: {info['documents']:,} documents, {info['tokens']:,} tokens, {info['text_bytes']:,} bytes "
+              f"of text ({info['text_bytes'] / max(info['tokens'], 1):.2f} bytes per token), "
+              f"{len(info['shards'])} shard(s)")
+    return 0
+
+
 QUANT_HELP = ("quantize the restored weights (post-training): int8 or int4 weight-only, or w8a8 (int8 weights and "
               "per-token int8 activations)")
 
@@ -258,8 +273,22 @@ def main(argv=None) -> int:
                    "run's first held-out inputs. An encoder-decoder run is shown decoding its own greedy answer")
     v.add_argument("--which", choices=("best", "latest"), default="best")
     v.add_argument("--out", help="output folder (default: RUN/viz/)")
+    d = sub.add_parser("data", help="prepare corpora: a tokenizer and token shards (see `jaxformer data prepare -h`)")
+    dsub = d.add_subparsers(dest="data_cmd", required=True)
+    dp = dsub.add_parser("prepare", help="text files -> a tokenizer and token shards with a JSON index, streamed")
+    dp.add_argument("inputs", nargs="+", metavar="INPUT")
+    dp.add_argument("--tokenizer", default="bpe", help="char, byte, bpe (byte-level BPE), unigram (byte-level "
+                    "unigram), both trained here on the training split, or PATH to a tokenizer.json")
+    dp.add_argument("--vocab-size", type=int, default=2048, help="for bpe and unigram")
+    dp.add_argument("--out", required=True, help="output folder (must not exist; written as OUT.partial first)")
+    dp.add_argument("--docs", default="auto", help="documents: file (one per input), jsonl (a \"text\" field "
+                    "per line; the default for *.jsonl), blank-lines, or separator=STR")
+    dp.add_argument("--eval-fraction", type=float, default=0.1, help="the held-out split's share of the text")
+    dp.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard file at most")
+    dp.add_argument("--dtype", default="auto", help="auto (uint16 when the vocabulary fits), uint16 or uint32")
+    dp.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    cmds = {"train": cmd_train, "eval": cmd_eval, "params": cmd_params, "generate": cmd_generate,
+    cmds = {"data": cmd_data, "train": cmd_train, "eval": cmd_eval, "params": cmd_params, "generate": cmd_generate,
             "plan": cmd_plan, "sweep": cmd_sweep, "report": cmd_report, "viz": cmd_viz}
     try:
         if getattr(args, "workdir", None) == "":

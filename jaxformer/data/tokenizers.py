@@ -1,4 +1,6 @@
-"""Tokenizers: digits (reversal/copy tasks) and characters (char-level LM). Id 0 is always padding."""
+"""Tokenizers: digits (reversal/copy tasks), characters (char-level LM), bytes, and subword tokenizers of HF
+`tokenizers` (byte-level BPE or unigram trained locally by `jaxformer data prepare`, or a `tokenizer.json`).
+Id 0 is always padding. Tokenizers of prepared token shards also have an end-of-document id (`eod_id`)."""
 from __future__ import annotations
 
 import json
@@ -28,17 +30,18 @@ class DigitTokenizer:
 
 
 class CharTokenizer:
-    """Characters sorted by code point, ids from 1 (0 = <pad>)."""
+    """Characters sorted by code point, ids from 1 (0 = <pad>); with eod, <eod> = the id after the last char."""
     kind = "char"
     pad_id = PAD
 
-    def __init__(self, chars):
+    def __init__(self, chars, eod: bool = False):
         self.chars = sorted(set(chars))
         self.stoi = {c: i + 1 for i, c in enumerate(self.chars)}
+        self.eod_id = len(self.chars) + 1 if eod else None
 
     @property
     def vocab_size(self) -> int:
-        return len(self.chars) + 1
+        return len(self.chars) + 1 + (self.eod_id is not None)
 
     def encode(self, text: str) -> np.ndarray:
         unknown = sorted(set(text) - set(self.stoi))
@@ -51,14 +54,60 @@ class CharTokenizer:
         return "".join(self.chars[int(i) - 1] for i in ids if 0 < int(i) <= len(self.chars))
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "chars": "".join(self.chars)}
+        return {"kind": self.kind, "chars": "".join(self.chars)} | ({"eod": True} if self.eod_id else {})
+
+
+class ByteTokenizer:
+    """UTF-8 bytes: <pad>=0, <eod>=1, byte b = 2 + b (vocabulary 258). Any text, exactly."""
+    kind = "byte"
+    vocab_size = 258
+    pad_id, eod_id = PAD, 1
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32) + 2
+
+    def decode(self, ids) -> str:
+        b = np.asarray(ids, np.int64)
+        return (b[b >= 2] - 2).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind}
+
+
+class HFTokenizer:
+    """A HF `tokenizers.Tokenizer` whose <pad> is id 0, with an end-of-document token (`eod_id`)."""
+    kind = "hf"
+
+    def __init__(self, tok, eod_id: int):
+        self.tok, self.pad_id, self.eod_id = tok, PAD, eod_id
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, np.int32)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.asarray(e.ids, np.int32) for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "eod_id": self.eod_id, "tokenizer": json.loads(self.tok.to_str())}
 
 
 def tokenizer_from_json(d: dict):
     if isinstance(d, dict) and d.get("kind") == "digits":
         return DigitTokenizer()
     if isinstance(d, dict) and d.get("kind") == "char" and isinstance(d.get("chars"), str):
-        return CharTokenizer(d["chars"])
+        return CharTokenizer(d["chars"], eod=bool(d.get("eod")))
+    if isinstance(d, dict) and d.get("kind") == "byte":
+        return ByteTokenizer()
+    if isinstance(d, dict) and d.get("kind") == "hf" and isinstance(d.get("eod_id"), int):
+        from tokenizers import Tokenizer
+        try:
+            return HFTokenizer(Tokenizer.from_str(json.dumps(d["tokenizer"])), d["eod_id"])
+        except Exception as e:                    # tokenizers raises a bare Exception for a bad description
+            raise DataError(f"the saved HF tokenizer does not parse: {str(e)[:200]}") from None
     raise DataError(f"unknown tokenizer description {str(d)[:200]!r}")
 
 

@@ -1,0 +1,361 @@
+"""`jaxformer data prepare`: text files -> a tokenizer and token shards with a JSON index, streamed.
+
+    jaxformer data prepare INPUT... --tokenizer char|byte|bpe|unigram|PATH [--vocab-size N] --out DIR
+
+Documents: each input file is one document (`--docs file`), each line of a JSONL file one document (its "text"
+field; the default for *.jsonl), paragraphs between blank lines (`--docs blank-lines`), or the pieces between
+lines equal to a separator (`--docs separator=STR`). Text is read as UTF-8 exactly as it is (no newline or BOM
+normalisation), so decoding a document's tokens gives its bytes back. Every document ends with the tokenizer's
+end-of-document token.
+
+Three streaming passes over the inputs, never the whole corpus in memory (documents are read in pieces of about
+64 KiB, cut after a newline): (1) count documents and bytes, and choose the held-out split, the last documents
+holding `--eval-fraction` of the bytes (a corpus of one document is cut in two at a piece boundary); (2) train
+the tokenizer (HF `tokenizers`: byte-level BPE, or unigram over the same 256-byte alphabet, so that any text
+encodes; `char` collects the corpus's characters; `byte` needs no training; PATH loads a `tokenizer.json`) on the
+training split only; (3) encode and append to shards of at most `--shard-tokens` tokens, uint16 when the
+vocabulary fits, else uint32. The output is written to DIR.partial and renamed to DIR when complete: an
+interrupted run leaves no DIR (the next run starts afresh), and a finished DIR is never overwritten.
+
+DIR/index.json: format, the tokenizer (file + sha256), the dtype, the inputs (path, bytes, sha256), the document
+rule, and per split its token, document and text-byte counts, its shards (file, tokens, sha256) and its
+documents' token offsets (SPLIT_docs.npy: int64 [documents + 1]).
+"""
+from __future__ import annotations
+
+import array
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from jaxformer.data.tokenizers import ByteTokenizer, CharTokenizer, HFTokenizer, save_tokenizer
+from jaxformer.errors import DataError
+
+FORMAT = "jaxformer-tokens/1"
+PIECE = 1 << 16                    # bytes of text per piece read (cut after a newline when there is one)
+SPECIALS = ("<pad>", "<eod>")      # ids 0 and 1 of the tokenizers trained here
+SPLITS = ("train", "eval")
+
+
+@dataclass(frozen=True)
+class Piece:
+    doc: int            # document index over the whole corpus
+    text: str
+    last: bool          # the document's last piece
+
+
+def _rule(rule: str, path: Path) -> str:
+    if rule == "auto":
+        return "jsonl" if path.suffix == ".jsonl" else "file"
+    if rule in ("file", "jsonl", "blank-lines") or rule.startswith("separator="):
+        return rule
+    raise DataError(f"--docs {rule!r}: expected file, jsonl, blank-lines or separator=STR")
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The file's lines (keeping their newlines), decoded as UTF-8; DataError naming the file otherwise."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}: line {n} is not UTF-8 ({e.reason} at byte {e.start})") from None
+
+
+def _file_pieces(path: Path, rule: str, first_doc: int) -> Iterator[Piece]:
+    """The pieces of one input's documents, numbered from first_doc; every document's last piece has last=True."""
+    if rule == "jsonl":
+        doc = first_doc
+        for n, line in enumerate(_lines(path), 1):
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line)["text"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise DataError(f"{path}: line {n} is not a JSON object with a \"text\" field") from None
+            if not isinstance(text, str):
+                raise DataError(f"{path}: line {n}: \"text\" is {type(text).__name__}, not a string")
+            if text:
+                for i in range(0, len(text), PIECE):
+                    yield Piece(doc, text[i:i + PIECE], i + PIECE >= len(text))
+                doc += 1
+        return
+    sep = rule.removeprefix("separator=") if rule.startswith("separator=") else None
+    doc, buf, size, open_doc = first_doc, [], 0, False
+    for line in _lines(path):
+        if (rule == "blank-lines" and not line.strip()) or (sep is not None and line.rstrip("\r\n") == sep):
+            if open_doc or "".join(buf).strip():          # a boundary closes the document (if it has text)
+                yield Piece(doc, "".join(buf), True)
+                doc += 1
+            buf, size, open_doc = [], 0, False
+            continue
+        buf.append(line)
+        size += len(line)
+        if size >= PIECE and line.endswith("\n"):
+            yield Piece(doc, "".join(buf), False)
+            buf, size, open_doc = [], 0, True
+    if buf or open_doc:
+        yield Piece(doc, "".join(buf), True)
+
+
+def pieces(paths: list[Path], rule: str) -> Iterator[Piece]:
+    """Every document's pieces, in input order, documents numbered across the inputs. A document with no text
+    (an empty file, two separators in a row) is skipped."""
+    doc = 0
+    for path in paths:
+        for p in _file_pieces(path, _rule(rule, path), doc):
+            yield p
+            doc = p.doc + 1
+
+
+def _check_inputs(paths: list[Path]) -> None:
+    if not paths:
+        raise DataError("no input files given")
+    for p in paths:
+        if not p.exists():
+            raise DataError(f"input {str(p)!r} does not exist")
+        if not p.is_file():
+            raise DataError(f"input {str(p)!r} is not a regular file")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_tokenizer_file(path: Path) -> HFTokenizer:
+    """A HF tokenizer.json; its <pad> must be id 0 (added as a special token when absent is not possible, so
+    a file without "<pad>" at id 0 is refused) and its end-of-document token is "<eod>", "<|endoftext|>" or
+    "</s>", whichever it has."""
+    from tokenizers import Tokenizer
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:              # tokenizers raises a bare Exception with serde's message
+        raise DataError(f"tokenizer file {str(path)!r} does not parse: {str(e)[:300]}") from None
+    vocab = tok.get_vocab(with_added_tokens=True)
+    if vocab.get("<pad>") != 0:
+        raise DataError(f"tokenizer file {str(path)!r}: \"<pad>\" must be id 0 (it is "
+                        f"{vocab.get('<pad>', 'absent')}); jaxformer pads with id 0")
+    eod = next((vocab[t] for t in ("<eod>", "<|endoftext|>", "</s>") if t in vocab), None)
+    if eod is None:
+        raise DataError(f"tokenizer file {str(path)!r} has no end-of-document token (<eod>, <|endoftext|> or </s>)")
+    return HFTokenizer(tok, eod)
+
+
+def train_tokenizer(kind: str, texts: Iterator[str], vocab_size: int):
+    """kind "bpe" or "unigram": a byte-level HF tokenizer trained on `texts` (a stream), ids 0/1 = <pad>/<eod>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    least = len(alphabet) + len(SPECIALS)
+    if vocab_size < least + (1 if kind == "bpe" else 0):
+        raise DataError(f"--vocab-size {vocab_size} is too small for a byte-level {kind} tokenizer (at least "
+                        f"{least + 1}: the {len(alphabet)} bytes, <pad>, <eod> and one merge)")
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE())
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
+                                      initial_alphabet=alphabet, show_progress=False)
+    else:
+        tok = Tokenizer(models.Unigram())
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
+                                          initial_alphabet=alphabet, show_progress=False)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainer=trainer)
+    vocab = tok.get_vocab(with_added_tokens=True)
+    if (vocab.get("<pad>"), vocab.get("<eod>")) != (0, 1):
+        raise DataError(f"the trained {kind} tokenizer did not put <pad>, <eod> at ids 0, 1")
+    return HFTokenizer(tok, 1)
+
+
+class _Writer:
+    """One split's shards: appends tokens, rolls a shard at `limit` tokens, hashes as it writes."""
+
+    def __init__(self, root: Path, split: str, dtype, limit: int):
+        self.root, self.split, self.dtype, self.limit = root, split, dtype, limit
+        self.shards, self.docs, self.tokens, self.text_bytes = [], array.array("q", [0]), 0, 0
+        self._f = self._h = None
+        self._n = 0
+
+    def _open(self):
+        name = f"{self.split}-{len(self.shards):05d}.bin"
+        self.shards.append({"file": name, "tokens": 0, "sha256": None})
+        self._f, self._h, self._n = open(self.root / name, "wb"), hashlib.sha256(), 0
+
+    def _close(self):
+        if self._f is not None:
+            self._f.close()
+            self.shards[-1].update(tokens=self._n, sha256=self._h.hexdigest())
+            self._f = None
+
+    def write(self, ids: np.ndarray) -> None:
+        ids = np.asarray(ids).astype(self.dtype)
+        while len(ids):
+            if self._f is None or self._n >= self.limit:
+                self._close()
+                self._open()
+            part, ids = ids[: self.limit - self._n], ids[self.limit - self._n:]
+            data = part.tobytes()
+            self._f.write(data)
+            self._h.update(data)
+            self._n += len(part)
+            self.tokens += len(part)
+
+    def end_document(self) -> None:
+        self.docs.append(self.tokens)
+
+    def finish(self) -> dict:
+        self._close()
+        np.save(self.root / f"{self.split}_docs.npy", np.asarray(self.docs, np.int64))
+        return {"tokens": self.tokens, "documents": len(self.docs) - 1, "text_bytes": self.text_bytes,
+                "shards": self.shards, "documents_file": f"{self.split}_docs.npy"}
+
+
+def _progress(total: int, label: str, enabled: bool):
+    from tqdm import tqdm
+    return tqdm(total=total, unit="B", unit_scale=True, desc=label, disable=not enabled, file=sys.stderr,
+                leave=False)
+
+
+def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe", vocab_size: int = 2048,
+            docs: str = "auto", eval_fraction: float = 0.1, shard_tokens: int = 1 << 27, dtype: str = "auto",
+            progress: bool = True) -> dict:
+    """Prepare token shards (module docstring) -> the index written to OUT/index.json."""
+    paths, out = [Path(p) for p in inputs], Path(out)
+    _check_inputs(paths)
+    if not 0 < eval_fraction < 1:
+        raise DataError(f"--eval-fraction {eval_fraction}: must be in (0, 1)")
+    if shard_tokens < 1:
+        raise DataError(f"--shard-tokens {shard_tokens}: must be positive")
+    for p in paths:
+        _rule(docs, p)
+    if (out / "index.json").exists():
+        raise DataError(f"{out} already holds prepared shards (index.json); choose another --out or delete it")
+    if out.exists():
+        raise DataError(f"--out {out} exists and is not a finished output; choose another --out or delete it")
+    t0 = time.perf_counter()
+    total = sum(p.stat().st_size for p in paths)
+
+    # pass 1: documents and bytes, and the split
+    sizes = array.array("q")            # bytes per document (documents are numbered 0, 1, ... in order)
+    bar = _progress(total, "counting", progress)
+    for p in pieces(paths, docs):
+        n = len(p.text.encode("utf-8"))
+        if p.doc == len(sizes):
+            sizes.append(0)
+        sizes[p.doc] += n
+        bar.update(n)
+    bar.close()
+    text_bytes = sum(sizes)
+    if text_bytes == 0:
+        raise DataError(f"the inputs hold no text ({', '.join(map(str, paths))[:300]})")
+    cut_bytes = (1 - eval_fraction) * text_bytes
+    first_eval = None                   # one document: cut at a newline past the cut (assigned() below)
+    if len(sizes) > 1:                  # held out: the last documents holding eval_fraction of the bytes
+        before = np.cumsum(np.asarray(sizes)) - np.asarray(sizes)        # bytes before each document
+        first_eval = int(np.clip(np.searchsorted(before, cut_bytes), 1, len(sizes) - 1))
+
+    def assigned():
+        """(piece, split) for every piece. One document: its training part ends at the first newline past the
+        cut (that piece is split in two; the training part becomes a document of its own)."""
+        seen, cut = 0, False
+        for p in pieces(paths, docs):
+            if first_eval is not None:
+                yield p, ("eval" if p.doc >= first_eval else "train")
+                continue
+            n = len(p.text.encode("utf-8"))
+            if cut or seen + n < cut_bytes:
+                seen += n
+                yield p, ("eval" if cut else "train")
+                continue
+            cut = True
+            at = int((cut_bytes - seen) / max(n, 1) * len(p.text))         # about the cut, in characters
+            nl = p.text.find("\n", at)
+            at = len(p.text) if nl < 0 else nl + 1
+            yield Piece(p.doc, p.text[:at], True), "train"
+            if at < len(p.text) or not p.last:
+                yield Piece(p.doc, p.text[at:], p.last), "eval"
+            seen += n
+
+    # pass 2: the tokenizer, from the training split
+    if tokenizer == "byte":
+        tok = ByteTokenizer()
+    elif tokenizer == "char":
+        chars = set()
+        for p in pieces(paths, docs):
+            chars.update(p.text)
+        tok = CharTokenizer(chars, eod=True)
+    elif tokenizer in ("bpe", "unigram"):
+        tok = train_tokenizer(tokenizer, (p.text for p, split in assigned() if split == "train" and p.text),
+                              vocab_size)
+    else:
+        tok = load_tokenizer_file(Path(tokenizer))
+    if dtype == "auto":
+        dtype = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
+    if dtype not in ("uint16", "uint32"):
+        raise DataError(f"--dtype {dtype!r}: expected auto, uint16 or uint32")
+    if dtype == "uint16" and tok.vocab_size > 1 << 16:
+        raise DataError(f"the tokenizer's vocabulary of {tok.vocab_size:,} ids does not fit uint16 shards "
+                        f"(65,536 at most): use --dtype uint32 (or auto)")
+
+    # pass 3: encode into OUT.partial, then rename
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)              # an interrupted earlier run: start afresh
+    tmp.mkdir(parents=True)
+    writers = {s: _Writer(tmp, s, np.dtype(dtype), shard_tokens) for s in SPLITS}
+    bar = _progress(total, "encoding", progress)
+    batch: list[tuple[Piece, str]] = []
+
+    def drain():
+        texts = [p.text for p, _ in batch]
+        ids = tok.encode_batch(texts) if hasattr(tok, "encode_batch") else [tok.encode(t) for t in texts]
+        for (p, split), x in zip(batch, ids):
+            w = writers[split]
+            w.write(x)
+            w.text_bytes += len(p.text.encode("utf-8"))
+            if p.last:
+                w.write(np.asarray([tok.eod_id]))
+                w.end_document()
+        batch.clear()
+
+    try:
+        for p, split in assigned():
+            batch.append((p, split))
+            bar.update(len(p.text.encode("utf-8")))
+            if len(batch) >= 64:
+                drain()
+        drain()
+        bar.close()
+        splits = {s: w.finish() for s, w in writers.items()}
+        for s, info in splits.items():
+            if info["tokens"] == 0:
+                raise DataError(f"the {s} split is empty: the corpus is too small for --eval-fraction {eval_fraction}")
+    except DataError:
+        shutil.rmtree(tmp)              # nothing of a refused corpus is kept
+        raise
+    save_tokenizer(tok, tmp / "tokenizer.json")
+    index = {
+        "format": FORMAT,
+        "tokenizer": {"kind": tok.kind, "vocab_size": tok.vocab_size, "pad_id": tok.pad_id, "eod_id": tok.eod_id,
+                      "file": "tokenizer.json", "sha256": sha256_file(tmp / "tokenizer.json"), "requested": tokenizer},
+        "dtype": dtype,
+        "documents": docs,
+        "eval_fraction": eval_fraction,
+        "inputs": [{"path": str(p.resolve()), "bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in paths],
+        "splits": splits,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    (tmp / "index.json").write_text(json.dumps(index, indent=1, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, out)
+    return index
