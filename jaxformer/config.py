@@ -250,7 +250,8 @@ class ModelConfig(_Validated):
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig(_Validated):
-    """What to train on. task: "reverse" | "copy" (digit seq2seq, seed 004) | "text" (char LM, seed 000)."""
+    """What to train on. task: "reverse" | "copy" (digit seq2seq, seed 004) | "text" (char LM, seed 000) |
+    "tokens" (an LM on token shards made by `jaxformer data prepare`: data.path is their folder)."""
     task: str = "reverse"
     batch_size: int = 32
     seed: int = 0
@@ -268,10 +269,13 @@ class DataConfig(_Validated):
     gutenberg: bool = True                 # strip the Project Gutenberg header/footer
     block_size: int = 10
     eval_fraction: float = 0.1             # contiguous tail held out
+    # tokens: windows of block_size + 1 tokens; packing "windows" (attention crosses documents) or "documents"
+    packing: str = "windows"
 
     def validate(self) -> None:
         check_types(self, "data")
-        choice("data.task", self.task, ("reverse", "copy", "text"))
+        choice("data.task", self.task, ("reverse", "copy", "text", "tokens"))
+        choice("data.packing", self.packing, ("windows", "documents"))
         seed_range("data.seed", self.seed)
         for f in ("batch_size", "num_train", "num_eval", "min_len", "max_len", "block_size"):
             v = getattr(self, f)
@@ -285,6 +289,8 @@ class DataConfig(_Validated):
             raise ConfigError(f"data.eval_fraction={self.eval_fraction!r} must be in (0, 1)")
         if self.task == "text" and not self.path:
             raise ConfigError("data.path='' : data.task='text' needs a text file path (or \"builtin:alice\")")
+        if self.task == "tokens" and not self.path:
+            raise ConfigError("data.path='' : data.task='tokens' needs the folder `jaxformer data prepare` wrote")
         if self.num_chars is not None and self.num_chars <= 0:
             raise ConfigError(f"data.num_chars={self.num_chars!r} must be positive or None")
         if self.start < 0:

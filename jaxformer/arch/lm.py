@@ -19,7 +19,7 @@ class LanguageModel:
 
     def forward(self, model, batch: dict, rngs=None):
         """-> (logits [B,T,V], targets [B,T], aux)."""
-        logits, aux = model.forward(batch["inputs"], rngs=rngs)
+        logits, aux = model.forward(batch["inputs"], segment_ids=batch.get("segment_ids"), rngs=rngs)
         return logits, batch["targets"], aux
 
     def example_batch(self, rows: int, length: int) -> dict:

@@ -128,7 +128,11 @@ def text_task(cfg: DataConfig, tokenizer: CharTokenizer | None = None) -> Task:
 
 
 def build_task(cfg: DataConfig, tokenizer=None) -> Task:
-    """The task named by cfg.task. A saved tokenizer (resume, eval) is reused instead of rebuilt."""
+    """The task named by cfg.task. A saved tokenizer (resume, eval) is reused instead of rebuilt (for token
+    shards: checked to be the shards' own)."""
+    if cfg.task == "tokens":
+        from jaxformer.data.tokens import TokensTask
+        return TokensTask(cfg, tokenizer)
     return text_task(cfg, tokenizer) if cfg.task == "text" else digit_task(cfg)
 
 

@@ -25,6 +25,10 @@ class DigitTokenizer:
     def decode(self, ids) -> str:
         return "".join(str(int(i) - 3) if int(i) >= 3 else "" for i in ids)
 
+    def token_bytes(self) -> np.ndarray:
+        """[V] int32: the UTF-8 bytes of text each id stands for (0 for pad, BOS, EOS)."""
+        return np.asarray([0, 0, 0] + [1] * 10, np.int32)
+
     def to_json(self) -> dict:
         return {"kind": self.kind}
 
@@ -53,6 +57,11 @@ class CharTokenizer:
     def decode(self, ids) -> str:
         return "".join(self.chars[int(i) - 1] for i in ids if 0 < int(i) <= len(self.chars))
 
+    def token_bytes(self) -> np.ndarray:
+        """[V] int32: each character's UTF-8 length (0 for pad and eod)."""
+        return np.asarray([0] + [len(c.encode("utf-8")) for c in self.chars] + [0] * (self.eod_id is not None),
+                          np.int32)
+
     def to_json(self) -> dict:
         return {"kind": self.kind, "chars": "".join(self.chars)} | ({"eod": True} if self.eod_id else {})
 
@@ -69,6 +78,9 @@ class ByteTokenizer:
     def decode(self, ids) -> str:
         b = np.asarray(ids, np.int64)
         return (b[b >= 2] - 2).astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def token_bytes(self) -> np.ndarray:
+        return np.asarray([0, 0] + [1] * 256, np.int32)
 
     def to_json(self) -> dict:
         return {"kind": self.kind}
@@ -90,6 +102,21 @@ class HFTokenizer:
 
     def decode(self, ids) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def token_bytes(self) -> np.ndarray:
+        """[V] int32: the bytes of text each id stands for (0 for special tokens). Byte-level tokenizers spell
+        each byte as one character of their alphabet, so a token's length is its byte count; others are
+        measured by decoding the id alone."""
+        special = {t.content for t in self.tok.get_added_tokens_decoder().values() if t.special}
+        byte_level = "ByteLevel" in type(self.tok.pre_tokenizer).__name__ or '"ByteLevel"' in json.dumps(
+            json.loads(self.tok.to_str()).get("pre_tokenizer"))
+        out = np.zeros(self.vocab_size, np.int32)
+        for i in range(self.vocab_size):
+            t = self.tok.id_to_token(i)
+            if t is None or t in special:
+                continue
+            out[i] = len(t) if byte_level else len(self.tok.decode([i]).encode("utf-8"))
+        return out
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "eod_id": self.eod_id, "tokenizer": json.loads(self.tok.to_str())}

@@ -1,11 +1,19 @@
-"""Held-out evaluation of a model: teacher-forced loss and token accuracy, greedy exact match where the
-architecture scores whole answers (seq2seq), decoded examples; `evaluate_run` does it for a run directory's
-checkpoint."""
+"""Held-out evaluation of a model: teacher-forced loss, bits per byte and token accuracy, greedy exact match
+where the architecture scores whole answers (seq2seq), decoded examples; `evaluate_run` does it for a run
+directory's checkpoint.
+
+Bits per byte (tokenizer-independent, so a character model and a BPE model compare): the summed negative
+log-likelihood (nats) of the target tokens that stand for text, over ln 2 times the UTF-8 bytes those tokens
+stand for (`tokenizer.token_bytes()`); special tokens (end of document, EOS) carry no bytes and are left out of
+both sums, as nanochat does."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import math
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -17,15 +25,23 @@ from jaxformer.ops.losses import token_losses
 from jaxformer.parallel import Plan
 
 
-def make_eval_step(model_graph: nnx.GraphDef, cfg: Config, plan: Plan | None = None):
-    """eval_step(model_state, batch) -> sums {nll, correct, count} (teacher forced, no dropout), jitted (under
-    a plan: the batch sharded by its rows, the sums replicated)."""
+def make_eval_step(model_graph: nnx.GraphDef, cfg: Config, plan: Plan | None = None, token_bytes=None):
+    """eval_step(model_state, batch) -> sums {nll, correct, count} (teacher forced, no dropout), and with
+    token_bytes ([V] int, the tokenizer's) {text_nll, bytes}: the nll of the targets that stand for text and
+    their bytes. Jitted (under a plan: the batch sharded by its rows, the sums replicated)."""
     pad, arch = cfg.model.pad_id, adapter(cfg.model.arch)
+    table = None if token_bytes is None else np.asarray(token_bytes, np.float32)
 
     def eval_step(model_state, batch):
         logits, targets, _ = arch.forward(nnx.merge(model_graph, model_state), batch)
         s = token_losses(logits, targets, pad)
-        return {k: s[k] for k in ("nll", "correct", "count")}
+        out = {k: s[k] for k in ("nll", "correct", "count")}
+        if table is not None:
+            b = jnp.where(targets != pad, jnp.asarray(table)[targets], 0.0)
+            logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+            nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+            out |= {"text_nll": jnp.where(b > 0, nll, 0.0).sum(), "bytes": b.sum()}
+        return out
 
     if plan is None:
         return jax.jit(eval_step)
@@ -39,18 +55,19 @@ def evaluate(cfg: Config, task: Task, model: nnx.Module, eval_step=None, plan: P
     under a plan they are global arrays of which this process reads only its rows."""
     arch = adapter(cfg.model.arch)
     graph, state = nnx.split(model)
-    eval_step = eval_step or make_eval_step(graph, cfg, plan)
+    bytes_of = getattr(task.tokenizer, "token_bytes", None)
+    eval_step = eval_step or make_eval_step(graph, cfg, plan, bytes_of() if bytes_of else None)
     n_eval, pad = len(next(iter(task.eval.values()))), cfg.model.pad_id
     size = min(cfg.train.eval_batch_size, n_eval)
     if plan is not None:
         size = -(-size // plan.batch_shards) * plan.batch_shards
         mine = plan.local_rows(size)
-    tot = {"nll": 0.0, "correct": 0.0, "count": 0.0}
+    tot = {"nll": 0.0, "correct": 0.0, "count": 0.0, "text_nll": 0.0, "bytes": 0.0}
     exact, n = 0, 0
     for host in task.eval_batches(size, pad_id=pad):
         batch = host if plan is None else plan.global_batch({k: v[mine] for k, v in host.items()}, size)
         s = eval_step(state, batch)
-        for k in tot:
+        for k in s:
             tot[k] += float(s[k])
         if arch.exact_match:           # decoded tokens come back replicated: every process reads them whole
             want = arch.targets(host)
@@ -59,6 +76,8 @@ def evaluate(cfg: Config, task: Task, model: nnx.Module, eval_step=None, plan: P
             exact += int((real & (pred == want).all(1)).sum())
             n += int(real.sum())
     out = {"loss": tot["nll"] / tot["count"], "token_accuracy": tot["correct"] / tot["count"]}
+    if tot["bytes"] > 0:
+        out["bits_per_byte"] = tot["text_nll"] / (math.log(2) * tot["bytes"])
     if arch.exact_match:
         out["exact_match"] = exact / n
     return out

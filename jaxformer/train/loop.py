@@ -282,7 +282,8 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
     if p.data_state is not None:
         data_iter.set_state(p.data_state)
     train_step = make_train_step(p.graphs, cfg, plan)
-    eval_step = make_eval_step(p.graphs.model, cfg, plan)
+    bytes_of = getattr(p.task.tokenizer, "token_bytes", None)
+    eval_step = make_eval_step(p.graphs.model, cfg, plan, bytes_of() if bytes_of else None)
     lr_at, base_key = schedule(cfg.optim, tc.steps), jax.random.key(tc.seed)
     primary = is_primary()
     log = run.metrics_log() if primary else None

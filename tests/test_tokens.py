@@ -1,0 +1,160 @@
+"""The `tokens` task over prepared shards: packed rows equal each document alone, the pipeline is deterministic,
+resumable and split by rows, the held-out pass counts every token once, and bits per byte is what it says."""
+from __future__ import annotations
+
+import math
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from helpers import tiny_lm, train_losses
+from jaxformer.config import ConfigError
+from jaxformer.configio import apply_overrides
+from jaxformer.data import build_task
+from jaxformer.data.prepare import prepare
+from jaxformer.data.tokenizers import ByteTokenizer
+from jaxformer.data.tokens import packed
+from jaxformer.errors import DataError
+from jaxformer.inference.evaluate import evaluate
+from jaxformer.nn import build_model
+from jaxformer.train.loop import train
+
+WORDS = "to be or not that is the question whether tis nobler in mind é 字".split()
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """150 short documents (JSONL) as byte tokens."""
+    root, rng = tmp_path_factory.mktemp("tokens"), random.Random(3)
+    docs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 5))) for _ in range(150)]
+    import json
+    (root / "c.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    prepare([root / "c.jsonl"], root / "out", tokenizer="byte", eval_fraction=0.2, progress=False)
+    return root / "out"
+
+
+def cfg_for(path, *extra):
+    return tiny_lm("data.task=tokens", f"data.path={path}", "data.block_size=24", "model.max_len=32",
+                   "model.vocab_size=0", "data.batch_size=4", "train.eval_batch_size=16", *extra)
+
+
+def test_packed_rows_mark_documents_and_drop_cross_document_targets():
+    eod = 9
+    rows = np.asarray([[5, 6, eod, 7, 8, eod, 4], [eod, 1, 2, 3, eod, eod, 5]])
+    b = packed(rows, eod)
+    np.testing.assert_array_equal(b["segment_ids"], [[1, 1, 1, 2, 2, 2], [1, 2, 2, 2, 2, 3]])
+    np.testing.assert_array_equal(b["inputs"], rows[:, :-1])
+    np.testing.assert_array_equal(b["targets"], [[6, eod, 0, 8, eod, 0], [0, 2, 3, eod, 0, 0]])
+
+
+def test_a_packed_row_gives_each_documents_logits_alone(shards):
+    cfg = cfg_for(shards, "data.packing=documents", "model.dropout=0.0", "model.positional=rope")
+    task = build_task(cfg.data)
+    model = build_model(apply_overrides(cfg, ["model.vocab_size=258"]).model)
+    batch = next(iter(task.train_dataset(4, seed=1)))
+    graph, state = nnx.split(model)
+    run = jax.jit(lambda s, x, seg: nnx.merge(graph, s)(x, segment_ids=seg))
+    full = np.asarray(run(state, jnp.asarray(batch["inputs"]), jnp.asarray(batch["segment_ids"])))
+    pieces = 0
+    for r, seg in enumerate(batch["segment_ids"]):
+        for s in np.unique(seg):
+            cols = np.flatnonzero(seg == s)
+            alone = np.zeros((1, 24), np.int32)
+            alone[0, : len(cols)] = batch["inputs"][r, cols]
+            one = np.asarray(run(state, jnp.asarray(alone), jnp.asarray((np.arange(24) < len(cols))[None] * 1)))
+            np.testing.assert_allclose(full[r, cols], one[0, : len(cols)], rtol=2e-5, atol=2e-5)
+            pieces += 1
+    assert pieces > 8                                       # rows really hold several documents
+    # and the training and evaluation path (the decoder-only adapter) passes the batch's segment ids on
+    from jaxformer.arch import adapter
+    logits, _, _ = jax.jit(lambda s, b: adapter("decoder_only").forward(nnx.merge(graph, s), b))(
+        state, {k: jnp.asarray(v) for k, v in batch.items()})
+    np.testing.assert_allclose(np.asarray(logits), full, rtol=1e-6, atol=1e-6)
+
+
+def test_the_pipeline_is_deterministic_resumable_and_split_by_rows(shards):
+    task = build_task(cfg_for(shards).data)
+    take = lambda it, n: [next(it) for _ in range(n)]                                      # noqa: E731
+    a = take(iter(task.train_dataset(4, seed=5)), 40)            # past several epochs
+    b = take(iter(task.train_dataset(4, seed=5)), 40)
+    assert all((x["inputs"] == y["inputs"]).all() for x, y in zip(a, b))
+    c = take(iter(task.train_dataset(4, seed=6)), 1)
+    assert (c[0]["inputs"] != a[0]["inputs"]).any()
+    it = iter(task.train_dataset(4, seed=5))
+    take(it, 13)
+    state = it.get_state()
+    again = iter(task.train_dataset(4, seed=5))
+    again.set_state(state)
+    assert all((x["inputs"] == y["inputs"]).all() for x, y in zip(take(again, 5), a[13:18]))
+    halves = [take(iter(task.train_dataset(4, seed=5, rows=slice(i, i + 2))), 3) for i in (0, 2)]
+    for k in range(3):
+        np.testing.assert_array_equal(np.concatenate([h[k]["inputs"] for h in halves]), a[k]["inputs"])
+    # targets are the inputs shifted by one; window starts move between epochs (a per-epoch offset)
+    np.testing.assert_array_equal(a[0]["inputs"][:, 1:], a[0]["targets"][:, :-1])
+    per_epoch = task.windows // 4
+    starts = lambda batches: {tuple(r[:3]) for x in batches for r in x["inputs"]}      # noqa: E731
+    assert starts(a[:per_epoch]) != starts(a[per_epoch:2 * per_epoch])
+
+
+@pytest.mark.parametrize("packing", ["windows", "documents"])
+def test_the_held_out_pass_scores_every_token_once(shards, packing):
+    task = build_task(cfg_for(shards, f"data.packing={packing}").data)
+    eval_tokens = task.shards.window("eval", 0, task.shards.tokens("eval"))
+    targets = np.concatenate([b["targets"].ravel() for b in task.eval_batches(16, pad_id=0)])
+    real = targets[targets != 0]
+    eods = int((eval_tokens[:-1] == task.eod).sum())     # documents: a target after an end of document is dropped
+    assert len(real) == len(eval_tokens) - 1 - (eods if packing == "documents" else 0)
+    want = eval_tokens[1:] if packing == "windows" else eval_tokens[1:][eval_tokens[:-1] != task.eod]
+    np.testing.assert_array_equal(real, want)
+
+
+def test_bits_per_byte_is_the_text_tokens_nll_over_their_bytes(shards):
+    cfg = cfg_for(shards, "model.dropout=0.0")
+    task = build_task(cfg.data)
+    model = build_model(apply_overrides(cfg, ["model.vocab_size=258"]).model)
+    got = evaluate(apply_overrides(cfg, ["model.vocab_size=258"]), task, model)
+    nll = bytes_ = total = count = 0.0
+    tb = ByteTokenizer().token_bytes()
+    for b in task.eval_batches(16, pad_id=0):
+        logp = jax.nn.log_softmax(np.asarray(model(jnp.asarray(b["inputs"])), np.float64), -1)
+        t = b["targets"]
+        lp = -np.take_along_axis(np.asarray(logp), t[..., None], -1)[..., 0]
+        total, count = total + lp[t != 0].sum(), count + (t != 0).sum()
+        text = (t != 0) & (tb[t] > 0)
+        nll, bytes_ = nll + lp[text].sum(), bytes_ + tb[t][text].sum()
+    assert got["loss"] == pytest.approx(total / count, rel=1e-5)
+    assert got["bits_per_byte"] == pytest.approx(nll / (math.log(2) * bytes_), rel=1e-5)
+    assert got["bits_per_byte"] != pytest.approx(got["loss"] / math.log(2), rel=1e-3)    # the eods are left out
+
+
+@pytest.mark.slow          # three short trainings (~15 s); the pipeline's own state round trip is checked above
+def test_training_on_shards_resumes_bit_exactly_and_logs_bits_per_byte(shards, tmp_path):
+    cfg = cfg_for(shards, "data.packing=documents", "model.dropout=0.1", "train.steps=4", "train.log_every=1",
+                  "train.checkpoint_every=2", "train.eval_every=4", "train.num_examples=1")
+    train(cfg, tmp_path / "full", progress="none")
+    train(cfg, tmp_path / "resumed", stop_after=2, progress="none")
+    train(cfg, tmp_path / "resumed", progress="none")
+    a, b = train_losses(tmp_path / "full"), train_losses(tmp_path / "resumed")
+    assert sorted(a) == [1, 2, 3, 4] and a == b
+    import json
+    evals = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(x)["split"] == "eval"]
+    assert evals and 0 < evals[-1]["bits_per_byte"] < 9
+
+
+def test_bad_token_configs_are_named_errors(shards, tmp_path):
+    with pytest.raises(ConfigError, match="data.task='tokens' needs"):
+        tiny_lm("data.task=tokens", "data.path=")
+    with pytest.raises(ConfigError, match="data.packing"):
+        cfg_for(shards, "data.packing=rows")
+    with pytest.raises(DataError, match="not a prepared token folder"):
+        build_task(cfg_for(tmp_path).data)
+    from jaxformer.data.tokenizers import CharTokenizer
+    with pytest.raises(DataError, match="prepared with another tokenizer"):
+        build_task(cfg_for(shards).data, CharTokenizer("abc", eod=True))
+    with pytest.raises(DataError, match="too few for data.block_size"):
+        build_task(cfg_for(shards, "data.block_size=4000", "model.max_len=4096").data)
