@@ -92,6 +92,15 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from jaxformer.inference import evaluate_run
+    if args.data:
+        from jaxformer.inference import load_model
+        from jaxformer.inference.evaluate import evaluate_text
+        run = load_model(args.workdir, args.which, quantize=args.quantize)
+        out = evaluate_text(run, args.data, stride=args.stride)
+        console.print(f"{args.data}: {out['tokens']:,} tokens ({out['bytes']:,} bytes of text), windows of "
+                      f"{out['window']} every {out['stride']} ({run.which} checkpoint, step {run.step})")
+        show_eval({k: out[k] for k in ("loss", "perplexity", "bits_per_byte")}, "text")
+        return 0
     out = evaluate_run(args.workdir, args.which, args.quantize)
     quant = f", weights {args.quantize}" if args.quantize else ""
     show_eval(out["eval"], f"held-out ({out['which']} checkpoint, step {out['step']}{quant})")
@@ -229,6 +238,9 @@ def main(argv=None) -> int:
     e.add_argument("--workdir", required=True)
     e.add_argument("--which", choices=("best", "latest"), default="best")
     e.add_argument("--quantize", choices=QUANT, help=QUANT_HELP)
+    e.add_argument("--data", help="score this UTF-8 text file instead of the held-out set: strided (sliding-window) "
+                   "perplexity and bits per byte with the run's tokenizer (language models)")
+    e.add_argument("--stride", type=int, help="with --data: tokens between windows (default: half the window)")
     q = sub.add_parser("params", help="build a config's model, print its parameter table, run a forward pass")
     q.add_argument("config")
     q.add_argument("--set", action="append", metavar="KEY=VALUE")

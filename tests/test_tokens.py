@@ -10,8 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import given, settings, strategies as st
 
 from helpers import tiny_lm, train_losses
+from jaxformer.cli import main as cli_main
 from jaxformer.config import ConfigError
 from jaxformer.configio import apply_overrides
 from jaxformer.data import build_task
@@ -158,3 +160,72 @@ def test_bad_token_configs_are_named_errors(shards, tmp_path):
         build_task(cfg_for(shards).data, CharTokenizer("abc", eod=True))
     with pytest.raises(DataError, match="too few for data.block_size"):
         build_task(cfg_for(shards, "data.block_size=4000", "model.max_len=4096").data)
+
+
+@settings(max_examples=30)
+@given(n=st.integers(0, 60), window=st.integers(1, 12), data=st.data())
+def test_strided_windows_score_every_token_once_with_enough_context(n, window, data):
+    from jaxformer.inference.evaluate import strided_windows
+    stride = data.draw(st.integers(1, window))
+    ids = np.arange(1, n + 1, dtype=np.int32)              # ids are their own positions (1..n), 0 = pad
+    x, y = strided_windows(ids, window, stride, 0)
+    scored = y[y != 0]
+    np.testing.assert_array_equal(scored, ids[1:])           # each token after the first, once, in order
+    for r, c in zip(*np.nonzero(y)):
+        context = int(x[r, c]) if c == 0 else c + 1         # tokens the prediction of y[r, c] sees
+        assert y[r, c] == x[r, c] + 1 and min(int(y[r, c]) - 1, window - stride) <= context
+
+
+@pytest.fixture(scope="module")
+def lm_run(shards, tmp_path_factory):
+    d = tmp_path_factory.mktemp("lm-run")
+    train(cfg_for(shards, "train.steps=3", "train.eval_every=3", "train.checkpoint_every=3", "train.num_examples=0",
+                  "model.dropout=0.0"), d, progress="none")
+    return d
+
+
+def test_eval_data_is_strided_perplexity_and_bits_per_byte(lm_run, tmp_path, capsys):
+    """Stride 1: every token predicted from the full window before it; equal to predicting each token by its
+    own forward pass over its context (float64 log-softmax)."""
+    from jaxformer.inference import load_model
+    from jaxformer.inference.evaluate import evaluate_text
+    text = "to be or not to be, é 字 that is the question"
+    (tmp_path / "t.txt").write_bytes(text.encode("utf-8"))
+    run = load_model(lm_run, "latest")
+    got = evaluate_text(run, tmp_path / "t.txt", stride=1)
+    ids = run.tokenizer.encode(text)
+    graph, state = nnx.split(run.model)
+    logits_of = jax.jit(lambda s, x: nnx.merge(graph, s)(x))
+    nll = []
+    for j in range(1, len(ids)):
+        ctx = ids[max(0, j - 24):j]
+        x = np.zeros((1, 24), np.int32)
+        x[0, : len(ctx)] = ctx
+        row = np.asarray(logits_of(state, jnp.asarray(x)), np.float64)[0, len(ctx) - 1]
+        nll.append(np.log(np.exp(row - row.max()).sum()) + row.max() - row[ids[j]])
+    assert got["tokens"] == len(ids) - 1 and got["bytes"] == len(text.encode()) - 1    # the first byte is context
+    assert got["loss"] == pytest.approx(np.mean(nll), rel=1e-5)
+    assert got["bits_per_byte"] == pytest.approx(np.sum(nll) / (math.log(2) * got["bytes"]), rel=1e-5)
+    assert evaluate_text(run, tmp_path / "t.txt")["stride"] == 12                        # half the window
+    assert cli_main(["eval", "--workdir", str(lm_run), "--data", str(tmp_path / "t.txt")]) == 0
+    assert "bits_per_byte=" in capsys.readouterr().out
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe")
+    for argv, message in ((["--data", str(tmp_path / "bad.txt")], "is not UTF-8"),
+                          (["--data", str(tmp_path / "none.txt")], "is not a readable file"),
+                          (["--data", str(tmp_path / "t.txt"), "--stride", "99"], "--stride 99")):
+        assert cli_main(["eval", "--workdir", str(lm_run), *argv]) == 2
+        assert message in capsys.readouterr().out
+
+
+@pytest.mark.slow          # a BPE preparation and a training (~8 s)
+def test_generate_decodes_subword_text_and_stops_at_the_end_of_document(shards, tmp_path):
+    from jaxformer.inference import generate_text, load_model
+    d = tmp_path / "bpe"
+    prepare([shards.parent / "c.jsonl"], d, tokenizer="bpe", vocab_size=280, progress=False)
+    train(cfg_for(d, "train.steps=2", "train.eval_every=2", "train.checkpoint_every=2", "train.num_examples=1"),
+          tmp_path / "run", progress="none")
+    run = load_model(tmp_path / "run", "latest")
+    out = generate_text(run, ["to be", "字"], max_new=6, temperature=1.0, seed=1)
+    assert all(isinstance(o, str) for o in out) and run.tokenizer.kind == "hf"
+    ids = run.tokenizer.encode(out[0])
+    assert run.tokenizer.decode(ids) == out[0] and run.tokenizer.eod_id not in ids

@@ -47,7 +47,7 @@ class LanguageModel:
         cfg = model.cfg
         max_new = max(1, min(200, cfg.max_len - prompts.shape[1])) if max_new is None else max_new
         return decode.generate_lm(model, prompts, max_new=max_new, key=key, temperature=temperature, top_k=top_k,
-                                  top_p=top_p, kv_cache=kv_cache)
+                                  top_p=top_p, kv_cache=kv_cache, eos_id=getattr(tokenizer, "eod_id", None))
 
     def default_prompts(self, task) -> list[str]:
         """The first half of three held-out blocks."""

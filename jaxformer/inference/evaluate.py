@@ -102,3 +102,65 @@ def evaluate_run(workdir: str | Path, which: str = "best", quantize: str | None 
     task = build_task(loaded.cfg.data, loaded.tokenizer)
     return {"step": loaded.step, "which": loaded.which, "eval": evaluate(loaded.cfg, task, loaded.model),
             "examples": examples(task, loaded.model, loaded.cfg.train.num_examples)}
+
+
+def strided_windows(ids: np.ndarray, window: int, stride: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sliding-window scoring of a token sequence ids [N]: -> (inputs, targets) [n, window], pad where nothing is
+    scored. Window k reads ids[k·stride : k·stride + window] and predicts the next token at each position; it
+    scores only the targets no earlier window scored, so every token after the first is scored exactly once,
+    each with at least window − stride tokens of context (all of them in the first window)."""
+    if not 0 < stride <= window:
+        raise ValueError(f"stride={stride} must be in [1, window={window}]")
+    n = len(ids)
+    starts = list(range(0, max(n - 1 - window, 0) + stride, stride)) if n > 1 else []
+    inputs = np.full((len(starts), window), pad_id, np.int32)
+    targets = inputs.copy()
+    done = 0                                   # targets ids[1 .. done] are scored
+    for r, s in enumerate(starts):
+        x = ids[s: s + window]
+        y = ids[s + 1: s + window + 1]
+        inputs[r, : len(x)] = x
+        first = max(done + 1, s + 1)            # the first target index this window scores
+        keep = np.arange(s + 1, s + 1 + len(y)) >= first
+        targets[r, : len(y)] = np.where(keep, y, pad_id)
+        done = max(done, s + len(y))
+    return inputs, targets
+
+
+def evaluate_text(run, path: str | Path, *, stride: int | None = None, batch_size: int = 32) -> dict:
+    """Strided (sliding-window) perplexity and bits per byte of a UTF-8 text file under a loaded LM run
+    (`load_model`), with the run's tokenizer and its trained context (data.block_size) as the window; stride
+    defaults to half the window. -> {loss, perplexity, bits_per_byte, tokens, bytes, window, stride}."""
+    from jaxformer.errors import ConfigError, DataError
+    cfg, tok = run.cfg, run.tokenizer
+    if cfg.model.arch != "decoder_only":
+        raise ConfigError(f"eval --data scores text with a language model; this run is {cfg.model.arch!r}")
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"--data {str(p)!r} is not a readable file")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"--data {str(p)!r} is not UTF-8: {e}") from None
+    ids = np.asarray(tok.encode(text), np.int32)
+    if len(ids) < 2:
+        raise DataError(f"--data {str(p)!r} gives {len(ids)} token(s): nothing to predict")
+    window = cfg.data.block_size
+    stride = stride or max(1, window // 2)
+    if not 0 < stride <= window:
+        raise ConfigError(f"--stride {stride} must be in [1, {window}] (the run's window, data.block_size)")
+    inputs, targets = strided_windows(ids, window, stride, cfg.model.pad_id)
+    graph, state = nnx.split(run.model)
+    step = make_eval_step(graph, cfg, None, tok.token_bytes())
+    tot = {}
+    for i in range(0, len(inputs), batch_size):
+        b = {"inputs": inputs[i:i + batch_size], "targets": targets[i:i + batch_size]}
+        if len(b["inputs"]) < batch_size:          # one compiled shape: all-pad rows count nowhere
+            fill = np.full((batch_size - len(b["inputs"]), window), cfg.model.pad_id, np.int32)
+            b = {k: np.concatenate([v, fill]) for k, v in b.items()}
+        for k, v in step(state, b).items():
+            tot[k] = tot.get(k, 0.0) + float(v)
+    loss = tot["nll"] / tot["count"]
+    return {"loss": loss, "perplexity": math.exp(loss), "bits_per_byte": tot["text_nll"] / (math.log(2) * tot["bytes"])
+            if tot["bytes"] else float("nan"), "tokens": int(tot["count"]), "bytes": int(tot["bytes"]),
+            "window": window, "stride": stride}
