@@ -271,6 +271,7 @@ class DataConfig(_Validated):
     eval_fraction: float = 0.1             # contiguous tail held out
     # tokens: windows of block_size + 1 tokens; packing "windows" (attention crosses documents) or "documents"
     packing: str = "windows"
+    eval_tokens: int | None = None         # tokens: score the first N held-out tokens (None = all of them)
 
     def validate(self) -> None:
         check_types(self, "data")
@@ -295,6 +296,8 @@ class DataConfig(_Validated):
             raise ConfigError(f"data.num_chars={self.num_chars!r} must be positive or None")
         if self.start < 0:
             raise ConfigError(f"data.start={self.start!r} must be >= 0")
+        if self.eval_tokens is not None and self.eval_tokens < 1:
+            raise ConfigError(f"data.eval_tokens={self.eval_tokens!r} must be positive or None (all)")
 
     @property
     def eval_lengths(self) -> tuple[int, int]:

@@ -10,7 +10,7 @@ end-of-document token.
 
 Three streaming passes over the inputs, never the whole corpus in memory (documents are read in pieces of about
 64 KiB, cut after a newline): (1) count documents and bytes, and choose the held-out split, the last documents
-holding `--eval-fraction` of the bytes (a corpus of one document is cut in two at a piece boundary); (2) train
+holding `--eval-fraction` of the bytes (a corpus of one document is cut in two at the newline nearest the cut); (2) train
 the tokenizer (HF `tokenizers`: byte-level BPE, or unigram over the same 256-byte alphabet, so that any text
 encodes; `char` collects the corpus's characters; `byte` needs no training; PATH loads a `tokenizer.json`) on the
 training split only; (3) encode and append to shards of at most `--shard-tokens` tokens, uint16 when the
@@ -266,7 +266,7 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
         first_eval = int(np.clip(np.searchsorted(before, cut_bytes), 1, len(sizes) - 1))
 
     def assigned():
-        """(piece, split) for every piece. One document: its training part ends at the first newline past the
+        """(piece, split) for every piece. One document: its training part ends at the newline nearest the
         cut (that piece is split in two; the training part becomes a document of its own)."""
         seen, cut = 0, False
         for p in pieces(paths, docs):
@@ -280,8 +280,9 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
                 continue
             cut = True
             at = int((cut_bytes - seen) / max(n, 1) * len(p.text))         # about the cut, in characters
-            nl = p.text.find("\n", at)
-            at = len(p.text) if nl < 0 else nl + 1
+            ends = [i + 1 for i in (p.text.rfind("\n", 0, at), p.text.find("\n", at))
+                    if 0 <= i < len(p.text) - 1]                            # after a newline, inside the piece
+            at = min(ends, key=lambda e: abs(e - at)) if ends else max(1, min(at, len(p.text) - 1))
             yield Piece(p.doc, p.text[:at], True), "train"
             if at < len(p.text) or not p.last:
                 yield Piece(p.doc, p.text[at:], p.last), "eval"

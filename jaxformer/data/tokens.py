@@ -10,7 +10,7 @@ seeded random offset in [0, block_size) that changes every epoch, so that every 
              document, positions restarting at each document (the model derives them), and no target that lies
              in the next document.
 The held-out pass reads the eval split once, in order, in windows of block_size (the last one padded): every
-held-out token is a target exactly once. Deterministic in data.seed and train.seed; the iterator's state (a
+held-out token is a target exactly once (data.eval_tokens: only the first N, the same N every time). Deterministic in data.seed and train.seed; the iterator's state (a
 position in the index stream) checkpoints and resumes exactly; each process gathers only its rows.
 """
 from __future__ import annotations
@@ -41,9 +41,9 @@ class _EvalWindows:
     """The held-out split as [n, T] rows, read lazily: row i covers targets [i·T + 1, (i+1)·T + 1); the last
     row is padded."""
 
-    def __init__(self, shards: TokenShards, block: int, field: str, eod: int, packing: str):
+    def __init__(self, shards: TokenShards, block: int, field: str, eod: int, packing: str, limit: int | None):
         self.shards, self.block, self.field, self.eod, self.packing = shards, block, field, eod, packing
-        self.total = shards.tokens("eval")
+        self.total = shards.tokens("eval") if limit is None else min(shards.tokens("eval"), limit + 1)
         self.n = -(-(self.total - 1) // block)
 
     def __len__(self) -> int:
@@ -85,7 +85,7 @@ class TokensTask(Task):
                             f"too few for data.block_size={self.block} (two windows of training tokens and two "
                             f"held-out tokens at least)")
         fields = ("inputs", "targets") + (("segment_ids",) if self.packing == "documents" else ())
-        ev = {f: _EvalWindows(self.shards, self.block, f, self.eod, self.packing) for f in fields}
+        ev = {f: _EvalWindows(self.shards, self.block, f, self.eod, self.packing, cfg.eval_tokens) for f in fields}
         index = (self.shards.root / "index.json").read_bytes()
         super().__init__("lm", tok, {}, ev, hashlib.sha256(index).hexdigest())
         self.index = json.loads(index)
