@@ -123,6 +123,7 @@ def test_vocabulary_size_picks_the_shard_dtype(corpus, tmp_path):
 def test_bad_inputs_are_named_errors_and_leave_no_output(corpus, tmp_path):
     paths, _ = corpus
     (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "a.txt").write_bytes(b"a")                     # one byte: nothing to hold out
     (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"txt": 1}\n', encoding="utf-8")
     (tmp_path / "tok.json").write_text("{not json", encoding="utf-8")
@@ -137,7 +138,7 @@ def test_bad_inputs_are_named_errors_and_leave_no_output(corpus, tmp_path):
              (paths, {"tokenizer": "bpe", "vocab_size": 100}, "too small for a byte-level bpe"),
              (paths, {"docs": "paragraphs"}, "--docs 'paragraphs'"),
              (paths, {"eval_fraction": 1.0}, "--eval-fraction"),
-             ([paths[0]], {"tokenizer": "byte", "eval_fraction": 0.001}, "split is empty")]
+             ([tmp_path / "a.txt"], {"tokenizer": "byte"}, "split is empty")]
     for i, (inputs, kw, message) in enumerate(cases):
         with pytest.raises(DataError, match=message):
             prepare(inputs, tmp_path / f"out{i}", progress=False, **kw)

@@ -112,6 +112,10 @@ def test_the_held_out_pass_scores_every_token_once(shards, packing):
     assert len(real) == len(eval_tokens) - 1 - (eods if packing == "documents" else 0)
     want = eval_tokens[1:] if packing == "windows" else eval_tokens[1:][eval_tokens[:-1] != task.eod]
     np.testing.assert_array_equal(real, want)
+    capped = build_task(cfg_for(shards, f"data.packing={packing}", "data.eval_tokens=50").data)   # the first 50
+    first = np.concatenate([b["targets"].ravel() for b in capped.eval_batches(16, pad_id=0)])
+    np.testing.assert_array_equal(first[first != 0], want[: len(first[first != 0])])
+    assert 50 - eods <= len(first[first != 0]) <= 50
 
 
 def test_bits_per_byte_is_the_text_tokens_nll_over_their_bytes(shards):
