@@ -171,8 +171,39 @@ def step_profile() -> str:
             "and the train step compiles once per run\n(tested).")
 
 
+def tokenizers() -> str:
+    """Characters vs BPE at equal compute (docs/ablations/tokenizers_*.csv), and the input pipeline against the
+    train step (pipeline.json)."""
+    from claims_table import arm
+    rows = ["| tokens | held-out bits per byte (best) | held-out loss per token | best − char, Welch 95% interval |",
+            "|---|---:|---:|---:|"]
+    arms = ("char", "bpe 512", "bpe 2048")
+    char = values("tokenizers", "char", "best held-out bits per byte")
+    for a in arms:
+        b, loss = arm("tokenizers", a, "best held-out bits per byte"), arm("tokenizers", a, "held-out loss per token")
+        d = difference(values("tokenizers", a, "best held-out bits per byte"), char) if a != "char" else None
+        rows.append(f"| {a} | {b.mean:.3f} ± {b.std:.3f} | {loss.mean:.3f} ± {loss.std:.3f} | "
+                    + (f"{_signed(d.mean)} [{_signed(d.lo)}, {_signed(d.hi)}]" if d else "—") + " |")
+    out = ["Characters against byte-level BPE on tiny Shakespeare at equal compute (`configs/sweeps/tokenizers.py`, "
+           "3 seeds, mean ± std; [report](docs/ablations/tokenizers.md)). Equal compute means the same model, steps "
+           "and tokens per step: a BPE token stands for more bytes, so the BPE arms read more of the text in their "
+           "1,500 steps, which is the point of a tokenizer.", "", *rows]
+    path = RESULTS / "pipeline.json"
+    if path.exists():
+        p = _load("pipeline")
+        low = min(p["pipeline"], key=lambda r: r["headroom"])
+        out += ["", textwrap.fill(
+            f"The input pipeline (`benchmarks/pipeline.py`, {p['machine']}): preparing a {p['corpus_mb']} MiB corpus "
+            f"runs at {p['prepare']['byte']['mb_per_s']:.1f} MiB/s with the byte tokenizer and "
+            f"{p['prepare']['bpe']['mb_per_s']:.1f} MiB/s with byte-level BPE (2,048 ids, trained on it); the "
+            f"tokens task delivers training batches at {low['headroom']:.0f}× or more the rate the train step "
+            f"consumes them (slowest: {low['shape']} {low['packing']}, {low['tokens_per_s']:,.0f} against "
+            f"{low['train_step_tokens_per_s']:,.0f} tokens/s), so it is never the bottleneck.", 116)]
+    return "\n".join(out)
+
+
 TABLES = {"performance": performance, "make_run": make_run, "claims": claims, "attention": attention,
-          "moe_quantize": moe_quantize, "step_profile": step_profile}
+          "moe_quantize": moe_quantize, "step_profile": step_profile, "tokenizers": tokenizers}
 
 
 def render(text: str) -> str:
