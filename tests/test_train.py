@@ -177,11 +177,18 @@ def test_the_builtin_alice_is_the_file_project_gutenberg_distributes():
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.py")), ids=lambda p: p.name)
 def test_every_config_file_loads_and_builds(path, request):
     """Every shipped config builds its data and model: the built-in corpus, or (for a corpus read by path) the
-    file of that name in the real-corpora folder, skipped with a reason where that folder is absent."""
+    file of that name in the real-corpora folder (token shards: prepared from it here), skipped with a reason
+    where that folder is absent."""
     cfg = load_config_file(path)
     if cfg.data.task == "text" and not cfg.data.path.startswith("builtin:"):
         folder = request.getfixturevalue("data_dir")
         cfg = apply_overrides(cfg, [f"data.path={folder / Path(cfg.data.path).name}"])
+    if cfg.data.task == "tokens":             # shards of the real corpus, prepared as the config's docstring says
+        from jaxformer.data.prepare import prepare
+        out = request.getfixturevalue("tmp_path") / "shards"
+        prepare([request.getfixturevalue("data_dir") / "tiny_shakespeare.txt"], out, tokenizer="bpe",
+                vocab_size=512, progress=False)
+        cfg = apply_overrides(cfg, [f"data.path={out}"])
     cfg = resolve_vocab(cfg, build_task(cfg.data).tokenizer.vocab_size)
     abstract = nnx.eval_shape(lambda: build_model(cfg.model))
     assert sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param))) > 0
