@@ -233,3 +233,29 @@ def test_generate_decodes_subword_text_and_stops_at_the_end_of_document(shards, 
     assert all(isinstance(o, str) for o in out) and run.tokenizer.kind == "hf"
     ids = run.tokenizer.encode(out[0])
     assert run.tokenizer.decode(ids) == out[0] and run.tokenizer.eod_id not in ids
+
+
+@pytest.mark.slow          # two processes with jax.distributed (~15 s)
+def test_two_processes_read_their_rows_of_the_same_batches(shards, tmp_path):
+    """Each of 2 processes (jax.distributed, 4 devices) gathers only its rows; together they are the batches one
+    process reads, row for row."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = Path(__file__).parent / "tokens_worker.py"
+    procs = [subprocess.Popen([sys.executable, str(worker), str(i), str(port), str(shards), str(tmp_path / f"{i}.npz")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-3000:] for o in outs]
+    parts = sorted((np.load(tmp_path / f"{i}.npz") for i in range(2)), key=lambda z: int(z["start"]))
+    assert [(int(z["start"]), int(z["stop"])) for z in parts] == [(0, 4), (4, 8)]
+    task = build_task(cfg_for(shards, "data.packing=documents").data)
+    it = iter(task.train_dataset(8, seed=5))
+    for i in range(3):
+        whole = next(it)
+        for k in ("inputs", "targets", "segment_ids"):
+            np.testing.assert_array_equal(np.concatenate([z[f"{k}{i}"] for z in parts]), whole[k])
