@@ -46,6 +46,10 @@ def test_every_document_round_trips_byte_exactly(corpus, tmp_path, tokenizer):
     index = prepare(paths, tmp_path / "out", tokenizer=tokenizer, vocab_size=320, progress=False)
     s = TokenShards(tmp_path / "out")
     assert _all_documents(s) == texts                     # the last document(s) are held out, in order
+    table = s.tokenizer.token_bytes()                     # bits per byte's denominator: each id's text bytes
+    docs = [s.document(sp, i) for sp in ("train", "eval") for i in range(len(s.documents(sp)) - 1)]
+    assert [int(table[d].sum()) for d in docs] == [len(t.encode()) for t in texts]
+    assert table[s.tokenizer.eod_id] == table[s.tokenizer.pad_id] == 0
     eod = s.tokenizer.eod_id
     for split in ("train", "eval"):
         d = s.documents(split)

@@ -108,8 +108,7 @@ class HFTokenizer:
         each byte as one character of their alphabet, so a token's length is its byte count; others are
         measured by decoding the id alone."""
         special = {t.content for t in self.tok.get_added_tokens_decoder().values() if t.special}
-        byte_level = "ByteLevel" in type(self.tok.pre_tokenizer).__name__ or '"ByteLevel"' in json.dumps(
-            json.loads(self.tok.to_str()).get("pre_tokenizer"))
+        byte_level = '"ByteLevel"' in json.dumps(json.loads(self.tok.to_str()).get("pre_tokenizer"))
         out = np.zeros(self.vocab_size, np.int32)
         for i in range(self.vocab_size):
             t = self.tok.id_to_token(i)

@@ -38,9 +38,8 @@ def make_eval_step(model_graph: nnx.GraphDef, cfg: Config, plan: Plan | None = N
         out = {k: s[k] for k in ("nll", "correct", "count")}
         if table is not None:
             b = jnp.where(targets != pad, jnp.asarray(table)[targets], 0.0)
-            logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-            nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-            out |= {"text_nll": jnp.where(b > 0, nll, 0.0).sum(), "bytes": b.sum()}
+            text = token_losses(logits, jnp.where(b > 0, targets, pad), pad)      # the text targets alone
+            out |= {"text_nll": text["nll"], "bytes": b.sum()}
         return out
 
     if plan is None:
