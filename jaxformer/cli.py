@@ -290,7 +290,8 @@ def main(argv=None) -> int:
     dp = dsub.add_parser("prepare", help="text files -> a tokenizer and token shards with a JSON index, streamed")
     dp.add_argument("inputs", nargs="+", metavar="INPUT")
     dp.add_argument("--tokenizer", default="bpe", help="char, byte, bpe (byte-level BPE), unigram (byte-level "
-                    "unigram), both trained here on the training split, or PATH to a tokenizer.json")
+                    "unigram), both trained here on the training split, or PATH to a tokenizer.json or a "
+                    "SentencePiece .model (pip install sentencepiece)")
     dp.add_argument("--vocab-size", type=int, default=2048, help="for bpe and unigram")
     dp.add_argument("--out", required=True, help="output folder (must not exist; written as OUT.partial first)")
     dp.add_argument("--docs", default="auto", help="documents: file (one per input), jsonl (a \"text\" field "

@@ -52,9 +52,10 @@ class AttentionMaps:
 
 
 def token_label(tokenizer, i: int) -> str:
-    """A readable label for one token id: <pad>/<bos>/<eos>, ␣ for a space, ⏎ for a newline, escapes otherwise."""
+    """A readable label for one token id: <pad>/<bos>/<eos>/<eod>, ␣ for a space, ⏎ for a newline, escapes
+    otherwise (a subword token shows its whole text)."""
     i = int(i)
-    for name in ("pad", "bos", "eos"):
+    for name in ("pad", "bos", "eos", "eod"):
         if getattr(tokenizer, f"{name}_id", None) == i:
             return f"<{name}>"
     s = tokenizer.decode([i])

@@ -61,6 +61,46 @@ def test_every_document_round_trips_byte_exactly(corpus, tmp_path, tokenizer):
     assert index["dtype"] == "uint16" and s.tokenizer.vocab_size == index["tokenizer"]["vocab_size"]
 
 
+def _sentencepiece_model(texts, model_type: str, **kw) -> bytes:
+    spm = pytest.importorskip("sentencepiece")
+    import io
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter("".join(texts).splitlines()), model_writer=buf,
+                                   vocab_size=300, model_type=model_type, byte_fallback=True, character_coverage=1.0,
+                                   minloglevel=2, **kw)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("model_type", ["bpe", "unigram"])
+def test_a_sentencepiece_model_encodes_whole_documents_and_round_trips(corpus, tmp_path, monkeypatch, model_type):
+    """A SentencePiece model (identity normaliser, byte fallback) round-trips every document, though it adds a
+    dummy prefix to whatever it encodes: documents longer than a piece are encoded whole, not piece by piece
+    (piece by piece, every piece would gain a space). Bits per byte's table counts the prefix as one byte."""
+    paths, texts = corpus
+    model = tmp_path / "spm.model"
+    model.write_bytes(_sentencepiece_model(texts, model_type, normalization_rule_name="identity",
+                                           remove_extra_whitespaces=False))
+    monkeypatch.setattr(prep, "PIECE", 100)                      # every document spans several pieces
+    index = prepare(paths, tmp_path / "out", tokenizer=str(model), progress=False)
+    s = TokenShards(tmp_path / "out")
+    assert index["tokenizer"]["kind"] == "sentencepiece" and s.tokenizer.vocab_size == 302
+    assert _all_documents(s) == texts
+    docs = [s.document(sp, i) for sp in ("train", "eval") for i in range(len(s.documents(sp)) - 1)]
+    table = s.tokenizer.token_bytes()
+    assert [int(table[d].sum()) for d in docs] == [len(t.encode()) + 1 for t in texts]
+    assert table[:2].tolist() == [0, 0] and 2 <= min(min(d) for d in docs)
+
+
+def test_a_normalising_sentencepiece_model_gives_its_normalised_text(corpus, tmp_path):
+    paths, texts = corpus
+    model = tmp_path / "nfkc.model"
+    model.write_bytes(_sentencepiece_model(texts, "unigram"))    # defaults: NFKC, extra whitespace removed
+    prepare(paths, tmp_path / "out", tokenizer=str(model), progress=False)
+    s = TokenShards(tmp_path / "out")
+    sp = s.tokenizer.sp
+    assert _all_documents(s) == [sp.decode(sp.encode(t)) for t in texts] != texts
+
+
 def test_bpe_compresses_and_is_deterministic(corpus, tmp_path):
     paths, texts = corpus
     a = prepare(paths, tmp_path / "a", tokenizer="bpe", vocab_size=400, progress=False)
@@ -132,6 +172,7 @@ def test_bad_inputs_are_named_errors_and_leave_no_output(corpus, tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"txt": 1}\n', encoding="utf-8")
     (tmp_path / "tok.json").write_text("{not json", encoding="utf-8")
     (tmp_path / "nopad.json").write_text(_word_level({"a": 0, "<eod>": 1}), encoding="utf-8")
+    (tmp_path / "bad.model").write_bytes(b"\x00not a model")
     cases = [([tmp_path / "missing.txt"], {}, "does not exist"),
              ([tmp_path], {}, "is not a regular file"),
              ([tmp_path / "empty.txt"], {}, "hold no text"),
@@ -139,6 +180,8 @@ def test_bad_inputs_are_named_errors_and_leave_no_output(corpus, tmp_path):
              ([tmp_path / "bad.jsonl"], {}, "line 2 is not a JSON object"),
              (paths, {"tokenizer": str(tmp_path / "tok.json")}, "does not parse"),
              (paths, {"tokenizer": str(tmp_path / "nopad.json")}, '"<pad>" must be id 0'),
+             (paths, {"tokenizer": str(tmp_path / "absent.json")}, "no such file"),
+             (paths, {"tokenizer": str(tmp_path / "bad.model")}, "SentencePiece model does not parse"),
              (paths, {"tokenizer": "bpe", "vocab_size": 100}, "too small for a byte-level bpe"),
              (paths, {"docs": "paragraphs"}, "--docs 'paragraphs'"),
              (paths, {"eval_fraction": 1.0}, "--eval-fraction"),

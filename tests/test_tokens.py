@@ -234,6 +234,15 @@ def test_generate_decodes_subword_text_and_stops_at_the_end_of_document(shards, 
     ids = run.tokenizer.encode(out[0])
     assert run.tokenizer.decode(ids) == out[0] and run.tokenizer.eod_id not in ids
 
+    from jaxformer.viz import attention_maps, token_label        # heatmap axes: whole subword pieces
+    prompt = "to be or not"
+    tok = run.tokenizer
+    labels = [token_label(tok, i) for i in tok.encode(prompt)]
+    assert len(labels) < len(prompt) and "".join(labels) == prompt.replace(" ", "\u2423")
+    assert token_label(tok, tok.eod_id) == "<eod>" and token_label(tok, 0) == "<pad>"
+    maps = attention_maps(run, [prompt])[0]
+    assert maps.queries["self"] == labels and maps.keys["self"] == labels
+
 
 @pytest.mark.slow          # two processes with jax.distributed (~15 s)
 def test_two_processes_read_their_rows_of_the_same_batches(shards, tmp_path):

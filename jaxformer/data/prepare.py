@@ -12,10 +12,12 @@ Three streaming passes over the inputs, never the whole corpus in memory (docume
 64 KiB, cut after a newline): (1) count documents and bytes, and choose the held-out split, the last documents
 holding `--eval-fraction` of the bytes (a corpus of one document is cut in two at the newline nearest the cut); (2) train
 the tokenizer (HF `tokenizers`: byte-level BPE, or unigram over the same 256-byte alphabet, so that any text
-encodes; `char` collects the corpus's characters; `byte` needs no training; PATH loads a `tokenizer.json`) on the
-training split only; (3) encode and append to shards of at most `--shard-tokens` tokens, uint16 when the
-vocabulary fits, else uint32. The output is written to DIR.partial and renamed to DIR when complete: an
-interrupted run leaves no DIR (the next run starts afresh), and a finished DIR is never overwritten.
+encodes; `char` collects the corpus's characters; `byte` needs no training; PATH loads a `tokenizer.json` or a
+SentencePiece `.model`) on the training split only; (3) encode and append to shards of at most `--shard-tokens` tokens, uint16 when the
+vocabulary fits, else uint32. A loaded tokenizer that marks the start of its input (SentencePiece's dummy prefix,
+a normaliser that trims) would mark every piece: it encodes whole documents instead.
+The output is written to DIR.partial and renamed to DIR when complete: an interrupted run leaves no DIR (the next
+run starts afresh), and a finished DIR is never overwritten.
 
 DIR/index.json: format, the tokenizer (file + sha256), the dtype, the inputs (path, bytes, sha256), the document
 rule, and per split its token, document and text-byte counts, its shards (file, tokens, sha256) and its
@@ -36,7 +38,8 @@ from typing import Iterator
 
 import numpy as np
 
-from jaxformer.data.tokenizers import ByteTokenizer, CharTokenizer, HFTokenizer, save_tokenizer
+from jaxformer.data.tokenizers import (ByteTokenizer, CharTokenizer, HFTokenizer, SentencePieceTokenizer,
+                                      save_tokenizer)
 from jaxformer.errors import DataError
 
 FORMAT = "jaxformer-tokens/1"
@@ -70,8 +73,9 @@ def _lines(path: Path) -> Iterator[str]:
                 raise DataError(f"{path}: line {n} is not UTF-8 ({e.reason} at byte {e.start})") from None
 
 
-def _file_pieces(path: Path, rule: str, first_doc: int) -> Iterator[Piece]:
-    """The pieces of one input's documents, numbered from first_doc; every document's last piece has last=True."""
+def _file_pieces(path: Path, rule: str, first_doc: int, piece: int | None) -> Iterator[Piece]:
+    """The pieces of one input's documents (of about `piece` characters; None: whole documents), numbered from
+    first_doc; every document's last piece has last=True."""
     if rule == "jsonl":
         doc = first_doc
         for n, line in enumerate(_lines(path), 1):
@@ -84,8 +88,9 @@ def _file_pieces(path: Path, rule: str, first_doc: int) -> Iterator[Piece]:
             if not isinstance(text, str):
                 raise DataError(f"{path}: line {n}: \"text\" is {type(text).__name__}, not a string")
             if text:
-                for i in range(0, len(text), PIECE):
-                    yield Piece(doc, text[i:i + PIECE], i + PIECE >= len(text))
+                step = piece or len(text)
+                for i in range(0, len(text), step):
+                    yield Piece(doc, text[i:i + step], i + step >= len(text))
                 doc += 1
         return
     sep = rule.removeprefix("separator=") if rule.startswith("separator=") else None
@@ -99,19 +104,19 @@ def _file_pieces(path: Path, rule: str, first_doc: int) -> Iterator[Piece]:
             continue
         buf.append(line)
         size += len(line)
-        if size >= PIECE and line.endswith("\n"):
+        if piece is not None and size >= piece and line.endswith("\n"):
             yield Piece(doc, "".join(buf), False)
             buf, size, open_doc = [], 0, True
     if buf or open_doc:
         yield Piece(doc, "".join(buf), True)
 
 
-def pieces(paths: list[Path], rule: str) -> Iterator[Piece]:
+def pieces(paths: list[Path], rule: str, piece: int | None) -> Iterator[Piece]:
     """Every document's pieces, in input order, documents numbered across the inputs. A document with no text
     (an empty file, two separators in a row) is skipped."""
     doc = 0
     for path in paths:
-        for p in _file_pieces(path, _rule(rule, path), doc):
+        for p in _file_pieces(path, _rule(rule, path), doc, piece):
             yield p
             doc = p.doc + 1
 
@@ -134,10 +139,15 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_tokenizer_file(path: Path) -> HFTokenizer:
-    """A HF tokenizer.json; its <pad> must be id 0 (added as a special token when absent is not possible, so
+def load_tokenizer_file(path: Path):
+    """A SentencePiece model (PATH ending in .model), or a HF tokenizer.json; its <pad> must be id 0 (added as a special token when absent is not possible, so
     a file without "<pad>" at id 0 is refused) and its end-of-document token is "<eod>", "<|endoftext|>" or
     "</s>", whichever it has."""
+    if not path.is_file():
+        raise DataError(f"--tokenizer {str(path)!r}: expected char, byte, bpe, unigram, or the path of a "
+                        f"tokenizer.json or SentencePiece .model file (no such file)")
+    if path.suffix == ".model":
+        return SentencePieceTokenizer(path.read_bytes())
     from tokenizers import Tokenizer
     try:
         tok = Tokenizer.from_file(str(path))
@@ -151,6 +161,14 @@ def load_tokenizer_file(path: Path) -> HFTokenizer:
     if eod is None:
         raise DataError(f"tokenizer file {str(path)!r} has no end-of-document token (<eod>, <|endoftext|> or </s>)")
     return HFTokenizer(tok, eod)
+
+
+def _marks_start(tok) -> bool:
+    """Whether a loaded tokenizer marks the start of what it encodes (a dummy prefix, a normaliser that trims):
+    then the pieces of a document cannot be encoded apart, and documents are read whole (memory: the largest)."""
+    if not isinstance(tok, (HFTokenizer, SentencePieceTokenizer)):
+        return False
+    return tok.decode(np.concatenate([tok.encode("a\n"), tok.encode("b\n")])) != "a\nb\n"
 
 
 def train_tokenizer(kind: str, texts: Iterator[str], vocab_size: int):
@@ -249,7 +267,7 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
     # pass 1: documents and bytes, and the split
     sizes = array.array("q")            # bytes per document (documents are numbered 0, 1, ... in order)
     bar = _progress(total, "counting", progress)
-    for p in pieces(paths, docs):
+    for p in pieces(paths, docs, PIECE):
         n = len(p.text.encode("utf-8"))
         if p.doc == len(sizes):
             sizes.append(0)
@@ -265,11 +283,11 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
         before = np.cumsum(np.asarray(sizes)) - np.asarray(sizes)        # bytes before each document
         first_eval = int(np.clip(np.searchsorted(before, cut_bytes), 1, len(sizes) - 1))
 
-    def assigned():
+    def assigned(piece):
         """(piece, split) for every piece. One document: its training part ends at the newline nearest the
         cut (that piece is split in two; the training part becomes a document of its own)."""
         seen, cut = 0, False
-        for p in pieces(paths, docs):
+        for p in pieces(paths, docs, piece):
             if first_eval is not None:
                 yield p, ("eval" if p.doc >= first_eval else "train")
                 continue
@@ -293,11 +311,11 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
         tok = ByteTokenizer()
     elif tokenizer == "char":
         chars = set()
-        for p in pieces(paths, docs):
+        for p in pieces(paths, docs, PIECE):
             chars.update(p.text)
         tok = CharTokenizer(chars, eod=True)
     elif tokenizer in ("bpe", "unigram"):
-        tok = train_tokenizer(tokenizer, (p.text for p, split in assigned() if split == "train" and p.text),
+        tok = train_tokenizer(tokenizer, (p.text for p, split in assigned(PIECE) if split == "train" and p.text),
                               vocab_size)
     else:
         tok = load_tokenizer_file(Path(tokenizer))
@@ -331,7 +349,7 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
         batch.clear()
 
     try:
-        for p, split in assigned():
+        for p, split in assigned(None if _marks_start(tok) else PIECE):
             batch.append((p, split))
             bar.update(len(p.text.encode("utf-8")))
             if len(batch) >= 64:

@@ -1,8 +1,9 @@
-"""Tokenizers: digits (reversal/copy tasks), characters (char-level LM), bytes, and subword tokenizers of HF
-`tokenizers` (byte-level BPE or unigram trained locally by `jaxformer data prepare`, or a `tokenizer.json`).
-Id 0 is always padding. Tokenizers of prepared token shards also have an end-of-document id (`eod_id`)."""
+"""Tokenizers: digits (reversal/copy tasks), characters (char-level LM), bytes, subword tokenizers of HF
+`tokenizers` (byte-level BPE or unigram trained locally by `jaxformer data prepare`, or a `tokenizer.json`), and
+SentencePiece models (a `.model` file; needs the `sentencepiece` package). Id 0 is always padding. Tokenizers of prepared token shards also have an end-of-document id (`eod_id`)."""
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -121,6 +122,51 @@ class HFTokenizer:
         return {"kind": self.kind, "eod_id": self.eod_id, "tokenizer": json.loads(self.tok.to_str())}
 
 
+def _sentencepiece():
+    try:
+        import sentencepiece
+    except ImportError:
+        raise DataError("a SentencePiece model needs the sentencepiece package: pip install sentencepiece") from None
+    return sentencepiece
+
+
+class SentencePieceTokenizer:
+    """A SentencePiece model, run by the `sentencepiece` package exactly as it was trained (its normaliser and
+    dummy prefix included): <pad>=0, <eod>=1, piece i = 2 + i. Decoding gives the model's normalised text (the
+    input itself when the model's normaliser is the identity)."""
+    kind = "sentencepiece"
+    pad_id, eod_id = PAD, 1
+
+    def __init__(self, proto: bytes):
+        try:
+            self.sp = _sentencepiece().SentencePieceProcessor(model_proto=proto)
+        except (RuntimeError, OSError, TypeError) as e:
+            raise DataError(f"the SentencePiece model does not parse: {str(e)[:200]}") from None
+        self.proto = proto
+        self.vocab_size = self.sp.get_piece_size() + 2
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self.sp.encode(text), np.int32) + 2
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.asarray(x, np.int32) + 2 for x in self.sp.encode(texts)]
+
+    def decode(self, ids) -> str:
+        return self.sp.decode([int(i) - 2 for i in ids if int(i) >= 2])
+
+    def token_bytes(self) -> np.ndarray:
+        """[V] int32: the UTF-8 bytes of each piece, its "▁" read as a space (1 for byte pieces; 0 for pad,
+        eod, control and unknown pieces). A document's dummy prefix counts as one byte."""
+        sp, out = self.sp, np.zeros(self.vocab_size, np.int32)
+        for i in range(sp.get_piece_size()):
+            if not (sp.is_control(i) or sp.is_unknown(i)):
+                out[i + 2] = 1 if sp.is_byte(i) else len(sp.id_to_piece(i).replace("▁", " ").encode("utf-8"))
+        return out
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "model": base64.b64encode(self.proto).decode("ascii")}
+
+
 def tokenizer_from_json(d: dict):
     if isinstance(d, dict) and d.get("kind") == "digits":
         return DigitTokenizer()
@@ -134,6 +180,8 @@ def tokenizer_from_json(d: dict):
             return HFTokenizer(Tokenizer.from_str(json.dumps(d["tokenizer"])), d["eod_id"])
         except Exception as e:                    # tokenizers raises a bare Exception for a bad description
             raise DataError(f"the saved HF tokenizer does not parse: {str(e)[:200]}") from None
+    if isinstance(d, dict) and d.get("kind") == "sentencepiece" and isinstance(d.get("model"), str):
+        return SentencePieceTokenizer(base64.b64decode(d["model"]))
     raise DataError(f"unknown tokenizer description {str(d)[:200]!r}")
 
 
