@@ -19,6 +19,7 @@ from jaxformer.ops import activations, fused, norms, positional
 from jaxformer.ops.attention import BACKENDS
 
 REMAT_POLICIES = ("none", "full", "dots")
+BIASES = ("q", "k", "v", "o", "ffn")           # the projections model.biases may name
 
 _DEFERRED = contextvars.ContextVar("jaxformer_config_validation_deferred", default=False)
 
@@ -93,6 +94,7 @@ class ModelConfig(_Validated):
     d_model: int = 512                     # D
     num_heads: int = 8                     # N
     num_kv_heads: int | None = None        # K (None = N: multi-head; 1: multi-query; else grouped)
+    head_dim: int | None = None            # H (None = D/N); set it for heads whose width N·H is not D
     d_ff: int = 2048                       # F
     num_encoder_layers: int = 6            # L (encoder)
     num_decoder_layers: int = 6            # L (decoder)
@@ -104,11 +106,21 @@ class ModelConfig(_Validated):
     final_norm: bool | None = None         # norm after the stack; None = yes for pre, no for post
     positional: str = "sinusoidal"         # sinusoidal | learned | rope | alibi | none
     rope_base: float = 10000.0
-    activation: str = "relu"               # relu | gelu | swiglu
+    rope_scaling: str = "none"             # RoPE frequency scaling: none | linear (positions / factor) | llama3
+                                           # (Llama 3.1: low frequencies / factor, high kept, a smooth band between)
+    rope_factor: float = 1.0               # linear, llama3: the context extension factor
+    rope_original_max_len: int = 8192      # llama3: the context the model was pretrained on
+    rope_low_freq_factor: float = 1.0      # llama3: wavelengths above original_max_len / this are scaled
+    rope_high_freq_factor: float = 4.0     # llama3: wavelengths below original_max_len / this are kept
+    qk_norm: bool = False                  # RMSNorm over H on each query and key head before RoPE (Qwen3, OLMo 2)
+    activation: str = "relu"               # relu | gelu | gelu_tanh | swiglu | geglu | geglu_tanh
     use_bias: bool = True                  # biases in projections (the paper and PyTorch have them)
+    biases: tuple[str, ...] | None = None  # the projections with a bias, replacing use_bias when set: any of
+                                           # q, k, v, o (attention), ffn (every FFN matrix); Qwen2: (q, k, v)
     tie_embeddings: bool = True            # output head shares the token embedding
     scale_embeddings: bool = True          # multiply embeddings by sqrt(D) as in the paper
-    pad_id: int = 0
+    pad_id: int = 0                        # the token id that is padding; -1 = none is (padding is then only
+                                           # explicit: segment ids, or the -1 fill of ragged batches)
     # Precision policy. float32: everything. bfloat16/float16 (mixed precision): parameters and optimizer state
     # stay float32, activations and matmul inputs take this dtype, while attention logits and softmax, norms,
     # output logits and the loss are computed in float32.
@@ -157,7 +169,9 @@ class ModelConfig(_Validated):
             raise ConfigError("model.num_decoder_layers=0: every model needs at least one decoder layer")
         if self.arch == "encoder_decoder" and self.num_encoder_layers == 0:
             raise ConfigError("model.num_encoder_layers=0 with model.arch='encoder_decoder'")
-        if self.d_model % self.num_heads:
+        if self.head_dim is not None and self.head_dim <= 0:
+            raise ConfigError(f"model.head_dim={self.head_dim!r} must be a positive integer (or None = D/N)")
+        if self.head_dim is None and self.d_model % self.num_heads:
             raise ConfigError(f"model.d_model={self.d_model} is not a multiple of model.num_heads={self.num_heads}")
         kv = self.kv_heads
         if kv <= 0 or self.num_heads % kv:
@@ -185,8 +199,23 @@ class ModelConfig(_Validated):
         choice("model.ablation_causal", self.ablation_causal, ("tril", "triu"))
         positive("model.norm_eps", self.norm_eps)
         positive("model.rope_base", self.rope_base)
-        if self.positional == "rope" and self.head_dim % 2:
-            raise ConfigError(f"model.positional='rope' needs an even head dim; d_model/num_heads={self.head_dim}")
+        if self.positional == "rope" and self.head_size % 2:
+            raise ConfigError(f"model.positional='rope' needs an even head dim; got H={self.head_size}")
+        choice("model.rope_scaling", self.rope_scaling, positional.SCALINGS)
+        positive("model.rope_factor", self.rope_factor)
+        positive("model.rope_original_max_len", self.rope_original_max_len)
+        positive("model.rope_low_freq_factor", self.rope_low_freq_factor)
+        positive("model.rope_high_freq_factor", self.rope_high_freq_factor)
+        if self.rope_scaling == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:
+            raise ConfigError(f"model.rope_high_freq_factor={self.rope_high_freq_factor} must exceed "
+                              f"model.rope_low_freq_factor={self.rope_low_freq_factor}")
+        if self.rope_scaling != "none" and self.positional != "rope":
+            raise ConfigError(f"model.rope_scaling={self.rope_scaling!r} needs model.positional='rope' "
+                              f"(got {self.positional!r})")
+        if self.biases is not None:
+            bad = [b for b in self.biases if b not in BIASES]
+            if bad or len(set(self.biases)) != len(self.biases):
+                raise ConfigError(f"model.biases={self.biases!r}: expected distinct names of {BIASES}")
         choice("model.ffn", self.ffn, ("dense", "moe"))
         positive("model.num_experts", self.num_experts)
         choice("model.moe_top_k", self.moe_top_k, (1, 2))
@@ -215,12 +244,24 @@ class ModelConfig(_Validated):
             for f, n in stacks:
                 if n % self.moe_every:
                     raise ConfigError(f"model.moe_every={self.moe_every} does not divide model.{f}={n}")
-        if self.vocab_size and not 0 <= self.pad_id < self.vocab_size:
-            raise ConfigError(f"model.pad_id={self.pad_id} is outside the vocabulary [0, {self.vocab_size})")
+        if self.pad_id < -1 or (self.vocab_size and self.pad_id >= self.vocab_size):
+            raise ConfigError(f"model.pad_id={self.pad_id} is outside the vocabulary [0, {self.vocab_size}) "
+                              f"(or -1: no token is padding)")
 
     @property
-    def head_dim(self) -> int:   # H
-        return self.d_model // self.num_heads
+    def head_size(self) -> int:   # H
+        return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
+
+    def has_bias(self, name: str) -> bool:
+        """Whether projection `name` (q, k, v, o or ffn) has a bias: model.biases, else model.use_bias."""
+        return name in self.biases if self.biases is not None else self.use_bias
+
+    def rope(self) -> "positional.RopeScaling | None":
+        """The RoPE frequency scaling of this config (None: plain RoPE)."""
+        if self.rope_scaling == "none":
+            return None
+        return positional.RopeScaling(self.rope_scaling, self.rope_factor, self.rope_original_max_len,
+                                      self.rope_low_freq_factor, self.rope_high_freq_factor)
 
     @property
     def kv_heads(self) -> int:   # K

@@ -37,7 +37,7 @@ def from_dict(d: Any) -> Config:
         if bad:
             raise ConfigError(f"unknown config key(s) {[f'{name}.{k}' for k in bad]}")
         fields = typing.get_type_hints(cls)
-        sub = {k: tuple(v) if typing.get_origin(fields[k]) is tuple and isinstance(v, list) else v
+        sub = {k: tuple(v) if _is_tuple(fields[k]) and isinstance(v, list) else v
                for k, v in sub.items()}                           # JSON lists back to the declared tuples
         with _deferred_validation():
             kw[name] = cls(**sub)
@@ -45,6 +45,13 @@ def from_dict(d: Any) -> Config:
         cfg = Config(**kw)
     cfg.validate()
     return cfg
+
+
+def _is_tuple(typ: Any) -> bool:
+    """A tuple field (tuple[...], or tuple[...] | None)."""
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
+        return any(_is_tuple(a) for a in typing.get_args(typ))
+    return typing.get_origin(typ) is tuple
 
 
 def _coerce(key: str, raw: str, typ: Any) -> Any:

@@ -27,8 +27,8 @@ def raises_naming(*needles):
 
 def test_defaults_and_tiny_configs_are_valid():
     cfg = ModelConfig()
-    assert (cfg.d_model, cfg.num_heads, cfg.head_dim, cfg.kv_heads) == (512, 8, 64, 8)
-    assert tiny().head_dim == 4 and tiny(num_kv_heads=2).kv_heads == 2
+    assert (cfg.d_model, cfg.num_heads, cfg.head_size, cfg.kv_heads) == (512, 8, 64, 8)
+    assert tiny().head_size == 4 and tiny(num_kv_heads=2).kv_heads == 2
     assert issubclass(ConfigError, ValueError)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.d_model = 3
@@ -71,10 +71,14 @@ def test_dropout_in_range_is_accepted(value):
     assert tiny(dropout=value).dropout == value
 
 
-@pytest.mark.parametrize("pad_id", [11, 100, -1])
+@pytest.mark.parametrize("pad_id", [11, 100, -2])
 def test_pad_id_outside_vocab(pad_id):
     with raises_naming("model.pad_id", pad_id, 11):
         tiny(pad_id=pad_id)
+
+
+def test_pad_id_minus_one_means_no_token_is_padding():
+    assert tiny(pad_id=-1).pad_id == -1
 
 
 @pytest.mark.parametrize("field,value", [("vocab_size", -1), ("d_model", -16), ("num_heads", 0), ("d_ff", 0),

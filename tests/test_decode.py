@@ -142,7 +142,7 @@ def test_prefill_flag_and_chunked_prefill_equal_the_generic_step(pe):
     valid = prompts != 0
     pos = jnp.maximum(jnp.cumsum(valid, 1) - 1, 0)
     cache = m.init_cache(3, 10)
-    assert cache.k.shape == (cfg.num_decoder_layers, 3, 10, cfg.kv_heads, cfg.head_dim)
+    assert cache.k.shape == (cfg.num_decoder_layers, 3, 10, cfg.kv_heads, cfg.head_size)
     step = jax.jit(lambda m, t, p, c, prefill=False: m.step(t, p, c, prefill=prefill), static_argnames="prefill")
     lg_a, c_a = step(m, prompts, pos, cache)
     lg_b, c_b = step(m, prompts, pos, cache, prefill=True)

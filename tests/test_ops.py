@@ -528,7 +528,16 @@ def test_activations_match_numpy():
     gd = g.astype(np.float64)
     np.testing.assert_allclose(np.asarray(activations.swiglu(jnp.asarray(g), jnp.asarray(u))),
                                gd / (1 + np.exp(-gd)) * u, atol=1e-6, rtol=1e-5)
-    assert set(activations.NAMES) == {"relu", "gelu", "swiglu"}
+    tanh_gelu = 0.5 * xd * (1 + np.tanh(math.sqrt(2 / math.pi) * (xd + 0.044715 * xd ** 3)))   # GPT-2's gelu_new
+    np.testing.assert_allclose(np.asarray(activations.gelu_tanh(jnp.asarray(x))), tanh_gelu, atol=1e-6, rtol=1e-5)
+    assert np.abs(tanh_gelu - 0.5 * xd * (1 + erf(xd / math.sqrt(2)))).max() > 1e-4     # the two GELUs differ
+    ud = u.astype(np.float64)
+    np.testing.assert_allclose(np.asarray(activations.geglu(jnp.asarray(g), jnp.asarray(u))),
+                               0.5 * gd * (1 + erf(gd / math.sqrt(2))) * ud, atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(activations.geglu_tanh(jnp.asarray(g), jnp.asarray(u))),
+                               0.5 * gd * (1 + np.tanh(math.sqrt(2 / math.pi) * (gd + 0.044715 * gd ** 3))) * ud,
+                               atol=1e-6, rtol=1e-5)
+    assert set(activations.NAMES) == {"relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh"}
 
 
 # ----------------------------------------------------------------------------- EncoderBlock gradient

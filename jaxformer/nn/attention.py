@@ -10,18 +10,19 @@ from flax import nnx
 from jaxformer import ops
 from jaxformer.config import ModelConfig
 from jaxformer.nn.cache import LayerKV
-from jaxformer.nn.params import dense_init, param, project, zeros
-from jaxformer.ops import positional
+from jaxformer.nn.params import dense_init, ones, param, project, zeros
+from jaxformer.ops import norms, positional
 
 
 class MultiHeadAttention(nnx.Module):
-    """Projections wq [D,N,H], wk/wv [D,K,H], wo [N,H,D] (+ biases). RoPE/ALiBi apply to self-attention only.
+    """Projections wq [D,N,H], wk/wv [D,K,H], wo [N,H,D] (+ the biases model.has_bias names; QK-norm scales
+    q_norm/k_norm [H] with model.qk_norm). RoPE/ALiBi apply to self-attention only.
 
     Returns (out [B,T,D], aux): aux {"weights": [B,N,T,S] float32} when asked, {"kv": LayerKV} (this call's new
     keys/values [B,T,K,H]) when a cache is passed; else {}."""
 
     def __init__(self, cfg: ModelConfig, *, self_attention: bool, rngs: nnx.Rngs):
-        d, n, k, h = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+        d, n, k, h = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size
         self.cfg = cfg
         self.self_attention = self_attention
         w = lambda init, shape, axes: param(rngs, init, shape, axes, matrix=True, quantizable=True)  # noqa: E731
@@ -29,32 +30,37 @@ class MultiHeadAttention(nnx.Module):
         self.wk = w(dense_init(0, (1, 2)), (d, k, h), ("embed", "kv_heads", "head_dim"))
         self.wv = w(dense_init(0, (1, 2)), (d, k, h), ("embed", "kv_heads", "head_dim"))
         self.wo = w(dense_init((0, 1), 2), (n, h, d), ("q_heads", "head_dim", "embed"))
-        if cfg.use_bias:
-            self.bq = param(rngs, zeros, (n, h), ("q_heads", "head_dim"))
-            self.bk = param(rngs, zeros, (k, h), ("kv_heads", "head_dim"))
-            self.bv = param(rngs, zeros, (k, h), ("kv_heads", "head_dim"))
-            self.bo = param(rngs, zeros, (d,), ("embed",))
+        for name, shape, axes in (("q", (n, h), ("q_heads", "head_dim")), ("k", (k, h), ("kv_heads", "head_dim")),
+                                  ("v", (k, h), ("kv_heads", "head_dim")), ("o", (d,), ("embed",))):
+            if cfg.has_bias(name):
+                setattr(self, f"b{name}", param(rngs, zeros, shape, axes))
+        if cfg.qk_norm:
+            self.q_norm = param(rngs, ones, (h,), ("head_dim",))
+            self.k_norm = param(rngs, ones, (h,), ("head_dim",))
 
     def _bias(self, name: str):
-        return getattr(self, name)[...] if self.cfg.use_bias else 0.0
+        return getattr(self, f"b{name}")[...] if self.cfg.has_bias(name) else 0.0
 
-    def _rope(self, x: jax.Array, positions: jax.Array | None) -> jax.Array:
+    def _rope(self, x: jax.Array, positions: jax.Array | None, norm: str) -> jax.Array:
+        """QK-norm (when configured) then RoPE (self-attention) of q or k [B,T,N|K,H]."""
+        if self.cfg.qk_norm:
+            x = norms.rms_norm(x, getattr(self, norm)[...], self.cfg.norm_eps)
         if self.self_attention and self.cfg.positional == "rope":
             if positions is None:
                 raise ValueError("positional='rope' needs explicit positions")
-            return positional.apply_rope(x, positions, self.cfg.rope_base)
+            return positional.apply_rope(x, positions, self.cfg.rope_base, self.cfg.rope())
         return x
 
     def project_q(self, x: jax.Array, positions: jax.Array | None = None) -> jax.Array:
-        """x [B,T,D], positions [B,T] -> q [B,T,N,H] (rotated when RoPE)."""
-        q = project("BTD,DNH->BTNH", x, self.wq[...]) + self._bias("bq")
-        return self._rope(q.astype(x.dtype), positions)
+        """x [B,T,D], positions [B,T] -> q [B,T,N,H] (normed with QK-norm, rotated when RoPE)."""
+        q = project("BTD,DNH->BTNH", x, self.wq[...]) + self._bias("q")
+        return self._rope(q.astype(x.dtype), positions, "q_norm")
 
     def project_kv(self, x: jax.Array, positions: jax.Array | None = None) -> LayerKV:
-        """x [B,S,D], positions [B,S] -> LayerKV(k, v) [B,S,K,H] (k rotated when RoPE)."""
-        k = (project("BSD,DKH->BSKH", x, self.wk[...]) + self._bias("bk")).astype(x.dtype)
-        v = (project("BSD,DKH->BSKH", x, self.wv[...]) + self._bias("bv")).astype(x.dtype)
-        return LayerKV(self._rope(k, positions), v)
+        """x [B,S,D], positions [B,S] -> LayerKV(k, v) [B,S,K,H] (k normed with QK-norm, rotated when RoPE)."""
+        k = (project("BSD,DKH->BSKH", x, self.wk[...]) + self._bias("k")).astype(x.dtype)
+        v = (project("BSD,DKH->BSKH", x, self.wv[...]) + self._bias("v")).astype(x.dtype)
+        return LayerKV(self._rope(k, positions, "k_norm"), v)
 
     def __call__(self, x: jax.Array, source: jax.Array | LayerKV | None = None, *, mask=None,
                  positions: jax.Array | None = None, kv_positions: jax.Array | None = None,
@@ -82,7 +88,7 @@ class MultiHeadAttention(nnx.Module):
         else:
             keys, values = source if isinstance(source, LayerKV) else self.project_kv(source)
         ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, weights)
-        out = (project("BTNH,NHD->BTD", ctx, self.wo[...]) + self._bias("bo")).astype(q.dtype)
+        out = (project("BTNH,NHD->BTD", ctx, self.wo[...]) + self._bias("o")).astype(q.dtype)
         if weights:
             aux["weights"] = w
         return out, aux

@@ -69,13 +69,13 @@ class FeedForward(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, f = cfg.d_model, cfg.d_ff
-        self.activation, self.use_bias = cfg.activation, cfg.use_bias
+        self.activation, self.use_bias = cfg.activation, cfg.has_bias("ffn")
         w = lambda shape, axes: param(rngs, dense_init(0, 1), shape, axes, matrix=True, quantizable=True)  # noqa
         self.w1 = w((d, f), ("embed", "mlp"))
         if self.activation in activations.GATED:
             self.wg = w((d, f), ("embed", "mlp"))
         self.w2 = w((f, d), ("mlp", "embed"))
-        if cfg.use_bias:
+        if self.use_bias:
             self.b1 = param(rngs, zeros, (f,), ("mlp",))
             self.b2 = param(rngs, zeros, (d,), ("embed",))
             if self.activation in activations.GATED:

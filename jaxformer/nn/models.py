@@ -121,7 +121,8 @@ class Embedder(nnx.Module):
         # under a plan, rows are looked up straight into the batch layout (constraining the table too, to
         # gather its D first, silences an XLA resharding warning on 3-axis meshes but more than doubles FSDP's
         # temporary memory in the train step: benchmarks/parallel.py)
-        x = constrain(jnp.take(self.tokens[...], tokens, axis=0), ACTIVATION)
+        # mode="clip": padding written as -1 (model.pad_id=-1: no token id is padding) reads row 0, never NaN
+        x = constrain(jnp.take(self.tokens[...], tokens, axis=0, mode="clip"), ACTIVATION)
         if self.cfg.scale_embeddings:
             x = x * math.sqrt(self.cfg.d_model)
         if self.cfg.positional == "sinusoidal":
@@ -198,7 +199,7 @@ class _Model(nnx.Module):
         dtype = cfg.kv_cache_dtype if dtype == "auto" else dtype
         if dtype not in ("auto", "int8"):
             raise ConfigError(f"KV cache dtype={dtype!r} is not one of ('auto', 'int8')")
-        return init_cache(cfg.num_decoder_layers, batch, length, cfg.kv_heads, cfg.head_dim,
+        return init_cache(cfg.num_decoder_layers, batch, length, cfg.kv_heads, cfg.head_size,
                           "int8" if dtype == "int8" else DTYPES[cfg.dtype])
 
     def _decoder_pass(self, tokens, side: _Tokens, *, memory: Memory | None = None, cache: KVCache | None = None,

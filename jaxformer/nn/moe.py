@@ -20,7 +20,7 @@ class MoEFeedForward(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, f, e = cfg.d_model, cfg.d_ff, cfg.num_experts
-        self.activation, self.use_bias = cfg.activation, cfg.use_bias
+        self.activation, self.use_bias = cfg.activation, cfg.has_bias("ffn")
         self.top_k, self.capacity_factor, self.dropless = cfg.moe_top_k, cfg.moe_capacity_factor, cfg.moe_dropless
         self.router = param(rngs, dense_init(0, 1), (d, e), ("embed", None), matrix=True)
         expert = dense_init(1, 2, 0)
@@ -29,7 +29,7 @@ class MoEFeedForward(nnx.Module):
         if self.activation in activations.GATED:
             self.wg = w((e, d, f), ("expert", "embed", "mlp"))
         self.w2 = w((e, f, d), ("expert", "mlp", "embed"))
-        if cfg.use_bias:
+        if self.use_bias:
             self.b1 = param(rngs, zeros, (e, f), ("expert", "mlp"))
             self.b2 = param(rngs, zeros, (e, d), ("expert", "embed"))
             if self.activation in activations.GATED:

@@ -1,4 +1,5 @@
-"""FFN activations. relu/gelu act on one tensor [..., F]; swiglu gates two ([..., F] each)."""
+"""FFN activations. relu/gelu/gelu_tanh act on one tensor [..., F]; swiglu/geglu/geglu_tanh gate two ([..., F]
+each)."""
 from __future__ import annotations
 
 import jax
@@ -14,11 +15,26 @@ def gelu(x: jax.Array) -> jax.Array:
     return jax.nn.gelu(x, approximate=False)
 
 
+def gelu_tanh(x: jax.Array) -> jax.Array:
+    """GELU's tanh approximation (GPT-2's gelu_new, torch's approximate='tanh'). [..., F] -> [..., F]."""
+    return jax.nn.gelu(x, approximate=True)
+
+
+def geglu(gate: jax.Array, up: jax.Array) -> jax.Array:
+    """GELU(gate) * up, exact GELU (Shazeer 2020). gate, up [..., F] -> [..., F]."""
+    return gelu(gate) * up
+
+
+def geglu_tanh(gate: jax.Array, up: jax.Array) -> jax.Array:
+    """tanh-GELU(gate) * up (Gemma, T5 v1.1). gate, up [..., F] -> [..., F]."""
+    return gelu_tanh(gate) * up
+
+
 def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
     """SiLU(gate) * up (Shazeer 2020). gate, up [..., F] -> [..., F]."""
     return jax.nn.silu(gate) * up
 
 
-GATED = {"swiglu": swiglu}
-UNGATED = {"relu": relu, "gelu": gelu}
+GATED = {"swiglu": swiglu, "geglu": geglu, "geglu_tanh": geglu_tanh}
+UNGATED = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh}
 NAMES = tuple(UNGATED) + tuple(GATED)

@@ -30,14 +30,42 @@ def sinusoidal_table(max_len: int, d_model: int, dtype=jnp.float32) -> jax.Array
     return jnp.asarray(pe, dtype=dtype)
 
 
-def rope_frequencies(head_dim: int, base: float = 10000.0) -> jax.Array:
-    """[H/2] inverse frequencies base^(-2i/H)."""
+SCALINGS = ("none", "linear", "llama3")
+
+
+class RopeScaling(NamedTuple):
+    """How RoPE's frequencies are rescaled for a longer context. kind "linear": every frequency / factor
+    (positions interpolated); "llama3" (Llama 3.1): wavelengths longer than original_max_len / low_freq_factor
+    are divided by factor, those shorter than original_max_len / high_freq_factor kept, and the band between
+    interpolated smoothly."""
+    kind: str
+    factor: float = 1.0
+    original_max_len: int = 8192
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+
+
+def rope_frequencies(head_dim: int, base: float = 10000.0, scaling: RopeScaling | None = None) -> jax.Array:
+    """[H/2] inverse frequencies base^(-2i/H), rescaled by `scaling` when given."""
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head dim H; got H={head_dim}")
-    return 1.0 / (base ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    inv = 1.0 / (base ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    if scaling is None or scaling.kind == "none":
+        return inv
+    if scaling.kind == "linear":
+        return inv / scaling.factor
+    if scaling.kind == "llama3":
+        s = scaling
+        wavelen = 2 * math.pi / inv
+        low, high = s.original_max_len / s.low_freq_factor, s.original_max_len / s.high_freq_factor
+        smooth = (s.original_max_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+        mid = (1 - smooth) * inv / s.factor + smooth * inv
+        return jnp.where(wavelen > low, inv / s.factor, jnp.where(wavelen < high, inv, mid))
+    raise ValueError(f"RoPE scaling {scaling.kind!r} is not one of {SCALINGS}")
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
+def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0,
+               scaling: RopeScaling | None = None) -> jax.Array:
     """Rotary position embedding (half-split convention, as GPT-NeoX/Llama).
 
     x [B,T,N,H], positions [B,T] or [T] integer absolute positions -> [B,T,N,H] in x's dtype.
@@ -46,7 +74,7 @@ def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax
     if not jnp.issubdtype(positions.dtype, jnp.integer):
         raise TypeError(f"positions must be integers; got dtype {positions.dtype}")
     h = x.shape[-1]
-    inv = rope_frequencies(h, base)
+    inv = rope_frequencies(h, base, scaling)
     ang = positions.astype(jnp.float32)[..., None] * inv  # [B,T,H/2] or [T,H/2]
     if ang.ndim == 2:
         ang = ang[None]
