@@ -1,0 +1,215 @@
+"""Reading and writing Hugging Face checkpoint folders: `config.json` and one or several `*.safetensors` files
+(with `model.safetensors.index.json`), read with `safetensors` (numpy; never torch).
+
+Loading goes parameter by parameter straight into the target shardings: each device's shard of a parameter
+is assembled from the tensors it needs (`jax.make_array_from_callback`), so at most one tensor (and the shard
+being built) is ever on the host, and a model larger than one device's memory never exists whole anywhere.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxformer.hf.families import HFError, family_of, family_for, to_hf_config, to_model_config
+from jaxformer.hf.mapping import Tensor, canonical_name, tensors
+from jaxformer.nn import build_model
+from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+def read_config(path: str | Path) -> dict:
+    p = Path(path) / "config.json"
+    if not p.is_file():
+        raise HFError(f"{str(path)!r} has no config.json (not a Hugging Face checkpoint folder)")
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HFError(f"{p} is unreadable: {type(e).__name__}: {e}") from None
+    if not isinstance(d, dict):
+        raise HFError(f"{p} is not a JSON object")
+    return d
+
+
+class _Files:
+    """The checkpoint's tensors by name, opened lazily (safetensors' safe_open, numpy)."""
+
+    def __init__(self, path: Path, family: str):
+        from safetensors import safe_open
+        self._open, self.path, self.handles = safe_open, path, {}
+        if (path / INDEX).is_file():
+            try:
+                weight_map = json.loads((path / INDEX).read_text(encoding="utf-8"))["weight_map"]
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+                raise HFError(f"{path / INDEX} is unreadable: {type(e).__name__}: {e}") from None
+            files = sorted(set(weight_map.values()))
+        elif (path / SINGLE).is_file():
+            files = [SINGLE]
+        else:
+            raise HFError(f"{str(path)!r} has neither {SINGLE} nor {INDEX}")
+        self.where: dict[str, tuple[str, str]] = {}        # canonical name -> (file, name in the file)
+        for file in files:
+            for name in self._handle(file).keys():
+                canon = canonical_name(name, family)
+                if canon is not None:
+                    self.where[canon] = (file, name)
+
+    def _handle(self, file: str):
+        if file not in self.handles:
+            try:
+                self.handles[file] = self._open(str(self.path / file), framework="numpy")
+            except Exception as e:          # safetensors raises SafetensorError / OSError with the reason
+                raise HFError(f"{self.path / file} is not a readable safetensors file: {str(e)[:200]}") from None
+        return self.handles[file]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        file, key = self.where[name]
+        return tuple(self._handle(file).get_slice(key).get_shape())
+
+    def dtype(self, name: str) -> str:
+        file, key = self.where[name]
+        return self._handle(file).get_slice(key).get_dtype()
+
+    def read(self, name: str) -> np.ndarray:
+        file, key = self.where[name]
+        try:
+            return np.asarray(self._handle(file).get_tensor(key)).astype(np.float32)
+        except Exception as e:
+            raise HFError(f"tensor {name!r} of {self.path / file} is unreadable: {str(e)[:200]}") from None
+
+
+def _plan_of(specs: list[Tensor], files: _Files, abstract: dict, family: str, tied: bool):
+    """{path: {layer or None: (tensor, output index)}}: every parameter filled exactly once, every tensor of the
+    files used (HFError naming what is missing, unexpected, misshapen or doubly written)."""
+    missing = [t.name for t in specs if t.name not in files.where]
+    expected = {t.name for t in specs}
+    extra = sorted(n for n in files.where if n not in expected and not (tied and n == "lm_head.weight"))
+    if missing or extra:
+        raise HFError(f"the {family} checkpoint does not match its config: "
+                      + (f"missing tensor(s) {missing[:8]}{' …' if len(missing) > 8 else ''}" if missing else "")
+                      + ("; " if missing and extra else "")
+                      + (f"unexpected tensor(s) {extra[:8]}{' …' if len(extra) > 8 else ''}" if extra else ""))
+    for t in specs:
+        if files.shape(t.name) != t.shape:
+            raise HFError(f"tensor {t.name!r} has shape {files.shape(t.name)}; the config implies {t.shape}")
+    fills: dict[tuple, dict] = {}
+    for t in specs:
+        for j, path in enumerate(t.ours):
+            slot = fills.setdefault(path, {})
+            if t.layer in slot:
+                raise HFError(f"parameter {'/'.join(path)} layer {t.layer} is written twice")
+            slot[t.layer] = (t, j)
+    for path, leaf in abstract.items():
+        want = {None} if path[:3] != ("decoder", "layers", "blocks") else set(range(leaf.shape[0]))
+        if set(fills.get(path, {})) != want:
+            raise HFError(f"parameter {'/'.join(path)} is not written exactly once per layer by the mapping")
+    unused = sorted('/'.join(p) for p in set(fills) - set(abstract))
+    if unused:
+        raise HFError(f"the mapping writes parameters the model lacks: {unused[:8]}")
+    return fills
+
+
+def _assemble(leaf: jax.ShapeDtypeStruct, slot: dict, files: _Files) -> jax.Array:
+    """One parameter in its sharding: each device's shard built from the tensors it covers."""
+    def shard(index):
+        if None in slot:
+            t, j = slot[None]
+            return t.load(files.read(t.name))[j][index]
+        rows = range(leaf.shape[0])[index[0]]
+        return np.stack([slot[i][0].load(files.read(slot[i][0].name))[slot[i][1]][index[1:]] for i in rows])
+    return jax.make_array_from_callback(leaf.shape, leaf.sharding, lambda idx: shard(idx).astype(leaf.dtype))
+
+
+def from_pretrained(path: str | Path, *, dtype: str | None = None, plan: Plan | None = None):
+    """A Hugging Face checkpoint folder (config.json + safetensors) -> a jaxformer model (nnx module) computing
+    the same logits. dtype: the compute dtype (model.dtype; None = float32; parameters are float32 as in
+    training). plan: load straight into its shardings (else onto this process's first device).
+    HFError for an unsupported config or tensors that do not match it."""
+    path = Path(path)
+    d = read_config(path)
+    family = family_of(d)
+    cfg = to_model_config(d, dtype or "float32")
+    files = _Files(path, family)
+    with no_mesh():
+        graph, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg)))
+    abstract = abstract_with_shardings(abstract, plan)
+    leaves = {tuple(str(k.key) for k in p): v
+              for p, v in jax.tree_util.tree_flatten_with_path(abstract.to_pure_dict())[0]}
+    fills = _plan_of(tensors(cfg, family), files, leaves, family, cfg.tie_embeddings)
+    arrays = {p: _assemble(leaves[p], fills[p], files) for p in leaves}
+    pure = {}
+    for p, a in arrays.items():
+        node = pure
+        for k in p[:-1]:
+            node = node.setdefault(k, {})
+        node[p[-1]] = a
+    nnx.replace_by_pure_dict(abstract, pure)
+    return nnx.merge(graph, abstract)
+
+
+def _host(x) -> np.ndarray:
+    return np.asarray(jax.device_get(x), np.float32)
+
+
+def save_pretrained(model, path: str | Path, *, family: str | None = None, dtype: str = "float32",
+                    max_shard_bytes: int = 5 << 30, token_ids: dict | None = None) -> dict:
+    """Write `model` as a Hugging Face checkpoint folder: config.json (its family's, `family_for` unless given)
+    and safetensors files of at most `max_shard_bytes` each (several: with model.safetensors.index.json),
+    tensors in `dtype` (float32 | bfloat16 | float16). token_ids: bos/eos/pad ids for config.json.
+    Returns the config written. The folder must not hold a checkpoint already."""
+    from safetensors.numpy import save_file
+    import ml_dtypes
+    cfg = model.cfg
+    family = family or family_for(cfg)
+    hf = to_hf_config(cfg, family)
+    np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}.get(dtype)
+    if np_dtype is None:
+        raise HFError(f"dtype={dtype!r}: expected float32, bfloat16 or float16")
+    hf.update({"torch_dtype": dtype, **(token_ids or {})})
+    path = Path(path)
+    if (path / "config.json").exists():
+        raise HFError(f"{path} already holds a checkpoint (config.json); choose another folder")
+    path.mkdir(parents=True, exist_ok=True)
+    state = {tuple(str(k) for k in p): v for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    specs = tensors(cfg, family)
+    written = {(p, t.layer) for t in specs for p in t.ours}
+    need = {(p, i) for p, v in state.items() for i in ([None] if p[:3] != ("decoder", "layers", "blocks")
+                                                         else range(v[...].shape[0]))}
+    if written != need:
+        raise HFError(f"the {family} mapping does not write every parameter exactly once: "
+                      f"{sorted('/'.join(p) for p, _ in need ^ written)[:8]}")
+    cache: dict = {}
+
+    def ours(p, layer):
+        if p not in cache:
+            cache.clear()
+            cache[p] = _host(state[p][...])
+        return cache[p] if layer is None else cache[p][layer]
+
+    shards, current, size = [], {}, 0
+    for t in sorted(specs, key=lambda t: (t.ours[0], t.layer or 0)):    # one parameter on the host at a time
+        arr = np.ascontiguousarray(t.save(*(ours(p, t.layer) for p in t.ours))).astype(np_dtype)
+        if current and size + arr.nbytes > max_shard_bytes:
+            shards.append(current)
+            current, size = {}, 0
+        current[t.name], size = arr, size + arr.nbytes
+    shards.append(current)
+    total = sum(a.nbytes for s in shards for a in s.values())
+    names = [SINGLE] if len(shards) == 1 else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                                               for i in range(len(shards))]
+    for name, tensors_ in zip(names, shards):
+        save_file(tensors_, str(path / name), metadata={"format": "pt"})
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": total},
+                 "weight_map": {k: n for n, s in zip(names, shards) for k in sorted(s)}}
+        (path / INDEX).write_text(json.dumps(index, indent=1), encoding="utf-8")
+    tmp = path / "config.json.partial"
+    tmp.write_text(json.dumps(hf, indent=1), encoding="utf-8")
+    os.replace(tmp, path / "config.json")                   # last: a folder with config.json is complete
+    return hf
