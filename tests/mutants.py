@@ -107,6 +107,23 @@ MUTANTS = (
            "({_times(r['speedup'])}), {_times(_decode_row('base', 1, 256)['speedup'])} at 256",
            "(2.9×), {_times(_decode_row('base', 1, 256)['speedup'])} at 256",
            ("tests/test_reports.py", "-k", "claims_table")),
+    Mutant("gemma-norm-plain", "Gemma's (1 + w) norm weights read as plain scales", "jaxformer/hf/mapping.py",
+           'one = 1.0 if family == "gemma" else 0.0', "one = 0.0", ("tests/test_hf.py", "-k", "gemma")),
+    Mutant("rope-scaling-ignored", "RoPE scaling read from the config but not applied", "jaxformer/nn/attention.py",
+           "positional.apply_rope(x, positions, self.cfg.rope_base, self.cfg.rope())",
+           "positional.apply_rope(x, positions, self.cfg.rope_base)", ("tests/test_hf.py", "-k", "llama")),
+    Mutant("qk-norm-after-rope", "QK-norm applied after RoPE", "jaxformer/nn/attention.py",
+           "            return positional.apply_rope(x, positions, self.cfg.rope_base, self.cfg.rope())\n        return x",
+           "            x = positional.apply_rope(x, positions, self.cfg.rope_base, self.cfg.rope())\n"
+           "        return norms.rms_norm(x, getattr(self, norm)[...], self.cfg.norm_eps) if self.cfg.qk_norm else x",
+           ("tests/test_hf.py", "-k", "qwen3")),
+    Mutant("kv-heads-interleaved", "k/v projections split into heads the wrong way round (H, K)",
+           "jaxformer/hf/mapping.py", "lambda a: (a.T.reshape(d_in, *out_shape),)",
+           "lambda a: (a.T.reshape(d_in, *out_shape[::-1]).swapaxes(-1, -2) if len(out_shape) == 2 else "
+           "a.T.reshape(d_in, *out_shape),)", ("tests/test_hf.py", "-k", "imported")),
+    Mutant("sliding-window-dropped", "Mistral's sliding_window read but not set", "jaxformer/hf/families.py",
+           '            kw["attention_windows"] = (int(r("sliding_window")),)', "            pass",
+           ("tests/test_hf.py", "-k", "mistral and imported")),
 )
 
 
