@@ -60,8 +60,8 @@ CORRUPTIONS = {
 }
 
 
-# the default lane keeps one corruption of each part (arrays, an item, the data state); the rest run slow
-DEFAULT_CORRUPTIONS = ("truncated-arrays", "missing-item", "data-state-of-another-shape")
+# the default lane keeps a corruption of the arrays and of the data state; the rest run slow
+DEFAULT_CORRUPTIONS = ("truncated-arrays", "data-state-of-another-shape")
 
 
 @pytest.mark.parametrize("kind", [k if k in DEFAULT_CORRUPTIONS else pytest.param(k, marks=pytest.mark.slow)
@@ -115,6 +115,7 @@ def test_a_failed_first_attempt_does_not_block_the_corrected_rerun(tmp_path):
         "batch_size"] == 8
 
 
+@pytest.mark.slow          # default-lane budget (~5 s)
 def test_deleted_checkpoints_restart_with_a_warning_and_keep_the_old_history(finished_lm, tmp_path, caplog):
     run = copy_run(finished_lm, tmp_path)
     old = records(run)
@@ -127,6 +128,7 @@ def test_deleted_checkpoints_restart_with_a_warning_and_keep_the_old_history(fin
     assert records(run, timing=False) == records(kept[0], timing=False)   # one history, recomputed alike
 
 
+@pytest.mark.slow          # default-lane budget (~5 s)
 def test_incompatible_checkpoint_dir_is_refused(finished_lm, tmp_path):
     run = copy_run(finished_lm, tmp_path)
     with pytest.raises(IncompatibleCheckpoint, match=r"model\.d_model: 16 -> 32"):

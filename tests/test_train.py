@@ -195,6 +195,7 @@ def test_every_config_file_loads_and_builds(path, request):
     assert cfg.data.task != "text" or not Path(load_config_file(path).data.path).is_absolute()
 
 
+@pytest.mark.slow          # default-lane budget (~10 s)
 def test_train_and_eval_steps_compile_once_across_steps_and_after_a_resume(tmp_path, caplog):
     """One compiled train step for the whole run (no retrace from weak types, shardings or donation after the
     first step), the evaluation compiled once per batch shape, and the same again in a resumed run."""

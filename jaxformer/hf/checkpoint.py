@@ -79,7 +79,7 @@ class _Files:
     def read(self, name: str) -> np.ndarray:
         file, key = self.where[name]
         try:
-            return np.asarray(self._handle(file).get_tensor(key)).astype(np.float32)
+            return np.asarray(self._handle(file).get_tensor(key)).astype(np.float32, copy=False)
         except Exception as e:
             raise HFError(f"tensor {name!r} of {self.path / file} is unreadable: {str(e)[:200]}") from None
 
@@ -123,7 +123,8 @@ def _assemble(leaf: jax.ShapeDtypeStruct, slot: dict, files: _Files) -> jax.Arra
             return t.load(files.read(t.name))[j][index]
         rows = range(leaf.shape[0])[index[0]]
         return np.stack([slot[i][0].load(files.read(slot[i][0].name))[slot[i][1]][index[1:]] for i in rows])
-    return jax.make_array_from_callback(leaf.shape, leaf.sharding, lambda idx: shard(idx).astype(leaf.dtype))
+    return jax.make_array_from_callback(leaf.shape, leaf.sharding,
+                                        lambda idx: np.array(shard(idx), dtype=leaf.dtype))   # the shard alone
 
 
 def from_pretrained(path: str | Path, *, dtype: str | None = None, plan: Plan | None = None):

@@ -32,6 +32,8 @@ class Tensor:
 
 
 def _same(name, shape, path, layer=None, offset=0.0):
+    if not offset:
+        return Tensor(name, shape, (path,), layer, lambda a: (a,), lambda a: a)      # no copy
     return Tensor(name, shape, (path,), layer, lambda a: (a + offset,), lambda a: a - offset)
 
 
