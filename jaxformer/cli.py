@@ -221,6 +221,24 @@ def cmd_data(args) -> int:
     return 0
 
 
+def cmd_import_hf(args) -> int:
+    from jaxformer.hf.run import import_run
+    m = import_run(args.source, args.workdir, data=args.data, overrides=args.set or [],
+                   progress=sys.stderr.isatty())
+    console.print(f"imported {args.source} into {args.workdir} (step 0): held-out loss {m['loss']:.4f}, bits per "
+                  f"byte {m.get('bits_per_byte', float('nan')):.4f}; fine-tune with `jaxformer train "
+                  f"{args.workdir}/config.json --workdir {args.workdir} --set train.steps=N`", markup=False)
+    return 0
+
+
+def cmd_export_hf(args) -> int:
+    from jaxformer.hf.run import export_run
+    written = export_run(args.workdir, args.out, which=args.which, dtype=args.dtype, family=args.family)
+    console.print(f"exported {args.workdir} ({args.which} checkpoint) to {args.out}: {written['model_type']}, "
+                  f"{args.dtype}", markup=False)
+    return 0
+
+
 QUANT_HELP = ("quantize the restored weights (post-training): int8 or int4 weight-only, or w8a8 (int8 weights and "
               "per-token int8 activations)")
 
@@ -290,8 +308,8 @@ def main(argv=None) -> int:
     dp = dsub.add_parser("prepare", help="text files -> a tokenizer and token shards with a JSON index, streamed")
     dp.add_argument("inputs", nargs="+", metavar="INPUT")
     dp.add_argument("--tokenizer", default="bpe", help="char, byte, bpe (byte-level BPE), unigram (byte-level "
-                    "unigram), both trained here on the training split, or PATH to a tokenizer.json or a "
-                    "SentencePiece .model (pip install sentencepiece)")
+                    "unigram), both trained here on the training split, or PATH to a tokenizer.json, a "
+                    "SentencePiece .model (pip install sentencepiece) or a Hugging Face checkpoint folder")
     dp.add_argument("--vocab-size", type=int, default=2048, help="for bpe and unigram")
     dp.add_argument("--out", required=True, help="output folder (must not exist; written as OUT.partial first)")
     dp.add_argument("--docs", default="auto", help="documents: file (one per input), jsonl (a \"text\" field "
@@ -300,9 +318,25 @@ def main(argv=None) -> int:
     dp.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard file at most")
     dp.add_argument("--dtype", default="auto", help="auto (uint16 when the vocabulary fits), uint16 or uint32")
     dp.add_argument("--no-progress", action="store_true")
+    ih = sub.add_parser("import-hf", help="a Hugging Face checkpoint folder (config.json, *.safetensors, "
+                        "tokenizer.json) -> a run directory at step 0 that eval, generate, viz and train accept")
+    ih.add_argument("source", metavar="DIR")
+    ih.add_argument("--workdir", required=True)
+    ih.add_argument("--data", help="prepared shards to fine-tune and evaluate on (made with `jaxformer data "
+                    "prepare INPUT --tokenizer DIR`); default: the built-in corpus, prepared into RUN/data")
+    ih.add_argument("--set", action="append", metavar="KEY=VALUE", help="override the run's config (data, optim, "
+                    "train; model fields that change no weight, e.g. model.dropout)")
+    eh = sub.add_parser("export-hf", help="a run's best (or latest) checkpoint -> a Hugging Face checkpoint folder")
+    eh.add_argument("--workdir", required=True)
+    eh.add_argument("--out", required=True)
+    eh.add_argument("--which", choices=("best", "latest"), default="best")
+    eh.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    eh.add_argument("--family", choices=("llama", "qwen2", "qwen3", "mistral", "gpt2", "gemma"),
+                    help="default: the one family whose config expresses the model")
     args = p.parse_args(argv)
     cmds = {"data": cmd_data, "train": cmd_train, "eval": cmd_eval, "params": cmd_params, "generate": cmd_generate,
-            "plan": cmd_plan, "sweep": cmd_sweep, "report": cmd_report, "viz": cmd_viz}
+            "plan": cmd_plan, "sweep": cmd_sweep, "report": cmd_report, "viz": cmd_viz, "import-hf": cmd_import_hf,
+            "export-hf": cmd_export_hf}
     try:
         if getattr(args, "workdir", None) == "":
             from jaxformer.errors import ConfigError

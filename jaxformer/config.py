@@ -387,6 +387,8 @@ class TrainConfig(_Validated):
     best_mode: str = "max"                 # max | min
     eval_batch_size: int = 200
     num_examples: int = 5                  # decoded examples printed after the final eval
+    init_from: str = ""                    # a fresh run starts from these weights (fine-tuning): a Hugging Face
+                                           # checkpoint folder or a jaxformer run directory with the same model
 
     def validate(self) -> None:
         check_types(self, "train")

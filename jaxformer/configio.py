@@ -173,7 +173,14 @@ def load_python(path: str | Path, function: str, what: str, error: type[Jaxforme
 
 
 def load_config_file(path: str | Path) -> Any:
-    """Import a configs/*.py file and return its get_config(), which must return a Config."""
+    """Import a configs/*.py file and return its get_config(), which must return a Config; or read a run's
+    config.json (a resolved config, as `jaxformer.runs` writes it)."""
+    if str(path).endswith(".json"):
+        try:
+            d = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"config file {str(path)!r} is unreadable: {type(e).__name__}: {e}") from None
+        return from_dict(d)
     cfg = load_python(path, "get_config", "config file", ConfigError)
     if not isinstance(cfg, Config):
         raise ConfigError(f"config file {str(path)!r}: get_config() returned {type(cfg).__name__}, not a "

@@ -270,3 +270,64 @@ def test_a_multi_file_checkpoint_loads_onto_8_devices_each_holding_its_share(tmp
     sharded = sum(p["bytes"] for p in out["params"].values() if "fsdp" in p["spec"])
     assert sharded > 0.9 * total                                  # the matrices and the embedding are split
     assert per_device.max() < total / 8 + (total - sharded) + 1
+
+
+def _tokenizer_for(folder, vocab: int = 300):
+    """A byte-level BPE tokenizer.json trained on the built-in corpus, with <s> (BOS, added to every encoded
+    prompt like Llama's) and </s> (EOS); returns its vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from jaxformer.data.text import corpus_path
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([corpus_path("builtin:alice").read_text(encoding="utf-8")],
+                            trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>", "<s>", "</s>"],
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.save(str(folder / "tokenizer.json"))
+    return tok.get_vocab_size()
+
+
+@pytest.mark.slow          # the recipe: import, fine-tune, evaluate, generate, export (~40 s)
+def test_the_recipe_imports_fine_tunes_evaluates_generates_and_exports(tmp_path, capsys):
+    """The README's worked example end to end through the CLI, on a Llama built and saved here."""
+    from jaxformer.cli import main as cli_main
+    from jaxformer.inference import generate_text, load_model
+    src = tmp_path / "llama"
+    src.mkdir()
+    vocab = _tokenizer_for(src)
+    m = hf_model("llama", vocab_size=vocab, bos_token_id=1, eos_token_id=2, max_position_embeddings=128)
+    m.save_pretrained(src)
+    run = tmp_path / "run"
+    assert cli_main(["import-hf", str(src), "--workdir", str(run), "--set", "optim.lr=3e-3",
+                     "--set", "train.steps=8", "--set", "train.eval_every=8", "--set", "data.block_size=32"]) == 0
+    before = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert before["step"] == 0 and before["split"] == "eval" and before["bits_per_byte"] > 0
+    loaded = load_model(run, "latest")
+    ids = np.random.default_rng(6).integers(0, vocab, (2, 10))
+    assert rel(loaded.model(jnp.asarray(ids)), hf_logits(m, ids)) < TOL          # the imported weights, unchanged
+    assert loaded.tokenizer.bos_id == 1 and loaded.tokenizer.eod_id == 2 and loaded.tokenizer.pad_id == -1
+    out = generate_text(loaded, ["Alice was", "The"], max_new=5)
+    assert all(isinstance(o, str) for o in out)
+
+    assert cli_main(["train", str(run / "config.json"), "--workdir", str(run), "--set", "train.steps=8",
+                     "--no-progress"]) == 0                                        # fine-tunes in place
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    after = [r for r in recs if r["split"] == "eval" and r["step"] == 8][0]
+    assert after["bits_per_byte"] < before["bits_per_byte"]
+    assert cli_main(["generate", "--workdir", str(run), "--prompt", "Alice", "--max-new", "4"]) == 0
+
+    assert cli_main(["export-hf", "--workdir", str(run), "--out", str(tmp_path / "out")]) == 0
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+    tuned = load_model(run, "latest").model
+    assert rel(hf_logits(back, ids), tuned(jnp.asarray(ids))) < TOL
+    assert (tmp_path / "out" / "tokenizer.json").is_file()
+    assert rel(tuned(jnp.asarray(ids)), hf_logits(m, ids)) > 1e-3                 # and it did change
+    capsys.readouterr()
+
+    fresh = tmp_path / "fresh"                                                    # another run starts from it
+    assert cli_main(["train", str(run / "config.json"), "--workdir", str(fresh), "--set",
+                     f"train.init_from={tmp_path / 'out'}", "--set", "optim.lr=1e-4", "--set", "train.steps=1",
+                     "--no-progress"]) == 0
+    assert cli_main(["import-hf", str(src), "--workdir", str(run)]) == 2          # never over a run
+    assert "already holds a run" in capsys.readouterr().out

@@ -34,7 +34,9 @@ class LanguageModel:
         return batch["inputs"]
 
     def prompt_row(self, tokenizer, ids: np.ndarray) -> np.ndarray:
-        return np.asarray(ids, np.int32)
+        """A prompt's ids, after the tokenizer's BOS when it has one (a pretrained model's)."""
+        bos = getattr(tokenizer, "bos_id", None)
+        return np.asarray(([bos] if bos is not None else []) + list(ids), np.int32)
 
     def prompt_batch(self, rows: list[np.ndarray], pad_id: int) -> np.ndarray:
         return pad_rows(rows, pad_id, left=True)

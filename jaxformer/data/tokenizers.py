@@ -88,11 +88,13 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A HF `tokenizers.Tokenizer` whose <pad> is id 0, with an end-of-document token (`eod_id`)."""
+    """A HF `tokenizers.Tokenizer` with an end-of-document token (`eod_id`; a pretrained model's EOS). pad_id:
+    <pad> = 0 for the tokenizers trained here, -1 (no token is padding) for a pretrained model's; bos_id: the
+    token a pretrained model's prompts start with (None: none)."""
     kind = "hf"
 
-    def __init__(self, tok, eod_id: int):
-        self.tok, self.pad_id, self.eod_id = tok, PAD, eod_id
+    def __init__(self, tok, eod_id: int, pad_id: int = PAD, bos_id: int | None = None):
+        self.tok, self.pad_id, self.eod_id, self.bos_id = tok, pad_id, eod_id, bos_id
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> np.ndarray:
@@ -102,7 +104,7 @@ class HFTokenizer:
         return [np.asarray(e.ids, np.int32) for e in self.tok.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids) -> str:
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+        return self.tok.decode([int(i) for i in ids if 0 <= int(i) < self.vocab_size], skip_special_tokens=True)
 
     def token_bytes(self) -> np.ndarray:
         """[V] int32: the bytes of text each id stands for (0 for special tokens). Byte-level tokenizers spell
@@ -119,7 +121,9 @@ class HFTokenizer:
         return out
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "eod_id": self.eod_id, "tokenizer": json.loads(self.tok.to_str())}
+        ids = {"pad_id": self.pad_id} if self.pad_id != PAD else {}
+        ids.update({"bos_id": self.bos_id} if self.bos_id is not None else {})
+        return {"kind": self.kind, "eod_id": self.eod_id, **ids, "tokenizer": json.loads(self.tok.to_str())}
 
 
 def _sentencepiece():
@@ -177,9 +181,10 @@ def tokenizer_from_json(d: dict):
     if isinstance(d, dict) and d.get("kind") == "hf" and isinstance(d.get("eod_id"), int):
         from tokenizers import Tokenizer
         try:
-            return HFTokenizer(Tokenizer.from_str(json.dumps(d["tokenizer"])), d["eod_id"])
+            tok = Tokenizer.from_str(json.dumps(d["tokenizer"]))
         except Exception as e:                    # tokenizers raises a bare Exception for a bad description
             raise DataError(f"the saved HF tokenizer does not parse: {str(e)[:200]}") from None
+        return HFTokenizer(tok, d["eod_id"], int(d.get("pad_id", PAD)), d.get("bos_id"))
     if isinstance(d, dict) and d.get("kind") == "sentencepiece" and isinstance(d.get("model"), str):
         return SentencePieceTokenizer(base64.b64decode(d["model"]))
     raise DataError(f"unknown tokenizer description {str(d)[:200]!r}")

@@ -3,12 +3,13 @@ directory's config.json, tokenizer.json and best (or latest) checkpoint, optiona
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from pathlib import Path
 
 from flax import nnx
 
-from jaxformer.config import Config, resolve_vocab
+from jaxformer.config import Config, ModelConfig, resolve_vocab
 from jaxformer.errors import CheckpointError, ConfigError
 from jaxformer.nn import build_model
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
@@ -80,3 +81,30 @@ def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = Non
         ckpt.close()
     raise CheckpointError("; ".join(errors) if errors else f"{run.path} has no checkpoint yet (train saves one "
                           f"every train.checkpoint_every={cfg.train.checkpoint_every} steps and at the end)")
+
+
+# model fields that change neither the parameters nor the function they compute (how it runs, not what it is)
+FREE = ("dropout", "dtype", "remat", "attention_backend", "attention_block", "kv_cache_dtype",
+        "moe_capacity_factor", "moe_dropless")
+
+
+def pretrained_state(source: str | Path, model: ModelConfig, plan: Plan | None = None) -> nnx.State:
+    """The model state to start a run from (train.init_from): a Hugging Face checkpoint folder (config.json with
+    a model_type) or a jaxformer run directory (its best checkpoint), in the plan's shardings. ConfigError unless
+    its model is `model` up to the fields in FREE (naming those that differ)."""
+    src = Path(source)
+    if not src.is_dir():
+        raise ConfigError(f"train.init_from={str(source)!r} is not a directory (a Hugging Face checkpoint folder "
+                          f"or a jaxformer run directory)")
+    hf = (src / "config.json").is_file() and "model_type" in json.loads((src / "config.json").read_text("utf-8"))
+    if hf:
+        from jaxformer.hf import from_pretrained
+        loaded = from_pretrained(src, dtype=model.dtype, plan=plan)
+    else:
+        loaded = load_model(src, "best", plan).model
+    theirs = dataclasses.replace(loaded.cfg, **{f: getattr(model, f) for f in FREE})
+    if theirs != model:
+        diffs = [f"model.{f.name}: {getattr(theirs, f.name)!r} there, {getattr(model, f.name)!r} here"
+                 for f in dataclasses.fields(model) if getattr(theirs, f.name) != getattr(model, f.name)]
+        raise ConfigError(f"train.init_from={str(source)!r} holds another model: " + "; ".join(diffs))
+    return nnx.state(loaded)

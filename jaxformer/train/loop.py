@@ -147,6 +147,9 @@ def prepare(cfg: Config, run: RunDir, plan: Plan) -> Prepared:
                 run.truncate_metrics(start)
         else:
             graphs, state = init_state(cfg, plan)
+            if cfg.train.init_from:                         # fine-tuning: the optimizer fresh, the weights loaded
+                from jaxformer.inference.restore import pretrained_state
+                state["model"] = pretrained_state(cfg.train.init_from, cfg.model, plan)
             start, data_state = 0, None
             if primary:
                 run.set_aside_history("no checkpoint to resume from")
