@@ -222,7 +222,7 @@ def cmd_data(args) -> int:
 
 
 def cmd_import_hf(args) -> int:
-    from jaxformer.hf.run import import_run
+    from jaxformer.train.pretrained import import_run
     m = import_run(args.source, args.workdir, data=args.data, overrides=args.set or [],
                    progress=sys.stderr.isatty())
     console.print(f"imported {args.source} into {args.workdir} (step 0): held-out loss {m['loss']:.4f}, bits per "
@@ -232,7 +232,7 @@ def cmd_import_hf(args) -> int:
 
 
 def cmd_export_hf(args) -> int:
-    from jaxformer.hf.run import export_run
+    from jaxformer.inference.export import export_run
     written = export_run(args.workdir, args.out, which=args.which, dtype=args.dtype, family=args.family)
     console.print(f"exported {args.workdir} ({args.which} checkpoint) to {args.out}: {written['model_type']}, "
                   f"{args.dtype}", markup=False)

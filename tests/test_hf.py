@@ -316,6 +316,9 @@ def test_the_recipe_imports_fine_tunes_evaluates_generates_and_exports(tmp_path,
     after = [r for r in recs if r["split"] == "eval" and r["step"] == 8][0]
     assert after["bits_per_byte"] < before["bits_per_byte"]
     assert cli_main(["generate", "--workdir", str(run), "--prompt", "Alice", "--max-new", "4"]) == 0
+    assert cli_main(["viz", "--workdir", str(run), "--prompt", "Alice was", "--out", str(tmp_path / "viz")]) == 0
+    assert sorted(p.name for p in (tmp_path / "viz").iterdir()) == ["prompt0-self-layer0.png",
+                                                                    "prompt0-self-layer1.png"]
 
     assert cli_main(["export-hf", "--workdir", str(run), "--out", str(tmp_path / "out")]) == 0
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()

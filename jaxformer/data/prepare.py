@@ -39,7 +39,7 @@ from typing import Iterator
 import numpy as np
 
 from jaxformer.data.tokenizers import (ByteTokenizer, CharTokenizer, HFTokenizer, SentencePieceTokenizer,
-                                      save_tokenizer)
+                                      pretrained_tokenizer, save_tokenizer)
 from jaxformer.errors import DataError
 
 FORMAT = "jaxformer-tokens/1"
@@ -140,13 +140,12 @@ def sha256_file(path: Path) -> str:
 
 
 def load_tokenizer_file(path: Path):
-    """A Hugging Face checkpoint folder (`jaxformer.hf.run.hf_tokenizer`: no padding id, its EOS ends each
+    """A Hugging Face checkpoint folder (`tokenizers.pretrained_tokenizer`: no padding id, its EOS ends each
     document), a SentencePiece model (PATH ending in .model), or a HF tokenizer.json; its <pad> must be id 0 (added as a special token when absent is not possible, so
     a file without "<pad>" at id 0 is refused) and its end-of-document token is "<eod>", "<|endoftext|>" or
     "</s>", whichever it has."""
     if path.is_dir():                   # a pretrained model's folder: its tokenizer.json and token ids
-        from jaxformer.hf.run import hf_tokenizer
-        return hf_tokenizer(path)
+        return pretrained_tokenizer(path)
     if not path.is_file():
         raise DataError(f"--tokenizer {str(path)!r}: expected char, byte, bpe, unigram, or the path of a "
                         f"tokenizer.json, a SentencePiece .model or a Hugging Face checkpoint folder (no such file)")

@@ -171,6 +171,35 @@ class SentencePieceTokenizer:
         return {"kind": self.kind, "model": base64.b64encode(self.proto).decode("ascii")}
 
 
+def pretrained_tokenizer(path: str | Path) -> HFTokenizer:
+    """A pretrained model's folder (Hugging Face: config.json, tokenizer.json) -> its tokenizer as a run's: no
+    token is padding (pad_id -1), the end of a document is the model's EOS (config.json's eos_token_id), and
+    prompts start with its BOS when the tokenizer's own post-processor adds one (Llama's does, GPT-2's not)."""
+    from tokenizers import Tokenizer
+    path = Path(path)
+    try:
+        d = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{path}/config.json is unreadable: {type(e).__name__}: {e}") from None
+    file = path / "tokenizer.json"
+    if not file.is_file():
+        raise DataError(f"{str(path)!r} has no tokenizer.json (a tokenizer in another format is not supported)")
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as e:                  # tokenizers raises a bare Exception with serde's message
+        raise DataError(f"{file} does not parse: {str(e)[:300]}") from None
+    first = lambda v: v[0] if isinstance(v, list) and v else v          # noqa: E731
+    eos, bos = first(d.get("eos_token_id")), first(d.get("bos_token_id"))
+    if eos is None:
+        vocab = tok.get_vocab(with_added_tokens=True)
+        eos = next((vocab[t] for t in ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>") if t in vocab), None)
+    if eos is None:
+        raise DataError(f"{path}: no end-of-sequence token (config.json's eos_token_id, or </s>, <|endoftext|>)")
+    probe = tok.encode("a", add_special_tokens=True).ids
+    adds_bos = bos is not None and probe[:1] == [bos] and tok.encode("a", add_special_tokens=False).ids[:1] != [bos]
+    return HFTokenizer(tok, int(eos), pad_id=-1, bos_id=int(bos) if adds_bos else None)
+
+
 def tokenizer_from_json(d: dict):
     if isinstance(d, dict) and d.get("kind") == "digits":
         return DigitTokenizer()

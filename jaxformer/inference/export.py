@@ -1,0 +1,25 @@
+"""`jaxformer export-hf --workdir RUN --out DIR`: a run's model as a Hugging Face checkpoint folder."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from jaxformer.data.tokenizers import HFTokenizer
+
+
+def export_run(workdir: str | Path, out: str | Path, *, which: str = "best", dtype: str = "float32",
+               family: str | None = None) -> dict:
+    """A run's model (its best or latest checkpoint) as a Hugging Face checkpoint folder, with tokenizer.json
+    when the run's tokenizer is a HF one. -> the config.json written."""
+    from jaxformer.hf.checkpoint import save_pretrained
+    from jaxformer.inference.restore import load_model
+    loaded = load_model(workdir, which)
+    tok = loaded.tokenizer
+    ids = {"eos_token_id": tok.eod_id} if getattr(tok, "eod_id", None) is not None else {}
+    if getattr(tok, "bos_id", None) is not None:
+        ids["bos_token_id"] = tok.bos_id
+    if getattr(tok, "pad_id", -1) >= 0:
+        ids["pad_token_id"] = tok.pad_id
+    written = save_pretrained(loaded.model, out, family=family, dtype=dtype, token_ids=ids)
+    if isinstance(tok, HFTokenizer):
+        tok.tok.save(str(Path(out) / "tokenizer.json"))
+    return written
