@@ -124,6 +124,9 @@ MUTANTS = (
     Mutant("sliding-window-dropped", "Mistral's sliding_window read but not set", "jaxformer/hf/families.py",
            '            kw["attention_windows"] = (int(r("sliding_window")),)', "            pass",
            ("tests/test_hf.py", "-k", "mistral and imported")),
+    Mutant("init-from-ignored", "train.init_from read but the run starts from a random init", "jaxformer/train/loop.py",
+           "            if cfg.train.init_from:                         # fine-tuning", "            if False:  #",
+           ("tests/test_train.py", "-k", "init_from")),
 )
 
 

@@ -246,3 +246,29 @@ def test_logged_grad_norm_is_the_unclipped_norm_and_clipping_scales_the_update()
     assert norm > 0.01 and abs(float(m["grad_norm"]) - norm) <= 1e-5 * norm
     for p0, p1, gi in zip(jax.tree.leaves(before), jax.tree.leaves(params(new["model"])), jax.tree.leaves(g)):
         np.testing.assert_allclose(np.asarray(p1), np.asarray(p0 - 0.01 * gi / norm), rtol=1e-5, atol=1e-7)
+
+
+def test_init_from_starts_a_fresh_run_from_another_runs_weights(tmp_path):
+    """train.init_from: the new run's step-0 weights are the source's best weights (not a random init), its
+    optimizer state is fresh, and a source with another model is refused naming the fields."""
+    from jaxformer.inference import load_model
+    steps = ["train.steps=2", "train.eval_every=2", "train.checkpoint_every=2", "train.best_metric=loss",
+             "train.best_mode=min", "model.dropout=0.0"]
+    train(tiny_lm(*steps), tmp_path / "a", progress="none")
+    source = nnx.state(load_model(tmp_path / "a", "best").model, nnx.Param)
+    seen = {}
+    cfg = tiny_lm(*steps, f"train.init_from={tmp_path / 'a'}", "optim.lr=1e-4", "train.seed=7",
+                  "model.remat=full")                         # a field that changes no weight may differ
+    host = lambda tree: [np.asarray(x) for x in jax.tree.leaves(tree)]          # noqa: E731 (the step donates)
+    train(cfg, tmp_path / "b", progress="none", stop_after=1,
+          on_start=lambda p: seen.update(model=host(nnx.state(nnx.merge(p.graphs.model, p.state["model"]),
+                                                              nnx.Param)), opt=host(p.state["opt"])))
+    for a, b in zip(host(source), seen["model"]):
+        np.testing.assert_array_equal(a, b)
+    moments = [x for x in seen["opt"] if x.ndim > 0]
+    assert moments and all((m == 0).all() for m in moments)                    # Adam's moments start at zero
+    with pytest.raises(ConfigError, match="holds another model: model.d_ff: 32 there, 48 here"):
+        train(tiny_lm(*steps, f"train.init_from={tmp_path / 'a'}", "model.d_ff=48"), tmp_path / "c",
+              progress="none")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        train(tiny_lm(*steps, f"train.init_from={tmp_path / 'nowhere'}"), tmp_path / "d", progress="none")

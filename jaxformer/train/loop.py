@@ -40,7 +40,7 @@ from jaxformer.errors import IncompatibleCheckpoint, NonFiniteLoss
 from jaxformer.parallel import Plan, check_fits
 from jaxformer.runs import RunDir
 from jaxformer.inference.evaluate import evaluate, examples, make_eval_step
-from jaxformer.train.step import Graphs, abstract_state, init_state, make_train_step, schedule
+from jaxformer.train.step import Graphs, abstract_state, init_state, make_train_step, schedule, state_around
 
 
 @dataclasses.dataclass
@@ -146,10 +146,11 @@ def prepare(cfg: Config, run: RunDir, plan: Plan) -> Prepared:
             if primary:
                 run.truncate_metrics(start)
         else:
-            graphs, state = init_state(cfg, plan)
-            if cfg.train.init_from:                         # fine-tuning: the optimizer fresh, the weights loaded
+            if cfg.train.init_from:                         # fine-tuning: the weights loaded, the optimizer fresh
                 from jaxformer.inference.restore import pretrained_state
-                state["model"] = pretrained_state(cfg.train.init_from, cfg.model, plan)
+                graphs, state = state_around(cfg, pretrained_state(cfg.train.init_from, cfg.model, plan), plan)
+            else:
+                graphs, state = init_state(cfg, plan)
             start, data_state = 0, None
             if primary:
                 run.set_aside_history("no checkpoint to resume from")

@@ -92,6 +92,19 @@ def init_state(cfg: Config, plan: Plan | None = None) -> tuple[Graphs, dict]:
     return graphs, init(jax.random.key(cfg.train.seed))
 
 
+def state_around(cfg: Config, model_state: nnx.State, plan: Plan | None = None) -> tuple[Graphs, dict]:
+    """A fresh training state around given model weights (fine-tuning: train.init_from): the optimizer state
+    initialised from them in one jitted init, in the plan's shardings; no random model is ever built."""
+    graphs, abstract = abstract_state(cfg, plan)
+
+    def init(ms):
+        model = nnx.merge(graphs.model, ms)
+        return nnx.split(nnx.Optimizer(model, optimizer(cfg.optim, cfg.train.steps, matrix_mask(model)),
+                                       wrt=nnx.Param))[1]
+    out = shardings_of(abstract)["opt"] if plan is not None else None
+    return graphs, {"model": model_state, "opt": jax.jit(init, out_shardings=out)(model_state)}
+
+
 def forward(model, batch: dict, rngs: nnx.Rngs | None = None):
     """-> (logits [B,T,V], targets [B,T], aux) for the model's architecture (`jaxformer.arch`); aux: the model's
     auxiliary outputs ({"moe": statistics} for a Mixture-of-Experts model, else {})."""
