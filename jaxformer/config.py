@@ -119,6 +119,8 @@ class ModelConfig(_Validated):
                                            # q, k, v, o (attention), ffn (every FFN matrix); Qwen2: (q, k, v)
     tie_embeddings: bool = True            # output head shares the token embedding
     scale_embeddings: bool = True          # multiply embeddings by sqrt(D) as in the paper
+    logit_softcap: float = 0.0             # final logits -> cap · tanh(logits / cap) (Gemma 2: 30); 0 = off
+    attention_softcap: float = 0.0         # attention logits (scaled q·k) -> cap · tanh(. / cap) (Gemma 2: 50)
     pad_id: int = 0                        # the token id that is padding; -1 = none is (padding is then only
                                            # explicit: segment ids, or the -1 fill of ragged batches)
     # Precision policy. float32: everything. bfloat16/float16 (mixed precision): parameters and optimizer state
@@ -192,12 +194,15 @@ class ModelConfig(_Validated):
             raise ConfigError(f"model.ablation_mask_value={self.ablation_mask_value!r} exists only with "
                               f"model.attention_backend='reference' (got {self.attention_backend!r})")
         why = fused.problem(self.attention_backend, dtype=self.dtype, where="any", bias=self.positional == "alibi",
-                            cross=self.arch == "encoder_decoder", window=any(self.attention_windows))
+                            cross=self.arch == "encoder_decoder", window=any(self.attention_windows),
+                            softcap=bool(self.attention_softcap))
         if why:
             raise ConfigError(f"model.attention_backend={self.attention_backend!r}: {why}")
         choice("model.ablation_mask_value", self.ablation_mask_value, ("min", "zero"))
         choice("model.ablation_causal", self.ablation_causal, ("tril", "triu"))
         positive("model.norm_eps", self.norm_eps)
+        positive("model.logit_softcap", self.logit_softcap, allow_zero=True)
+        positive("model.attention_softcap", self.attention_softcap, allow_zero=True)
         positive("model.rope_base", self.rope_base)
         if self.positional == "rope" and self.head_size % 2:
             raise ConfigError(f"model.positional='rope' needs an even head dim; got H={self.head_size}")
@@ -357,6 +362,8 @@ class OptimConfig(_Validated):
     b2: float = 0.98
     clip_norm: float = 1.0                 # global-norm clipping, 0 = off
     label_smoothing: float = 0.0
+    z_loss: float = 0.0                    # PaLM's output z-loss: + z_loss · log(Z)² per token (1e-4 in PaLM);
+                                           # mean log(Z)² is logged as log_z2 whenever it is set
     weight_decay_mask: str = "matrices"    # matrices: projection/FFN/output-head weights only | all parameters
 
     def validate(self) -> None:
@@ -371,6 +378,7 @@ class OptimConfig(_Validated):
                 raise ConfigError(f"optim.{f}={v!r} must be in [0, 1)")
         for f in ("warmup_steps", "weight_decay", "clip_norm"):
             positive(f"optim.{f}", getattr(self, f), allow_zero=True)
+        positive("optim.z_loss", self.z_loss, allow_zero=True)
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"optim.label_smoothing={self.label_smoothing!r} must be in [0, 1)")
 

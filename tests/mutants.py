@@ -127,6 +127,11 @@ MUTANTS = (
     Mutant("init-from-ignored", "train.init_from read but the run starts from a random init", "jaxformer/train/loop.py",
            "            if cfg.train.init_from:                         # fine-tuning", "            if False:  #",
            ("tests/test_train.py", "-k", "init_from")),
+    Mutant("softcap-backward-uncapped", "the chunked backward ignores the soft-cap's slope", "jaxformer/ops/flash.py",
+           "dr = ds if dcap is None else ds * dcap", "dr = ds", ("tests/test_stability.py", "-k", "chunked")),
+    Mutant("z-loss-on-the-nll", "z-loss squared into the reported nll instead of added to the objective",
+           "jaxformer/ops/losses.py", "        objective = objective + z_loss * jnp.square(log_z)\n",
+           "        nll = nll + z_loss * jnp.square(log_z)\n", ("tests/test_stability.py", "-k", "z_loss")),
 )
 
 

@@ -12,9 +12,9 @@ Three streaming passes over the inputs, never the whole corpus in memory (docume
 64 KiB, cut after a newline): (1) count documents and bytes, and choose the held-out split, the last documents
 holding `--eval-fraction` of the bytes (a corpus of one document is cut in two at the newline nearest the cut); (2) train
 the tokenizer (HF `tokenizers`: byte-level BPE, or unigram over the same 256-byte alphabet, so that any text
-encodes; `char` collects the corpus's characters; `byte` needs no training; PATH loads a `tokenizer.json` or a
-SentencePiece `.model`, or a Hugging Face checkpoint folder's tokenizer) on the training split only; (3) encode and append to shards of at most `--shard-tokens` tokens, uint16 when the
-vocabulary fits, else uint32. A loaded tokenizer that marks the start of its input (SentencePiece's dummy prefix,
+encodes; `char` collects the corpus's characters; `byte` needs no training; PATH loads a `tokenizer.json`, a
+SentencePiece `.model`, or a Hugging Face checkpoint folder's tokenizer) on the training split only; (3) encode
+and append to shards of at most `--shard-tokens` tokens, uint16 when the vocabulary fits, else uint32. A loaded tokenizer that marks the start of its input (SentencePiece's dummy prefix,
 a normaliser that trims) would mark every piece: it encodes whole documents instead.
 The output is written to DIR.partial and renamed to DIR when complete: an interrupted run leaves no DIR (the next
 run starts afresh), and a finished DIR is never overwritten.
@@ -141,9 +141,9 @@ def sha256_file(path: Path) -> str:
 
 def load_tokenizer_file(path: Path):
     """A Hugging Face checkpoint folder (`tokenizers.pretrained_tokenizer`: no padding id, its EOS ends each
-    document), a SentencePiece model (PATH ending in .model), or a HF tokenizer.json; its <pad> must be id 0 (added as a special token when absent is not possible, so
-    a file without "<pad>" at id 0 is refused) and its end-of-document token is "<eod>", "<|endoftext|>" or
-    "</s>", whichever it has."""
+    document), a SentencePiece model (PATH ending in .model), or a HF tokenizer.json; a tokenizer.json's <pad>
+    must be id 0 (a file without "<pad>" at id 0 is refused) and its end-of-document token is "<eod>",
+    "<|endoftext|>" or "</s>", whichever it has."""
     if path.is_dir():                   # a pretrained model's folder: its tokenizer.json and token ids
         return pretrained_tokenizer(path)
     if not path.is_file():

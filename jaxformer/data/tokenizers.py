@@ -1,6 +1,8 @@
 """Tokenizers: digits (reversal/copy tasks), characters (char-level LM), bytes, subword tokenizers of HF
 `tokenizers` (byte-level BPE or unigram trained locally by `jaxformer data prepare`, or a `tokenizer.json`), and
-SentencePiece models (a `.model` file; needs the `sentencepiece` package). Id 0 is always padding. Tokenizers of prepared token shards also have an end-of-document id (`eod_id`)."""
+SentencePiece models (a `.model` file; needs the `sentencepiece` package). Id 0 is padding, except for a
+pretrained model's tokenizer (`pretrained_tokenizer`: no token is, pad_id = -1). Tokenizers of prepared token
+shards also have an end-of-document id (`eod_id`)."""
 from __future__ import annotations
 
 import base64

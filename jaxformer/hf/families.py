@@ -182,7 +182,8 @@ def family_for(cfg: ModelConfig) -> str:
     problems = []
     for field, ok in (("arch", cfg.arch == "decoder_only"), ("norm_position", cfg.norm_position == "pre"),
                       ("final_norm", cfg.use_final_norm), ("ffn", cfg.ffn == "dense"),
-                      ("attention_scale", cfg.attention_scale == "rsqrt"), ("ablations", not cfg.ablations)):
+                      ("attention_scale", cfg.attention_scale == "rsqrt"), ("ablations", not cfg.ablations),
+                      ("logit_softcap", not cfg.logit_softcap), ("attention_softcap", not cfg.attention_softcap)):
         if not ok:
             problems.append(f"model.{field}={getattr(cfg, field, cfg.ablations)!r}")
     if problems:

@@ -105,5 +105,6 @@ class MultiHeadAttention(nnx.Module):
         res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=weights,
                                         scale=1.0 if cfg.attention_scale == "none" else None,
                                         mask_value=0.0 if cfg.ablation_mask_value == "zero" else None,
-                                        backend=cfg.attention_backend, block_size=cfg.attention_block)
+                                        backend=cfg.attention_backend, block_size=cfg.attention_block,
+                                        softcap=cfg.attention_softcap)
         return res.out, res.weights

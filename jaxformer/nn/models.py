@@ -132,11 +132,15 @@ class Embedder(nnx.Module):
         return dropout(self.drop, x, rngs).astype(DTYPES[self.cfg.dtype])
 
     def logits(self, x: jax.Array) -> jax.Array:
-        """x [B,T,D] -> logits [B,T,V] in float32."""
+        """x [B,T,D] -> logits [B,T,V] in float32 (soft-capped: cap · tanh(logits / cap), with
+        model.logit_softcap)."""
         if self.cfg.tie_embeddings:
             out = jnp.einsum("BTD,VD->BTV", x, self.tokens[...].astype(x.dtype), preferred_element_type=jnp.float32)
         else:
             out = jnp.einsum("BTD,DV->BTV", x, self.head[...].astype(x.dtype), preferred_element_type=jnp.float32)
+        cap = self.cfg.logit_softcap
+        if cap:
+            out = cap * jnp.tanh(out / cap)
         return constrain(out, LOGITS)
 
 

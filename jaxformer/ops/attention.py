@@ -85,8 +85,9 @@ def _check_mask(mask) -> None:
 
 def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: float | None = None,
                           return_weights: bool = False, return_lse: bool = False, backend: str = "reference",
-                          mask_value: float | None = None, block_size: int = 512) -> Attention:
-    """softmax(q·kᵀ·scale + bias, masked) · v.
+                          mask_value: float | None = None, block_size: int = 512,
+                          softcap: float = 0.0) -> Attention:
+    """softmax(cap(q·kᵀ·scale) + bias, masked) · v, cap(x) = softcap · tanh(x / softcap) when softcap > 0.
 
     Args:
       q: [B,T,N,H] queries.
@@ -109,6 +110,7 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
         float32's most negative finite value and masked weights are exactly 0. A float: masked logits take that
         value and keep their softmax weight (seed 004's masked_fill(..., 0) leaks this way).
       block_size: "chunked" tile edge (queries and keys).
+      softcap: attention-logit soft-capping (Gemma 2 uses 50): 0 = off; "reference" and "chunked" only.
 
     Returns:
       `Attention(out [B,T,N,H] in q's dtype, weights [B,N,T,S] or None, lse [B,N,T] or None)`.
@@ -121,9 +123,11 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
     _check_shapes(q, ks, vs)
     _check_mask(mask)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if softcap and backend not in ("reference", "chunked"):
+        raise BackendError(f"attention soft-capping runs on the 'reference' and 'chunked' backends, not {backend!r}")
     if backend == "reference":
         out, weights, lse = _reference(q, ks, vs, dense_mask(mask), _dense_bias(bias), scale, mask_value,
-                                       return_weights or return_lse)
+                                       return_weights or return_lse, softcap)
     else:
         if mask_value is not None:
             raise BackendError(f"mask_value (an ablation) exists only in the 'reference' backend, not {backend!r}")
@@ -131,19 +135,20 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
         vc = vs[0] if len(vs) == 1 else jnp.concatenate(vs, axis=1)
         if backend == "chunked":
             out, lse = flash.chunked_attention(q, kc, vc, mask, bias, scale=scale, block_q=block_size,
-                                               block_k=block_size)
+                                               block_k=block_size, softcap=softcap)
         elif backend == "cudnn":
             out, lse = fused.cudnn_attention(q, kc, vc, mask, bias, scale=scale,
                                              want_lse=return_weights or return_lse)
         else:
             out, lse = fused.pallas_attention(q, kc, vc, mask, bias, scale=scale,
                                               want_lse=return_weights or return_lse)
-        weights = attention_weights(q, kc, lse, mask=mask, bias=bias, scale=scale) if return_weights else None
+        weights = (attention_weights(q, kc, lse, mask=mask, bias=bias, scale=scale, softcap=softcap)
+                   if return_weights else None)
     return Attention(out, weights if return_weights else None, lse if return_lse else None)
 
 
 def attention_weights(q: jax.Array, k, lse: jax.Array, *, mask=None, bias=None, scale: float | None = None,
-                      rows: jax.Array | None = None) -> jax.Array:
+                      rows: jax.Array | None = None, softcap: float = 0.0) -> jax.Array:
     """Attention weights recomputed from q, k and a saved log-sum-exp: exp(q·kᵀ·scale + bias − lse), 0 where
     masked. What a fused backend's heatmap needs without its [T,S] matrix ever having been stored.
 
@@ -158,6 +163,8 @@ def attention_weights(q: jax.Array, k, lse: jax.Array, *, mask=None, bias=None, 
     scale = h ** -0.5 if scale is None else scale
     logits = jnp.einsum("BTKGH,BSKH->BKGTS", q.reshape(b, t, kh, n // kh, h), kc,
                         preferred_element_type=jnp.float32).reshape(b, n, t, s) * scale
+    if softcap:
+        logits = softcap * jnp.tanh(logits / softcap)
     bias, mask = _dense_bias(bias), dense_mask(mask)
     if bias is not None:
         logits = logits + jnp.broadcast_to(bias, (b, n, t, s)).astype(jnp.float32)
@@ -168,7 +175,7 @@ def attention_weights(q: jax.Array, k, lse: jax.Array, *, mask=None, bias=None, 
     return jnp.where(keep, jnp.exp(logits - lse), 0.0)
 
 
-def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse):
+def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse, softcap=0.0):
     """The materialising backend: -> (out, weights [B,N,T,S], lse [B,N,T] or None)."""
     n, kh = q.shape[2], ks[0].shape[2]
     b, t, _, h = q.shape
@@ -179,6 +186,8 @@ def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse):
     single = t == 1 and n <= _SINGLE_QUERY_MAX_HEADS
     logits = jnp.concatenate([_scores(qg, x, single) for x in ks], axis=-1)
     logits = logits.astype(jnp.float32) * scale
+    if softcap:
+        logits = softcap * jnp.tanh(logits / softcap)
     if bias is not None:
         logits = logits + jnp.broadcast_to(bias, (b, n, t, s)).astype(jnp.float32).reshape(b, kh, g, t, s)
     if mask is not None:

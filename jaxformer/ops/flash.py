@@ -60,28 +60,35 @@ def _kg(x, kh: int, g: int):
 class _Spec:
     """Static facts of one call: sizes, block sizes and padding."""
 
-    def __init__(self, q, k, scale, block_q, block_k):
+    def __init__(self, q, k, scale, block_q, block_k, softcap=0.0):
         self.b, self.t, self.n, self.h = q.shape
         self.s, self.kh = k.shape[1], k.shape[2]
         self.g = self.n // self.kh
-        self.scale = scale
+        self.scale, self.softcap = scale, softcap
         self.bq, self.bk = min(block_q, self.t), min(block_k, self.s)
         self.tp = -(-self.t // self.bq) * self.bq
         self.sp = -(-self.s // self.bk) * self.bk
         self.nq, self.nk = self.tp // self.bq, self.sp // self.bk
 
 
-def _tile_logits(sp: _Spec, qb, k, mask, bias, q0, j):
-    """Logits of one tile, masked: qb [B,bq,K,G,H], key block j -> (s [B,K,G,bq,bk] f32, ok bool, kb, k0)."""
+def _tile_logits(sp: _Spec, qb, k, mask, bias, q0, j, *, slope: bool = False):
+    """Logits of one tile, masked: qb [B,bq,K,G,H], key block j -> (s [B,K,G,bq,bk] f32, ok bool, k0), and
+    with slope=True also d(capped)/d(raw) of the soft-cap (1 - tanh², or None without a cap)."""
     k0 = j * sp.bk
     kb = jax.lax.dynamic_slice_in_dim(k, k0, sp.bk, axis=1)
     s = jnp.einsum("BTKGH,BSKH->BKGTS", qb, kb, preferred_element_type=jnp.float32) * sp.scale
+    dcap = None
+    if sp.softcap:
+        th = jnp.tanh(s / sp.softcap)
+        s, dcap = sp.softcap * th, 1.0 - th * th
     if bias is not None:
         s = s + _kg(_tile(bias, q0, sp.bq, k0, sp.bk).astype(jnp.float32), sp.kh, sp.g)
     ok = (k0 + jnp.arange(sp.bk) < sp.s)[None, None, None, None, :]          # padded keys are never valid
     if mask is not None:
         ok = ok & _kg(_tile(mask, q0, sp.bq, k0, sp.bk), sp.kh, sp.g)
     ok = jnp.broadcast_to(ok, s.shape)
+    if slope:
+        return jnp.where(ok, s, _MIN), ok, k0, dcap
     return jnp.where(ok, s, _MIN), ok, k0
 
 
@@ -140,7 +147,7 @@ def _backward(sp: _Spec, q, k, v, mask, bias, out, lse, dout, want_dbias):
         q0 = i * sp.bq
 
         def body(dq, j):
-            s, ok, k0 = _tile_logits(sp, qb, k, mask, bias, q0, j)
+            s, ok, k0, dcap = _tile_logits(sp, qb, k, mask, bias, q0, j, slope=True)
 
             def grads(dq):
                 kb = jax.lax.dynamic_slice_in_dim(k, k0, sp.bk, axis=1)
@@ -149,9 +156,10 @@ def _backward(sp: _Spec, q, k, v, mask, bias, out, lse, dout, want_dbias):
                 dv_j = jnp.einsum("BKGTS,BKGTH->BSKH", p.astype(dob.dtype), dob,
                                   preferred_element_type=jnp.float32)
                 dp = jnp.einsum("BKGTH,BSKH->BKGTS", dob, vb, preferred_element_type=jnp.float32)
-                ds = p * (dp - db[..., None])
-                dq = dq + jnp.einsum("BKGTS,BSKH->BKGTH", ds, kb, preferred_element_type=jnp.float32) * sp.scale
-                dk_j = jnp.einsum("BKGTS,BTKGH->BSKH", ds, qb, preferred_element_type=jnp.float32) * sp.scale
+                ds = p * (dp - db[..., None])                  # d(loss)/d(logit): the bias's gradient
+                dr = ds if dcap is None else ds * dcap          # through the soft-cap, to q·k·scale
+                dq = dq + jnp.einsum("BKGTS,BSKH->BKGTH", dr, kb, preferred_element_type=jnp.float32) * sp.scale
+                dk_j = jnp.einsum("BKGTS,BTKGH->BSKH", dr, qb, preferred_element_type=jnp.float32) * sp.scale
                 return dq, (dk_j, dv_j, ds if want_dbias else None)
 
             def skip(dq):                                       # a tile with no visible key adds nothing
@@ -174,8 +182,8 @@ def _backward(sp: _Spec, q, k, v, mask, bias, out, lse, dout, want_dbias):
     return dq, dk, dv, ds
 
 
-def _prepare(q, k, v, mask, bias, block_q, block_k, scale):
-    sp = _Spec(q, k, scale, block_q, block_k)
+def _prepare(q, k, v, mask, bias, block_q, block_k, scale, softcap):
+    sp = _Spec(q, k, scale, block_q, block_k, softcap)
     pad = lambda x, n, to: x if to == n else jnp.pad(x, [(0, 0), (0, to - n)] + [(0, 0)] * (x.ndim - 2))
     mask, bias = _pad(_as4(mask), sp.t, sp.s, sp.tp, sp.sp), _pad(_as4(bias), sp.t, sp.s, sp.tp, sp.sp)
     return sp, pad(q, sp.t, sp.tp), pad(k, sp.s, sp.sp), pad(v, sp.s, sp.sp), mask, bias
@@ -186,29 +194,29 @@ def _finish(sp: _Spec, out, lse, dtype):
     return out, lse.reshape(sp.b, sp.n, sp.tp)[..., :sp.t]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _attention(q, k, v, mask, bias, scale, block_q, block_k):
-    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, scale)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _attention(q, k, v, mask, bias, scale, block_q, block_k, softcap):
+    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, scale, softcap)
     return _finish(sp, *_forward(sp, q_, k_, v_, mask_, bias_), q.dtype)
 
 
-def _attention_fwd(q, k, v, mask, bias, scale, block_q, block_k):
+def _attention_fwd(q, k, v, mask, bias, scale, block_q, block_k, softcap):
     is_primal = lambda a: isinstance(a, CustomVJPPrimal)
     value = lambda t: jax.tree.map(lambda a: a.value, t, is_leaf=is_primal)
     want_dbias = bias is not None and any(a.perturbed for a in jax.tree.leaves(bias, is_leaf=is_primal))
     q, k, v, mask, bias = value((q, k, v, mask, bias))
-    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, scale)
+    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, scale, softcap)
     out, lse = _forward(sp, q_, k_, v_, mask_, bias_)
     flag = jnp.zeros((0,)) if want_dbias else None                       # static, carried as pytree structure
     return _finish(sp, out, lse, q.dtype), (q, k, v, mask, bias, out, lse, flag)
 
 
-def _attention_bwd(scale, block_q, block_k, res, cts):
+def _attention_bwd(scale, block_q, block_k, softcap, res, cts):
     q, k, v, mask, bias, out, lse, flag = res
     dout = cts[0]
     if isinstance(dout, SymbolicZero):
         return None, None, None, None, None
-    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, scale)
+    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, scale, softcap)
     do = jnp.pad(dout.astype(jnp.float32), [(0, 0), (0, sp.tp - sp.t), (0, 0), (0, 0)])
     do = jnp.transpose(do.reshape(sp.b, sp.tp, sp.kh, sp.g, sp.h), (0, 2, 3, 1, 4))   # [B,K,G,Tp,H]
     dq, dk, dv, ds = _backward(sp, q_, k_, v_, mask_, bias_, out, lse, do.astype(q.dtype), flag is not None)
@@ -226,12 +234,14 @@ _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 
 
 def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask=None, bias=None, *, scale: float,
-                      block_q: int = 512, block_k: int = 512) -> tuple[jax.Array, jax.Array]:
-    """Memory-efficient softmax(q·kᵀ·scale + bias, masked)·v with its per-row log-sum-exp.
+                      block_q: int = 512, block_k: int = 512,
+                      softcap: float = 0.0) -> tuple[jax.Array, jax.Array]:
+    """Memory-efficient softmax(q·kᵀ·scale + bias, masked)·v with its per-row log-sum-exp; with softcap > 0
+    the scaled q·kᵀ is soft-capped first (softcap · tanh(x / softcap), Gemma 2), in the backward pass too.
 
     q [B,T,N,H]; k, v [B,S,K,H] (N a multiple of K); mask boolean (True = may attend) and bias additive, each
     an array broadcastable to [B,N,T,S] or a lazy object (see the module docstring). Lengths need not divide
     the block sizes. -> (out [B,T,N,H] in q's dtype, lse [B,N,T] float32: log Σ_s exp(logit), −inf for a row
     with no visible key, whose output is 0). Differentiable in q, k, v and a dense bias.
     """
-    return _attention(q, k, v, mask, bias, float(scale), int(block_q), int(block_k))
+    return _attention(q, k, v, mask, bias, float(scale), int(block_q), int(block_k), float(softcap))

@@ -23,15 +23,19 @@ def platform() -> str:
 
 
 def problem(backend: str, *, dtype=None, where: str | None = None, bias: bool = False,
-            cross: bool = False, window: bool = False) -> str | None:
+            cross: bool = False, window: bool = False, softcap: bool = False) -> str | None:
     """Why `backend` cannot run, or None: the one capability check of the attention backends (the config checks
     it with where="any", the model again on this machine before compiling; the kernels' per-call checks of
     masks and shapes happen while tracing).
 
     dtype: the activations' dtype; where: the platform ("cpu" | "gpu" | "tpu"; default this process's, "any"
     skips the platform checks); bias: an additive bias such as ALiBi is needed; cross: cross-attention (an
-    encoder-decoder) is needed; window: sliding-window attention is needed."""
+    encoder-decoder) is needed; window: sliding-window attention is needed; softcap: attention-logit
+    soft-capping is needed."""
     plat = where or platform()
+    if softcap and backend in ("cudnn", "pallas"):
+        return (f"attention backend {backend!r} takes no attention-logit soft-capping (model.attention_softcap); "
+                f"use 'chunked' or 'reference'")
     if backend == "cudnn":
         if plat not in ("gpu", "any"):
             return f"attention backend 'cudnn' needs an NVIDIA GPU; this process runs on {plat!r}"

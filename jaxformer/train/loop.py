@@ -348,6 +348,8 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
                 if step % tc.log_every == 0 or step == tc.steps:
                     now = time.perf_counter()
                     rec = {k: m[k] for k in ("loss", "token_accuracy", "grad_norm")}
+                    if cfg.optim.z_loss:
+                        rec["log_z2"] = m["log_z2"]
                     rec.update({k: v for k, v in m.items() if k.startswith("moe_") and k != "moe_load"})
                     if "moe_load" in m:                   # per expert: moe_load/0 .. moe_load/E-1
                         rec.update({f"moe_load/{e}": v for e, v in enumerate(m["moe_load"])})

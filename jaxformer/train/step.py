@@ -134,18 +134,18 @@ def objective(s: dict, moe: dict, cfg, denominator=None, shards: int = 1):
 def _metrics(s: dict, grads, moe: dict) -> dict:
     n = jnp.maximum(s["count"], 1.0)
     return {"loss": s["nll"] / n, "objective": s["objective"] / n, "token_accuracy": s["correct"] / n,
-            "tokens": s["count"], "grad_norm": optax.global_norm(grads), **moe}
+            "tokens": s["count"], "grad_norm": optax.global_norm(grads), "log_z2": s["log_z2"] / n, **moe}
 
 
 def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
     """train_step(state, batch, rng) -> (state, metrics); state {"model", "opt"} (see `init_state`), donated.
     Under a plan: in/out shardings from it (mode "jit"), or the shard_map data-parallel step."""
-    pad, ls = cfg.model.pad_id, cfg.optim.label_smoothing
+    pad, ls, zl = cfg.model.pad_id, cfg.optim.label_smoothing, cfg.optim.z_loss
 
     def loss_fn(model, batch, rng, total=None, shards=1):
         """-> (objective (tokens: of the global batch, `total` in per-device code), (sums, MoE metrics))."""
         logits, targets, aux = forward(model, batch, nnx.Rngs(dropout=rng))
-        s = token_losses(logits, targets, pad, ls)
+        s = token_losses(logits, targets, pad, ls, zl)
         moe = moe_metrics(aux)
         return objective(s, moe, cfg.model, total, shards), (s, moe)
 
