@@ -119,6 +119,7 @@ class ModelConfig(_Validated):
                                            # q, k, v, o (attention), ffn (every FFN matrix); Qwen2: (q, k, v)
     tie_embeddings: bool = True            # output head shares the token embedding
     scale_embeddings: bool = True          # multiply embeddings by sqrt(D) as in the paper
+    init: str = "glorot"                   # parameter initialisation: glorot | pytorch | gpt2 (jaxformer.nn.init)
     logit_softcap: float = 0.0             # final logits -> cap · tanh(logits / cap) (Gemma 2: 30); 0 = off
     attention_softcap: float = 0.0         # attention logits (scaled q·k) -> cap · tanh(. / cap) (Gemma 2: 50)
     pad_id: int = 0                        # the token id that is padding; -1 = none is (padding is then only
@@ -184,6 +185,7 @@ class ModelConfig(_Validated):
         choice("model.norm_type", self.norm_type, tuple(norms.NORMS))        # registered norms
         choice("model.positional", self.positional, positional.KINDS)
         choice("model.activation", self.activation, activations.NAMES)
+        choice("model.init", self.init, ("glorot", "pytorch", "gpt2"))
         choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
         choice("model.attention_scale", self.attention_scale, ("rsqrt", "none"))
         choice("model.kv_cache_dtype", self.kv_cache_dtype, ("auto", "int8"))

@@ -84,7 +84,7 @@ def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = Non
 
 
 # model fields that change neither the parameters nor the function they compute (how it runs, not what it is)
-FREE = ("dropout", "dtype", "remat", "attention_backend", "attention_block", "kv_cache_dtype",
+FREE = ("dropout", "init", "dtype", "remat", "attention_backend", "attention_block", "kv_cache_dtype",
         "moe_capacity_factor", "moe_dropless")
 
 

@@ -10,7 +10,8 @@ from flax import nnx
 from jaxformer import ops
 from jaxformer.config import ModelConfig
 from jaxformer.nn.cache import LayerKV
-from jaxformer.nn.params import dense_init, ones, param, project, zeros
+from jaxformer.nn import init
+from jaxformer.nn.params import ones, param, project, zeros
 from jaxformer.ops import norms, positional
 
 
@@ -26,10 +27,10 @@ class MultiHeadAttention(nnx.Module):
         self.cfg = cfg
         self.self_attention = self_attention
         w = lambda init, shape, axes: param(rngs, init, shape, axes, matrix=True, quantizable=True)  # noqa: E731
-        self.wq = w(dense_init(0, (1, 2)), (d, n, h), ("embed", "q_heads", "head_dim"))
-        self.wk = w(dense_init(0, (1, 2)), (d, k, h), ("embed", "kv_heads", "head_dim"))
-        self.wv = w(dense_init(0, (1, 2)), (d, k, h), ("embed", "kv_heads", "head_dim"))
-        self.wo = w(dense_init((0, 1), 2), (n, h, d), ("q_heads", "head_dim", "embed"))
+        self.wq = w(init.weight(cfg, "q"), (d, n, h), ("embed", "q_heads", "head_dim"))
+        self.wk = w(init.weight(cfg, "k"), (d, k, h), ("embed", "kv_heads", "head_dim"))
+        self.wv = w(init.weight(cfg, "v"), (d, k, h), ("embed", "kv_heads", "head_dim"))
+        self.wo = w(init.weight(cfg, "o"), (n, h, d), ("q_heads", "head_dim", "embed"))
         for name, shape, axes in (("q", (n, h), ("q_heads", "head_dim")), ("k", (k, h), ("kv_heads", "head_dim")),
                                   ("v", (k, h), ("kv_heads", "head_dim")), ("o", (d,), ("embed",))):
             if cfg.has_bias(name):

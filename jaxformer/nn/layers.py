@@ -19,7 +19,8 @@ from jaxformer.config import ModelConfig
 from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.cache import LayerKV
 from jaxformer.nn.moe import MoEFeedForward
-from jaxformer.nn.params import dense_init, ones, param, project, zeros
+from jaxformer.nn import init
+from jaxformer.nn.params import ones, param, project, zeros
 from jaxformer.ops import activations, norms
 
 
@@ -70,16 +71,17 @@ class FeedForward(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, f = cfg.d_model, cfg.d_ff
         self.activation, self.use_bias = cfg.activation, cfg.has_bias("ffn")
-        w = lambda shape, axes: param(rngs, dense_init(0, 1), shape, axes, matrix=True, quantizable=True)  # noqa
-        self.w1 = w((d, f), ("embed", "mlp"))
+        w = lambda role, shape, axes: param(rngs, init.weight(cfg, role), shape, axes, matrix=True,  # noqa: E731
+                                            quantizable=True)
+        self.w1 = w("ffn_in", (d, f), ("embed", "mlp"))
         if self.activation in activations.GATED:
-            self.wg = w((d, f), ("embed", "mlp"))
-        self.w2 = w((f, d), ("mlp", "embed"))
+            self.wg = w("ffn_in", (d, f), ("embed", "mlp"))
+        self.w2 = w("ffn_out", (f, d), ("mlp", "embed"))
         if self.use_bias:
-            self.b1 = param(rngs, zeros, (f,), ("mlp",))
-            self.b2 = param(rngs, zeros, (d,), ("embed",))
+            self.b1 = param(rngs, init.bias(cfg, "ffn_in"), (f,), ("mlp",))
+            self.b2 = param(rngs, init.bias(cfg, "ffn_out"), (d,), ("embed",))
             if self.activation in activations.GATED:
-                self.bg = param(rngs, zeros, (f,), ("mlp",))
+                self.bg = param(rngs, init.bias(cfg, "ffn_in"), (f,), ("mlp",))
 
     def __call__(self, x: jax.Array, valid: jax.Array | None = None, *, train: bool = False):
         """[B,T,D] -> ([B,T,D], {}). (valid and train: the FFN interface a MoE FFN shares; unused here.)"""

@@ -27,6 +27,7 @@ from jaxformer import ops
 from jaxformer.axes import ACTIVATION, LOGITS
 from jaxformer.config import ConfigError, ModelConfig
 from jaxformer.errors import BackendError
+from jaxformer.nn import init
 from jaxformer.nn.cache import KVCache, LayerKV, Memory, init_cache
 from jaxformer.nn.layers import Context, DecoderBlock, EncoderBlock, Norm, dropout
 from jaxformer.nn.params import DTYPES, param
@@ -98,13 +99,13 @@ class Embedder(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         d = cfg.d_model
-        self.tokens = param(rngs, jax.nn.initializers.normal(d ** -0.5), (cfg.vocab_size, d), ("vocab", "embed"))
+        self.tokens = param(rngs, init.weight(cfg, "embed"), (cfg.vocab_size, d), ("vocab", "embed"))
         if cfg.positional == "learned":
-            self.positions = param(rngs, jax.nn.initializers.normal(0.02), (cfg.max_len, d), (None, "embed"))
+            self.positions = param(rngs, init.weight(cfg, "positions"), (cfg.max_len, d), (None, "embed"))
         if cfg.positional == "sinusoidal":
             self.table = nnx.Variable(positional.sinusoidal_table(cfg.max_len, d))  # a constant, not a Param
         if not cfg.tie_embeddings:
-            self.head = param(rngs, jax.nn.initializers.normal(d ** -0.5), (d, cfg.vocab_size), ("embed", "vocab"),
+            self.head = param(rngs, init.weight(cfg, "head"), (d, cfg.vocab_size), ("embed", "vocab"),
                               matrix=True)
         self.drop = nnx.Dropout(cfg.dropout)
 

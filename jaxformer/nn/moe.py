@@ -8,7 +8,8 @@ import jax
 from flax import nnx
 
 from jaxformer.config import ModelConfig
-from jaxformer.nn.params import dense, dense_init, param, zeros
+from jaxformer.nn import init
+from jaxformer.nn.params import dense, param
 from jaxformer.ops import activations, moe
 
 
@@ -22,18 +23,18 @@ class MoEFeedForward(nnx.Module):
         d, f, e = cfg.d_model, cfg.d_ff, cfg.num_experts
         self.activation, self.use_bias = cfg.activation, cfg.has_bias("ffn")
         self.top_k, self.capacity_factor, self.dropless = cfg.moe_top_k, cfg.moe_capacity_factor, cfg.moe_dropless
-        self.router = param(rngs, dense_init(0, 1), (d, e), ("embed", None), matrix=True)
-        expert = dense_init(1, 2, 0)
-        w = lambda shape, axes: param(rngs, expert, shape, axes, matrix=True, quantizable=True)   # noqa: E731
-        self.w1 = w((e, d, f), ("expert", "embed", "mlp"))
+        self.router = param(rngs, init.weight(cfg, "router"), (d, e), ("embed", None), matrix=True)
+        w = lambda role, shape, axes: param(rngs, init.weight(cfg, role, experts=True), shape, axes,  # noqa: E731
+                                            matrix=True, quantizable=True)
+        self.w1 = w("ffn_in", (e, d, f), ("expert", "embed", "mlp"))
         if self.activation in activations.GATED:
-            self.wg = w((e, d, f), ("expert", "embed", "mlp"))
-        self.w2 = w((e, f, d), ("expert", "mlp", "embed"))
+            self.wg = w("ffn_in", (e, d, f), ("expert", "embed", "mlp"))
+        self.w2 = w("ffn_out", (e, f, d), ("expert", "mlp", "embed"))
         if self.use_bias:
-            self.b1 = param(rngs, zeros, (e, f), ("expert", "mlp"))
-            self.b2 = param(rngs, zeros, (e, d), ("expert", "embed"))
+            self.b1 = param(rngs, init.bias(cfg, "ffn_in"), (e, f), ("expert", "mlp"))
+            self.b2 = param(rngs, init.bias(cfg, "ffn_out"), (e, d), ("expert", "embed"))
             if self.activation in activations.GATED:
-                self.bg = param(rngs, zeros, (e, f), ("expert", "mlp"))
+                self.bg = param(rngs, init.bias(cfg, "ffn_in"), (e, f), ("expert", "mlp"))
 
     def __call__(self, x: jax.Array, valid: jax.Array | None = None, *, train: bool = False):
         """x [B,T,D], valid [B,T] bool (padding takes no expert slot) -> ([B,T,D], {"moe": ops.moe.MoEStats})."""

@@ -1,0 +1,65 @@
+"""Initialisation schemes (model.init): the distribution each parameter starts from, by its role.
+
+Axis legend: D model width, N query heads, K kv heads, H head dim, F FFN width, V vocab, L layers, E experts.
+
+- glorot (the default): Glorot-uniform over each projection's own fan-in and fan-out (q, k, v and o apart);
+  token embedding and untied head N(0, 1/D); learned positions N(0, 0.02²).
+- pytorch: what PyTorch's modules do by default (nn.MultiheadAttention, nn.Linear, nn.Embedding): Xavier-uniform
+  over the fused q/k/v block [D, N·H + 2·K·H]; the attention output, the FFN matrices and an untied head
+  kaiming-uniform(a=√5), i.e. U(±1/√fan_in); FFN biases U(±1/√fan_in); attention biases 0; embeddings N(0, 1).
+- gpt2: every matrix and embedding N(0, 0.02²), the residual outputs (attention o, FFN w2) N(0, (0.02/√(2L))²)
+  with L all the model's layers; biases 0.
+
+Norm scales start at 1 and biases (but pytorch's FFN ones) at 0 in every scheme; a MoE router is Glorot-uniform
+in every scheme but gpt2 (no reference scheme has one).
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer.nn.params import Init, dense_init
+
+SCHEMES = ("glorot", "pytorch", "gpt2")
+
+
+def _uniform(bound: float) -> Init:
+    return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def _normal(std: float) -> Init:
+    return jax.nn.initializers.normal(std)
+
+
+def weight(cfg, role: str, experts: bool = False) -> Init:
+    """The initializer of a weight by role: q, k, v [D,N|K,H]; o [N,H,D]; ffn_in (w1, wg) [D,F]; ffn_out (w2)
+    [F,D] (experts=True: a leading E axis); router [D,E]; embed [V,D]; head [D,V]; positions [P,D]."""
+    scheme = cfg.init
+    d, n, k, h, f = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.d_ff
+    e = 1 if experts else 0                      # the expert axis comes first
+    if role == "router":
+        return _normal(0.02) if scheme == "gpt2" else dense_init(0, 1)
+    if scheme == "glorot":
+        return {"q": dense_init(0, (1, 2)), "k": dense_init(0, (1, 2)), "v": dense_init(0, (1, 2)),
+                "o": dense_init((0, 1), 2), "ffn_in": dense_init(e, e + 1, (0,) if experts else ()),
+                "ffn_out": dense_init(e, e + 1, (0,) if experts else ()), "embed": _normal(d ** -0.5),
+                "head": _normal(d ** -0.5), "positions": _normal(0.02)}[role]
+    if scheme == "pytorch":
+        fan_in = {"o": n * h, "ffn_in": d, "ffn_out": f, "head": d}
+        if role in ("q", "k", "v"):
+            return _uniform(math.sqrt(6.0 / (d + n * h + 2 * k * h)))
+        if role in fan_in:
+            return _uniform(1.0 / math.sqrt(fan_in[role]))
+        return _normal(1.0)                                              # embed, positions: nn.Embedding
+    layers = cfg.num_decoder_layers + (cfg.num_encoder_layers if cfg.arch == "encoder_decoder" else 0)
+    return _normal(0.02 / math.sqrt(2 * layers) if role in ("o", "ffn_out") else 0.02)
+
+
+def bias(cfg, role: str) -> Init:
+    """The initializer of an FFN bias: ffn_in (b1, bg; fan-in D) or ffn_out (b2; fan-in F): U(±1/√fan_in) under
+    pytorch, else 0. Attention biases are always 0."""
+    if cfg.init == "pytorch":
+        return _uniform(1.0 / math.sqrt(cfg.d_model if role == "ffn_in" else cfg.d_ff))
+    return jax.nn.initializers.zeros
