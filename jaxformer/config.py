@@ -100,10 +100,12 @@ class ModelConfig(_Validated):
     num_decoder_layers: int = 6            # L (decoder)
     max_len: int = 512                     # longest sequence for table/learned positions
     dropout: float = 0.1                   # residual + embedding dropout, training only
-    norm_position: str = "post"            # "post": LN(x + f(x)) (paper, seed 000) | "pre": x + f(LN(x))
+    norm_position: str = "post"            # "post": LN(x + f(x)) (paper, seed 000) | "pre": x + f(LN(x)) |
+                                           # "sandwich": x + LN'(f(LN(x))) | "deepnorm": LN(α·x + f(x)), β init |
+                                           # "rezero": x + g·f(x), g from 0 (jaxformer.nn.layers.Residual)
     norm_type: str = "layernorm"           # "layernorm" | "rmsnorm" | any name in ops.norms.NORMS
     norm_eps: float = 1e-5
-    final_norm: bool | None = None         # norm after the stack; None = yes for pre, no for post
+    final_norm: bool | None = None         # norm after the stack; None = yes for pre and sandwich, else no
     positional: str = "sinusoidal"         # sinusoidal | learned | rope | alibi | none
     rope_base: float = 10000.0
     rope_scaling: str = "none"             # RoPE frequency scaling: none | linear (positions / factor) | llama3
@@ -181,7 +183,7 @@ class ModelConfig(_Validated):
             raise ConfigError(f"model.num_heads={self.num_heads} is not a multiple of model.num_kv_heads={kv!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout!r} must be in [0, 1)")
-        choice("model.norm_position", self.norm_position, ("pre", "post"))
+        choice("model.norm_position", self.norm_position, ("pre", "post", "sandwich", "deepnorm", "rezero"))
         choice("model.norm_type", self.norm_type, tuple(norms.NORMS))        # registered norms
         choice("model.positional", self.positional, positional.KINDS)
         choice("model.activation", self.activation, activations.NAMES)
@@ -282,7 +284,7 @@ class ModelConfig(_Validated):
 
     @property
     def use_final_norm(self) -> bool:
-        return self.norm_position == "pre" if self.final_norm is None else self.final_norm
+        return self.norm_position in ("pre", "sandwich") if self.final_norm is None else self.final_norm
 
     def layer_windows(self) -> tuple[int, ...]:
         """Each decoder layer's self-attention window (0 = global): model.attention_windows repeated."""

@@ -22,15 +22,15 @@ class MultiHeadAttention(nnx.Module):
     Returns (out [B,T,D], aux): aux {"weights": [B,N,T,S] float32} when asked, {"kv": LayerKV} (this call's new
     keys/values [B,T,K,H]) when a cache is passed; else {}."""
 
-    def __init__(self, cfg: ModelConfig, *, self_attention: bool, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, self_attention: bool, stack: str = "decoder", rngs: nnx.Rngs):
         d, n, k, h = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size
         self.cfg = cfg
         self.self_attention = self_attention
         w = lambda init, shape, axes: param(rngs, init, shape, axes, matrix=True, quantizable=True)  # noqa: E731
-        self.wq = w(init.weight(cfg, "q"), (d, n, h), ("embed", "q_heads", "head_dim"))
-        self.wk = w(init.weight(cfg, "k"), (d, k, h), ("embed", "kv_heads", "head_dim"))
-        self.wv = w(init.weight(cfg, "v"), (d, k, h), ("embed", "kv_heads", "head_dim"))
-        self.wo = w(init.weight(cfg, "o"), (n, h, d), ("q_heads", "head_dim", "embed"))
+        self.wq = w(init.weight(cfg, "q", stack=stack), (d, n, h), ("embed", "q_heads", "head_dim"))
+        self.wk = w(init.weight(cfg, "k", stack=stack), (d, k, h), ("embed", "kv_heads", "head_dim"))
+        self.wv = w(init.weight(cfg, "v", stack=stack), (d, k, h), ("embed", "kv_heads", "head_dim"))
+        self.wo = w(init.weight(cfg, "o", stack=stack), (n, h, d), ("q_heads", "head_dim", "embed"))
         for name, shape, axes in (("q", (n, h), ("q_heads", "head_dim")), ("k", (k, h), ("kv_heads", "head_dim")),
                                   ("v", (k, h), ("kv_heads", "head_dim")), ("o", (d,), ("embed",))):
             if cfg.has_bias(name):

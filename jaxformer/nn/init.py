@@ -12,6 +12,9 @@ Axis legend: D model width, N query heads, K kv heads, H head dim, F FFN width, 
 
 Norm scales start at 1 and biases (but pytorch's FFN ones) at 0 in every scheme; a MoE router is Glorot-uniform
 in every scheme but gpt2 (no reference scheme has one).
+
+With model.norm_position="deepnorm" (DeepNet, Wang et al. 2022) the v, o and FFN matrices of every scheme are
+scaled by the stack's β, and the residual by its α (`deepnorm`).
 """
 from __future__ import annotations
 
@@ -33,9 +36,30 @@ def _normal(std: float) -> Init:
     return jax.nn.initializers.normal(std)
 
 
-def weight(cfg, role: str, experts: bool = False) -> Init:
+def deepnorm(cfg, stack: str) -> tuple[float, float]:
+    """DeepNet's (α, β) for the "encoder" or "decoder" stack: decoder-only (or encoder-only) α = (2L)^¼,
+    β = (8L)^-¼; an encoder-decoder of N encoder and M decoder layers: encoder α = 0.81 (N⁴M)^1/16,
+    β = 0.87 (N⁴M)^-1/16, decoder α = (3M)^¼, β = (12M)^-¼."""
+    n, m = cfg.num_encoder_layers, cfg.num_decoder_layers
+    if cfg.arch != "encoder_decoder":
+        return (2 * m) ** 0.25, (8 * m) ** -0.25
+    if stack == "encoder":
+        return 0.81 * (n ** 4 * m) ** (1 / 16), 0.87 * (n ** 4 * m) ** (-1 / 16)
+    return (3 * m) ** 0.25, (12 * m) ** -0.25
+
+
+def weight(cfg, role: str, experts: bool = False, stack: str = "decoder") -> Init:
     """The initializer of a weight by role: q, k, v [D,N|K,H]; o [N,H,D]; ffn_in (w1, wg) [D,F]; ffn_out (w2)
-    [F,D] (experts=True: a leading E axis); router [D,E]; embed [V,D]; head [D,V]; positions [P,D]."""
+    [F,D] (experts=True: a leading E axis); router [D,E]; embed [V,D]; head [D,V]; positions [P,D]. stack: the
+    block's stack ("encoder" | "decoder"), for DeepNorm's β."""
+    base = _weight(cfg, role, experts)
+    if cfg.norm_position == "deepnorm" and role in ("v", "o", "ffn_in", "ffn_out"):
+        beta = deepnorm(cfg, stack)[1]
+        return lambda key, shape, dtype=jnp.float32: beta * base(key, shape, dtype)
+    return base
+
+
+def _weight(cfg, role: str, experts: bool) -> Init:
     scheme = cfg.init
     d, n, k, h, f = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.d_ff
     e = 1 if experts else 0                      # the expert axis comes first

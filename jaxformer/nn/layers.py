@@ -68,11 +68,11 @@ class Norm(nnx.Module):
 class FeedForward(nnx.Module):
     """Position-wise FFN: w2(act(w1 x)), or w2(swiglu(wg x, w1 x)). w1/wg [D,F], w2 [F,D]."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, stack: str = "decoder", rngs: nnx.Rngs):
         d, f = cfg.d_model, cfg.d_ff
         self.activation, self.use_bias = cfg.activation, cfg.has_bias("ffn")
-        w = lambda role, shape, axes: param(rngs, init.weight(cfg, role), shape, axes, matrix=True,  # noqa: E731
-                                            quantizable=True)
+        w = lambda role, shape, axes: param(rngs, init.weight(cfg, role, stack=stack), shape, axes,  # noqa: E731
+                                            matrix=True, quantizable=True)
         self.w1 = w("ffn_in", (d, f), ("embed", "mlp"))
         if self.activation in activations.GATED:
             self.wg = w("ffn_in", (d, f), ("embed", "mlp"))
@@ -97,25 +97,39 @@ class FeedForward(nnx.Module):
 
 
 class Residual(nnx.Module):
-    """One sublayer's residual wiring with pre/post norm placement and training-only dropout."""
+    """One sublayer's residual wiring (model.norm_position) with training-only dropout:
+    post LN(x + f(x)); pre x + f(LN(x)); sandwich x + LN'(f(LN(x))) (two norms); deepnorm LN(α·x + f(x)) (DeepNet:
+    α per stack, `init.deepnorm`, with its β in the init); rezero x + g·f(x), g a learnable scalar from 0."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.pre = cfg.norm_position == "pre"
-        self.norm = Norm(cfg, rngs=rngs)
+    def __init__(self, cfg: ModelConfig, *, stack: str = "decoder", rngs: nnx.Rngs):
+        self.kind = cfg.norm_position
+        if self.kind != "rezero":
+            self.norm = Norm(cfg, rngs=rngs)
+        if self.kind == "sandwich":
+            self.post_norm = Norm(cfg, rngs=rngs)
+        if self.kind == "rezero":
+            self.gate = param(rngs, zeros, (), ())
+        self.alpha = init.deepnorm(cfg, stack)[0] if self.kind == "deepnorm" else 1.0
         self.drop = nnx.Dropout(cfg.dropout)
 
     def __call__(self, x: jax.Array, sublayer, rngs: nnx.Rngs | None) -> tuple[jax.Array, dict]:
         """x [B,T,D]; sublayer: [B,T,D] -> ([B,T,D], aux). -> (x [B,T,D], the sublayer's aux)."""
-        out, aux = sublayer(self.norm(x) if self.pre else x)
-        y = x + dropout(self.drop, out, rngs)
-        return (y if self.pre else self.norm(y)), aux
+        out, aux = sublayer(self.norm(x) if self.kind in ("pre", "sandwich") else x)
+        if self.kind == "sandwich":
+            out = self.post_norm(out)
+        elif self.kind == "rezero":
+            out = (out * self.gate[...]).astype(x.dtype)
+        out = dropout(self.drop, out, rngs)
+        if self.kind in ("post", "deepnorm"):
+            return self.norm(x * self.alpha + out if self.alpha != 1.0 else x + out), aux
+        return x + out, aux
 
 
-def make_ffn(cfg: ModelConfig, moe: bool, rngs: nnx.Rngs) -> nnx.Module:
+def make_ffn(cfg: ModelConfig, moe: bool, rngs: nnx.Rngs, stack: str = "decoder") -> nnx.Module:
     """The block's FFN: dense, or (moe=True) the Mixture-of-Experts FFN; both return (y, aux)."""
     if moe:
-        return MoEFeedForward(cfg, rngs=rngs)
-    return FeedForward(cfg, rngs=rngs)
+        return MoEFeedForward(cfg, stack=stack, rngs=rngs)
+    return FeedForward(cfg, stack=stack, rngs=rngs)
 
 
 def _renamed(aux: dict, name: str) -> dict:
@@ -127,11 +141,11 @@ class EncoderBlock(nnx.Module):
     """Self-attention -> FFN (dense, or Mixture-of-Experts with moe=True), each wrapped by Residual."""
 
     def __init__(self, cfg: ModelConfig, *, moe: bool = False, rngs: nnx.Rngs):
-        self.self_attn = MultiHeadAttention(cfg, self_attention=True, rngs=rngs)
+        self.self_attn = MultiHeadAttention(cfg, self_attention=True, stack="encoder", rngs=rngs)
         self.moe = moe
-        self.ffn = make_ffn(cfg, moe, rngs)
-        self.res_attn = Residual(cfg, rngs=rngs)
-        self.res_ffn = Residual(cfg, rngs=rngs)
+        self.ffn = make_ffn(cfg, moe, rngs, stack="encoder")
+        self.res_attn = Residual(cfg, stack="encoder", rngs=rngs)
+        self.res_ffn = Residual(cfg, stack="encoder", rngs=rngs)
 
     def __call__(self, x: jax.Array, ctx: Context, *, rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
         """x [B,S,D] -> ([B,S,D], aux): "self" weights [B,N,S,S] with ctx.weights, "moe" from a MoE FFN."""

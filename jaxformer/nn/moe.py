@@ -19,12 +19,12 @@ class MoEFeedForward(nnx.Module):
     model.moe_dropless says), so a token's output never depends on the other tokens in its batch (cached decoding
     equals the full forward)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, stack: str = "decoder", rngs: nnx.Rngs):
         d, f, e = cfg.d_model, cfg.d_ff, cfg.num_experts
         self.activation, self.use_bias = cfg.activation, cfg.has_bias("ffn")
         self.top_k, self.capacity_factor, self.dropless = cfg.moe_top_k, cfg.moe_capacity_factor, cfg.moe_dropless
         self.router = param(rngs, init.weight(cfg, "router"), (d, e), ("embed", None), matrix=True)
-        w = lambda role, shape, axes: param(rngs, init.weight(cfg, role, experts=True), shape, axes,  # noqa: E731
+        w = lambda role, shape, axes: param(rngs, init.weight(cfg, role, experts=True, stack=stack), shape, axes,  # noqa: E731
                                             matrix=True, quantizable=True)
         self.w1 = w("ffn_in", (e, d, f), ("expert", "embed", "mlp"))
         if self.activation in activations.GATED:

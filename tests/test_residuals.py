@@ -1,0 +1,100 @@
+"""Norm and residual variants (model.norm_position): post, pre, sandwich, deepnorm, rezero against float64
+NumPy formulas written here; DeepNet's α and β; each variant under jit and grad and in cached decoding."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from helpers import tiny_lm
+from jaxformer.config import ConfigError
+from jaxformer.nn import build_model
+from jaxformer.nn.init import deepnorm
+from jaxformer.nn.layers import Residual
+
+KINDS = ("post", "pre", "sandwich", "deepnorm", "rezero")
+
+
+def _ln(x, g, b, eps=1e-5):
+    m = x.mean(-1, keepdims=True)
+    return (x - m) / np.sqrt(((x - m) ** 2).mean(-1, keepdims=True) + eps) * g + b
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_residual_equals_its_formula(kind):
+    cfg = dataclasses.replace(tiny_lm().model, vocab_size=20, norm_position=kind, d_model=8, num_heads=2,
+                              num_decoder_layers=6, dropout=0.0)
+    res = Residual(cfg, rngs=nnx.Rngs(params=0))
+    rng = np.random.default_rng(0)
+    for name in ("norm", "post_norm"):                       # random scales and biases: not the identity
+        if hasattr(res, name):
+            getattr(res, name).scale[...] = jnp.asarray(rng.uniform(0.5, 1.5, 8), jnp.float32)
+            getattr(res, name).bias[...] = jnp.asarray(rng.normal(0, 0.3, 8), jnp.float32)
+    if kind == "rezero":
+        res.gate[...] = jnp.asarray(0.3, jnp.float32)
+    w, c = rng.normal(0, 0.5, (8, 8)), rng.normal(0, 0.5, 8)
+    x = rng.normal(0, 1, (2, 3, 8))
+    got, _ = jax.jit(lambda m, a: m(a, lambda y: (y @ jnp.asarray(w, jnp.float32) + c, {}), None))(
+        res, jnp.asarray(x, jnp.float32))
+    f = lambda y: y @ w + c                                     # noqa: E731
+    n1 = (lambda y: _ln(y, np.asarray(res.norm.scale[...]), np.asarray(res.norm.bias[...]))) \
+        if hasattr(res, "norm") else None
+    alpha = (2 * 6) ** 0.25
+    want = {"post": lambda: n1(x + f(x)), "pre": lambda: x + f(n1(x)),
+            "sandwich": lambda: x + _ln(f(n1(x)), np.asarray(res.post_norm.scale[...]),
+                                        np.asarray(res.post_norm.bias[...])),
+            "deepnorm": lambda: n1(alpha * x + f(x)), "rezero": lambda: x + 0.3 * f(x)}[kind]()
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+
+
+def test_deepnorm_constants_and_beta_scaled_init():
+    lm = dataclasses.replace(tiny_lm().model, vocab_size=20, num_decoder_layers=6, norm_position="deepnorm")
+    assert deepnorm(lm, "decoder") == pytest.approx((12 ** 0.25, 48 ** -0.25))
+    s2s = dataclasses.replace(lm, arch="encoder_decoder", num_encoder_layers=6)
+    assert deepnorm(s2s, "encoder") == pytest.approx((0.81 * (6 ** 5) ** (1 / 16), 0.87 * (6 ** 5) ** (-1 / 16)))
+    assert deepnorm(s2s, "decoder") == pytest.approx((18 ** 0.25, 72 ** -0.25))
+    post = nnx.state(build_model(dataclasses.replace(lm, norm_position="post"), seed=0), nnx.Param)
+    deep = nnx.state(build_model(lm, seed=0), nnx.Param)
+    blk = lambda s, *k: np.asarray(s["decoder"]["layers"]["blocks"][k[0]][k[1]][...])     # noqa: E731
+    beta = 48 ** -0.25
+    for scaled in (("self_attn", "wv"), ("self_attn", "wo"), ("ffn", "w1"), ("ffn", "w2")):
+        np.testing.assert_allclose(blk(deep, *scaled), beta * blk(post, *scaled), rtol=1e-6)
+    for kept in (("self_attn", "wq"), ("self_attn", "wk")):
+        np.testing.assert_array_equal(blk(deep, *kept), blk(post, *kept))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_variant_decodes_like_the_full_forward_and_has_gradients(kind):
+    cfg = dataclasses.replace(tiny_lm("model.positional=rope", "model.dropout=0.0").model, vocab_size=20,
+                              norm_position=kind, num_decoder_layers=2)
+    model = build_model(cfg, seed=1)
+    if kind == "rezero":                                   # from 0 every block is the identity: move off it
+        model.decoder.layers.blocks.res_self.gate[...] = jnp.full((2,), 0.5)
+        model.decoder.layers.blocks.res_ffn.gate[...] = jnp.full((2,), -0.7)
+    tokens = jnp.asarray(np.random.default_rng(4).integers(1, 20, (2, 7)))
+    full = np.asarray(model(tokens))
+    pos = jnp.broadcast_to(jnp.arange(7), (2, 7))
+    first, cache = model.step(tokens[:, :6], pos[:, :6], model.init_cache(2, 7), prefill=True)
+    last, _ = model.step(tokens[:, 6:], pos[:, 6:], cache)
+    np.testing.assert_allclose(np.concatenate([np.asarray(first), np.asarray(last)], 1), full, rtol=1e-5,
+                               atol=1e-5)
+    grads = nnx.grad(lambda m: m(tokens).mean())(model)
+    assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+    if kind == "rezero":
+        assert np.abs(np.asarray(grads.decoder.layers.blocks.res_ffn.gate[...])).max() > 0
+
+
+def test_rezero_starts_as_the_identity_and_bad_placements_are_named():
+    cfg = dataclasses.replace(tiny_lm("model.dropout=0.0").model, vocab_size=20, norm_position="rezero",
+                              num_decoder_layers=2, final_norm=False, tie_embeddings=True, scale_embeddings=False,
+                              positional="none")
+    model = build_model(cfg, seed=2)
+    tokens = jnp.asarray([[3, 4, 5]])
+    emb = np.asarray(model.embed.tokens[...])
+    np.testing.assert_allclose(np.asarray(model(tokens))[0], emb[[3, 4, 5]] @ emb.T, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match="model.norm_position='middle'"):
+        tiny_lm("model.norm_position=middle")
