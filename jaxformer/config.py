@@ -357,10 +357,15 @@ class DataConfig(_Validated):
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig(_Validated):
-    name: str = "adamw"                    # adamw | sgd
+    name: str = "adamw"                    # adamw | lion | muon (attention/FFN matrices; AdamW for the rest) | sgd
     lr: float = 1e-3                       # peak learning rate
-    schedule: str = "warmup_cosine"        # constant | noam (linear warmup, then inverse sqrt) | warmup_cosine
+    schedule: str = "warmup_cosine"        # constant | noam (linear warmup, then inverse sqrt) | warmup_cosine |
+                                           # wsd (warmup, stable, linear decay over the last decay_fraction)
     warmup_steps: int = 100
+    decay_fraction: float = 0.2            # wsd: the share of steps spent decaying to 0
+    muon_adam_lr: float | None = None      # muon: the AdamW part's peak lr (None = optim.lr)
+    accumulate: int = 1                    # micro-batches per step: data.batch_size rows in k parts, gradients
+                                           # summed and weighted by target tokens (equal to one batch exactly)
     weight_decay: float = 0.01             # adamw only
     b1: float = 0.9
     b2: float = 0.98
@@ -372,8 +377,13 @@ class OptimConfig(_Validated):
 
     def validate(self) -> None:
         check_types(self, "optim")
-        choice("optim.name", self.name, ("adamw", "sgd"))
-        choice("optim.schedule", self.schedule, ("constant", "noam", "warmup_cosine"))
+        choice("optim.name", self.name, ("adamw", "lion", "muon", "sgd"))
+        choice("optim.schedule", self.schedule, ("constant", "noam", "warmup_cosine", "wsd"))
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ConfigError(f"optim.decay_fraction={self.decay_fraction!r} must be in (0, 1]")
+        if self.muon_adam_lr is not None:
+            positive("optim.muon_adam_lr", self.muon_adam_lr)
+        positive("optim.accumulate", self.accumulate)
         choice("optim.weight_decay_mask", self.weight_decay_mask, ("matrices", "all"))
         positive("optim.lr", self.lr)
         for f in ("b1", "b2"):
@@ -485,6 +495,13 @@ class Config(_Validated):
                               f"(needs {want!r})")
         if not seq2seq and self.train.best_metric == "exact_match":
             raise ConfigError("train.best_metric='exact_match' needs a seq2seq task; use 'loss' or 'token_accuracy'")
+        k = self.optim.accumulate
+        if self.data.batch_size % k:
+            raise ConfigError(f"optim.accumulate={k} does not divide data.batch_size={self.data.batch_size} "
+                              f"(each step's rows are split into {k} equal micro-batches)")
+        if k > 1 and self.parallel.mode == "shard_map":
+            raise ConfigError(f"optim.accumulate={k} runs under parallel.mode='jit' (every GSPMD strategy); "
+                              f"the shard_map step does not accumulate")
         longest = max(self.data.max_len, self.data.eval_lengths[1]) + 1 if seq2seq else self.data.block_size
         self.model.check_length(longest, "data")
 

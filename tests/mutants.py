@@ -132,6 +132,9 @@ MUTANTS = (
     Mutant("z-loss-on-the-nll", "z-loss squared into the reported nll instead of added to the objective",
            "jaxformer/ops/losses.py", "        objective = objective + z_loss * jnp.square(log_z)\n",
            "        nll = nll + z_loss * jnp.square(log_z)\n", ("tests/test_stability.py", "-k", "z_loss")),
+    Mutant("accumulate-unweighted", "micro-batches each normalised by their own tokens (equal weights)",
+           "jaxformer/train/step.py", "jax.random.fold_in(rng, i), total, k)", "jax.random.fold_in(rng, i), None, k)",
+           ("tests/test_optimizers.py", "-k", "accumulated")),
 )
 
 

@@ -57,3 +57,19 @@ def matrix_mask(module: nnx.Module) -> nnx.State:
     """nnx.state(module, nnx.Param) with each parameter replaced by True for weight matrices (see `param`)."""
     return jax.tree.map(lambda v: bool(v.get_metadata().get("matrix", False)), nnx.state(module, nnx.Param),
                         is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def muon_dims(module: nnx.Module) -> nnx.State:
+    """Per parameter: Muon's matrix axes (optax.contrib.MuonDimensionNumbers: reduction = the input axes,
+    output = the rest; "layers" and "expert" axes are batch) for the projections (quantizable=True: attention
+    and FFN matrices), None (Adam) for the rest: embeddings, the output head, the router, biases and norms."""
+    from optax.contrib import MuonDimensionNumbers
+
+    def dims(v):
+        if not v.get_metadata().get("quantizable", False):
+            return None
+        axes = v.get_metadata()["out_sharding"]
+        own = [i for i, a in enumerate(axes) if a not in ("layers", "expert")]
+        red = own[:1] if axes[own[0]] == "embed" else own[:-1]
+        return MuonDimensionNumbers(tuple(red), tuple(i for i in own if i not in red))
+    return jax.tree.map(dims, nnx.state(module, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))

@@ -21,34 +21,61 @@ from jax.sharding import PartitionSpec as P
 from jaxformer.arch import adapter
 from jaxformer.config import Config, OptimConfig
 from jaxformer.nn import build_model
-from jaxformer.nn.params import matrix_mask
+from jaxformer.nn.params import matrix_mask, muon_dims
 from jaxformer.ops.losses import token_losses
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
 
 
 def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
-    """constant | noam (linear warmup to lr, then lr·sqrt(warmup/step)) | warmup_cosine (to 0 at total_steps)."""
+    """constant | noam (linear warmup to lr, then lr·sqrt(warmup/step)) | warmup_cosine (to 0 at total_steps) |
+    wsd (warmup-stable-decay: linear warmup, lr held, then linear to 0 over the last optim.decay_fraction)."""
     if cfg.schedule == "constant":
         return optax.constant_schedule(cfg.lr)
+    if cfg.schedule == "wsd":
+        w, total = cfg.warmup_steps, max(total_steps, 1)
+        decay = max(int(round(cfg.decay_fraction * total)), 1)
+        start = max(total - decay, w)
+
+        def wsd(step):
+            warm = jnp.minimum((step + 1) / max(w, 1), 1.0) if w else 1.0
+            down = jnp.clip((total - step) / max(total - start, 1), 0.0, 1.0)
+            return cfg.lr * warm * jnp.where(step < start, 1.0, down)
+        return wsd
     if cfg.schedule == "noam":
         w = max(cfg.warmup_steps, 1)
         return lambda step: cfg.lr * jnp.minimum((step + 1) / w, jnp.sqrt(w / jnp.maximum(step + 1, 1)))
     return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup_steps, max(total_steps, cfg.warmup_steps + 1))
 
 
-def optimizer(cfg: OptimConfig, total_steps: int, matrices=None) -> optax.GradientTransformation:
-    """AdamW (default) or SGD; optional global-norm clipping first (seed 000 uses SGD + clipping).
-    matrices: a pytree of bools over the parameters (`nn.params.matrix_mask`); with
-    cfg.weight_decay_mask='matrices' AdamW decays only those (not biases, norm scales or embeddings)."""
+def optimizer(cfg: OptimConfig, total_steps: int, matrices=None, muon_dims=None) -> optax.GradientTransformation:
+    """AdamW (default), Lion, Muon (the projection matrices; AdamW for the rest) or SGD, from optax; optional
+    global-norm clipping first (seed 000 uses SGD + clipping). matrices: a pytree of bools over the parameters
+    (`nn.params.matrix_mask`); with cfg.weight_decay_mask='matrices' only those decay (not biases, norm scales
+    or embeddings). muon_dims: Muon's matrix axes per parameter (`nn.params.muon_dims`)."""
     lr = schedule(cfg, total_steps)
-    if cfg.name == "adamw":
+    if cfg.name in ("adamw", "lion", "muon"):
         if cfg.weight_decay_mask == "matrices" and matrices is None:
             raise ValueError("optim.weight_decay_mask='matrices' needs the parameters' matrix mask")
         mask = matrices if cfg.weight_decay_mask == "matrices" else None
-        base = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=mask)
+        if cfg.name == "adamw":
+            base = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=mask)
+        elif cfg.name == "lion":
+            base = optax.lion(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=mask)
+        else:
+            if muon_dims is None:
+                raise ValueError("optim.name='muon' needs the parameters' Muon axes (nn.params.muon_dims)")
+            base = optax.contrib.muon(lr, weight_decay=cfg.weight_decay, weight_decay_mask=mask,
+                                      adam_b1=cfg.b1, adam_b2=cfg.b2, adam_weight_decay=cfg.weight_decay,
+                                      adam_learning_rate=schedule(cfg, total_steps) if cfg.muon_adam_lr is None
+                                      else _scaled(schedule(cfg, total_steps), cfg.muon_adam_lr / cfg.lr),
+                                      muon_weight_dimension_numbers=muon_dims)
     else:
         base = optax.sgd(lr)
     return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), base) if cfg.clip_norm > 0 else base
+
+
+def _scaled(sched, factor: float):
+    return lambda step: sched(step) * factor
 
 
 class Graphs(NamedTuple):
@@ -59,8 +86,12 @@ class Graphs(NamedTuple):
 
 def _build(cfg: Config, key: jax.Array | None = None):
     model = build_model(cfg.model, seed=cfg.train.seed if key is None else key)
-    opt = nnx.Optimizer(model, optimizer(cfg.optim, cfg.train.steps, matrix_mask(model)), wrt=nnx.Param)
-    return model, opt
+    return model, _optimizer_of(cfg, model)
+
+
+def _optimizer_of(cfg: Config, model) -> nnx.Optimizer:
+    dims = muon_dims(model) if cfg.optim.name == "muon" else None
+    return nnx.Optimizer(model, optimizer(cfg.optim, cfg.train.steps, matrix_mask(model), dims), wrt=nnx.Param)
 
 
 def _split(model, opt) -> tuple[Graphs, dict]:
@@ -98,9 +129,7 @@ def state_around(cfg: Config, model_state: nnx.State, plan: Plan | None = None) 
     graphs, abstract = abstract_state(cfg, plan)
 
     def init(ms):
-        model = nnx.merge(graphs.model, ms)
-        return nnx.split(nnx.Optimizer(model, optimizer(cfg.optim, cfg.train.steps, matrix_mask(model)),
-                                       wrt=nnx.Param))[1]
+        return nnx.split(_optimizer_of(cfg, nnx.merge(graphs.model, ms)))[1]
     out = shardings_of(abstract)["opt"] if plan is not None else None
     return graphs, {"model": model_state, "opt": jax.jit(init, out_shardings=out)(model_state)}
 
@@ -149,9 +178,35 @@ def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
         moe = moe_metrics(aux)
         return objective(s, moe, cfg.model, total, shards), (s, moe)
 
+    k = cfg.optim.accumulate
+
+    def gradients(model, batch, rng):
+        """(sums, MoE metrics), grads of the batch's objective. With optim.accumulate = k: the rows in k strided
+        micro-batches (row r in micro-batch r mod k, so each spans every data shard), scanned one at a time;
+        each objective is over the whole batch's target tokens, so the summed gradients are the batch's."""
+        if k == 1:
+            (_, aux), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch, rng)
+            return aux, grads
+        total = (adapter(cfg.model.arch).targets(batch) != pad).sum().astype(jnp.float32)
+        micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
+        graph, params = nnx.split(model)
+
+        def grad_of(ps, i, mb):
+            (_, aux), g = nnx.value_and_grad(loss_fn, has_aux=True)(nnx.merge(graph, ps), mb,
+                                                                    jax.random.fold_in(rng, i), total, k)
+            return aux, g
+
+        def one(carry, xs):                  # the parameters ride in the carry: the scan's own trace level
+            acc, ps = carry
+            return (jax.tree.map(jnp.add, acc, grad_of(ps, *xs)), ps), None
+        first = grad_of(params, 0, jax.tree.map(lambda x: x[0], micro))
+        (((s, moe), grads), _), _ = jax.lax.scan(one, (first, params),
+                                                 (jnp.arange(1, k), jax.tree.map(lambda x: x[1:], micro)))
+        return (s, jax.tree.map(lambda x: x / k, moe)), grads
+
     def train_step(state, batch, rng):
         model, opt = nnx.merge(graphs.model, state["model"]), nnx.merge(graphs.opt, state["opt"])
-        (_, (s, moe)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch, rng)
+        (s, moe), grads = gradients(model, batch, rng)
         opt.update(model, grads)
         return {"model": nnx.state(model), "opt": nnx.state(opt)}, _metrics(s, grads, moe)
 
