@@ -68,7 +68,7 @@ def test_requesting_weights_changes_no_logit_and_works_under_jit(models):
 
 
 def _pre(residual, x):
-    return residual.norm(x) if residual.pre else x
+    return residual.sublayer_input(x)
 
 
 def test_each_layers_weights_are_that_layers_own_attention(models):

@@ -112,9 +112,13 @@ class Residual(nnx.Module):
         self.alpha = init.deepnorm(cfg, stack)[0] if self.kind == "deepnorm" else 1.0
         self.drop = nnx.Dropout(cfg.dropout)
 
+    def sublayer_input(self, x: jax.Array) -> jax.Array:
+        """What the sublayer reads: LN(x) for pre and sandwich, else x. [B,T,D] -> [B,T,D]."""
+        return self.norm(x) if self.kind in ("pre", "sandwich") else x
+
     def __call__(self, x: jax.Array, sublayer, rngs: nnx.Rngs | None) -> tuple[jax.Array, dict]:
         """x [B,T,D]; sublayer: [B,T,D] -> ([B,T,D], aux). -> (x [B,T,D], the sublayer's aux)."""
-        out, aux = sublayer(self.norm(x) if self.kind in ("pre", "sandwich") else x)
+        out, aux = sublayer(self.sublayer_input(x))
         if self.kind == "sandwich":
             out = self.post_norm(out)
         elif self.kind == "rezero":
