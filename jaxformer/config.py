@@ -409,6 +409,7 @@ class TrainConfig(_Validated):
     best_mode: str = "max"                 # max | min
     eval_batch_size: int = 200
     num_examples: int = 5                  # decoded examples printed after the final eval
+    peak_flops: float | None = None        # per device, for the logged MFU (None = measured once at the start)
     init_from: str = ""                    # a fresh run starts from these weights (fine-tuning): a Hugging Face
                                            # checkpoint folder or a jaxformer run directory with the same model
 
@@ -420,6 +421,8 @@ class TrainConfig(_Validated):
             if v <= 0:
                 raise ConfigError(f"train.{f}={v!r} must be a positive integer")
         choice("train.best_mode", self.best_mode, ("max", "min"))
+        if self.peak_flops is not None:
+            positive("train.peak_flops", self.peak_flops)
         choice("train.best_metric", self.best_metric, ("loss", "token_accuracy", "exact_match"))
 
 

@@ -85,3 +85,47 @@ def test_bad_optimizer_settings_are_named_errors():
                            (("optim.schedule=wsd", "optim.decay_fraction=0"), "optim.decay_fraction")):
         with pytest.raises(ConfigError, match=message):
             tiny_lm(*extra)
+
+
+def test_the_log_line_carries_mfu_from_flops_per_token_and_the_peak(tmp_path):
+    import json
+    from jaxformer.nn import count_params
+    from jaxformer.train.flops import flops_per_token, measure_peak_flops
+    from jaxformer.train.loop import train
+    cfg = tiny_lm("train.steps=2", "train.log_every=1", "train.eval_every=2", "train.checkpoint_every=2",
+                  "train.peak_flops=1e9")
+    train(cfg, tmp_path / "run", progress="none")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rec = [r for r in rows if r["split"] == "train"][-1]
+    resolved = resolve_vocab(cfg, build_task(cfg.data).tokenizer.vocab_size)
+    p = count_params(build_model(resolved.model))["total"]
+    m = resolved.model
+    fpt = 6 * p + 12 * m.num_decoder_layers * m.num_heads * m.head_size * resolved.data.block_size
+    assert flops_per_token(resolved, p) == fpt
+    assert rec["mfu"] == pytest.approx(rec["tokens_per_s"] * fpt / 1e9, rel=1e-6)
+    assert measure_peak_flops(n=256, reps=2) > 1e6
+    assert rec["grad_norm/decoder/0"] > 0 and "grad_norm/decoder/1" not in rec          # one layer
+
+
+def test_layer_gradient_norms_are_each_layers_own_and_add_up_to_the_global_norm():
+    import dataclasses
+    import optax
+    from flax import nnx
+    from jaxformer.train.step import layer_grad_norms
+    cfg = dataclasses.replace(tiny_lm().model, vocab_size=20, num_decoder_layers=4, ffn="moe", num_experts=2,
+                              moe_every=2)
+    model = build_model(cfg, seed=0)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 20, (2, 6)))
+    grads = nnx.grad(lambda m: (m(tokens) ** 2).mean())(model)
+    norms = np.asarray(layer_grad_norms(grads)["decoder_grad_norm"])
+    assert norms.shape == (4,)
+    stack = grads["decoder"]["layers"]["blocks"]
+    for layer in range(4):                      # layer i: kind i % 2, row i // 2
+        kind = stack[layer % 2]
+        want = np.sqrt(sum(float(jnp.sum(jnp.square(g[layer // 2]))) for g in jax.tree.leaves(kind)))
+        np.testing.assert_allclose(norms[layer], want, rtol=1e-5)
+    rest = [g for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]
+            if getattr(path[0], "key", None) != "decoder" or getattr(path[1], "key", None) != "layers"]
+    total = float(optax.global_norm(grads))
+    np.testing.assert_allclose(np.sqrt((norms ** 2).sum() + sum(float(jnp.sum(g ** 2)) for g in rest)), total,
+                               rtol=1e-5)

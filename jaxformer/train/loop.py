@@ -37,9 +37,11 @@ from jaxformer.config import Config, resume_differences
 from jaxformer.data import Task, resolve
 from jaxformer.distributed import initialize, is_primary
 from jaxformer.errors import IncompatibleCheckpoint, NonFiniteLoss
+from jaxformer.nn import count_params
 from jaxformer.parallel import Plan, check_fits
 from jaxformer.runs import RunDir
 from jaxformer.inference.evaluate import evaluate, examples, make_eval_step
+from jaxformer.train.flops import flops_per_token, measure_peak_flops
 from jaxformer.train.step import Graphs, abstract_state, init_state, make_train_step, schedule, state_around
 
 
@@ -305,6 +307,8 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
 
     state, step, last_eval = p.state, p.start, None
     t_log, watch = time.perf_counter(), _Watch()
+    params = count_params(nnx.merge(p.graphs.model, state["model"]))["total"]
+    fpt, peak = flops_per_token(cfg, params), (tc.peak_flops or measure_peak_flops()) * jax.device_count()
 
     def check():
         """The one host read of the hot loop (at log, eval and checkpoint steps): raise NonFiniteLoss naming
@@ -350,10 +354,14 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
                     rec = {k: m[k] for k in ("loss", "token_accuracy", "grad_norm")}
                     if cfg.optim.z_loss:
                         rec["log_z2"] = m["log_z2"]
+                    for stack in ("encoder", "decoder"):          # per layer: grad_norm/decoder/0 .. L-1
+                        if f"{stack}_grad_norm" in m:
+                            rec.update({f"grad_norm/{stack}/{i}": v for i, v in enumerate(m[f"{stack}_grad_norm"])})
                     rec.update({k: v for k, v in m.items() if k.startswith("moe_") and k != "moe_load"})
                     if "moe_load" in m:                   # per expert: moe_load/0 .. moe_load/E-1
                         rec.update({f"moe_load/{e}": v for e, v in enumerate(m["moe_load"])})
                     rec.update(lr=lr_at(step - 1), tokens_per_s=watch.take_tokens() / max(now - t_log, 1e-9))
+                    rec["mfu"] = rec["tokens_per_s"] * fpt / peak
                     emit(step, "train", rec)
                     t_log = now
                 last_eval = None

@@ -160,10 +160,29 @@ def objective(s: dict, moe: dict, cfg, denominator=None, shards: int = 1):
     return loss
 
 
+def layer_grad_norms(grads) -> dict:
+    """{"encoder_grad_norm" / "decoder_grad_norm": [L] float32}: each layer's gradient norm over all its
+    parameters, in layer order (a patterned stack's kinds interleaved), for each stack the model has."""
+    out = {}
+    for stack in ("encoder", "decoder"):
+        kinds: dict = {}
+        for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
+            keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+            if keys[:3] == [stack, "layers", "blocks"]:
+                j = keys[3] if isinstance(keys[3], int) else 0
+                sq = jnp.sum(jnp.square(g.astype(jnp.float32)).reshape(g.shape[0], -1), axis=1)
+                kinds[j] = kinds.get(j, 0.0) + sq
+        if kinds:
+            per = jnp.stack([kinds[j] for j in sorted(kinds)], axis=1)        # [L/n, n] -> layer g·n + j
+            out[f"{stack}_grad_norm"] = jnp.sqrt(per.reshape(-1))
+    return out
+
+
 def _metrics(s: dict, grads, moe: dict) -> dict:
     n = jnp.maximum(s["count"], 1.0)
     return {"loss": s["nll"] / n, "objective": s["objective"] / n, "token_accuracy": s["correct"] / n,
-            "tokens": s["count"], "grad_norm": optax.global_norm(grads), "log_z2": s["log_z2"] / n, **moe}
+            "tokens": s["count"], "grad_norm": optax.global_norm(grads), "log_z2": s["log_z2"] / n,
+            **layer_grad_norms(grads), **moe}
 
 
 def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
