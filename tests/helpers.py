@@ -31,10 +31,10 @@ def cli_args(config: str, overrides: list[str]) -> list[str]:
 
 
 def records(workdir, timing: bool = True) -> list[dict]:
-    """metrics.jsonl's records; timing=False drops the wall-clock fields (tokens_per_s)."""
+    """metrics.jsonl's records; timing=False drops the wall-clock fields (tokens_per_s, mfu)."""
     p = Path(workdir) / "metrics.jsonl"
     rows = [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
-    return rows if timing else [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]
+    return rows if timing else [{k: v for k, v in r.items() if k not in ("tokens_per_s", "mfu")} for r in rows]
 
 
 def train_losses(workdir) -> dict[int, float]:
