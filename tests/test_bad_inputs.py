@@ -152,6 +152,7 @@ def test_a_model_that_cannot_fit_in_memory_is_named_before_anything_is_allocated
         (tmp_path / "run" / "checkpoints" / "latest").iterdir())
 
 
+@pytest.mark.slow          # default-lane budget
 def test_a_platform_this_machine_lacks_is_a_named_error():
     """JAX_PLATFORMS=cuda on a machine without a GPU: before, an AssertionError traceback from inside JAX."""
     if any(d.platform == "gpu" for d in jax.devices()):

@@ -29,6 +29,7 @@ def test_bad_config_files_are_named_errors(tmp_path, name, text, message, capsys
     assert cli_main(["params", str(path)]) == 2
 
 
+@pytest.mark.slow          # default-lane budget
 def test_train_off_a_terminal_prints_lines_and_eval_names_the_checkpoint_it_used(tmp_path, capfd):
     assert cli_main(["train", *cli_args("configs/alice.py", TINY_LM + TRAIN), "--workdir", str(tmp_path)]) == 0
     out, err = capfd.readouterr()

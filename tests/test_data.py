@@ -416,6 +416,7 @@ def test_data_config_rejects_zero_eval_min_len():
         DataConfig(eval_min_len=0)
 
 
+@pytest.mark.slow          # default-lane budget
 def test_each_process_reads_its_rows_of_the_same_global_batches():
     task = build_task(tiny_reverse().data)
     whole = iter(task.train_dataset(16, seed=3))
