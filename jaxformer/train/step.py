@@ -66,8 +66,8 @@ def optimizer(cfg: OptimConfig, total_steps: int, matrices=None, muon_dims=None)
                 raise ValueError("optim.name='muon' needs the parameters' Muon axes (nn.params.muon_dims)")
             base = optax.contrib.muon(lr, weight_decay=cfg.weight_decay, weight_decay_mask=mask,
                                       adam_b1=cfg.b1, adam_b2=cfg.b2, adam_weight_decay=cfg.weight_decay,
-                                      adam_learning_rate=schedule(cfg, total_steps) if cfg.muon_adam_lr is None
-                                      else _scaled(schedule(cfg, total_steps), cfg.muon_adam_lr / cfg.lr),
+                                      adam_learning_rate=lr if cfg.muon_adam_lr is None
+                                      else _scaled(lr, cfg.muon_adam_lr / cfg.lr),
                                       muon_weight_dimension_numbers=muon_dims)
     else:
         base = optax.sgd(lr)
