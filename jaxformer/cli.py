@@ -95,13 +95,13 @@ def cmd_eval(args) -> int:
     if args.data:
         from jaxformer.inference import load_model
         from jaxformer.inference.evaluate import evaluate_text
-        run = load_model(args.workdir, args.which, quantize=args.quantize)
+        run = load_model(args.workdir, args.which, quantize=args.quantize, weights=args.weights)
         out = evaluate_text(run, args.data, stride=args.stride)
         console.print(f"{args.data}: {out['tokens']:,} tokens ({out['bytes']:,} bytes of text), windows of "
                       f"{out['window']} every {out['stride']} ({run.which} checkpoint, step {run.step})")
         show_eval({k: out[k] for k in ("loss", "perplexity", "bits_per_byte")}, "text")
         return 0
-    out = evaluate_run(args.workdir, args.which, args.quantize)
+    out = evaluate_run(args.workdir, args.which, args.quantize, args.weights)
     quant = f", weights {args.quantize}" if args.quantize else ""
     show_eval(out["eval"], f"held-out ({out['which']} checkpoint, step {out['step']}{quant})")
     show_examples(out["examples"])
@@ -111,7 +111,7 @@ def cmd_eval(args) -> int:
 def cmd_generate(args) -> int:
     from jaxformer.arch import adapter
     from jaxformer.inference import default_prompts, generate_text, load_model
-    run = load_model(args.workdir, args.which, quantize=args.quantize)
+    run = load_model(args.workdir, args.which, quantize=args.quantize, weights=args.weights)
     prompts = args.prompt or default_prompts(run)
     outs = generate_text(run, prompts, max_new=args.max_new, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, beam=args.beam, seed=args.seed, kv_cache=args.kv_cache)
@@ -241,6 +241,9 @@ def cmd_export_hf(args) -> int:
 
 QUANT_HELP = ("quantize the restored weights (post-training): int8 or int4 weight-only, or w8a8 (int8 weights and "
               "per-token int8 activations)")
+WEIGHTS = ("trained", "ema")
+WEIGHTS_HELP = ("trained: the weights the run's eval/* metrics are of (schedule-free AdamW: its averaged iterate); "
+                "ema: the EMA of a run trained with optim.ema set")
 
 
 def main(argv=None) -> int:
@@ -256,6 +259,7 @@ def main(argv=None) -> int:
     e.add_argument("--workdir", required=True)
     e.add_argument("--which", choices=("best", "latest"), default="best")
     e.add_argument("--quantize", choices=QUANT, help=QUANT_HELP)
+    e.add_argument("--weights", choices=WEIGHTS, default="trained", help=WEIGHTS_HELP)
     e.add_argument("--data", help="score this UTF-8 text file instead of the held-out set: strided (sliding-window) "
                    "perplexity and bits per byte with the run's tokenizer (language models)")
     e.add_argument("--stride", type=int, help="with --data: tokens between windows (default: half the window)")
@@ -272,6 +276,7 @@ def main(argv=None) -> int:
                    "held-out inputs of the run's task")
     g.add_argument("--which", choices=("best", "latest"), default="best")
     g.add_argument("--quantize", choices=QUANT, help=QUANT_HELP)
+    g.add_argument("--weights", choices=WEIGHTS, default="trained", help=WEIGHTS_HELP)
     g.add_argument("--kv-cache", choices=("auto", "int8"), default="auto", help="the decoding cache's storage: "
                    "auto (the model's dtype) or int8 (a float32 scale per slot and kv head)")
     g.add_argument("--max-new", type=int, default=None, help="tokens to generate (default: enough for a seq2seq "

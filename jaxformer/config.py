@@ -357,7 +357,9 @@ class DataConfig(_Validated):
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig(_Validated):
-    name: str = "adamw"                    # adamw | lion | muon (attention/FFN matrices; AdamW for the rest) | sgd
+    name: str = "adamw"                    # adamw | lion | muon (attention/FFN matrices; AdamW for the rest) |
+                                           # schedule_free (schedule-free AdamW: optim.schedule must be constant;
+                                           # linear warmup over warmup_steps; evaluates its averaged iterate) | sgd
     lr: float = 1e-3                       # peak learning rate
     schedule: str = "warmup_cosine"        # constant | noam (linear warmup, then inverse sqrt) | warmup_cosine |
                                            # wsd (warmup, stable, linear decay over the last decay_fraction)
@@ -374,10 +376,21 @@ class OptimConfig(_Validated):
     z_loss: float = 0.0                    # PaLM's output z-loss: + z_loss · log(Z)² per token (1e-4 in PaLM);
                                            # mean log(Z)² is logged as log_z2 whenever it is set
     weight_decay_mask: str = "matrices"    # matrices: projection/FFN/output-head weights only | all parameters
+    ema: float = 0.0                       # decay of an EMA of the weights, evaluated alongside (eval_ema/*);
+                                           # 0 = none, e.g. 0.99
 
     def validate(self) -> None:
         check_types(self, "optim")
-        choice("optim.name", self.name, ("adamw", "lion", "muon", "sgd"))
+        choice("optim.name", self.name, ("adamw", "lion", "muon", "schedule_free", "sgd"))
+        if not 0.0 <= self.ema < 1.0:
+            raise ConfigError(f"optim.ema={self.ema!r} must be in [0, 1) (0 = no EMA)")
+        if self.name == "schedule_free" and self.schedule != "constant":
+            raise ConfigError(f"optim.schedule={self.schedule!r} with optim.name='schedule_free': schedule-free "
+                              "AdamW replaces the decay; set optim.schedule=constant (its warmup is "
+                              "optim.warmup_steps)")
+        if self.name == "schedule_free" and self.ema:
+            raise ConfigError(f"optim.ema={self.ema!r} with optim.name='schedule_free': schedule-free AdamW "
+                              "already evaluates an average of its iterates; set optim.ema=0")
         choice("optim.schedule", self.schedule, ("constant", "noam", "warmup_cosine", "wsd"))
         if not 0.0 < self.decay_fraction <= 1.0:
             raise ConfigError(f"optim.decay_fraction={self.decay_fraction!r} must be in (0, 1]")

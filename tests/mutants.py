@@ -5,7 +5,8 @@ tests meant to catch it, and report which mutants survive (a survivor is a test 
 
 Each mutant replaces one exact snippet of one file (the script fails loudly if the snippet is gone, so the list
 cannot rot silently) and names the pytest selection that must fail on it. The copy is imported through
-PYTHONPATH, ahead of the editable install, so the working tree is never touched. Not collected by pytest.
+PYTHONPATH, ahead of the editable install, so the working tree is never touched. The named tests run whatever their
+lane (a mutant's killer may be a slow test: CI's slow lane runs it too). Not collected by pytest.
 """
 from __future__ import annotations
 
@@ -135,6 +136,16 @@ MUTANTS = (
     Mutant("accumulate-unweighted", "micro-batches each normalised by their own tokens (equal weights)",
            "jaxformer/train/step.py", "jax.random.fold_in(rng, i), total, k)", "jax.random.fold_in(rng, i), None, k)",
            ("tests/test_optimizers.py", "-k", "accumulated")),
+    Mutant("ema-one-step-late", "the EMA averages the weights from before each update",
+           "jaxformer/train/weights.py", "decay * e + (1.0 - decay) * p.astype(jnp.float32), state.ema, new)",
+           "decay * e + (1.0 - decay) * p.astype(jnp.float32), state.ema, params)",
+           ("tests/test_weights.py", "-k", "ema_averages")),
+    Mutant("schedule-free-evaluates-y", "schedule-free AdamW evaluated at its training iterate y, not x",
+           "jaxformer/train/weights.py", '        out["eval"] = _with_params(graphs.model, state["model"], x)\n',
+           '        out["eval"] = state["model"]\n', ("tests/test_weights.py", "-k", "schedule_free_adamw")),
+    Mutant("evaluation-overwrites-weights", "the evaluated weights are written into the training state's Variables",
+           "jaxformer/train/weights.py", "model = nnx.merge(graph, model_state, copy=True)",
+           "model = nnx.merge(graph, model_state)", ("tests/test_weights.py", "-k", "schedule_free_adamw")),
 )
 
 
@@ -160,7 +171,7 @@ def run(m: Mutant, tree: Path) -> dict:
     try:
         env = {**os.environ, "PYTHONPATH": str(tree)}
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o",
-                               "addopts=-m 'not slow'", *m.tests],
+                               "addopts=-m 'slow or not slow'", *m.tests],
                               cwd=tree, env=env, capture_output=True, text=True)
     finally:
         target.write_text(original)

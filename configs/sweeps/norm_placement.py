@@ -13,32 +13,9 @@ WARMUPS = (0, 50)
 def init_grad_norms(position: str, depth: int, seed: int, norm_type: str = "layernorm") -> dict:
     """Per-layer gradient norms at initialisation on one training batch of 32 blocks: the FFN's second matrix
     W2 (Xiong et al.'s W^(2)) and all of the layer's parameters. -> {"w2": [L], "layer": [L]}."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from jaxformer.configio import apply_overrides, load_config_file
-    from jaxformer.data import resolve
-    from jaxformer.nn import build_model
-    from jaxformer.ops.losses import token_losses
-    from jaxformer.train.step import forward
-    cfg = apply_overrides(load_config_file("configs/alice.py"),
-                          [f"model.norm_position={position}", f"model.num_decoder_layers={depth}",
-                           f"model.norm_type={norm_type}"])
-    cfg, task = resolve(cfg)
-    model = build_model(cfg.model, seed)
-    batch = {k: jnp.asarray(v[:32]) for k, v in task.train.items()}
-
-    def loss(m):
-        logits, targets, _ = forward(m, batch)
-        t = token_losses(logits, targets, cfg.model.pad_id)
-        return t["objective"] / t["count"]
-    grads = nnx.jit(nnx.grad(loss))(model)
-    blocks = grads["decoder"]["layers"]["blocks"]
-    per_leaf = [jnp.sum(jnp.square(x[...]).reshape(depth, -1), axis=1) for x in jax.tree.leaves(blocks)]
-    w2 = blocks["ffn"]["w2"][...]
-    return {"w2": [float(v) for v in jnp.sqrt(jnp.sum(jnp.square(w2).reshape(depth, -1), axis=1))],
-            "layer": [float(v) for v in jnp.sqrt(sum(per_leaf))]}
+    from jaxformer.train.diagnostics import init_grad_norms as norms
+    return norms([f"model.norm_position={position}", f"model.num_decoder_layers={depth}",
+                  f"model.norm_type={norm_type}"], seed=seed)
 
 
 def extra(rep) -> str:

@@ -1,5 +1,6 @@
-"""Restoring a trained model for inference: the model alone (no optimizer, no training data) from a run
-directory's config.json, tokenizer.json and best (or latest) checkpoint, optionally quantized."""
+"""Restoring a trained model for inference: the model (no training data; the optimizer state only when the
+weights asked for live there) from a run directory's config.json, tokenizer.json and best (or latest)
+checkpoint, optionally quantized."""
 from __future__ import annotations
 
 import dataclasses
@@ -36,15 +37,19 @@ def abstract_model(cfg: Config, plan: Plan | None = None):
 
 
 def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = None,
-               quantize: str | None = None) -> LoadedModel:
-    """Restore a run's model (no optimizer, no training data) from its `which` checkpoint ("best" or "latest");
+               quantize: str | None = None, weights: str = "trained") -> LoadedModel:
+    """Restore a run's model (no training data) from its `which` checkpoint ("best" or "latest");
     when that kind has no readable step, the other kind is used with a warning, and `which` of the result
     says so. plan: restore straight into that plan's shardings, else onto one device, whatever mesh the run
     was saved from. quantize: "int8" | "int4" | "w8a8" quantizes the restored weights for inference
-    (`jaxformer.quantize`).
+    (`jaxformer.quantize`). weights: "trained" (what the run's eval/* metrics are of: the model's weights, or
+    schedule-free AdamW's averaged iterate) | "ema" (the weights' EMA of a run with optim.ema set, its
+    eval_ema/*); the optimizer state is read only when one of those needs it.
     Never writes to the run directory."""
     if which not in ("best", "latest"):
         raise ConfigError(f"which={which!r} must be 'best' or 'latest'")
+    if weights not in ("trained", "ema"):
+        raise ConfigError(f"weights={weights!r} must be 'trained' or 'ema'")
     if quantize is not None:
         from jaxformer.quantize import MODES           # imported on use: it loads qwix
         if quantize not in MODES:
@@ -57,14 +62,20 @@ def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = Non
         raise ConfigError(f"{run.path} has no tokenizer.json (not a run directory)")
     tokenizer = run.read_tokenizer()
     cfg = resolve_vocab(cfg, tokenizer.vocab_size, getattr(tokenizer, "pad_id", None))
+    if weights == "ema" and not cfg.optim.ema:
+        raise ConfigError(f"weights='ema': {run.path} was trained without an EMA (optim.ema=0)")
     graph, abstract = abstract_model(cfg, plan)
+    target, graphs = {"model": abstract}, None
+    if weights == "ema" or cfg.optim.name == "schedule_free":      # the weights are in the optimizer's state
+        from jaxformer.train.step import abstract_state
+        graphs, target = abstract_state(cfg, plan)
     ckpt = run.checkpoints(cfg, read_only=True)
     try:
         other = "latest" if which == "best" else "best"
         errors = []
         for kind in (which, other):
             try:
-                restored = ckpt.restore({"model": abstract}, (kind,))
+                restored = ckpt.restore(target, (kind,))
             except CheckpointError as e:
                 errors.append(str(e))
                 continue
@@ -72,7 +83,11 @@ def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = Non
                 if kind != which:
                     log.warning("%s has no readable %s checkpoint; using the %s one (step %d)", run.path, which,
                                 kind, restored.step)
-                model = nnx.merge(graph, restored.items["model"])
+                state = restored.items["model"]
+                if graphs is not None:
+                    from jaxformer.train.weights import evaluated
+                    state = evaluated(cfg, graphs, restored.items)["eval_ema" if weights == "ema" else "eval"]
+                model = nnx.merge(graph, state)
                 if quantize is not None:
                     from jaxformer.quantize import quantize_model
                     quantize_model(model, quantize)

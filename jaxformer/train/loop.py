@@ -41,6 +41,7 @@ from jaxformer.nn import count_params
 from jaxformer.parallel import Plan, check_fits
 from jaxformer.runs import RunDir
 from jaxformer.inference.evaluate import evaluate, examples, make_eval_step
+from jaxformer.train.weights import evaluated
 from jaxformer.train.flops import flops_per_token, measure_peak_flops
 from jaxformer.train.step import Graphs, abstract_state, init_state, make_train_step, schedule, state_around
 
@@ -97,7 +98,7 @@ def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, pr
             t0 = time.perf_counter()
             with plan.use():
                 state, step, signame, last_eval = _loop(p, run, stop_after, progress, clock)
-                model, rows = nnx.merge(p.graphs.model, state["model"]), []
+                model, rows = nnx.merge(p.graphs.model, evaluated(p.cfg, p.graphs, state)["eval"]), []
                 if signame is None:     # after a signal, exit promptly (a scheduler's grace period is short)
                     t = _clock()
                     if last_eval is None:               # nothing ran, or the loop stopped between evals
@@ -367,9 +368,11 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
                 last_eval = None
                 if eval_now:
                     t = _clock()
-                    last_eval = evaluate(cfg, p.task, nnx.merge(p.graphs.model, state["model"]), eval_step, plan)
+                    for split, weights in evaluated(cfg, p.graphs, state).items():   # eval, eval_ema
+                        metrics = evaluate(cfg, p.task, nnx.merge(p.graphs.model, weights), eval_step, plan)
+                        emit(step, split, metrics)
+                        last_eval = metrics if split == "eval" else last_eval
                     clock["eval"] += _clock() - t
-                    emit(step, "eval", last_eval)
                 if saving:
                     t = _clock()
                     ckpt.save(step, state, data_state, last_eval)

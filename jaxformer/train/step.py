@@ -24,11 +24,14 @@ from jaxformer.nn import build_model
 from jaxformer.nn.params import matrix_mask, muon_dims
 from jaxformer.ops.losses import token_losses
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
+from jaxformer.train.weights import with_ema
 
 
 def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     """constant | noam (linear warmup to lr, then lr·sqrt(warmup/step)) | warmup_cosine (to 0 at total_steps) |
     wsd (warmup-stable-decay: linear warmup, lr held, then linear to 0 over the last optim.decay_fraction)."""
+    if cfg.name == "schedule_free":                     # its own: a linear warmup, then constant
+        return optax.warmup_constant_schedule(0.0, cfg.lr, max(cfg.warmup_steps, 1))
     if cfg.schedule == "constant":
         return optax.constant_schedule(cfg.lr)
     if cfg.schedule == "wsd":
@@ -48,30 +51,49 @@ def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
 
 
 def optimizer(cfg: OptimConfig, total_steps: int, matrices=None, muon_dims=None) -> optax.GradientTransformation:
-    """AdamW (default), Lion, Muon (the projection matrices; AdamW for the rest) or SGD, from optax; optional
-    global-norm clipping first (seed 000 uses SGD + clipping). matrices: a pytree of bools over the parameters
+    """AdamW (default), Lion, Muon (the projection matrices; AdamW for the rest), schedule-free AdamW or SGD,
+    from optax; optional global-norm clipping first (seed 000 uses SGD + clipping); optim.ema > 0 keeps an EMA
+    of the weights in the optimizer state (`train.weights`). matrices: a pytree of bools over the parameters
     (`nn.params.matrix_mask`); with cfg.weight_decay_mask='matrices' only those decay (not biases, norm scales
     or embeddings). muon_dims: Muon's matrix axes per parameter (`nn.params.muon_dims`)."""
     lr = schedule(cfg, total_steps)
-    if cfg.name in ("adamw", "lion", "muon"):
-        if cfg.weight_decay_mask == "matrices" and matrices is None:
+    mask = None
+    if cfg.name != "sgd" and cfg.weight_decay_mask == "matrices":
+        if matrices is None:
             raise ValueError("optim.weight_decay_mask='matrices' needs the parameters' matrix mask")
-        mask = matrices if cfg.weight_decay_mask == "matrices" else None
-        if cfg.name == "adamw":
-            base = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=mask)
-        elif cfg.name == "lion":
-            base = optax.lion(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=mask)
-        else:
-            if muon_dims is None:
-                raise ValueError("optim.name='muon' needs the parameters' Muon axes (nn.params.muon_dims)")
-            base = optax.contrib.muon(lr, weight_decay=cfg.weight_decay, weight_decay_mask=mask,
-                                      adam_b1=cfg.b1, adam_b2=cfg.b2, adam_weight_decay=cfg.weight_decay,
-                                      adam_learning_rate=lr if cfg.muon_adam_lr is None
-                                      else _scaled(lr, cfg.muon_adam_lr / cfg.lr),
-                                      muon_weight_dimension_numbers=muon_dims)
+        mask = matrices
+    if cfg.name == "schedule_free":
+        tx = _schedule_free(cfg, lr, mask)
     else:
-        base = optax.sgd(lr)
-    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), base) if cfg.clip_norm > 0 else base
+        tx = _base(cfg, lr, mask, muon_dims)
+        tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx) if cfg.clip_norm > 0 else tx
+    return with_ema(tx, cfg.ema) if cfg.ema else tx
+
+
+def _schedule_free(cfg: OptimConfig, lr, mask) -> optax.GradientTransformation:
+    """optax.contrib.schedule_free_adamw's chain (RMS scaling without momentum, decoupled weight decay, the
+    warmup-constant lr) with our clipping and weight-decay mask inside, schedule-free outermost (so its state's
+    z and b1 are where `train.weights` looks)."""
+    base = optax.chain(*([optax.clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm > 0 else []),
+                       optax.scale_by_rms(decay=cfg.b2, eps=1e-8, eps_in_sqrt=False, bias_correction=True),
+                       optax.add_decayed_weights(cfg.weight_decay, mask), optax.scale_by_learning_rate(lr))
+    return optax.contrib.schedule_free(base, learning_rate=lr, b1=cfg.b1)
+
+
+def _base(cfg: OptimConfig, lr, mask, muon_dims) -> optax.GradientTransformation:
+    if cfg.name == "adamw":
+        return optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=mask)
+    if cfg.name == "lion":
+        return optax.lion(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=mask)
+    if cfg.name == "muon":
+        if muon_dims is None:
+            raise ValueError("optim.name='muon' needs the parameters' Muon axes (nn.params.muon_dims)")
+        return optax.contrib.muon(lr, weight_decay=cfg.weight_decay, weight_decay_mask=mask,
+                                  adam_b1=cfg.b1, adam_b2=cfg.b2, adam_weight_decay=cfg.weight_decay,
+                                  adam_learning_rate=lr if cfg.muon_adam_lr is None
+                                  else _scaled(lr, cfg.muon_adam_lr / cfg.lr),
+                                  muon_weight_dimension_numbers=muon_dims)
+    return optax.sgd(lr)
 
 
 def _scaled(sched, factor: float):
