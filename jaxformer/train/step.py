@@ -31,7 +31,8 @@ def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     """constant | noam (linear warmup to lr, then lr·sqrt(warmup/step)) | warmup_cosine (to 0 at total_steps) |
     wsd (warmup-stable-decay: linear warmup, lr held, then linear to 0 over the last optim.decay_fraction)."""
     if cfg.name == "schedule_free":                     # its own: a linear warmup, then constant
-        return optax.warmup_constant_schedule(0.0, cfg.lr, max(cfg.warmup_steps, 1))
+        return (optax.warmup_constant_schedule(0.0, cfg.lr, cfg.warmup_steps) if cfg.warmup_steps else
+                optax.constant_schedule(cfg.lr))
     if cfg.schedule == "constant":
         return optax.constant_schedule(cfg.lr)
     if cfg.schedule == "wsd":
