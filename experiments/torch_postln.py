@@ -65,8 +65,13 @@ class CharLM(nn.Module):
 
 
 def init_(model: CharLM, scheme: str, layers: int) -> None:
-    """Re-initialise in place (pytorch: leave the modules' defaults)."""
+    """Re-initialise in place. pytorch: each layer's own default reset (nn.TransformerEncoder deep-copies one layer,
+    so without it every layer would start from the same weights)."""
     if scheme == "pytorch":
+        for layer in model.layers.layers:
+            layer.self_attn._reset_parameters()
+            for m in (layer.linear1, layer.linear2, layer.norm1, layer.norm2):
+                m.reset_parameters()
         return
     d = model.d
     with torch.no_grad():
@@ -139,6 +144,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--inits", nargs="+", default=["pytorch", "glorot", "gpt2"],
+                    help="run only these inits, keeping the other inits' runs already in --out")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -148,12 +155,16 @@ def main():
     tx, ty = (torch.tensor(np.asarray(task.train[k]), dtype=torch.long) for k in ("inputs", "targets"))
     ex, ey = (torch.tensor(np.asarray(task.eval[k]), dtype=torch.long) for k in ("inputs", "targets"))
     runs = []
-    for layers, scheme, head in PLAN:
+    if Path(args.out).is_file():
+        runs = [r for r in json.loads(Path(args.out).read_text())["runs"] if r["init"] not in args.inits]
+    for layers, scheme, head in [p for p in PLAN if p[1] in args.inits]:
         for seed in args.seeds:
             r = train(tx, ty, ex, ey, sizes, layers, scheme, head == "tied", args.lr, seed)
             runs.append(r)
             print(f"L={layers} init={scheme} head={head} seed={seed}: train {r['train loss']:.3f} "
                   f"held-out {r['held-out loss']:.3f} failed={r['failed']} ({r['wall_s']} s)", flush=True)
+    order = {p: i for i, p in enumerate(PLAN)}
+    runs.sort(key=lambda r: (order[r["layers"], r["init"], "tied" if r["tied"] else "untied"], r["seed"]))
     out = {"script": "experiments/torch_postln.py", "torch": torch.__version__, "machine": machine(),
            "sizes": sizes, "steps": STEPS, "warmup": WARMUP, "batch": BATCH, "runs": runs}
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

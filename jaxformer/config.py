@@ -368,7 +368,7 @@ class OptimConfig(_Validated):
     muon_adam_lr: float | None = None      # muon: the AdamW part's peak lr (None = optim.lr)
     accumulate: int = 1                    # micro-batches per step: data.batch_size rows in k parts, gradients
                                            # summed and weighted by target tokens (equal to one batch exactly)
-    weight_decay: float = 0.01             # adamw only
+    weight_decay: float = 0.01             # decoupled; adamw, lion, muon, schedule_free (not sgd)
     b1: float = 0.9
     b2: float = 0.98
     clip_norm: float = 1.0                 # global-norm clipping, 0 = off

@@ -136,6 +136,8 @@ class Plan:
         def one(path, v):
             names = v.get_metadata().get("out_sharding") if isinstance(v, nnx.Variable) else None
             value = v.get_value() if isinstance(v, nnx.Variable) else v
+            if not jax.tree.leaves(value):           # an empty node (optax's MaskedNode: Muon's non-matrices)
+                return v
             shape = getattr(value, "shape", ())
             if self.mode == "shard_map" or not names or len(names) != len(shape):
                 sh = self.replicated

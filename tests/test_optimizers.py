@@ -41,11 +41,11 @@ def test_accumulated_micro_batches_equal_one_batch():
             np.testing.assert_allclose(float(steps[k][1][name]), float(steps[1][1][name]), rtol=2e-5)
 
 
-@pytest.mark.parametrize("name,schedule", [pytest.param("lion", "constant", marks=pytest.mark.slow),
-                                           ("muon", "constant"),
-                                           pytest.param("adamw", "wsd", marks=pytest.mark.slow)])
+@pytest.mark.slow        # ~12 s each; the default lane builds Muon's state under a plan (below)
+@pytest.mark.parametrize("name,schedule", [("lion", "constant"), ("muon", "constant"), ("adamw", "wsd"),
+                                           ("schedule_free", "constant")])
 def test_each_optimizer_overfits_a_tiny_batch(name, schedule):
-    lr = {"lion": "3e-4", "muon": "2e-2", "adamw": "3e-3"}[name]
+    lr = {"lion": "3e-4", "muon": "2e-2", "adamw": "3e-3", "schedule_free": "3e-3"}[name]
     cfg, task, graphs, state = prepared(tiny_reverse("model.dropout=0.0", f"optim.name={name}",
                                                      f"optim.schedule={schedule}", f"optim.lr={lr}",
                                                      "optim.warmup_steps=10", "train.steps=150"))
@@ -145,3 +145,12 @@ def test_four_accumulated_micro_batches_equal_one_batch():
     for x, y in zip(jax.tree.leaves(a["model"]), jax.tree.leaves(b["model"])):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(float(ma["loss"]), float(mb["loss"]), rtol=2e-5)
+
+
+def test_muon_and_the_ema_build_their_state_in_a_plans_shardings():
+    """Muon's state holds optax MaskedNodes (empty) where Adam takes a parameter: the plan's shardings must leave
+    them be (the CLI always trains under a plan; the steps above run without one)."""
+    from jaxformer.parallel import Plan
+    cfg = resolve_vocab(tiny_lm("optim.name=muon", "optim.clip_norm=1.0", "optim.ema=0.9"), 60)
+    graphs, state = init_state(cfg, Plan(cfg.parallel))
+    assert "ema" in state["opt"]["opt_state"]

@@ -317,6 +317,7 @@ def test_two_processes_train_like_one_process_and_one_device(eight, tmp_path):
     assert sorted(train_losses(tmp_path / "run")) == list(range(1, 8))
 
 
+@pytest.mark.slow          # two processes (~12 s)
 def test_two_processes_save_into_both_managers_at_once(tmp_path):
     """Every evaluation step is saved into "latest" and "best" at once. orbax names a save's cross-process
     barriers by the step alone, so without each manager's own barrier names the two managers' barriers met:

@@ -248,6 +248,7 @@ def test_logged_grad_norm_is_the_unclipped_norm_and_clipping_scales_the_update()
         np.testing.assert_allclose(np.asarray(p1), np.asarray(p0 - 0.01 * gi / norm), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow          # two training runs (~11 s)
 def test_init_from_starts_a_fresh_run_from_another_runs_weights(tmp_path):
     """train.init_from: the new run's step-0 weights are the source's best weights (not a random init), its
     optimizer state is fresh, and a source with another model is refused naming the fields."""

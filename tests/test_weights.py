@@ -94,6 +94,7 @@ def test_the_ema_averages_the_weights_after_each_update_from_the_initial_ones():
     step(state, {k: jnp.asarray(v[:8]) for k, v in task.train.items()}, jax.random.key(5))
 
 
+@pytest.mark.slow          # a training run (~10 s); the default lane checks the EMA itself above
 def test_a_run_logs_both_evaluations_and_restores_either_weights(tmp_path):
     from jaxformer.inference import evaluate_run
     from jaxformer.train.loop import train
