@@ -93,15 +93,16 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from jaxformer.inference import evaluate_run
     if args.data:
-        from jaxformer.inference import load_model
         from jaxformer.inference.evaluate import evaluate_text
+        from jaxformer.train.weights import load_model
         run = load_model(args.workdir, args.which, quantize=args.quantize, weights=args.weights)
         out = evaluate_text(run, args.data, stride=args.stride)
         console.print(f"{args.data}: {out['tokens']:,} tokens ({out['bytes']:,} bytes of text), windows of "
                       f"{out['window']} every {out['stride']} ({run.which} checkpoint, step {run.step})")
         show_eval({k: out[k] for k in ("loss", "perplexity", "bits_per_byte")}, "text")
         return 0
-    out = evaluate_run(args.workdir, args.which, args.quantize, args.weights)
+    from jaxformer.train.weights import load_model
+    out = evaluate_run(args.workdir, args.which, args.quantize, args.weights, load=load_model)
     quant = f", weights {args.quantize}" if args.quantize else ""
     show_eval(out["eval"], f"held-out ({out['which']} checkpoint, step {out['step']}{quant})")
     show_examples(out["examples"])
@@ -110,7 +111,8 @@ def cmd_eval(args) -> int:
 
 def cmd_generate(args) -> int:
     from jaxformer.arch import adapter
-    from jaxformer.inference import default_prompts, generate_text, load_model
+    from jaxformer.inference import default_prompts, generate_text
+    from jaxformer.train.weights import load_model
     run = load_model(args.workdir, args.which, quantize=args.quantize, weights=args.weights)
     prompts = args.prompt or default_prompts(run)
     outs = generate_text(run, prompts, max_new=args.max_new, temperature=args.temperature, top_k=args.top_k,

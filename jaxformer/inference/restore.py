@@ -37,14 +37,16 @@ def abstract_model(cfg: Config, plan: Plan | None = None):
 
 
 def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = None,
-               quantize: str | None = None, weights: str = "trained") -> LoadedModel:
+               quantize: str | None = None, weights: str = "trained", from_optimizer=None) -> LoadedModel:
     """Restore a run's model (no training data) from its `which` checkpoint ("best" or "latest");
     when that kind has no readable step, the other kind is used with a warning, and `which` of the result
     says so. plan: restore straight into that plan's shardings, else onto one device, whatever mesh the run
     was saved from. quantize: "int8" | "int4" | "w8a8" quantizes the restored weights for inference
     (`jaxformer.quantize`). weights: "trained" (what the run's eval/* metrics are of: the model's weights, or
     schedule-free AdamW's averaged iterate) | "ema" (the weights' EMA of a run with optim.ema set, its
-    eval_ema/*); the optimizer state is read only when one of those needs it.
+    eval_ema/*). Those two live in the optimizer state, which only training code can build: from_optimizer
+    (cfg, plan) -> (restore target {"model", "opt"}, items -> model state) supplies it
+    (`jaxformer.train.weights.load_model` passes it); without it they are a ConfigError.
     Never writes to the run directory."""
     if which not in ("best", "latest"):
         raise ConfigError(f"which={which!r} must be 'best' or 'latest'")
@@ -65,10 +67,12 @@ def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = Non
     if weights == "ema" and not cfg.optim.ema:
         raise ConfigError(f"weights='ema': {run.path} was trained without an EMA (optim.ema=0)")
     graph, abstract = abstract_model(cfg, plan)
-    target, graphs = {"model": abstract}, None
+    target, select = {"model": abstract}, (lambda items: items["model"])
     if weights == "ema" or cfg.optim.name == "schedule_free":      # the weights are in the optimizer's state
-        from jaxformer.train.step import abstract_state
-        graphs, target = abstract_state(cfg, plan)
+        if from_optimizer is None:
+            raise ConfigError(f"{run.path}: its {'EMA' if weights == 'ema' else 'schedule-free averaged'} weights "
+                              "are in the optimizer state; load it with jaxformer.train.weights.load_model")
+        target, select = from_optimizer(cfg, plan)
     ckpt = run.checkpoints(cfg, read_only=True)
     try:
         other = "latest" if which == "best" else "best"
@@ -83,11 +87,7 @@ def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = Non
                 if kind != which:
                     log.warning("%s has no readable %s checkpoint; using the %s one (step %d)", run.path, which,
                                 kind, restored.step)
-                state = restored.items["model"]
-                if graphs is not None:
-                    from jaxformer.train.weights import evaluated
-                    state = evaluated(cfg, graphs, restored.items)["eval_ema" if weights == "ema" else "eval"]
-                model = nnx.merge(graph, state)
+                model = nnx.merge(graph, select(restored.items))
                 if quantize is not None:
                     from jaxformer.quantize import quantize_model
                     quantize_model(model, quantize)

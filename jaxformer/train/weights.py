@@ -38,6 +38,19 @@ def with_ema(inner: optax.GradientTransformation, decay: float) -> optax.Gradien
     return optax.GradientTransformation(init, update)
 
 
+def load_model(workdir, which: str = "best", plan=None, quantize: str | None = None, weights: str = "trained"):
+    """`jaxformer.inference.load_model` that can also read the weights kept in the optimizer state: weights=
+    "trained" (schedule-free runs: their averaged iterate x) or "ema" (optim.ema runs)."""
+    from jaxformer.inference.restore import load_model as load
+    from jaxformer.train.step import abstract_state
+
+    def from_optimizer(cfg, plan_):
+        graphs, target = abstract_state(cfg, plan_)
+        split = "eval_ema" if weights == "ema" else "eval"
+        return target, lambda items: evaluated(cfg, graphs, items)[split]
+    return load(workdir, which, plan, quantize, weights, from_optimizer)
+
+
 def _pure(tree) -> dict:
     return nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
 
