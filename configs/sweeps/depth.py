@@ -47,12 +47,6 @@ def _fails(rep, arm) -> tuple[int, int]:
     return (round(st.mean * st.n), st.n) if st else (0, 0)
 
 
-def _cell(rep, arm) -> str:
-    k, n = _fails(rep, arm)
-    st = rep.stat("held-out loss", arm)
-    return f"{k}/{n} failed, held-out {st.mean:.3f}" if st else f"{k}/{n} failed"
-
-
 def torch_runs() -> list[dict]:
     """experiments/torch_postln.py's runs (docs/ablations/depth_torch.json); [] before it has run."""
     return json.loads(TORCH.read_text(encoding="utf-8"))["runs"] if TORCH.is_file() else []
