@@ -19,7 +19,9 @@ End to end: greedy generation of --new tokens after a --prompt-token prompt.
              before timing, so compile time is excluded);
   cached     generate_lm: one compiled program (prefill + while_loop).
 All times are medians of --reps runs after a warm-up. Writes decode.md and decode.json in --out (default
-benchmarks/results), with a section on the target: ours >=2x faster per token than PyTorch cached at base, batch 1.
+benchmarks/results), with sections on the targets at base size: per token at least as fast as PyTorch cached at
+every batch and context, and batch 1 within 1.3x of the weight-bandwidth floor (weights' bytes over the streaming
+read bandwidth measured in the same run).
 `.venv/bin/python benchmarks/torch_decoder.py [tiny base]` checks the PyTorch cache against recomputation and
 the PyTorch model against ours with our weights copied in.
 """
@@ -77,7 +79,7 @@ def cached_loop(graphdef, steps):
     """jit of (state, cache, tok [B,1], pos [B,1]) -> (cache, tok, pos): `steps` greedy model.steps in a
     fori_loop, the cache donated (returned, so donation aliases it), as inside generate_lm."""
     def run_steps(s, cache, tok, pos):
-        m = nnx.merge(graphdef, s)
+        m = nnx.merge(graphdef, s).for_decoding()     # laid out already (bench_contexts): per-layer weights
 
         def body(_, c):
             cache, tok, pos = c
@@ -92,9 +94,13 @@ def bench_contexts(size, batch, contexts, reps, steps):
                       positional="rope", norm_position="pre", dropout=0.0, **SIZES[size])
     graphdef, state = nnx.split(build_model(cfg))
     fwd = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t)[:, -1])
-    prefill = jax.jit(lambda s, c, t, p: nnx.merge(graphdef, s).step(t, p, c, prefill=True))
-
-    loop = cached_loop(graphdef, steps)
+    # generate_lm lays the model out for decoding once per call (per-layer weight copies); timed alone here
+    layout = jax.jit(lambda s: nnx.split(nnx.merge(graphdef, s).for_decoding())[1])
+    layout_ms = median_ms(lambda: layout(state), reps)
+    weight_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(state))
+    dgraph, dstate = nnx.split(nnx.merge(graphdef, state).for_decoding())
+    prefill = jax.jit(lambda s, c, t, p: nnx.merge(dgraph, s).step(t, p, c, prefill=True))
+    loop = cached_loop(dgraph, steps)
     tf = torch_forward(size)
     td = (torch_decoder.TorchDecoder(VOCAB, **SIZES[size], batch=batch, max_len=max(contexts) + steps + 1)
           if torch_decoder is not None else None)
@@ -102,15 +108,15 @@ def bench_contexts(size, batch, contexts, reps, steps):
     for c in contexts:
         toks = jax.random.randint(jax.random.key(c), (batch, c), 1, VOCAB)
         pos = jnp.broadcast_to(jnp.arange(c), (batch, c))
-        cache = nnx.merge(graphdef, state).init_cache(batch, c + steps)
+        cache = nnx.merge(dgraph, dstate).init_cache(batch, c + steps).unstacked()
         naive = median_ms(lambda: fwd(state, toks), reps)
-        ttft = median_ms(lambda: prefill(state, cache, toks, pos), reps)
-        _, filled = prefill(state, cache, toks, pos)
+        ttft = median_ms(lambda: prefill(dstate, cache, toks, pos), reps)
+        _, filled = prefill(dstate, cache, toks, pos)
         start = (toks[:, -1:], jnp.full((batch, 1), c, jnp.int32))
-        cached = median_ms(lambda c2: loop(state, c2, *start), reps,
+        cached = median_ms(lambda c2: loop(dstate, c2, *start), reps,
                            setup=lambda: (jax.tree.map(jnp.copy, filled),)) / steps
         row = {"size": size, "batch": batch, "context": c, "naive_ms": naive, "cached_ms": cached,
-               "speedup": naive / cached, "ttft_ms": ttft}
+               "speedup": naive / cached, "ttft_ms": ttft, "layout_ms": layout_ms, "weight_bytes": weight_bytes}
         np_toks = np.asarray(toks).astype(np.int64)
         if tf is not None:
             row["torch_naive_ms"] = median_ms(lambda: tf(np_toks), reps)
@@ -155,15 +161,37 @@ def bench_end_to_end(size, batch, prompt, new, reps):
 
 
 def torch_target(rows):
-    """The target "ours >=2x faster per token than PyTorch cached at base size, batch 1", at every context
+    """The target "ours at least as fast per token as PyTorch cached at base size", at every batch and context
     measured -> (met: bool | None when not measured, one line saying why)."""
-    rs = [r for r in rows if r["size"] == "base" and r["batch"] == 1 and "torch_cached_over_cached" in r]
+    rs = [r for r in rows if r["size"] == "base" and "torch_cached_over_cached" in r]
     if not rs:
-        return None, "not measured in this run (needs --sizes base --batches 1, and torch)"
+        return None, "not measured in this run (needs --sizes base, and torch)"
     low = min(rs, key=lambda r: r["torch_cached_over_cached"])
-    met = low["torch_cached_over_cached"] >= 2.0
+    missed = [f"batch {r['batch']} c={r['context']} ({r['torch_cached_over_cached']:.2f}×)" for r in rs
+              if r["torch_cached_over_cached"] < 1.0]
+    met = not missed
     return met, (f"**{'met' if met else 'not met'}**: lowest ratio {low['torch_cached_over_cached']:.2f}× "
-                 f"at context {low['context']} (over contexts {', '.join(str(r['context']) for r in rs)})")
+                 f"(batch {low['batch']}, context {low['context']})" + ("" if met else "; below 1.0×: " +
+                                                                         ", ".join(missed)))
+
+
+def floor_target(rows):
+    """The target "batch-1 cached per-token time within 1.3x the weight-bandwidth floor" at base size."""
+    rs = [r for r in rows if r["size"] == "base" and r["batch"] == 1]
+    if not rs:
+        return None, "not measured in this run (needs --sizes base --batches 1)"
+    worst = max(rs, key=lambda r: r["cached_ms"] / r["floor_ms"])
+    ratio = worst["cached_ms"] / worst["floor_ms"]
+    return ratio <= 1.3, (f"**{'met' if ratio <= 1.3 else 'not met'}**: worst {ratio:.2f}× the floor "
+                          f"{worst['floor_ms']:.2f} ms (context {worst['context']})")
+
+
+def stream_bandwidth(reps: int, mib: int = 256) -> float:
+    """Bytes/s of a jitted sum over a float32 array of `mib` MiB (read once, no reuse): the memory streaming rate
+    that bounds a weight-read-bound decode step. Median of `reps` after a warm-up."""
+    x = jnp.ones((mib * 2 ** 20 // 4,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    return mib * 2 ** 20 / (median_ms(lambda: total(x), max(reps, 5)) / 1e3)
 
 
 def na(r, key, spec, unit=""):
@@ -189,14 +217,21 @@ def main():
         machine += f", torch {torch.__version__} ({torch.get_num_threads()} threads)"
     except ImportError:
         machine += ", no torch"
+    bandwidth = stream_bandwidth(args.reps)
+    print(f"streaming read bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
     rows = [r for s in args.sizes for b in args.batches for r in bench_contexts(s, b, args.contexts, args.reps,
                                                                                   args.steps)]
+    for r in rows:
+        r["floor_ms"] = r["weight_bytes"] / bandwidth * 1e3
     e2e = [bench_end_to_end(s, b, args.prompt, args.new, args.reps) for s in args.sizes for b in args.batches]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     met, verdict = torch_target(rows)
+    floor_met, floor_verdict = floor_target(rows)
     (out / "decode.json").write_text(json.dumps({"machine": machine, "args": vars(args), "rows": rows,
-                                                 "end_to_end": e2e, "torch_cached_target_met": met}, indent=1))
+                                                 "end_to_end": e2e, "bandwidth_bytes_per_s": bandwidth,
+                                                 "torch_cached_target_met": met, "floor_target_met": floor_met},
+                                                indent=1))
     cmd = (f"benchmarks/decode.py --sizes {' '.join(args.sizes)} --batches {' '.join(map(str, args.batches))} "
            f"--contexts {' '.join(map(str, args.contexts))} --steps {args.steps} --prompt {args.prompt} "
            f"--new {args.new} --reps {args.reps}")
@@ -207,13 +242,18 @@ def main():
              "naive = full forward over c tokens (JAX, jitted); torch naive = the same in PyTorch, no cache; "
              "cached = per-token time inside the compiled decode loop from context c; torch cached = per-token "
              "time of PyTorch with a KV cache (benchmarks/torch_decoder.py, eager) stepping from context c; "
-             "TTFT = prefill of c tokens.", "",
+             "TTFT = prefill of c tokens; floor = the weights' bytes over the streaming read bandwidth measured in "
+             f"this run ({bandwidth / 1e9:.1f} GB/s: a jitted sum over 256 MiB), the least a step that reads every "
+             "weight once can take; layout = `model.for_decoding` (each layer's weights copied out of the stacked "
+             "arrays), which generate_lm runs once per call, before its token loop (not in cached ms).", "",
              "| size | batch | context | naive ms | torch naive ms | cached ms | torch cached ms | naive/cached | "
-             "torch cached / ours cached | TTFT ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "torch cached / ours cached | cached / floor | TTFT ms | layout ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['size']} | {r['batch']} | {r['context']} | {r['naive_ms']:.2f} | "
               f"{na(r, 'torch_naive_ms', '.2f')} | {r['cached_ms']:.3f} | {na(r, 'torch_cached_ms', '.3f')} | "
               f"{r['speedup']:.1f}× | {na(r, 'torch_cached_over_cached', '.2f', '×')} | "
-              f"{r['ttft_ms']:.2f} |" for r in rows]
+              f"{r['cached_ms'] / r['floor_ms']:.2f}× of {r['floor_ms']:.3f} | {r['ttft_ms']:.2f} | "
+              f"{r['layout_ms']:.2f} |" for r in rows]
     ref = 64 if 64 in args.contexts else min(args.contexts)
     lines += ["", f"Cached per-token time at the longest context over context {ref}:", ""]
     for s in args.sizes:
@@ -233,7 +273,9 @@ def main():
             rs = [r for r in rows if r["size"] == s and r["batch"] == b]
             lines.append(f"- {s}, batch {b}: " + ", ".join(f"{na(r, 'torch_cached_over_cached', '.2f', '×')} "
                                                              f"(c={r['context']})" for r in rs))
-    lines += ["", f"target: ours ≥2× faster per token at base size, batch 1 — {verdict}."]
+    lines += ["", f"target: ours at least as fast per token as PyTorch cached at base size, every batch and context "
+              f"— {verdict}.", "", f"target: base size, batch 1, within 1.3× the weight-bandwidth floor — "
+              f"{floor_verdict}."]
     lines += ["", f"## End to end: {args.new} new tokens after a {args.prompt}-token prompt (greedy)", "",
               "naive = Python loop over the jitted full forward on the growing sequence (compile excluded); "
               "cached = `generate_lm` (one compiled program). Medians, and minima (this machine's timings are "

@@ -2,9 +2,11 @@
 searches; the model owns its cache and its step (`model.init_cache`, `model.step`, and for an encoder-decoder
 `model.encode` + `model.prepare_memory`, which computes the memory's cross-attention keys/values once).
 
-A prompt batch is prefilled in one pass (exactly the plain forward pass), then cached steps run in a
-`lax.while_loop` that stops when every row has emitted EOS (beam search: when every beam has finished). Each step
-reads every layer's cache once, as the first of two attention segments (cache, new keys) that are never
+Each program first lays its model out for decoding (`model.for_decoding`: every layer's weights copied out of
+the stacked arrays once, the layers unrolled) with a per-layer cache (`KVCache.unstacked`), so that no token of
+the loop slices weights or cache out of stacked arrays. A prompt batch is prefilled in one pass (the plain
+forward pass), then cached steps run in a `lax.while_loop` that stops when every row has emitted EOS (beam
+search: when every beam has finished). Each step reads every layer's cache once, as the first of two attention segments (cache, new keys) that are never
 concatenated, and writes only its new slots, in place: per-token time grows only with the bytes of cache read
 (`benchmarks/decode.py`; `benchmarks/cache_layout.py` measures the alternative layout [L,B,K,S,H]).
 Axis legend: B batch, P prompt length, S cache slots / source length, T step length, V vocab.
@@ -94,7 +96,7 @@ def _check_room(cfg, prompt_len: int, max_new: int, cache_len: int | None):
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "eos_id", "sampling", "cache_len", "kv_cache"))
 def _generate_lm(graphdef, state, prompts, segment_ids, key, *, max_new, eos_id, sampling, cache_len, kv_cache):
-    model = nnx.merge(graphdef, state)
+    model = nnx.merge(graphdef, state).for_decoding()
     pad = model.cfg.pad_id
     if segment_ids is None:                                 # padding wherever a prompt token is the pad id
         valid = prompts != pad
@@ -102,7 +104,7 @@ def _generate_lm(graphdef, state, prompts, segment_ids, key, *, max_new, eos_id,
     else:                                                   # packed: continue each row's last document
         valid = segment_ids != 0
         pos = positions_from_segments(segment_ids)
-    cache = model.init_cache(prompts.shape[0], cache_len, dtype=kv_cache)
+    cache = model.init_cache(prompts.shape[0], cache_len, dtype=kv_cache).unstacked()
     logits, cache = model.step(prompts, pos, cache, segment_ids=segment_ids, prefill=True)   # one plain pass
     last = jnp.argmax(jnp.where(valid, jnp.arange(prompts.shape[1]), -1), 1)               # last real token
     first = jnp.take_along_axis(logits, last[:, None, None], 1)[:, 0]
@@ -137,10 +139,10 @@ def _memory(model, src, segment_ids=None):
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "bos_id", "eos_id", "sampling", "kv_cache"))
 def _generate_seq2seq(graphdef, state, src, key, *, max_new, bos_id, eos_id, sampling, kv_cache):
-    model = nnx.merge(graphdef, state)
+    model = nnx.merge(graphdef, state).for_decoding()
     memory = _memory(model, src)                                                       # once per call
     b = src.shape[0]
-    cache = model.init_cache(b, max_new, dtype=kv_cache)
+    cache = model.init_cache(b, max_new, dtype=kv_cache).unstacked()
     step = lambda c, t, p: model.step(t, p, c, memory=memory)                         # noqa: E731
     logits, cache = step(cache, jnp.full((b, 1), bos_id, jnp.int32), jnp.zeros((b, 1), jnp.int32))
     return replicate(_loop(step, logits[:, 0], jnp.ones((b,), jnp.int32), cache, key, max_new, eos_id,
@@ -191,10 +193,10 @@ def greedy_naive(model, src: jax.Array, max_new: int, *, bos_id: int, eos_id: in
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "bos_id", "eos_id", "beam", "length_penalty",
                                              "kv_cache"))
 def _beam_search(graphdef, state, src, *, max_new, bos_id, eos_id, beam, length_penalty, kv_cache):
-    model = nnx.merge(graphdef, state)
+    model = nnx.merge(graphdef, state).for_decoding()
     b, w, pad = src.shape[0], beam, model.cfg.pad_id
     memory = _memory(model, jnp.repeat(src, w, axis=0))                                # [B*W, S, D]
-    cache = model.init_cache(b * w, max_new, dtype=kv_cache)
+    cache = model.init_cache(b * w, max_new, dtype=kv_cache).unstacked()
     neg = jnp.finfo(jnp.float32).min / 4
     scores = jnp.where(jnp.arange(w) == 0, 0.0, neg)[None].repeat(b, 0)               # [B,W]: start from beam 0
     seqs = jnp.full((b, w, max_new), pad, jnp.int32)

@@ -5,6 +5,7 @@ Axis legend: B batch, T query length, S key length, D model width, N query heads
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import ops
@@ -89,6 +90,8 @@ class MultiHeadAttention(nnx.Module):
         else:
             keys, values = source if isinstance(source, LayerKV) else self.project_kv(source)
         ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, weights)
+        if "kv" in aux:
+            aux["kv"] = _after(aux["kv"], ctx)
         out = (project("BTNH,NHD->BTD", ctx, self.wo[...]) + self._bias("o")).astype(q.dtype)
         if weights:
             aux["weights"] = w
@@ -109,3 +112,12 @@ class MultiHeadAttention(nnx.Module):
                                         backend=cfg.attention_backend, block_size=cfg.attention_block,
                                         softcap=cfg.attention_softcap)
         return res.out, res.weights
+
+
+def _after(new: LayerKV, out: jax.Array) -> LayerKV:
+    """new keys/values made to depend on this layer's attention output (+ 0·one of its elements: exact). In a
+    token loop the cache write then follows this layer's read of the cache, and XLA updates the buffer in place;
+    with no data dependence between them XLA:CPU may order the write first, and copies each layer's whole
+    buffer twice at every token (benchmarks/decode_profile.py counts them: 0 with this)."""
+    zero = out.reshape(-1)[0].astype(jnp.float32) * 0.0
+    return LayerKV(*(a + zero.astype(a.dtype) for a in new))

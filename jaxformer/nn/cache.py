@@ -5,7 +5,8 @@ Axis legend: L decoder layers, B batch, S cache slots (or source length), T new 
 
 The cache: k, v [L,B,S,K,H] (int8 values with a float32 scale per slot and kv head when its dtype is "int8"),
 per-slot absolute positions [B,S] and segment ids [B,S] (0 = empty or padding: never attended), and the next
-write slot. Attention over the cache is causal over *positions* and skips empty slots, so left-, right- or
+write slot. A decoding program lays k and v out per layer (`KVCache.unstacked`: a list of L tensors [B,S,K,H]),
+so that each layer of its token loop reads and writes its own buffer in place, with no slice of a stacked one. Attention over the cache is causal over *positions* and skips empty slots, so left-, right- or
 un-padded prompt batches decode exactly as each prompt alone; with explicit segment ids, a query also sees only
 its own document's slots.
 """
@@ -68,32 +69,62 @@ class KVCache(NamedTuple):
 
     @property
     def layers(self) -> LayerKV:
-        """The stacked per-layer slices [L,B,S,K,H], as the layer stack scans them."""
+        """The per-layer keys/values as the layer stack reads them: stacked [L,B,S,K,H], or lists of L."""
         return LayerKV(self.k, self.v)
+
+    def unstacked(self) -> "KVCache":
+        """The same cache with k and v laid out per layer: lists of L tensors [B,S,K,H] (one copy, made once,
+        before a token loop; a cache already laid out so is returned as it is)."""
+        return KVCache(per_layer(self.k), per_layer(self.v), self.positions, self.segments, self.index)
 
     def without_slots(self) -> "KVCache":
         """The same cache with no slots (S = 0): what a prefill into an empty cache attends over."""
-        cut = lambda t: jax.tree.map(lambda a: a[:, :, :0], t)                    # noqa: E731
+        cut = lambda t: _on_layers(t, lambda a, ax: jax.lax.slice_in_dim(a, 0, 0, axis=ax + 1))   # noqa: E731
         return KVCache(cut(self.k), cut(self.v), self.positions[:, :0], self.segments[:, :0], self.index)
 
     def write(self, new: LayerKV, positions: jax.Array, segments: jax.Array) -> "KVCache":
-        """Write T new entries (new k/v [L,B,T,K,H], float: rounded here for an int8 cache; positions and
-        segments [B,T]) at slots [index, index+T), in place."""
-        if isinstance(self.k, QuantizedKV):
-            new = LayerKV(quantize_kv(new.k), quantize_kv(new.v))
+        """Write T new entries (new k/v [L,B,T,K,H] or lists of L [B,T,K,H], float: rounded here for an int8 cache;
+        positions and segments [B,T]) at slots [index, index+T), in place."""
         i = self.index
 
-        def put(buf, x, axis):
-            return jax.tree.map(lambda b, n: jax.lax.dynamic_update_slice_in_dim(b, n.astype(b.dtype), i, axis=axis),
-                                buf, x)
-        on = lambda t: jax.tree.map(lambda a: constrain(a, CACHE), t)             # noqa: E731
-        return KVCache(on(put(self.k, new.k, 2)), on(put(self.v, new.v, 2)), put(self.positions, positions, 1),
-                       put(self.segments, segments.astype(jnp.int32), 1), i + positions.shape[1])
+        def put_kv(buf, x):
+            if not isinstance(buf, list):
+                x = jnp.stack(x) if isinstance(x, list) else x
+                return jax.tree.map(lambda a: constrain(a, CACHE), _put(buf, x, i, 2))
+            return [jax.tree.map(lambda a: constrain(a, CACHE[1:]), _put(b, x[j], i, 1))
+                    for j, b in enumerate(buf)]
+        put = lambda b, n: jax.lax.dynamic_update_slice_in_dim(b, n.astype(b.dtype), i, axis=1)  # noqa: E731
+        return KVCache(put_kv(self.k, new.k), put_kv(self.v, new.v), put(self.positions, positions),
+                       put(self.segments, segments), i + positions.shape[1])
 
     def take(self, rows: jax.Array) -> "KVCache":
         """The cache with its batch rows reordered / repeated: rows [B'] int (e.g. beam search's surviving beams)."""
-        kv = lambda t: jax.tree.map(lambda a: a[:, rows], t)                      # noqa: E731
+        kv = lambda t: _on_layers(t, lambda a, ax: jnp.take(a, rows, axis=ax))    # noqa: E731
         return KVCache(kv(self.k), kv(self.v), self.positions[rows], self.segments[rows], self.index)
+
+
+def _put(buf, new, index, axis: int):
+    """buf (a float array or QuantizedKV) with float `new` written at `index` along `axis`, in place."""
+    if isinstance(buf, QuantizedKV):
+        new = quantize_kv(new)
+    return jax.tree.map(lambda b, n: jax.lax.dynamic_update_slice_in_dim(b, n.astype(b.dtype), index, axis=axis),
+                        buf, new)
+
+
+def per_layer(x) -> list:
+    """A stacked per-layer pytree (leaves [L,...]; e.g. a cache tensor, a LayerKV) -> a list of L pytrees
+    (leaves [...]); a list is returned as it is."""
+    if isinstance(x, list):
+        return x
+    return [jax.tree.map(lambda a: a[j], x) for j in range(jax.tree.leaves(x)[0].shape[0])]
+
+
+def _on_layers(t, fn):
+    """fn(array, batch_axis) over each array of a cache tensor: stacked [L,B,...] (batch axis 1) or a per-layer
+    list of [B,...] (batch axis 0)."""
+    if isinstance(t, list):
+        return [jax.tree.map(lambda a: fn(a, 0), x) for x in t]
+    return jax.tree.map(lambda a: fn(a, 1), t)
 
 
 def init_cache(num_layers: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype) -> KVCache:

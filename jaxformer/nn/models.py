@@ -207,6 +207,13 @@ class _Model(nnx.Module):
         return init_cache(cfg.num_decoder_layers, batch, length, cfg.kv_heads, cfg.head_size,
                           "int8" if dtype == "int8" else DTYPES[cfg.dtype])
 
+    def for_decoding(self) -> "_Model":
+        """Lay the decoder out for a token loop (`nn.stack.LayerStack.unstack`: each layer's weights copied out
+        of the stacked arrays once, its blocks unrolled) and return self. For a compiled decoding program, on the
+        model merged inside it, before its loop; pair it with a per-layer cache (`KVCache.unstacked`)."""
+        self.decoder.layers.unstack()
+        return self
+
     def _decoder_pass(self, tokens, side: _Tokens, *, memory: Memory | None = None, cache: KVCache | None = None,
                       prefill: bool = False, rngs=None, weights: bool = False):
         """The forward pass, written once: embed -> decoder stack -> logits. Uncached (cache=None), or over a
@@ -264,10 +271,13 @@ class Transformer(_Model):
         return self._encode(src, positions, segment_ids, rngs, False)[0]
 
     def prepare_memory(self, memory: Memory) -> Memory:
-        """The memory with each decoder layer's cross-attention keys/values computed once (kv [L,B,S,K,H]), as
-        cached decoding reads them at every step."""
-        kv = self.decoder.layers.map(lambda blk: blk.cross_attn.project_kv(memory.x))
-        return memory._replace(kv=LayerKV(*kv))
+        """The memory with each decoder layer's cross-attention keys/values computed once (kv [L,B,S,K,H], or
+        lists of L [B,S,K,H] after `for_decoding`), as cached decoding reads them at every step."""
+        layers = self.decoder.layers
+        if layers.unstacked is not None:                       # laid out for a token loop: lists of L [B,S,K,H]
+            kv = [blk.cross_attn.project_kv(memory.x) for blk in layers.unstacked]
+            return memory._replace(kv=LayerKV([a.k for a in kv], [a.v for a in kv]))
+        return memory._replace(kv=LayerKV(*layers.map(lambda blk: blk.cross_attn.project_kv(memory.x))))
 
     def decode(self, tgt: jax.Array, memory: Memory, *, positions: jax.Array | None = None,
                segment_ids: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> jax.Array:

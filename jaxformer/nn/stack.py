@@ -1,5 +1,11 @@
 """A stack of L blocks whose parameters are stacked on a leading "layers" axis and applied with jax.lax.scan:
-one compiled body whatever L is (the cached decoder scans the stacked cache alongside).
+one compiled body whatever L is (training, evaluation, prefill).
+
+A decoding program lays the stack out for its token loop first (`unstack`): each layer's parameters copied out
+once, the loop's body applying the L blocks one after another with a per-layer KV cache (`KVCache.unstacked`).
+Scanned, each decoded token would slice every layer's weights and cache out of the stacked arrays again: at
+base size, batch 1, context 64, those slices took 6.0 ms of op time per token against 2.5 ms of matmuls
+(benchmarks/decode_profile.py profiles the laid-out loop).
 
 A stack may repeat a pattern of n block kinds (e.g. n-1 dense blocks then one Mixture-of-Experts block): each
 kind is stacked separately over its L/n layers and one scan step applies one group of n blocks in order.
@@ -51,6 +57,15 @@ class LayerStack(nnx.Module):
         self.remat = remat
         self.pattern = len(makes)
         self.blocks = stacked(makes[0]) if len(makes) == 1 else nnx.List([stacked(m) for m in makes])
+        self.unstacked = nnx.data(None)
+
+    def unstack(self) -> None:
+        """Lay the stack out for a token loop: `self.unstacked` = the L blocks, each with its own copy of its
+        parameters (the stacked ones stay). Called inside a compiled decoding program, before its loop, on the
+        model merged there; from then on a call applies the blocks one by one (unrolled), reading per-layer
+        inputs laid out per layer (`KVCache.unstacked`) without a copy."""
+        if self.unstacked is None:
+            self.unstacked = nnx.data(nnx.List([self.layer(i) for i in range(self.num_layers)]))
 
     def _kinds(self) -> list[nnx.Module]:
         return [self.blocks] if self.pattern == 1 else list(self.blocks)
@@ -65,6 +80,8 @@ class LayerStack(nnx.Module):
         aux: each key's leaves stacked on a leading axis over the layers that returned it, in layer order (L for
         all layers). rngs: a dropout stream (training); each layer gets its own key.
         """
+        if self.unstacked is not None:
+            return self._unrolled(x, ctx, {"cache": cache, "memory_kv": memory_kv, "window": window}, rngs)
         n, groups = self.pattern, self.num_layers // self.pattern
         graphdefs, states = zip(*(nnx.split(k) for k in self._kinds()))
         keys = None
@@ -92,6 +109,24 @@ class LayerStack(nnx.Module):
         x = constrain(x, ACTIVATION)
         return x, _interleave(auxes)
 
+    def _unrolled(self, x, ctx, per_layer: dict, rngs) -> tuple[jax.Array, dict]:
+        """The L blocks of `self.unstacked` one after another; per-layer inputs are laid out per layer (read as
+        they are) or stacked [L,...] (sliced). aux as __call__'s, but "kv" (keys/values for a per-layer cache)
+        as a LayerKV of lists of L."""
+        keys = None if rngs is None else jax.random.split(rngs.dropout(), self.num_layers)
+        auxes = []
+        for i, block in enumerate(self.unstacked):
+            extra = {name: _layer(v, i) for name, v in per_layer.items() if v is not None}
+            x = constrain(x, ACTIVATION)
+            x, aux = block(x, ctx, rngs=None if keys is None else nnx.Rngs(dropout=keys[i]), **extra)
+            auxes.append(aux)
+        out = {}
+        for name in dict.fromkeys(k for a in auxes for k in a):
+            parts = [a[name] for a in auxes if name in a]
+            out[name] = (LayerKV([p.k for p in parts], [p.v for p in parts]) if name == "kv"    # per layer, as
+                         else jax.tree.map(lambda *a: jnp.stack(a), *parts))             # the cache it goes to
+        return constrain(x, ACTIVATION), out
+
     def map(self, fn):
         """Stacked results of fn(block) over the L blocks, in layer order (e.g. each layer's cross k/v)."""
         outs = []
@@ -104,6 +139,13 @@ class LayerStack(nnx.Module):
         """Block i as a standalone module (a copy of its parameters), for inspection and tests."""
         graphdef, state = nnx.split(self._kinds()[i % self.pattern])
         return nnx.merge(graphdef, jax.tree.map(lambda a: a[i // self.pattern], state))
+
+
+def _layer(x, i: int):
+    """Layer i of a per-layer input: a LayerKV of lists of L (`KVCache.unstacked`) or a stacked pytree [L,...]."""
+    if isinstance(x, LayerKV) and isinstance(x.k, list):
+        return LayerKV(x.k[i], x.v[i])
+    return jax.tree.map(lambda a: a[i], x)
 
 
 def _interleave(ys: tuple[dict, ...]) -> dict:

@@ -1,0 +1,178 @@
+"""The decoding layout (`model.for_decoding` + `KVCache.unstacked`) computes what the stacked, scanned step
+computes; the compiled token loop slices no stacked weight; projections contract in the weight's own order.
+
+Wrong implementations these tests catch: a per-layer block given another layer's weights or cache (layer order
+lost in `unstack` / `_layer`); a per-layer cache written at the wrong axis (the stacked one's) or not written at
+all; `take` / `without_slots` on the wrong axis of a per-layer cache; a decode program that forgets to lay its
+model out (the loop then slices every layer's weights per token); `contract` ordering contracting dimensions as
+jnp.einsum does (H before N: XLA then copies wo at every call) or dropping the output permutation.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxformer import decode
+from jaxformer.config import ModelConfig
+from jaxformer.nn import build_model
+from jaxformer.nn.cache import KVCache, per_layer
+from jaxformer.nn.params import contract
+
+V = 19
+EPS32 = float(np.finfo(np.float32).eps)
+CASES = {
+    "mha-rope": dict(positional="rope", num_decoder_layers=3),
+    "gqa-moe-window": dict(positional="rope", num_kv_heads=2, num_decoder_layers=4, ffn="moe", moe_every=2,
+                           num_experts=4, attention_windows=(3, 0)),
+    "int8-alibi": dict(positional="alibi", num_decoder_layers=2, kv_cache_dtype="int8"),
+}
+
+
+def _cfg(**kw):
+    base = dict(arch="decoder_only", vocab_size=V, d_model=32, num_heads=4, d_ff=48, norm_position="pre",
+                dropout=0.0, max_len=32)
+    return ModelConfig(**{**base, **kw})
+
+
+def _run(graphdef, state, tokens, laid_out: bool, steps: int = 3):
+    """Prefill tokens [B,P] then `steps` greedy cached steps -> (logits [steps+1,B,V], the final cache)."""
+    model = nnx.merge(graphdef, state)
+    if laid_out:
+        model = model.for_decoding()
+    b, p = tokens.shape
+    cache = model.init_cache(b, p + steps)
+    cache = cache.unstacked() if laid_out else cache
+    pos = jnp.broadcast_to(jnp.arange(p), (b, p))
+    logits, cache = model.step(tokens, pos, cache, prefill=True)
+    out, last = [logits[:, -1]], logits[:, -1]
+    for i in range(steps):
+        tok = jnp.argmax(last, -1)[:, None].astype(jnp.int32)
+        logits, cache = model.step(tok, jnp.full((b, 1), p + i, jnp.int32), cache)
+        out.append(logits[:, 0])
+        last = logits[:, 0]
+    return jnp.stack(out), cache
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_laid_out_decoding_equals_the_stacked_step(case):
+    cfg = _cfg(**CASES[case])
+    graphdef, state = nnx.split(build_model(cfg, seed=3))
+    tokens = jax.random.randint(jax.random.key(1), (2, 5), 1, V)
+    run = jax.jit(_run, static_argnums=(0, 3))
+    ref, ref_cache = run(graphdef, state, tokens, False)
+    got, got_cache = run(graphdef, state, tokens, True)
+    assert isinstance(got_cache.k, list) and len(got_cache.k) == cfg.num_decoder_layers
+    scale = float(jnp.max(jnp.abs(ref)))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=0, atol=64 * EPS32 * scale)
+    # the per-layer cache holds, layer by layer, what the stacked one holds (int8 values included)
+    for name in ("k", "v"):
+        stacked = getattr(ref_cache, name)
+        for i, layer in enumerate(getattr(got_cache, name)):
+            for a, b in zip(jax.tree.leaves(layer), jax.tree.leaves(jax.tree.map(lambda x: x[i], stacked))):
+                if a.dtype == jnp.int8:
+                    assert np.mean(np.asarray(a) != np.asarray(b)) < 0.01    # a rounding flip at most, rarely
+                else:
+                    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0,
+                                               atol=64 * EPS32 * float(jnp.max(jnp.abs(b))) + 1e-30)
+    np.testing.assert_array_equal(np.asarray(got_cache.positions), np.asarray(ref_cache.positions))
+    np.testing.assert_array_equal(np.asarray(got_cache.segments), np.asarray(ref_cache.segments))
+
+
+def test_per_layer_cache_take_and_cut_match_the_stacked_ones():
+    keys = jax.random.split(jax.random.key(0), 2)
+    k, v = (jax.random.normal(kk, (3, 4, 6, 2, 5)) for kk in keys)                  # [L,B,S,K,H]
+    c = KVCache(k, v, jnp.arange(24).reshape(4, 6), jnp.ones((4, 6), jnp.int32), jnp.asarray(2))
+    rows = jnp.asarray([3, 0, 0, 2])
+    for got, want in ((c.unstacked().take(rows), c.take(rows)), (c.unstacked().without_slots(), c.without_slots())):
+        for a, b in zip(got.k + got.v, per_layer(want.k) + per_layer(want.v)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(np.asarray(got.positions), np.asarray(want.positions))
+    assert c.unstacked().unstacked().k is not None and isinstance(c.unstacked().k, list)
+
+
+def _eqns(jaxpr):
+    """Every equation of a jaxpr and of the jaxprs nested in its equations' parameters."""
+    for e in jaxpr.eqns:
+        yield e
+        for p in e.params.values():
+            for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+                inner = getattr(sub, "jaxpr", None)
+                if inner is not None:
+                    yield from _eqns(inner if hasattr(inner, "eqns") else sub.jaxpr)
+
+
+def _slices_of_stacked(jaxpr, stacked: set) -> list:
+    """The equations that slice (or scan over) an array shaped like a stacked weight [L,...]."""
+    return [e.primitive.name for e in _eqns(jaxpr) if e.primitive.name in ("slice", "dynamic_slice", "gather", "scan")
+            and any(tuple(getattr(v.aval, "shape", ())) in stacked for v in e.invars)]
+
+
+def test_the_token_loop_slices_no_stacked_weight():
+    cfg = _cfg(num_decoder_layers=3)
+    model = build_model(cfg)
+    graphdef, state = nnx.split(model)
+    stacked = {tuple(a.shape) for a in jax.tree.leaves(nnx.state(model.decoder.layers.blocks))}
+    prompts = jnp.ones((1, 4), jnp.int32)
+    traced = decode._generate_lm.trace(graphdef, state, prompts, None, jax.random.key(0), max_new=3, eos_id=None,
+                                       sampling=(0.0, 0, 1.0), cache_len=7, kv_cache="auto")
+    loops = [e for e in _eqns(traced.jaxpr.jaxpr) if e.primitive.name == "while"]
+    assert loops, "the decode program has no token loop"
+    for loop in loops:
+        body = loop.params["body_jaxpr"].jaxpr
+        assert not _slices_of_stacked(body, stacked), "the token loop slices stacked weights"
+    # the check can fail: the stacked step inside a loop scans over them
+    def scanned(s, cache, tok):
+        m = nnx.merge(graphdef, s)
+        return jax.lax.fori_loop(0, 2, lambda i, c: m.step(tok, tok, c)[1], cache)
+    jaxpr = jax.make_jaxpr(scanned)(state, model.init_cache(1, 4), jnp.ones((1, 1), jnp.int32))
+    assert _slices_of_stacked(jaxpr.jaxpr, stacked)
+
+
+@pytest.mark.parametrize("eq,xs,ws", [("BTNH,NHD->BTD", (2, 3, 4, 5), (4, 5, 6)),
+                                      ("BTD,DNH->BTNH", (2, 3, 6), (6, 4, 5)),
+                                      ("BTD,DF->BTF", (2, 3, 6), (6, 7)),
+                                      ("BD,DK->KB", (3, 6), (6, 4)),
+                                      ("BTNH,HND->DTB", (2, 3, 4, 5), (5, 4, 6)),
+                                      ("ETD,EDF->ETF", (3, 4, 6), (3, 6, 5))])            # batch letter: einsum
+def test_contract_is_einsum(eq, xs, ws):
+    x = np.random.default_rng(0).standard_normal(xs)
+    w = np.random.default_rng(1).standard_normal(ws)
+    want = np.einsum(eq, x, w)                                        # float64 NumPy reference
+    got = contract(eq, jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32))
+    assert got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=64 * EPS32 * np.abs(want).max())
+
+
+def test_contract_contracts_in_the_weights_order():
+    x, w = jnp.ones((2, 3, 4, 5)), jnp.ones((4, 5, 6))
+    dots = [e for e in jax.make_jaxpr(lambda a, b: contract("BTNH,NHD->BTD", a, b))(x, w).jaxpr.eqns
+            if e.primitive.name == "dot_general"]
+    (lhs, rhs), _ = dots[0].params["dimension_numbers"]
+    assert tuple(rhs) == (0, 1) and tuple(lhs) == (2, 3)
+
+
+def _cache_copies(model, slots: int) -> int:
+    """Copies of a whole per-layer cache buffer [B,S,K,H] in generate_lm's compiled program."""
+    graphdef, state = nnx.split(model)
+    cfg = model.cfg
+    low = decode._generate_lm.lower(graphdef, state, jnp.ones((1, 4), jnp.int32), None, jax.random.key(0),
+                                    max_new=slots - 4, eos_id=None, sampling=(0.0, 0, 1.0), cache_len=slots,
+                                    kv_cache="auto")
+    shape = f"f32[1,{slots},{cfg.kv_heads},{cfg.head_size}]"
+    return sum(1 for line in low.compile().as_text().splitlines()
+               if f"= {shape}" in line and " copy(" in line)
+
+
+def test_the_token_loop_updates_each_cache_buffer_in_place(monkeypatch):
+    model = build_model(_cfg(num_decoder_layers=2, max_len=300))
+    assert _cache_copies(model, 257) == 0
+    # the check can fail: without the write's data dependence on the read, XLA:CPU copies every buffer
+    from jaxformer.nn import attention
+    monkeypatch.setattr(attention, "_after", lambda new, out: new)
+    jax.clear_caches()                                   # retrace generate_lm with the patched attention
+    try:
+        assert _cache_copies(model, 257) > 0
+    finally:
+        monkeypatch.undo()
+        jax.clear_caches()                               # no later test reuses the patched trace
