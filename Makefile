@@ -28,7 +28,9 @@ test-all: install
 bench: install
 	$(BIN)/python benchmarks/train_step.py
 	$(BIN)/python benchmarks/step_profile.py
+	$(BIN)/python benchmarks/kernels.py
 	$(BIN)/python benchmarks/decode.py --sizes tiny base --batches 1 8 --contexts 64 256 1024 --reps 7
+	$(BIN)/python benchmarks/decode_profile.py
 	$(BIN)/python benchmarks/make_run.py
 	$(BIN)/python benchmarks/quantize.py
 	$(BIN)/python benchmarks/attention.py --reps 3

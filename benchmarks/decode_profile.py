@@ -91,7 +91,7 @@ def main(argv=None) -> None:
     lines = ["# Where a cached decoding step's time goes (base decoder, laid out for decoding)", "",
              f"`python benchmarks/decode_profile.py --contexts {' '.join(map(str, a.contexts))} --batches "
              f"{' '.join(map(str, a.batches))} --steps {a.steps}` on {machine()}.", "",
-             __doc__.split("\n\n")[1].replace("\n", " "), "",
+             __doc__.split("\n\n")[2].replace("\n", " "), "",
              "| batch | context | wall ms/token | " + " | ".join(names) + " | cache copies |",
              "|---|---|---:|" + "---:|" * len(names) + "---:|"]
     for r in rows:

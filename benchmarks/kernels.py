@@ -4,12 +4,14 @@ shapes, same machine, each framework in its own fresh process.
 
   .venv/bin/python benchmarks/kernels.py [--reps 7] [--out STEM]
 
-Shapes: the gpt config of benchmarks/train_step.py (B12, T64, D128, N4, H32, F512, V65: M = B·T = 768 rows).
+Shapes: the gpt config of benchmarks/train_step.py (B12, T64, D128, N4, H32, F512, V65: M = B·T = 768 rows),
+and the FFN matmuls of one decoded token at base size (D512, F2048; M = 1 or 8 rows: weight-read bound, so
+GB/s = the weight's bytes / time is also given).
   fwd    x[M,K] @ w[K,N]                              (a projection)
   dX     g[M,N] @ w[K,N]ᵀ                             (its input gradient)
   dW     x[M,K]ᵀ @ g[M,N]                             (its weight gradient: contracts the M rows of both)
   softmax-bwd  p·(dp − Σ_s p·dp) over [B,N,T,S]       (the attention softmax's backward)
-A case is timed as R independent copies in one call (R = 16; JAX: one jitted function, PyTorch: a Python loop),
+A case is timed as R independent copies (separate buffers) in one call (R = 16; JAX: one jitted function, PyTorch: a Python loop),
 so dispatch is amortised; median over --reps calls after a warm-up, divided by R. GFLOP/s = 2·M·K·N / time.
 What the ratio means: the train step's own time, less these kernels at this speed, is what XLA:CPU spends
 elsewhere (copies, layer-stack I/O, fills: benchmarks/step_profile.py); at PyTorch's kernel speed the same
@@ -37,11 +39,18 @@ GEMMS = {"qkv (3 projections)": (M, D, 3 * D), "q, k or v": (M, D, D), "attentio
 KINDS = ("fwd", "dX", "dW")
 
 
+# decoding at base size (benchmarks/decode.py): a step's weight matmuls, M = batch rows, forward only
+DECODE = {"decode b1 ffn up": (1, 512, 2048), "decode b1 ffn down": (1, 2048, 512),
+          "decode b8 ffn up": (8, 512, 2048), "decode b8 ffn down": (8, 2048, 512)}
+
+
 def _cases():
     for name, (m, k, n) in GEMMS.items():
         for kind in KINDS:
             yield f"{name} {kind}", (kind, m, k, n)
     yield "softmax-bwd", ("softmax", B, N, T)
+    for name, (m, k, n) in DECODE.items():
+        yield name, ("fwd", m, k, n)
 
 
 def jax_child(reps: int) -> dict:
@@ -52,16 +61,16 @@ def jax_child(reps: int) -> dict:
     rng = np.random.default_rng(0)
     for label, (kind, m, k, n) in _cases():
         if kind == "softmax":
-            p, dp = (jnp.asarray(rng.random((R, m, k, n, n), np.float32)) for _ in range(2))
-            fn = jax.jit(lambda p, dp: p * (dp - jnp.sum(p * dp, -1, keepdims=True)))
+            p, dp = ([jnp.asarray(rng.random((m, k, n, n), np.float32)) for _ in range(R)] for _ in range(2))
+            fn = jax.jit(lambda p, dp: [a * (b - jnp.sum(a * b, -1, keepdims=True)) for a, b in zip(p, dp)])
             args, flops = (p, dp), 0
         else:
             a_shape, b_shape = {"fwd": ((m, k), (k, n)), "dX": ((m, n), (k, n)), "dW": ((m, k), (m, n))}[kind]
-            a = jnp.asarray(rng.standard_normal((R,) + a_shape, np.float32))
-            b = jnp.asarray(rng.standard_normal((R,) + b_shape, np.float32))
-            eq = {"fwd": "rmk,rkn->rmn", "dX": "rmn,rkn->rmk", "dW": "rmk,rmn->rkn"}[kind]
-            # R independent matmuls, unrolled (not one batched dot): each is the kernel the train step runs
-            fn = jax.jit(lambda a, b, eq=eq: [jnp.einsum(eq[1:].replace("r", ""), a[i], b[i]) for i in range(R)])
+            a = [jnp.asarray(rng.standard_normal(a_shape, np.float32)) for _ in range(R)]
+            b = [jnp.asarray(rng.standard_normal(b_shape, np.float32)) for _ in range(R)]
+            eq = {"fwd": "mk,kn->mn", "dX": "mn,kn->mk", "dW": "mk,mn->kn"}[kind]
+            # R independent matmuls on R separate buffers (no slicing), unrolled: each the kernel a step runs
+            fn = jax.jit(lambda a, b, eq=eq: [jnp.einsum(eq, x, y) for x, y in zip(a, b)])
             args, flops = (a, b), 2 * m * k * n
         jax.block_until_ready(fn(*args))
         ts = []
@@ -82,13 +91,14 @@ def torch_child(reps: int) -> dict:
     with torch.inference_mode():
         for label, (kind, m, k, n) in _cases():
             if kind == "softmax":
-                p, dp = (torch.from_numpy(rng.random((R, m, k, n, n), np.float32)) for _ in range(2))
+                p, dp = ([torch.from_numpy(rng.random((m, k, n, n), np.float32)) for _ in range(R)]
+                         for _ in range(2))
                 fn = lambda: [p[i] * (dp[i] - (p[i] * dp[i]).sum(-1, keepdim=True)) for i in range(R)]  # noqa: E731
                 flops = 0
             else:
                 a_shape, b_shape = {"fwd": ((m, k), (k, n)), "dX": ((m, n), (k, n)), "dW": ((m, k), (m, n))}[kind]
-                a = torch.from_numpy(rng.standard_normal((R,) + a_shape, np.float32))
-                b = torch.from_numpy(rng.standard_normal((R,) + b_shape, np.float32))
+                a = [torch.from_numpy(rng.standard_normal(a_shape, np.float32)) for _ in range(R)]
+                b = [torch.from_numpy(rng.standard_normal(b_shape, np.float32)) for _ in range(R)]
                 op = {"fwd": lambda x, y: x @ y, "dX": lambda x, y: x @ y.t(), "dW": lambda x, y: x.t() @ y}[kind]
                 fn = lambda op=op, a=a, b=b: [op(a[i], b[i]) for i in range(R)]        # noqa: E731
                 flops = 2 * m * k * n
@@ -125,7 +135,7 @@ def main(argv=None) -> None:
         j, t = res["jax"][label], res["torch"][label]
         rows.append({"case": label, "jax_us": j["s"] * 1e6, "torch_us": t["s"] * 1e6, "flops": j["flops"],
                      "torch_over_jax": t["s"] / j["s"]})
-    gem = [r for r in rows if r["flops"] and not r["case"].startswith("qkv")]
+    gem = [r for r in rows if r["flops"] and not r["case"].startswith(("qkv", "decode"))]
     per_layer = {fw: sum(r[f"{fw}_us"] for r in gem if not r["case"].startswith("head")) for fw in ("jax", "torch")}
     summary = {"layer_matmuls_us": per_layer, "ratio": per_layer["torch"] / per_layer["jax"]}
     stem = Path(a.out)
@@ -134,13 +144,15 @@ def main(argv=None) -> None:
     stem.with_suffix(".json").write_text(json.dumps({"machine": mach, "reps": a.reps, "rows": rows,
                                                      "summary": summary}, indent=1))
     lines = ["# The train step's kernels alone: XLA:CPU vs PyTorch", "",
-             f"`python benchmarks/kernels.py --reps {a.reps}` on {mach}. {__doc__.split(chr(10) + chr(10))[1]}",
-             "", "| case | XLA µs | PyTorch µs | PyTorch / XLA | XLA GFLOP/s | PyTorch GFLOP/s |",
-             "|---|---:|---:|---:|---:|---:|"]
+             f"`python benchmarks/kernels.py --reps {a.reps}` on {mach}. " + " ".join(__doc__.split("\n\n")[2].split()),
+             "", "| case | XLA µs | PyTorch µs | PyTorch / XLA | XLA GFLOP/s | PyTorch GFLOP/s | XLA GB/s | "
+             "PyTorch GB/s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         g = (lambda us: f"{r['flops'] / us / 1e3:.0f}") if r["flops"] else (lambda us: "–")
+        wb = DECODE.get(r["case"])
+        bw = (lambda us: f"{wb[1] * wb[2] * 4 / us / 1e3:.1f}") if wb else (lambda us: "–")
         lines.append(f"| {r['case']} | {r['jax_us']:.0f} | {r['torch_us']:.0f} | {r['torch_over_jax']:.2f}× | "
-                     f"{g(r['jax_us'])} | {g(r['torch_us'])} |")
+                     f"{g(r['jax_us'])} | {g(r['torch_us'])} | {bw(r['jax_us'])} | {bw(r['torch_us'])} |")
     lines += ["", "One layer's matmuls (q, k, v, attention out, ffn up and down; fwd + dX + dW, three separate "
               f"projections as the model runs them): XLA {per_layer['jax'] / 1e3:.2f} ms, PyTorch "
               f"{per_layer['torch'] / 1e3:.2f} ms: XLA:CPU takes **{1 / summary['ratio']:.2f}×** PyTorch's time."]

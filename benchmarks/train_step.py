@@ -7,7 +7,9 @@ Configs (float32, AdamW lr 1e-3 constant, no gradient clipping, tied input/outpu
         betas (0.9, 0.98), weight decay 0.01 (the repo's OptimConfig defaults);
   base  encoder-decoder D512, 8 heads, F2048, 6+6 layers, B16, S=T=64, V1000, otherwise as tiny;
   gpt   configs/shakespeare_char.py with V65: decoder-only D128, 4 layers, 4 heads, F512, T=64, B12, dropout 0,
-        pre-LN + final LN, GELU (exact), learned positions, betas (0.9, 0.99), weight decay 0.1.
+        pre-LN + final LN, GELU (exact), learned positions, betas (0.9, 0.99), weight decay 0.1; ours with the
+        recipe's model.remat="dots" (each block keeps only its matmul outputs for the backward pass);
+  gpt-noremat  gpt with model.remat="none" (every activation stored): what the remat setting buys.
 Weight decay on weight matrices only on both sides (ours: optim.weight_decay_mask="matrices"; PyTorch: a param
 group of the >=2-d weights other than the embedding and positions). Dropout on both sides sits where ours puts it:
 after the embedding and on each residual branch (PyTorch's attention-probability and inner-FFN dropout are off).
@@ -56,9 +58,10 @@ CONFIGS = {
     "base": dict(arch="encoder_decoder", V=1000, D=512, N=8, F=2048, Le=6, Ld=6, B=16, S=64, T=64, dropout=0.1,
                  norm="post", act="relu", pos="sinusoidal", b2=0.98, wd=0.01),
     "gpt": dict(arch="decoder_only", V=65, D=128, N=4, F=512, Le=0, Ld=4, B=12, S=0, T=64, dropout=0.0,
-                norm="pre", act="gelu", pos="learned", b2=0.99, wd=0.1),
+                norm="pre", act="gelu", pos="learned", b2=0.99, wd=0.1, remat="dots"),
 }
-DEFAULT_STEPS = {"tiny": 200, "base": 10, "gpt": 50}
+CONFIGS["gpt-noremat"] = {**CONFIGS["gpt"], "remat": "none"}          # the lever measured: remat off
+DEFAULT_STEPS = {"tiny": 200, "base": 10, "gpt": 50, "gpt-noremat": 50}
 LR, B1, WARMUP, MATMUL_N, MATMUL_REPS = 1e-3, 0.9, 3, 2048, 10
 
 
@@ -75,7 +78,8 @@ def jax_config(c: dict):
     lm = c["arch"] == "decoder_only"
     model = ModelConfig(arch=c["arch"], vocab_size=c["V"], d_model=c["D"], num_heads=c["N"], d_ff=c["F"],
                         num_encoder_layers=c["Le"], num_decoder_layers=c["Ld"], max_len=max(c["S"], c["T"]),
-                        dropout=c["dropout"], norm_position=c["norm"], positional=c["pos"], activation=c["act"])
+                        dropout=c["dropout"], norm_position=c["norm"], positional=c["pos"], activation=c["act"],
+                        remat=c.get("remat", "none"))
     data = (DataConfig(task="text", path="builtin:alice", block_size=c["T"], batch_size=c["B"]) if lm
             else DataConfig(task="reverse", batch_size=c["B"]))
     optim = OptimConfig(name="adamw", lr=LR, schedule="constant", warmup_steps=0, b1=B1, b2=c["b2"],

@@ -646,3 +646,21 @@ def test_ops_package_exports():
     assert ops.dot_product_attention is dot_product_attention
     assert ops.causal_mask is causal_mask and ops.padding_mask is padding_mask
     assert ops.combine_masks is combine_masks and ops.position_causal_mask is position_causal_mask
+
+
+def test_attention_softmax_backward_against_float64():
+    """The attention's softmax (a custom VJP whose row sums are a GEMV) has softmax's gradient: vjp against the
+    float64 formula w·(g − Σ w·g), with masked (most-negative) logits and a fully masked row."""
+    from jaxformer.ops.attention import _softmax
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    x[0, 0, 1, 2:] = np.finfo(np.float32).min                                      # masked keys
+    x[1, 2, 3, :] = np.finfo(np.float32).min                                       # a fully masked row
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    w64 = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
+    w64 /= w64.sum(-1, keepdims=True)
+    want = w64 * (g - (w64 * g).sum(-1, keepdims=True))
+    out, vjp = jax.vjp(_softmax, jnp.asarray(x))
+    np.testing.assert_allclose(np.asarray(out), w64, rtol=0, atol=8 * np.finfo(np.float32).eps)
+    np.testing.assert_allclose(np.asarray(vjp(jnp.asarray(g))[0]), want, rtol=0,
+                               atol=32 * np.finfo(np.float32).eps * np.abs(g).max())

@@ -175,6 +175,27 @@ def attention_weights(q: jax.Array, k, lse: jax.Array, *, mask=None, bias=None, 
     return jnp.where(keep, jnp.exp(logits - lse), 0.0)
 
 
+@jax.custom_vjp
+def _softmax(x: jax.Array) -> jax.Array:
+    """jax.nn.softmax over the last axis, with a backward whose row sums Σ_s w·g are a matmul with a ones
+    vector: XLA:CPU's reduction of the same [B,K,G,T,S] product was the slowest op of a small model's train step
+    (benchmarks/results/step_profile.md)."""
+    return jax.nn.softmax(x, axis=-1)
+
+
+def _softmax_fwd(x):
+    w = jax.nn.softmax(x, axis=-1)
+    return w, w
+
+
+def _softmax_bwd(w, g):
+    rows = jnp.matmul(g * w, jnp.ones((w.shape[-1], 1), w.dtype))          # [..., 1]: Σ_s w·g, as one GEMV
+    return (w * (g - rows),)
+
+
+_softmax.defvjp(_softmax_fwd, _softmax_bwd)
+
+
 def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse, softcap=0.0):
     """The materialising backend: -> (out, weights [B,N,T,S], lse [B,N,T] or None)."""
     n, kh = q.shape[2], ks[0].shape[2]
@@ -194,7 +215,7 @@ def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse, softcap=0.0):
         mask = jnp.broadcast_to(mask, (b, n, t, s)).reshape(b, kh, g, t, s)
         fill = jnp.finfo(jnp.float32).min if mask_value is None else mask_value
         logits = jnp.where(mask, logits, jnp.float32(fill))
-    weights = jax.nn.softmax(logits, axis=-1)
+    weights = _softmax(logits)
     lse = None
     if want_lse:
         lse = jax.nn.logsumexp(logits, axis=-1)
