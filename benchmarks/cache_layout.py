@@ -22,7 +22,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from jaxformer import ops
 from timing import median_ms  # benchmarks/timing.py (the script's folder is on sys.path)
 
 L, K, H = 6, 8, 64
