@@ -34,7 +34,8 @@ def performance() -> str:
     ts, dec = _load("train_step"), _load("decode")
     label = {"tiny": "train step, seed 004's tiny encoder-decoder, target tokens/s (`train_step.py`)",
              "base": "train step, base encoder-decoder D512 6+6 layers, B16, T64",
-             "gpt": "train step, GPT-style char model D128 4 layers, B12, T64 (remat dots, as its recipe)"}
+             "gpt": "train step, GPT-style char model D128 4 layers, B12, T64 (remat dots, as its recipe)",
+             "gpt-noremat": "the same with model.remat=none (every activation stored)"}
     rows = ["| measurement (script) | ours | PyTorch | ours / PyTorch |", "|---|---:|---:|---:|"]
     for name, text in label.items():
         j, t = ts["configs"][name]["jax"], ts["configs"][name]["torch"]
@@ -160,8 +161,9 @@ def step_profile() -> str:
             "copies (the activation gradients transposed for the weight-gradient\ndots, with the norm and dropout "
             f"backward fused into those transposes), {span('layer-stack I/O')} storing and re-reading each\nscanned "
             f"layer's activations plus {span('buffer fills')} zero-filling those buffers, and for the character model "
-            f"{100 * share['gpt']['reductions']:.0f}% in\nreductions (one {top['group'][:-1]} op alone, "
-            f"`{top['source'].split('/')[-1]}` in the backward pass, costs {top['ms']:.1f} ms of a "
+            f"{100 * share['gpt']['reductions']:.0f}% in\nreductions (its most expensive op, in the group "
+            f"{top['group']}, `{top['source'].split('/')[-1]}` in the "
+            f"{'backward' if 'transpose(' in top['source'] else 'forward'} pass, costs {top['ms']:.1f} ms of a "
             f"{s['gpt']['jax']['step_ms']:.0f} ms step). PyTorch has none of these: its BLAS calls take\ntransposed "
             "operands, its layers keep activations as separate tensors, and its attention is a fused kernel.\n"
             f"{_decoding_and_kernels(weights)} The training loop itself never\nwaits for the device: no host read per step (metrics and the NaN check "
