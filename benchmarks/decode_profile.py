@@ -41,7 +41,8 @@ def profile(batch: int, context: int, steps: int) -> dict:
     graphdef, state = nnx.split(nnx.merge(*nnx.split(build_model(cfg))).for_decoding())
     loop = cached_loop(graphdef, steps)
     slots = context + steps
-    fresh = lambda: jax.tree.map(jnp.copy, nnx.merge(graphdef, state).init_cache(batch, slots).unstacked())  # noqa: E731
+    empty = nnx.merge(graphdef, state).init_cache(batch, slots).unstacked()
+    fresh = lambda: jax.tree.map(jnp.copy, empty)                                 # noqa: E731 (donated per call)
     tok = jnp.ones((batch, 1), jnp.int32)
     pos = jnp.full((batch, 1), context, jnp.int32)
     hlo = loop.lower(state, fresh(), tok, pos).compile().as_text()

@@ -11,8 +11,9 @@ GB/s = the weight's bytes / time is also given).
   dX     g[M,N] @ w[K,N]ᵀ                             (its input gradient)
   dW     x[M,K]ᵀ @ g[M,N]                             (its weight gradient: contracts the M rows of both)
   softmax-bwd  p·(dp − Σ_s p·dp) over [B,N,T,S]       (the attention softmax's backward)
-A case is timed as R independent copies (separate buffers) in one call (R = 16; JAX: one jitted function, PyTorch: a Python loop),
-so dispatch is amortised; median over --reps calls after a warm-up, divided by R. GFLOP/s = 2·M·K·N / time.
+A case is timed as R independent copies (separate buffers) in one call (R = 16; JAX: one jitted function,
+PyTorch: a Python loop), so dispatch is amortised; median over --reps calls after a warm-up, divided by R.
+GFLOP/s = 2·M·K·N / time.
 What the ratio means: the train step's own time, less these kernels at this speed, is what XLA:CPU spends
 elsewhere (copies, layer-stack I/O, fills: benchmarks/step_profile.py); at PyTorch's kernel speed the same
 matmuls would take the PyTorch column. Writes STEM.md and STEM.json (default benchmarks/results/kernels).

@@ -6,8 +6,9 @@ Each program first lays its model out for decoding (`model.for_decoding`: every 
 the stacked arrays once, the layers unrolled) with a per-layer cache (`KVCache.unstacked`), so that no token of
 the loop slices weights or cache out of stacked arrays. A prompt batch is prefilled in one pass (the plain
 forward pass), then cached steps run in a `lax.while_loop` that stops when every row has emitted EOS (beam
-search: when every beam has finished). Each step reads every layer's cache once, as the first of two attention segments (cache, new keys) that are never
-concatenated, and writes only its new slots, in place: per-token time grows only with the bytes of cache read
+search: when every beam has finished). Each step reads every layer's cache once, as the first of two attention
+segments (cache, new keys) that are never concatenated, and writes only its new slots, in place: per-token time
+grows only with the bytes of cache read
 (`benchmarks/decode.py`; `benchmarks/cache_layout.py` measures the alternative layout [L,B,K,S,H]).
 Axis legend: B batch, P prompt length, S cache slots / source length, T step length, V vocab.
 `greedy_naive` recomputes the full forward pass each step (the baseline the cache is measured against;

@@ -172,3 +172,9 @@ def test_the_token_loop_updates_each_cache_buffer_in_place(monkeypatch):
     from jaxformer.nn import attention
     monkeypatch.setattr(attention, "_after", lambda new, out: new)
     assert _cache_copies(build_model(_cfg(num_decoder_layers=2, max_len=300, d_ff=56)), 257) > 0
+
+
+def test_a_stack_laid_out_for_decoding_refuses_to_train():
+    model = build_model(_cfg(num_decoder_layers=2, dropout=0.1)).for_decoding()
+    with pytest.raises(ValueError, match="laid out for decoding"):
+        model(jnp.ones((1, 3), jnp.int32), rngs=nnx.Rngs(dropout=0))

@@ -6,7 +6,8 @@ Axis legend: L decoder layers, B batch, S cache slots (or source length), T new 
 The cache: k, v [L,B,S,K,H] (int8 values with a float32 scale per slot and kv head when its dtype is "int8"),
 per-slot absolute positions [B,S] and segment ids [B,S] (0 = empty or padding: never attended), and the next
 write slot. A decoding program lays k and v out per layer (`KVCache.unstacked`: a list of L tensors [B,S,K,H]),
-so that each layer of its token loop reads and writes its own buffer in place, with no slice of a stacked one. Attention over the cache is causal over *positions* and skips empty slots, so left-, right- or
+so that each layer of its token loop reads and writes its own buffer in place, with no slice of a stacked one.
+Attention over the cache is causal over *positions* and skips empty slots, so left-, right- or
 un-padded prompt batches decode exactly as each prompt alone; with explicit segment ids, a query also sees only
 its own document's slots.
 """
@@ -83,8 +84,8 @@ class KVCache(NamedTuple):
         return KVCache(cut(self.k), cut(self.v), self.positions[:, :0], self.segments[:, :0], self.index)
 
     def write(self, new: LayerKV, positions: jax.Array, segments: jax.Array) -> "KVCache":
-        """Write T new entries (new k/v [L,B,T,K,H] or lists of L [B,T,K,H], float: rounded here for an int8 cache;
-        positions and segments [B,T]) at slots [index, index+T), in place."""
+        """Write T new entries (new k/v [L,B,T,K,H] or lists of L [B,T,K,H], float: rounded here for an int8
+        cache; positions and segments [B,T]) at slots [index, index+T), in place."""
         i = self.index
 
         def put_kv(buf, x):

@@ -63,7 +63,8 @@ class LayerStack(nnx.Module):
         """Lay the stack out for a token loop: `self.unstacked` = the L blocks, each with its own copy of its
         parameters (the stacked ones stay). Called inside a compiled decoding program, before its loop, on the
         model merged there; from then on a call applies the blocks one by one (unrolled), reading per-layer
-        inputs laid out per layer (`KVCache.unstacked`) without a copy."""
+        inputs laid out per layer (`KVCache.unstacked`) without a copy. Inference only: a call with a dropout
+        stream (training) raises, since gradients would reach the copies, not the stacked parameters."""
         if self.unstacked is None:
             self.unstacked = nnx.data(nnx.List([self.layer(i) for i in range(self.num_layers)]))
 
@@ -81,7 +82,10 @@ class LayerStack(nnx.Module):
         all layers). rngs: a dropout stream (training); each layer gets its own key.
         """
         if self.unstacked is not None:
-            return self._unrolled(x, ctx, {"cache": cache, "memory_kv": memory_kv, "window": window}, rngs)
+            if rngs is not None:
+                raise ValueError("this layer stack is laid out for decoding (for_decoding): its per-layer weights "
+                                 "are copies, so it cannot train; train the model as built or restored")
+            return self._unrolled(x, ctx, {"cache": cache, "memory_kv": memory_kv, "window": window})
         n, groups = self.pattern, self.num_layers // self.pattern
         graphdefs, states = zip(*(nnx.split(k) for k in self._kinds()))
         keys = None
@@ -109,16 +113,15 @@ class LayerStack(nnx.Module):
         x = constrain(x, ACTIVATION)
         return x, _interleave(auxes)
 
-    def _unrolled(self, x, ctx, per_layer: dict, rngs) -> tuple[jax.Array, dict]:
+    def _unrolled(self, x, ctx, per_layer: dict) -> tuple[jax.Array, dict]:
         """The L blocks of `self.unstacked` one after another; per-layer inputs are laid out per layer (read as
         they are) or stacked [L,...] (sliced). aux as __call__'s, but "kv" (keys/values for a per-layer cache)
         as a LayerKV of lists of L."""
-        keys = None if rngs is None else jax.random.split(rngs.dropout(), self.num_layers)
         auxes = []
         for i, block in enumerate(self.unstacked):
             extra = {name: _layer(v, i) for name, v in per_layer.items() if v is not None}
             x = constrain(x, ACTIVATION)
-            x, aux = block(x, ctx, rngs=None if keys is None else nnx.Rngs(dropout=keys[i]), **extra)
+            x, aux = block(x, ctx, **extra)
             auxes.append(aux)
         out = {}
         for name in dict.fromkeys(k for a in auxes for k in a):
