@@ -4,9 +4,10 @@
 
   per-head   einsum over [B,S,K,H] with K as a batch dim: XLA:CPU first transposes the cache to [B,K,S,H];
   all-heads  one matmul over all K cache heads in the cache's own layout, keeping the K diagonal blocks
-             (K times the flops; what ops.dot_product_attention does for T=1 and N <= 16);
-  [B,K,S,H]  the per-head einsum on a cache stored kv-heads first (the layout we do *not* use: the documented
-             cache contract is [L,B,S,K,H]), the transpose-free reference point.
+             (K times the flops; what ops.dot_product_attention does for T=1 and N <= 16 over a [B,S,K,H]
+             cache: the stacked, scanned `model.step`);
+  [B,K,S,H]  the per-head einsum on a cache stored kv-heads first, transpose-free: the layout of a cache laid
+             out for decoding (`KVCache.unstacked`, kv_layout="BKSH"), which the decode programs use.
 Each variant runs a jitted fori_loop of --steps decode steps; each step scans over L layers, attends over the
 cache plus the new key (two segments, as the model's cached step does) and writes the new k/v into the donated
 cache in place. Base-model attention shapes: L=6, K=N=8 heads, H=64, float32. Medians of --reps runs.
@@ -95,8 +96,10 @@ def main():
              f"`benchmarks/cache_layout.py --slots {' '.join(map(str, args.slots))} --batches "
              f"{' '.join(map(str, args.batches))} --steps {args.steps} --reps {args.reps}` on {machine}, "
              f"{time.strftime('%Y-%m-%d')}. ms per step (all 6 layers), medians; written by the script. "
-             "per-head / all-heads: the [L,B,S,K,H] cache; [B,K,S,H]: a kv-heads-first cache, for reference.", "",
-             "| batch | cache slots | per-head einsum | all-heads matmul + diagonal (ours) | [L,B,K,S,H] per-head |",
+             "per-head / all-heads: the stacked [L,B,S,K,H] cache (all-heads: the scanned `model.step`); "
+             "[B,K,S,H]: a kv-heads-first cache (the decode programs' per-layer layout).", "",
+             "| batch | cache slots | per-head einsum | all-heads matmul + diagonal (stacked step) | "
+             "[L,B,K,S,H] per-head (decode programs) |",
              "|---|---|---|---|---|"]
     lines += [f"| {r['batch']} | {r['slots']} | {r['per_head_ms']:.3f} | {r['all_heads_ms']:.3f} | "
               f"{r['BKSH_ms']:.3f} |" for r in rows]

@@ -116,7 +116,8 @@ def bench_contexts(size, batch, contexts, reps, steps):
         cached = median_ms(lambda c2: loop(dstate, c2, *start), reps,
                            setup=lambda: (jax.tree.map(jnp.copy, filled),)) / steps
         row = {"size": size, "batch": batch, "context": c, "naive_ms": naive, "cached_ms": cached,
-               "speedup": naive / cached, "ttft_ms": ttft, "layout_ms": layout_ms, "weight_bytes": weight_bytes}
+               "speedup": naive / cached, "ttft_ms": ttft, "layout_ms": layout_ms, "weight_bytes": weight_bytes,
+               "cache_bytes": sum(a.size * a.dtype.itemsize for a in jax.tree.leaves((cache.k, cache.v)))}
         np_toks = np.asarray(toks).astype(np.int64)
         if tf is not None:
             row["torch_naive_ms"] = median_ms(lambda: tf(np_toks), reps)
@@ -182,8 +183,10 @@ def floor_target(rows):
         return None, "not measured in this run (needs --sizes base --batches 1)"
     worst = max(rs, key=lambda r: r["cached_ms"] / r["floor_ms"])
     ratio = worst["cached_ms"] / worst["floor_ms"]
+    with_cache = max(r["cached_ms"] / r["floor_with_cache_ms"] for r in rs if "floor_with_cache_ms" in r)
     return ratio <= 1.3, (f"**{'met' if ratio <= 1.3 else 'not met'}**: worst {ratio:.2f}× the floor "
-                          f"{worst['floor_ms']:.2f} ms (context {worst['context']})")
+                          f"{worst['floor_ms']:.2f} ms (context {worst['context']}); with the cache's bytes "
+                          f"counted too, worst {with_cache:.2f}×")
 
 
 def stream_bandwidth(reps: int, mib: int = 256) -> float:
@@ -217,12 +220,17 @@ def main():
         machine += f", torch {torch.__version__} ({torch.get_num_threads()} threads)"
     except ImportError:
         machine += ", no torch"
-    bandwidth = stream_bandwidth(args.reps)
-    print(f"streaming read bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
+    # measured before and after the rows (this VM's bandwidth moves by up to 1.7x between runs); the floor takes
+    # the faster reading, so it never flatters us
+    readings = [stream_bandwidth(args.reps)]
+    print(f"streaming read bandwidth {readings[0] / 1e9:.1f} GB/s", flush=True)
     rows = [r for s in args.sizes for b in args.batches for r in bench_contexts(s, b, args.contexts, args.reps,
                                                                                   args.steps)]
+    readings.append(stream_bandwidth(args.reps))
+    bandwidth = max(readings)
     for r in rows:
         r["floor_ms"] = r["weight_bytes"] / bandwidth * 1e3
+        r["floor_with_cache_ms"] = (r["weight_bytes"] + r["cache_bytes"]) / bandwidth * 1e3
     e2e = [bench_end_to_end(s, b, args.prompt, args.new, args.reps) for s in args.sizes for b in args.batches]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -230,6 +238,7 @@ def main():
     floor_met, floor_verdict = floor_target(rows)
     (out / "decode.json").write_text(json.dumps({"machine": machine, "args": vars(args), "rows": rows,
                                                  "end_to_end": e2e, "bandwidth_bytes_per_s": bandwidth,
+                                                 "bandwidth_readings": readings,
                                                  "torch_cached_target_met": met, "floor_target_met": floor_met},
                                                 indent=1))
     cmd = (f"benchmarks/decode.py --sizes {' '.join(args.sizes)} --batches {' '.join(map(str, args.batches))} "
@@ -243,16 +252,18 @@ def main():
              "cached = per-token time inside the compiled decode loop from context c; torch cached = per-token "
              "time of PyTorch with a KV cache (benchmarks/torch_decoder.py, eager) stepping from context c; "
              "TTFT = prefill of c tokens; floor = the weights' bytes over the streaming read bandwidth measured in "
-             f"this run ({bandwidth / 1e9:.1f} GB/s: a jitted sum over 256 MiB), the least a step that reads every "
-             "weight once can take; layout = `model.for_decoding` (each layer's weights copied out of the stacked "
+             f"this run (the faster of {' and '.join(f'{x / 1e9:.1f}' for x in readings)} GB/s, before and after "
+             "the rows: a jitted sum over 256 MiB), the least a step that reads every weight once can take; "
+             "+ cache = the same with the cache's bytes (every slot, as attention reads them) added; layout = `model.for_decoding` (each layer's weights copied out of the stacked "
              "arrays), which generate_lm runs once per call, before its token loop (not in cached ms).", "",
              "| size | batch | context | naive ms | torch naive ms | cached ms | torch cached ms | naive/cached | "
-             "torch cached / ours cached | cached / floor | TTFT ms | layout ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "torch cached / ours cached | cached / floor | cached / floor + cache | TTFT ms | layout ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['size']} | {r['batch']} | {r['context']} | {r['naive_ms']:.2f} | "
               f"{na(r, 'torch_naive_ms', '.2f')} | {r['cached_ms']:.3f} | {na(r, 'torch_cached_ms', '.3f')} | "
               f"{r['speedup']:.1f}× | {na(r, 'torch_cached_over_cached', '.2f', '×')} | "
-              f"{r['cached_ms'] / r['floor_ms']:.2f}× of {r['floor_ms']:.3f} | {r['ttft_ms']:.2f} | "
+              f"{r['cached_ms'] / r['floor_ms']:.2f}× of {r['floor_ms']:.3f} | "
+              f"{r['cached_ms'] / r['floor_with_cache_ms']:.2f}× of {r['floor_with_cache_ms']:.3f} | {r['ttft_ms']:.2f} | "
               f"{r['layout_ms']:.2f} |" for r in rows]
     ref = 64 if 64 in args.contexts else min(args.contexts)
     lines += ["", f"Cached per-token time at the longest context over context {ref}:", ""]

@@ -70,7 +70,7 @@ def profile(batch: int, context: int, steps: int) -> dict:
         if g == "matmul" and re.search(rf"\b{slots}\b|\b{slots * cfg.kv_heads}\b", body):
             g = "attention (reads the cache)"
         groups[g] += e["dur"] / 1e3 / steps
-    shape = f"f32[{batch},{slots},{cfg.kv_heads},{cfg.head_size}]"
+    shape = f"f32[{batch},{cfg.kv_heads},{slots},{cfg.head_size}]"            # heads-major per-layer buffer
     copies = sum(1 for line in hlo.splitlines() if f"= {shape}" in line and " copy(" in line)
     return {"batch": batch, "context": context, "wall_ms": sorted(walls)[len(walls) // 2],
             "groups_ms": dict(groups), "cache_copies": copies}

@@ -179,7 +179,7 @@ def _decoding_and_kernels(weights: float) -> str:
     k = _load("kernels")["summary"]
     return (f"Decoding one token at base size reads all {weights / 1e6:.0f} MB of float32 weights: the decoding "
             "program lays the model\nout first (`model.for_decoding`: each layer's weights copied out of the "
-            "stacked arrays once per call,\na cache buffer per layer updated in place: "
+            "stacked arrays once per call,\na heads-major [B,K,S,H] cache buffer per layer updated in place: "
             f"{max(r['cache_copies'] for r in prof.values())} whole-buffer copies per token in the compiled "
             f"loop), so that at batch 1, context 64,\na token takes {floor['cached_ms']:.2f} ms, "
             f"{floor['cached_ms'] / floor['floor_ms']:.2f}× the time of reading the weights once at the streaming "

@@ -3,7 +3,7 @@ computes; the compiled token loop slices no stacked weight; projections contract
 
 Wrong implementations these tests catch: a per-layer block given another layer's weights or cache (layer order
 lost in `unstack` / `_layer`); a per-layer cache written at the wrong axis (the stacked one's) or not written at
-all; `take` / `without_slots` on the wrong axis of a per-layer cache; a decode program that forgets to lay its
+all, or read without its heads-major view swapped back; `take` / `without_slots` on the wrong axis of a per-layer cache; a decode program that forgets to lay its
 model out (the loop then slices every layer's weights per token); `contract` ordering contracting dimensions as
 jnp.einsum does (H before N: XLA then copies wo at every call) or dropping the output permutation.
 """
@@ -16,7 +16,7 @@ from flax import nnx
 from jaxformer import decode
 from jaxformer.config import ModelConfig
 from jaxformer.nn import build_model
-from jaxformer.nn.cache import KVCache, per_layer
+from jaxformer.nn.cache import KVCache, heads_major, per_layer
 from jaxformer.nn.params import contract
 
 V = 19
@@ -69,7 +69,8 @@ def test_laid_out_decoding_equals_the_stacked_step(case):
     for name in ("k", "v"):
         stacked = getattr(ref_cache, name)
         for i, layer in enumerate(getattr(got_cache, name)):
-            for a, b in zip(jax.tree.leaves(layer), jax.tree.leaves(jax.tree.map(lambda x: x[i], stacked))):
+            assert jax.tree.leaves(layer)[0].shape[1] == cfg.kv_heads              # stored heads-major [B,K,S,H]
+            for a, b in zip(jax.tree.leaves(heads_major(layer)), jax.tree.leaves(jax.tree.map(lambda x: x[i], stacked))):
                 if a.dtype == jnp.int8:
                     assert np.mean(np.asarray(a) != np.asarray(b)) < 0.01    # a rounding flip at most, rarely
                 else:
@@ -85,7 +86,7 @@ def test_per_layer_cache_take_and_cut_match_the_stacked_ones():
     c = KVCache(k, v, jnp.arange(24).reshape(4, 6), jnp.ones((4, 6), jnp.int32), jnp.asarray(2))
     rows = jnp.asarray([3, 0, 0, 2])
     for got, want in ((c.unstacked().take(rows), c.take(rows)), (c.unstacked().without_slots(), c.without_slots())):
-        for a, b in zip(got.k + got.v, per_layer(want.k) + per_layer(want.v)):
+        for a, b in zip(got.k + got.v, [heads_major(x) for x in per_layer(want.k) + per_layer(want.v)]):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         np.testing.assert_array_equal(np.asarray(got.positions), np.asarray(want.positions))
     assert c.unstacked().unstacked().k is not None and isinstance(c.unstacked().k, list)
@@ -153,13 +154,13 @@ def test_contract_contracts_in_the_weights_order():
 
 
 def _cache_copies(model, slots: int) -> int:
-    """Copies of a whole per-layer cache buffer [B,S,K,H] in generate_lm's compiled program."""
+    """Copies of a whole per-layer cache buffer (heads-major [B,K,S,H]) in generate_lm's compiled program."""
     graphdef, state = nnx.split(model)
     cfg = model.cfg
     low = decode._generate_lm.lower(graphdef, state, jnp.ones((1, 4), jnp.int32), None, jax.random.key(0),
                                     max_new=slots - 4, eos_id=None, sampling=(0.0, 0, 1.0), cache_len=slots,
                                     kv_cache="auto")
-    shape = f"f32[1,{slots},{cfg.kv_heads},{cfg.head_size}]"
+    shape = f"f32[1,{cfg.kv_heads},{slots},{cfg.head_size}]"
     return sum(1 for line in low.compile().as_text().splitlines()
                if f"= {shape}" in line and " copy(" in line)
 

@@ -307,6 +307,32 @@ def test_single_query_path_matches_reference_values_and_gradients(n, kh):
     check_grads(jax.jit(f), args, order=1, modes=["rev"], eps=1e-2, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("backend", ["reference", "chunked"])
+@pytest.mark.parametrize("t,n,kh", [(1, 4, 4), (1, 4, 2), (5, 4, 1), (1, 32, 8)])
+def test_heads_major_kv_layout_matches_reference_values_and_gradients(backend, t, n, kh):
+    """kv_layout="BKSH" (a per-layer decoding cache [B,K,S,H], given as a cache + new-key segment pair) is the
+    same attention as [B,S,K,H]: values against the float64 reference and gradients against the BSKH call.
+    Wrong layouts this catches: S and K read swapped (K=S shapes are avoided, so a swap also fails the shape
+    check), heads-major segments concatenated along the wrong axis, a backend that ignores the layout."""
+    q, k, v = qkv(141, b=3, t=t, s=7, n=n, kh=kh)
+    mask = np.random.default_rng(142).random((3, 1, t, 7)) < 0.7
+    mask[0, :, 0] = False                                            # a fully-masked row
+    want, _ = ref_attention(q, k, v, mask)
+    hm = lambda a: jnp.swapaxes(a, 1, 2)                              # noqa: E731  [B,S,K,H] -> [B,K,S,H]
+    seg = lambda a: (hm(a)[:, :, :6], hm(a)[:, :, 6:])                # noqa: E731
+    f = lambda q, k, v, layout: dot_product_attention(                # noqa: E731
+        q, *((seg(k), seg(v)) if layout == "BKSH" else (k, v)), mask=jnp.asarray(mask), kv_layout=layout,
+        backend=backend, block_size=4).out
+    args = [jnp.asarray(a) for a in (q, k, v)]
+    got = jax.jit(f, static_argnums=3)(*args, "BKSH")
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+    loss = lambda layout: jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a, layout))), (0, 1, 2))(*args)  # noqa: E731
+    for a, b in zip(loss("BKSH"), loss("BSKH")):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    with pytest.raises(ValueError, match="kv_layout='BSHK'"):
+        dot_product_attention(*args, kv_layout="BSHK")
+
+
 def test_attention_segment_errors_are_named():
     q, k, v = (jnp.asarray(a) for a in qkv(121))
     with pytest.raises(ValueError, match="same number of segments"):

@@ -10,7 +10,7 @@ from flax import nnx
 
 from jaxformer import ops
 from jaxformer.config import ModelConfig
-from jaxformer.nn.cache import LayerKV
+from jaxformer.nn.cache import HeadsMajorKV, LayerKV, heads_major
 from jaxformer.nn import init
 from jaxformer.nn.params import ones, param, project, zeros
 from jaxformer.ops import norms, positional
@@ -70,13 +70,16 @@ class MultiHeadAttention(nnx.Module):
         """x [B,T,D] queries at positions [B,T].
 
         source: None (self-attention over x), or the keys/values' source for cross-attention: an array [B,S,D],
-        or its keys/values already projected (a LayerKV [B,S,K,H], `project_kv`, computed once for decoding).
-        cache: self-attention only: this layer's cached keys/values [B,S,K,H]; the queries attend over the S
+        or its keys/values already projected (a LayerKV [B,S,K,H], `project_kv`, computed once for decoding; or a
+        HeadsMajorKV [B,K,S,H] after `for_decoding`).
+        cache: self-attention only: this layer's cached keys/values [B,S,K,H] (a `HeadsMajorKV` [B,K,S,H] when
+        laid out for decoding); the queries attend over the S
         cached slots followed by this call's T new keys, as two segments (the cache is never copied);
         kv_positions [B,S+T] and mask (broadcastable to [B,N,T,S+T], or an ops.masks.CausalMask) decide what is
         visible. Without a cache, kv_positions defaults to positions. -> (out [B,T,D], aux)."""
         q = self.project_q(x, positions)
         aux = {}
+        heads_first = isinstance(cache if source is None else source, HeadsMajorKV)   # [B,K,S,H]: a laid-out cache
         if source is None:
             new = self.project_kv(x, positions)
             kv_positions = positions if kv_positions is None else kv_positions
@@ -85,11 +88,13 @@ class MultiHeadAttention(nnx.Module):
             else:
                 past = cache.readable(x.dtype)
                 new = LayerKV(new.k.astype(past.k.dtype), new.v.astype(past.v.dtype))
-                keys, values = (past.k, new.k), (past.v, new.v)                # segments: S cached + T new
+                now = heads_major(new) if heads_first else new
+                keys, values = (past.k, now.k), (past.v, now.v)                # segments: S cached + T new
                 aux["kv"] = new
         else:
             keys, values = source if isinstance(source, LayerKV) else self.project_kv(source)
-        ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, weights)
+        ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, weights,
+                              "BKSH" if heads_first else "BSKH")
         if "kv" in aux:
             aux["kv"] = _after(aux["kv"], ctx)
         out = (project("BTNH,NHD->BTD", ctx, self.wo[...]) + self._bias("o")).astype(q.dtype)
@@ -97,9 +102,9 @@ class MultiHeadAttention(nnx.Module):
             aux["weights"] = w
         return out, aux
 
-    def _attend(self, q, k, v, mask, q_positions, kv_positions, weights: bool):
-        """q [B,T,N,H], k/v [B,S,K,H] or segments -> (context [B,T,N,H], weights or None), by the backend
-        model.attention_backend."""
+    def _attend(self, q, k, v, mask, q_positions, kv_positions, weights: bool, kv_layout: str):
+        """q [B,T,N,H], k/v [B,S,K,H] (kv_layout "BSKH") or [B,K,S,H] ("BKSH"), or segments -> (context
+        [B,T,N,H], weights or None), by the backend model.attention_backend."""
         cfg = self.cfg
         bias = None
         if self.self_attention and cfg.positional == "alibi":
@@ -110,7 +115,7 @@ class MultiHeadAttention(nnx.Module):
                                         scale=1.0 if cfg.attention_scale == "none" else None,
                                         mask_value=0.0 if cfg.ablation_mask_value == "zero" else None,
                                         backend=cfg.attention_backend, block_size=cfg.attention_block,
-                                        softcap=cfg.attention_softcap)
+                                        softcap=cfg.attention_softcap, kv_layout=kv_layout)
         return res.out, res.weights
 
 

@@ -5,8 +5,10 @@ Axis legend: L decoder layers, B batch, S cache slots (or source length), T new 
 
 The cache: k, v [L,B,S,K,H] (int8 values with a float32 scale per slot and kv head when its dtype is "int8"),
 per-slot absolute positions [B,S] and segment ids [B,S] (0 = empty or padding: never attended), and the next
-write slot. A decoding program lays k and v out per layer (`KVCache.unstacked`: a list of L tensors [B,S,K,H]),
-so that each layer of its token loop reads and writes its own buffer in place, with no slice of a stacked one.
+write slot. A decoding program lays k and v out per layer (`KVCache.unstacked`: a list of L tensors, each stored
+heads-major [B,K,S,H]), so that each layer of its token loop reads and writes its own buffer in place, with no slice
+of a stacked one, and a one-token query reads each head's S·H block contiguously (benchmarks/cache_layout.md);
+`layer_kv` gives layer i (a `HeadsMajorKV`), which attention contracts in that layout.
 Attention over the cache is causal over *positions* and skips empty slots, so left-, right- or
 un-padded prompt batches decode exactly as each prompt alone; with explicit segment ids, a query also sees only
 its own document's slots.
@@ -51,8 +53,17 @@ class LayerKV(NamedTuple):
 
     def readable(self, dtype) -> "LayerKV":
         """As float arrays of `dtype` (an int8 cache is dequantized)."""
-        f = lambda a: a.dequantize(dtype) if isinstance(a, QuantizedKV) else a     # noqa: E731
-        return LayerKV(f(self.k), f(self.v))
+        return type(self)(_readable(self.k, dtype), _readable(self.v, dtype))
+
+
+class HeadsMajorKV(LayerKV):
+    """One layer's keys and values stored heads-major: k, v [B,K,S,H] (float or `QuantizedKV`): a layer of a
+    cache laid out for decoding (`KVCache.unstacked`, `layer_kv`). Attention contracts them in this layout
+    (ops.dot_product_attention's kv_layout="BKSH")."""
+
+
+def _readable(a, dtype):
+    return a.dequantize(dtype) if isinstance(a, QuantizedKV) else a
 
 
 class KVCache(NamedTuple):
@@ -70,17 +81,19 @@ class KVCache(NamedTuple):
 
     @property
     def layers(self) -> LayerKV:
-        """The per-layer keys/values as the layer stack reads them: stacked [L,B,S,K,H], or lists of L."""
+        """The per-layer keys/values as the layer stack reads them: stacked [L,B,S,K,H], or lists of L [B,K,S,H]."""
         return LayerKV(self.k, self.v)
 
     def unstacked(self) -> "KVCache":
-        """The same cache with k and v laid out per layer: lists of L tensors [B,S,K,H] (one copy, made once,
-        before a token loop; a cache already laid out so is returned as it is)."""
-        return KVCache(per_layer(self.k), per_layer(self.v), self.positions, self.segments, self.index)
+        """The same cache with k and v laid out per layer: lists of L tensors stored heads-major [B,K,S,H] (one
+        copy, made once, before a token loop; a cache already laid out so is returned as it is)."""
+        lay = lambda t: t if isinstance(t, list) else [heads_major(x) for x in per_layer(t)]   # noqa: E731
+        return KVCache(lay(self.k), lay(self.v), self.positions, self.segments, self.index)
 
     def without_slots(self) -> "KVCache":
         """The same cache with no slots (S = 0): what a prefill into an empty cache attends over."""
-        cut = lambda t: _on_layers(t, lambda a, ax: jax.lax.slice_in_dim(a, 0, 0, axis=ax + 1))   # noqa: E731
+        # S is axis 2 both stacked [L,B,S,K,H] and per layer [B,K,S,H]
+        cut = lambda t: _on_layers(t, lambda a, _: jax.lax.slice_in_dim(a, 0, 0, axis=2))   # noqa: E731
         return KVCache(cut(self.k), cut(self.v), self.positions[:, :0], self.segments[:, :0], self.index)
 
     def write(self, new: LayerKV, positions: jax.Array, segments: jax.Array) -> "KVCache":
@@ -92,7 +105,7 @@ class KVCache(NamedTuple):
             if not isinstance(buf, list):
                 x = jnp.stack(x) if isinstance(x, list) else x
                 return jax.tree.map(lambda a: constrain(a, CACHE), _put(buf, x, i, 2))
-            return [jax.tree.map(lambda a: constrain(a, CACHE[1:]), _put(b, x[j], i, 1))
+            return [jax.tree.map(lambda a: constrain(a, _LAYER), _put(b, x[j], i, 2, heads_first=True))
                     for j, b in enumerate(buf)]
         put = lambda b, n: jax.lax.dynamic_update_slice_in_dim(b, n.astype(b.dtype), i, axis=1)  # noqa: E731
         return KVCache(put_kv(self.k, new.k), put_kv(self.v, new.v), put(self.positions, positions),
@@ -104,10 +117,27 @@ class KVCache(NamedTuple):
         return KVCache(kv(self.k), kv(self.v), self.positions[rows], self.segments[rows], self.index)
 
 
-def _put(buf, new, index, axis: int):
-    """buf (a float array or QuantizedKV) with float `new` written at `index` along `axis`, in place."""
+_LAYER = (CACHE[1], CACHE[3], CACHE[2], CACHE[4])          # one layer's buffer, heads-major [B,K,S,H]
+
+
+def heads_major(x):
+    """A pytree of [B,S,K,H] arrays (float or QuantizedKV) <-> [B,K,S,H] (swapping S and K is its own inverse)."""
+    return jax.tree.map(lambda a: jnp.swapaxes(a, 1, 2), x)
+
+
+def layer_kv(kv: LayerKV, i: int) -> HeadsMajorKV:
+    """Layer i of a per-layer LayerKV (lists of L heads-major [B,K,S,H]: `KVCache.unstacked`,
+    `prepare_memory` after `for_decoding`)."""
+    return HeadsMajorKV(kv.k[i], kv.v[i])
+
+
+def _put(buf, new, index, axis: int, heads_first: bool = False):
+    """buf (a float array or QuantizedKV) with float `new` written at `index` along `axis`, in place;
+    heads_first: new [B,T,K,H] goes into a heads-major buffer [B,K,S,H]."""
     if isinstance(buf, QuantizedKV):
         new = quantize_kv(new)
+    if heads_first:
+        new = heads_major(new)
     return jax.tree.map(lambda b, n: jax.lax.dynamic_update_slice_in_dim(b, n.astype(b.dtype), index, axis=axis),
                         buf, new)
 

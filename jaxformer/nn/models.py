@@ -28,7 +28,7 @@ from jaxformer.axes import ACTIVATION, LOGITS
 from jaxformer.config import ConfigError, ModelConfig
 from jaxformer.errors import BackendError
 from jaxformer.nn import init
-from jaxformer.nn.cache import KVCache, LayerKV, Memory, init_cache
+from jaxformer.nn.cache import KVCache, LayerKV, Memory, heads_major, init_cache
 from jaxformer.nn.layers import Context, DecoderBlock, EncoderBlock, Norm, dropout
 from jaxformer.nn.params import DTYPES, param
 from jaxformer.nn.stack import LayerStack
@@ -272,10 +272,10 @@ class Transformer(_Model):
 
     def prepare_memory(self, memory: Memory) -> Memory:
         """The memory with each decoder layer's cross-attention keys/values computed once (kv [L,B,S,K,H], or
-        lists of L [B,S,K,H] after `for_decoding`), as cached decoding reads them at every step."""
+        lists of L heads-major [B,K,S,H] after `for_decoding`), as cached decoding reads them at every step."""
         layers = self.decoder.layers
-        if layers.unstacked is not None:                       # laid out for a token loop: lists of L [B,S,K,H]
-            kv = [blk.cross_attn.project_kv(memory.x) for blk in layers.unstacked]
+        if layers.unstacked is not None:           # laid out for a token loop: lists of L, heads-major [B,K,S,H]
+            kv = [heads_major(blk.cross_attn.project_kv(memory.x)) for blk in layers.unstacked]
             return memory._replace(kv=LayerKV([a.k for a in kv], [a.v for a in kv]))
         return memory._replace(kv=LayerKV(*layers.map(lambda blk: blk.cross_attn.project_kv(memory.x))))
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.axes import ACTIVATION
-from jaxformer.nn.cache import LayerKV
+from jaxformer.nn.cache import LayerKV, layer_kv
 from jaxformer.parallel import constrain
 
 REMAT = {"none": None, "full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
@@ -147,7 +147,7 @@ class LayerStack(nnx.Module):
 def _layer(x, i: int):
     """Layer i of a per-layer input: a LayerKV of lists of L (`KVCache.unstacked`) or a stacked pytree [L,...]."""
     if isinstance(x, LayerKV) and isinstance(x.k, list):
-        return LayerKV(x.k[i], x.v[i])
+        return layer_kv(x, i)
     return jax.tree.map(lambda a: a[i], x)
 
 

@@ -17,6 +17,7 @@ from jaxformer.ops.masks import dense_mask
 # a recomputing backward, O(T + S) memory, any platform | cudnn: cuDNN flash attention (GPU, bf16/fp16) |
 # pallas: JAX's Pallas flash-attention kernel (GPU/TPU; interpret mode on CPU)
 BACKENDS = ("reference", "chunked", "cudnn", "pallas")
+KV_LAYOUTS = ("BSKH", "BKSH")    # k/v [B,S,K,H] (the contract) or heads-major [B,K,S,H] (a per-layer decode cache)
 
 
 class Attention(NamedTuple):
@@ -31,6 +32,12 @@ def _segments(x, name: str) -> tuple[jax.Array, ...]:
     if not segs:
         raise ValueError(f"{name} must be an array or a non-empty sequence of segments")
     return segs
+
+
+def _bskh(xs: tuple) -> tuple:
+    """Heads-major segments' shapes as [B,S,K,H] stand-ins, for the shape checks (nothing is transposed)."""
+    return tuple(jax.ShapeDtypeStruct((x.shape[0], x.shape[2], x.shape[1], x.shape[3]) if x.ndim == 4 else x.shape,
+                                      x.dtype) for x in xs)
 
 
 def _check_shapes(q: jax.Array, ks: tuple[jax.Array, ...], vs: tuple[jax.Array, ...]) -> tuple[int, int]:
@@ -58,16 +65,20 @@ def _check_shapes(q: jax.Array, ks: tuple[jax.Array, ...], vs: tuple[jax.Array, 
 _SINGLE_QUERY_MAX_HEADS = 16
 
 
-def _scores(qg: jax.Array, k: jax.Array, single: bool) -> jax.Array:
-    """qg [B,T,K,G,H], k [B,S,K,H] -> float32 logits [B,K,G,T,S]."""
+def _scores(qg: jax.Array, k: jax.Array, single: bool, heads_major: bool = False) -> jax.Array:
+    """qg [B,T,K,G,H], k [B,S,K,H] (heads_major: [B,K,S,H]) -> float32 logits [B,K,G,T,S]."""
+    if heads_major:
+        return jnp.einsum("BTKGH,BKSH->BKGTS", qg, k, preferred_element_type=jnp.float32)
     if not single:
         return jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32)
     full = jnp.einsum("BSJH,BKGH->BSJKG", k, qg[:, 0], preferred_element_type=jnp.float32)
     return jnp.transpose(jnp.diagonal(full, axis1=2, axis2=3), (0, 3, 2, 1))[:, :, :, None, :]  # [B,S,G,K]->
 
 
-def _mix(w: jax.Array, v: jax.Array, single: bool) -> jax.Array:
-    """weights [B,K,G,T,S], v [B,S,K,H] -> [B,K,G,T,H]."""
+def _mix(w: jax.Array, v: jax.Array, single: bool, heads_major: bool = False) -> jax.Array:
+    """weights [B,K,G,T,S], v [B,S,K,H] (heads_major: [B,K,S,H]) -> [B,K,G,T,H]."""
+    if heads_major:
+        return jnp.einsum("BKGTS,BKSH->BKGTH", w, v)
     if not single:
         return jnp.einsum("BKGTS,BSKH->BKGTH", w, v)   # this output order gives XLA:CPU a transpose-free dot
     full = jnp.einsum("BKGTS,BSJH->BKGTJH", w, v)
@@ -86,7 +97,7 @@ def _check_mask(mask) -> None:
 def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: float | None = None,
                           return_weights: bool = False, return_lse: bool = False, backend: str = "reference",
                           mask_value: float | None = None, block_size: int = 512,
-                          softcap: float = 0.0) -> Attention:
+                          softcap: float = 0.0, kv_layout: str = "BSKH") -> Attention:
     """softmax(cap(q·kᵀ·scale) + bias, masked) · v, cap(x) = softcap · tanh(x / softcap) when softcap > 0.
 
     Args:
@@ -111,6 +122,10 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
         value and keep their softmax weight (seed 004's masked_fill(..., 0) leaks this way).
       block_size: "chunked" tile edge (queries and keys).
       softcap: attention-logit soft-capping (Gemma 2 uses 50): 0 = off; "reference" and "chunked" only.
+      kv_layout: "BSKH" (k, v and their segments as above) or "BKSH" (every segment stored heads-major
+        [B,K,S,H], as a per-layer decoding cache is: `nn.cache.KVCache.unstacked`); "reference" contracts
+        that layout as it is (a one-token query then reads each head's cache block contiguously), the other
+        backends transpose it first.
 
     Returns:
       `Attention(out [B,T,N,H] in q's dtype, weights [B,N,T,S] or None, lse [B,N,T] or None)`.
@@ -119,15 +134,21 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout={kv_layout!r} is not one of {KV_LAYOUTS}")
     ks, vs = _segments(k, "k"), _segments(v, "v")
-    _check_shapes(q, ks, vs)
+    heads_major = kv_layout == "BKSH"
+    if heads_major and backend != "reference":
+        ks, vs = tuple(jnp.swapaxes(x, 1, 2) for x in ks), tuple(jnp.swapaxes(x, 1, 2) for x in vs)
+        heads_major = False
+    _check_shapes(q, *((_bskh(ks), _bskh(vs)) if heads_major else (ks, vs)))
     _check_mask(mask)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if softcap and backend not in ("reference", "chunked"):
         raise BackendError(f"attention soft-capping runs on the 'reference' and 'chunked' backends, not {backend!r}")
     if backend == "reference":
         out, weights, lse = _reference(q, ks, vs, dense_mask(mask), _dense_bias(bias), scale, mask_value,
-                                       return_weights or return_lse, softcap)
+                                       return_weights or return_lse, softcap, heads_major)
     else:
         if mask_value is not None:
             raise BackendError(f"mask_value (an ablation) exists only in the 'reference' backend, not {backend!r}")
@@ -196,16 +217,16 @@ def _softmax_bwd(w, g):
 _softmax.defvjp(_softmax_fwd, _softmax_bwd)
 
 
-def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse, softcap=0.0):
+def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse, softcap=0.0, heads_major=False):
     """The materialising backend: -> (out, weights [B,N,T,S], lse [B,N,T] or None)."""
-    n, kh = q.shape[2], ks[0].shape[2]
+    n, kh = q.shape[2], ks[0].shape[1 if heads_major else 2]
     b, t, _, h = q.shape
-    sizes = [x.shape[1] for x in ks]
+    sizes = [x.shape[2 if heads_major else 1] for x in ks]
     s = sum(sizes)
     g = n // kh
     qg = q.reshape(b, t, kh, g, h)
-    single = t == 1 and n <= _SINGLE_QUERY_MAX_HEADS
-    logits = jnp.concatenate([_scores(qg, x, single) for x in ks], axis=-1)
+    single = t == 1 and n <= _SINGLE_QUERY_MAX_HEADS and not heads_major
+    logits = jnp.concatenate([_scores(qg, x, single, heads_major) for x in ks], axis=-1)
     logits = logits.astype(jnp.float32) * scale
     if softcap:
         logits = softcap * jnp.tanh(logits / softcap)
@@ -227,7 +248,7 @@ def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse, softcap=0.0):
     out, start = 0.0, 0
     for x, size in zip(vs, sizes):
         w = jax.lax.slice_in_dim(weights, start, start + size, axis=-1).astype(x.dtype)
-        out = out + _mix(w, x, single)
+        out = out + _mix(w, x, single, heads_major)
         start += size
     out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, n, h).astype(q.dtype)   # BKGTH -> BTKGH
     return out, weights.reshape(b, n, t, s), lse
