@@ -254,8 +254,9 @@ def main():
              "TTFT = prefill of c tokens; floor = the weights' bytes over the streaming read bandwidth measured in "
              f"this run (the faster of {' and '.join(f'{x / 1e9:.1f}' for x in readings)} GB/s, before and after "
              "the rows: a jitted sum over 256 MiB), the least a step that reads every weight once can take; "
-             "+ cache = the same with the cache's bytes (every slot, as attention reads them) added; layout = `model.for_decoding` (each layer's weights copied out of the stacked "
-             "arrays), which generate_lm runs once per call, before its token loop (not in cached ms).", "",
+             "+ cache = the same with the cache's bytes (every slot, as attention reads them) added; "
+             "layout = `model.for_decoding` (each layer's weights copied out of the stacked arrays), which "
+             "generate_lm runs once per call, before its token loop (not in cached ms).", "",
              "| size | batch | context | naive ms | torch naive ms | cached ms | torch cached ms | naive/cached | "
              "torch cached / ours cached | cached / floor | cached / floor + cache | TTFT ms | layout ms |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -263,7 +264,8 @@ def main():
               f"{na(r, 'torch_naive_ms', '.2f')} | {r['cached_ms']:.3f} | {na(r, 'torch_cached_ms', '.3f')} | "
               f"{r['speedup']:.1f}× | {na(r, 'torch_cached_over_cached', '.2f', '×')} | "
               f"{r['cached_ms'] / r['floor_ms']:.2f}× of {r['floor_ms']:.3f} | "
-              f"{r['cached_ms'] / r['floor_with_cache_ms']:.2f}× of {r['floor_with_cache_ms']:.3f} | {r['ttft_ms']:.2f} | "
+              f"{r['cached_ms'] / r['floor_with_cache_ms']:.2f}× of {r['floor_with_cache_ms']:.3f} | "
+              f"{r['ttft_ms']:.2f} | "
               f"{r['layout_ms']:.2f} |" for r in rows]
     ref = 64 if 64 in args.contexts else min(args.contexts)
     lines += ["", f"Cached per-token time at the longest context over context {ref}:", ""]

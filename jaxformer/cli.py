@@ -13,6 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+if __name__ == "__main__":            # `python -m jaxformer.cli`: the malloc settings first (jaxformer.launch)
+    from jaxformer.launch import hugepage_malloc
+    hugepage_malloc()
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text

@@ -2,10 +2,11 @@
 computes; the compiled token loop slices no stacked weight; projections contract in the weight's own order.
 
 Wrong implementations these tests catch: a per-layer block given another layer's weights or cache (layer order
-lost in `unstack` / `_layer`); a per-layer cache written at the wrong axis (the stacked one's) or not written at
-all, or read without its heads-major view swapped back; `take` / `without_slots` on the wrong axis of a per-layer cache; a decode program that forgets to lay its
-model out (the loop then slices every layer's weights per token); `contract` ordering contracting dimensions as
-jnp.einsum does (H before N: XLA then copies wo at every call) or dropping the output permutation.
+lost in `unstack` / `_layer`); a per-layer cache written at the wrong axis (the stacked one's), not written at
+all, or not stored heads-major [B,K,S,H]; `take` / `without_slots` on the wrong axis of a per-layer cache; a
+decode program that forgets to lay its model out (the loop then slices every layer's weights per token);
+`contract` ordering contracting dimensions as jnp.einsum does (H before N: XLA then copies wo at every call) or
+dropping the output permutation.
 """
 import jax
 import jax.numpy as jnp
@@ -70,7 +71,8 @@ def test_laid_out_decoding_equals_the_stacked_step(case):
         stacked = getattr(ref_cache, name)
         for i, layer in enumerate(getattr(got_cache, name)):
             assert jax.tree.leaves(layer)[0].shape[1] == cfg.kv_heads              # stored heads-major [B,K,S,H]
-            for a, b in zip(jax.tree.leaves(heads_major(layer)), jax.tree.leaves(jax.tree.map(lambda x: x[i], stacked))):
+            want = jax.tree.leaves(jax.tree.map(lambda x: x[i], stacked))
+            for a, b in zip(jax.tree.leaves(heads_major(layer)), want):
                 if a.dtype == jnp.int8:
                     assert np.mean(np.asarray(a) != np.asarray(b)) < 0.01    # a rounding flip at most, rarely
                 else:

@@ -73,8 +73,8 @@ class MultiHeadAttention(nnx.Module):
         or its keys/values already projected (a LayerKV [B,S,K,H], `project_kv`, computed once for decoding; or a
         HeadsMajorKV [B,K,S,H] after `for_decoding`).
         cache: self-attention only: this layer's cached keys/values [B,S,K,H] (a `HeadsMajorKV` [B,K,S,H] when
-        laid out for decoding); the queries attend over the S
-        cached slots followed by this call's T new keys, as two segments (the cache is never copied);
+        laid out for decoding); the queries attend over the S cached slots followed by this call's T new keys, as
+        two segments (the cache is never copied);
         kv_positions [B,S+T] and mask (broadcastable to [B,N,T,S+T], or an ops.masks.CausalMask) decide what is
         visible. Without a cache, kv_positions defaults to positions. -> (out [B,T,D], aux)."""
         q = self.project_q(x, positions)
