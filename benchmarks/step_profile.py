@@ -16,7 +16,9 @@ Ours: the compiled step (`jaxformer.train.step.make_train_step`) is traced with 
   loop control      the while loops themselves (their bodies' ops are counted in their groups).
 Op times are summed over XLA:CPU's threads, so they can exceed the wall time. Also timed (medians of 5 runs
 of --steps steps, state threaded through, blocking only at the end): the whole step and the forward pass
-alone (the jitted loss), hence backward+update / forward.
+alone (the jitted loss), hence backward+update / forward. Ours runs twice: in the environment `jaxformer`
+gives itself (glibc.malloc.hugetlb=1: jaxformer/launch.py; the profile is this run's) and with malloc as it is
+(JAXFORMER_MALLOC=default), each with the minor page faults of one block of steps.
 PyTorch: the same model as benchmarks/train_step.py, `torch.profiler` over --steps steps; self CPU time per
 aten op, grouped alike (mm/addmm/bmm/sdpa as matmul; copy_/clone/contiguous as copies; sum/mean/softmax/
 layer_norm and their backwards as reductions; bernoulli/dropout as random bits; _foreach_*/adamw as the
@@ -32,6 +34,7 @@ import gzip
 import json
 import os
 import re
+import resource
 import statistics
 import sys
 import tempfile
@@ -112,6 +115,9 @@ def jax_child(name: str, steps: int) -> dict:
         return out
 
     step_ms, fwd_ms = _median_ms(run_steps, steps), _median_ms(run_fwd, steps)
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    jax.block_until_ready(run_steps())
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / steps
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d, create_perfetto_trace=True):
             jax.block_until_ready(run_steps())
@@ -127,7 +133,7 @@ def jax_child(name: str, steps: int) -> dict:
         groups[g] += e["dur"] / 1e3 / steps
         ops[(op, g, re.sub(r"^jit\(\w+\)/", "", op_name)[-70:])] += e["dur"] / 1e3 / steps
     top = [{"op": k[0], "group": k[1], "source": k[2], "ms": v} for k, v in ops.most_common(12)]
-    return {"step_ms": step_ms, "forward_ms": fwd_ms, "groups_ms": dict(groups), "top": top,
+    return {"step_ms": step_ms, "forward_ms": fwd_ms, "groups_ms": dict(groups), "top": top, "faults_per_step": faults,
             "temp_mib": step.lower(state, batch, key).compile().memory_analysis().temp_size_in_bytes / 2 ** 20}
 
 
@@ -200,9 +206,19 @@ def torch_child(name: str, steps: int) -> dict:
             "top": [{"op": k[0], "group": k[1], "ms": v} for k, v in top.most_common(12)]}
 
 
-def run_child(framework: str, name: str, steps: int) -> dict:
+def run_child(framework: str, name: str, steps: int, env: dict | None = None) -> dict:
     import train_step as ts
-    return ts.run_child(framework, name, steps, script=__file__)
+    return ts.run_child(framework, name, steps, script=__file__, env=env)
+
+
+def _malloc_line(r: dict) -> list[str]:
+    """Ours with glibc's huge-page tunable (as `jaxformer` starts: jaxformer/launch.py) against malloc as it is."""
+    ours, plain = r["jax"], r.get("jax_default_malloc", {})
+    if "faults_per_step" not in ours or "faults_per_step" not in plain:
+        return []
+    return [f"Memory: with glibc.malloc.hugetlb=1 (how `jaxformer` starts) {ours['faults_per_step']:,.0f} minor page "
+            f"faults per step, step {ours['step_ms']:.1f} ms; with malloc as it is (JAXFORMER_MALLOC=default) "
+            f"{plain['faults_per_step']:,.0f} faults per step, step {plain['step_ms']:.1f} ms."]
 
 
 def report(results: dict, command: str) -> str:
@@ -219,6 +235,7 @@ def report(results: dict, command: str) -> str:
         lines += [f"Ours: step {ours['step_ms']:.1f} ms, forward alone {ours['forward_ms']:.1f} ms, so backward + "
                   f"update = {(ours['step_ms'] - ours['forward_ms']) / ours['forward_ms']:.1f}× the forward; "
                   f"temporary block {ours['temp_mib']:.0f} MiB. PyTorch: step {torch_['step_ms']:.1f} ms.", "",
+                  *_malloc_line(r), "",
                   "| group | ours ms/step | share | PyTorch ms/step | share |", "|---|---:|---:|---:|---:|"]
         to, tt = sum(ours["groups_ms"].values()), sum(torch_["groups_ms"].values())
         for g in GROUPS:
@@ -250,6 +267,7 @@ def main(argv=None) -> None:
     for name in a.configs:
         steps = a.steps or {"tiny": 50, "base": 3, "gpt": 20}[name]
         results[name] = {fw: run_child(fw, name, steps) for fw in ("jax", "torch")}
+        results[name]["jax_default_malloc"] = run_child("jax", name, steps, env={"JAXFORMER_MALLOC": "default"})
         print(name, {fw: r.get("step_ms", r.get("error")) for fw, r in results[name].items()}, flush=True)
     command = "python benchmarks/step_profile.py " + " ".join(argv)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

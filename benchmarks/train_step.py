@@ -242,11 +242,13 @@ def matmul_child(framework: str, reps: int) -> dict:
     return {"n": MATMUL_N, "median_s": med, "flops_per_s": 2 * MATMUL_N ** 3 / med}
 
 
-def run_child(framework: str, name: str, steps: int, script: str = __file__) -> dict:
-    """`script --child FRAMEWORK NAME STEPS` in a fresh process -> its last stdout line as JSON (or the error)."""
-    from jaxformer.launch import malloc_env                 # the process environment `jaxformer` gives itself
+def run_child(framework: str, name: str, steps: int, script: str = __file__, env: dict | None = None) -> dict:
+    """`script --child FRAMEWORK NAME STEPS` in a fresh process (the environment `jaxformer` gives itself, plus
+    `env`) -> its last stdout line as JSON (or the error)."""
+    from jaxformer.launch import malloc_env
     cmd = [sys.executable, script, "--child", framework, name, str(steps)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=malloc_env(os.environ | {"PYTHONPATH": str(ROOT)}))
+    out = subprocess.run(cmd, capture_output=True, text=True,
+                         env=malloc_env(os.environ | {"PYTHONPATH": str(ROOT)} | (env or {})))
     if out.returncode:
         return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
     return json.loads(out.stdout.strip().splitlines()[-1])
