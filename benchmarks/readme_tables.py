@@ -177,11 +177,9 @@ def _malloc(base: dict) -> str:
     if "faults_per_step" not in ours or "faults_per_step" not in plain:
         return ""
     return (f"The base step's {ours['temp_mib']:.0f} MiB temporary block is allocated at every execution; with "
-            f"glibc's malloc as it is,
-that is a fresh mapping each step, faulted in page by page "
+            f"glibc's malloc as it is,\nthat is a fresh mapping each step, faulted in page by page "
             f"({plain['faults_per_step']:,.0f} minor faults, {plain['step_ms']:.0f} ms per step), so `jaxformer` "
-            f"starts with glibc's
-huge-page tunable (`jaxformer/launch.py`; {ours['faults_per_step']:,.0f} faults, "
+            f"starts with glibc's\nhuge-page tunable (`jaxformer/launch.py`; {ours['faults_per_step']:,.0f} faults, "
             f"{ours['step_ms']:.0f} ms; the char model's 28 MiB block is reused either way).\n")
 
 
