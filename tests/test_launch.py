@@ -17,7 +17,8 @@ from jaxformer import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
-PROBE = "from jaxformer.launch import hugepage_malloc; hugepage_malloc(); import os; print(os.environ.get('GLIBC_TUNABLES'))"
+PROBE = ("from jaxformer.launch import hugepage_malloc; hugepage_malloc(); import os; "
+         "print(os.environ.get('GLIBC_TUNABLES'))")
 
 
 def _run(code: str, **env) -> list[str]:

@@ -331,6 +331,8 @@ def test_heads_major_kv_layout_matches_reference_values_and_gradients(backend, t
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
     with pytest.raises(ValueError, match="kv_layout='BSHK'"):
         dot_product_attention(*args, kv_layout="BSHK")
+    with pytest.raises(ValueError, match="disagree on B, K or H"):                  # checked in its own layout
+        dot_product_attention(args[0], hm(args[1])[..., :4], hm(args[2])[..., :4], kv_layout="BKSH")
 
 
 def test_attention_segment_errors_are_named():

@@ -23,6 +23,8 @@ import jax.numpy as jnp
 from jaxformer.axes import CACHE
 from jaxformer.parallel import constrain
 
+SLOT_AXIS = 2       # S in both layouts: stacked [L,B,S,K,H] and per layer, heads-major [B,K,S,H]
+
 
 class QuantizedKV(NamedTuple):
     """An int8 KV cache tensor: values [...,S,K,H] int8 and a float32 scale per slot and kv head [...,S,K,1].
@@ -92,8 +94,7 @@ class KVCache(NamedTuple):
 
     def without_slots(self) -> "KVCache":
         """The same cache with no slots (S = 0): what a prefill into an empty cache attends over."""
-        # S is axis 2 both stacked [L,B,S,K,H] and per layer [B,K,S,H]
-        cut = lambda t: _on_layers(t, lambda a, _: jax.lax.slice_in_dim(a, 0, 0, axis=2))   # noqa: E731
+        cut = lambda t: jax.tree.map(lambda a: jax.lax.slice_in_dim(a, 0, 0, axis=SLOT_AXIS), t)   # noqa: E731
         return KVCache(cut(self.k), cut(self.v), self.positions[:, :0], self.segments[:, :0], self.index)
 
     def write(self, new: LayerKV, positions: jax.Array, segments: jax.Array) -> "KVCache":
@@ -104,8 +105,8 @@ class KVCache(NamedTuple):
         def put_kv(buf, x):
             if not isinstance(buf, list):
                 x = jnp.stack(x) if isinstance(x, list) else x
-                return jax.tree.map(lambda a: constrain(a, CACHE), _put(buf, x, i, 2))
-            return [jax.tree.map(lambda a: constrain(a, _LAYER), _put(b, x[j], i, 2, heads_first=True))
+                return jax.tree.map(lambda a: constrain(a, CACHE), _put(buf, x, i))
+            return [jax.tree.map(lambda a: constrain(a, _LAYER), _put(b, x[j], i, heads_first=True))
                     for j, b in enumerate(buf)]
         put = lambda b, n: jax.lax.dynamic_update_slice_in_dim(b, n.astype(b.dtype), i, axis=1)  # noqa: E731
         return KVCache(put_kv(self.k, new.k), put_kv(self.v, new.v), put(self.positions, positions),
@@ -131,15 +132,15 @@ def layer_kv(kv: LayerKV, i: int) -> HeadsMajorKV:
     return HeadsMajorKV(kv.k[i], kv.v[i])
 
 
-def _put(buf, new, index, axis: int, heads_first: bool = False):
-    """buf (a float array or QuantizedKV) with float `new` written at `index` along `axis`, in place;
-    heads_first: new [B,T,K,H] goes into a heads-major buffer [B,K,S,H]."""
+def _put(buf, new, index, heads_first: bool = False):
+    """buf (a float array or QuantizedKV) with float `new` written at slot `index`, in place; heads_first: new
+    [B,T,K,H] goes into a heads-major buffer [B,K,S,H]."""
     if isinstance(buf, QuantizedKV):
         new = quantize_kv(new)
     if heads_first:
         new = heads_major(new)
-    return jax.tree.map(lambda b, n: jax.lax.dynamic_update_slice_in_dim(b, n.astype(b.dtype), index, axis=axis),
-                        buf, new)
+    put = lambda b, n: jax.lax.dynamic_update_slice_in_dim(b, n.astype(b.dtype), index, axis=SLOT_AXIS)  # noqa: E731
+    return jax.tree.map(put, buf, new)
 
 
 def per_layer(x) -> list:
