@@ -155,7 +155,7 @@ def step_profile() -> str:
     top = s["gpt"]["jax"]["top"][0]
     weights = _load("quantize")["bytes"]["float32"]["total"]
     return ("Where the time goes (`step_profile.py`, XLA's own op timings matched to the compiled HLO, and\n"
-            "`torch.profiler`): our forward passes run at the machine's matmul rate, and the gap is in the backward "
+            "`torch.profiler`): most of the gap is in the backward "
             f"pass\n({back('base'):.1f}× the forward for base, {back('gpt'):.1f}× for the character model, where the "
             f"matmuls alone make 2×). XLA:CPU spends\n{span('transposes/copies')} of the step's op time in layout "
             "copies (the activation gradients transposed for the weight-gradient\ndots, with the norm and dropout "
