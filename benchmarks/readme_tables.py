@@ -160,7 +160,7 @@ def step_profile() -> str:
             f"matmuls alone make 2×). XLA:CPU spends\n{span('transposes/copies')} of the step's op time in layout "
             "copies (the activation gradients transposed for the weight-gradient\ndots, with the norm and dropout "
             f"backward fused into those transposes), {span('layer-stack I/O')} storing and re-reading each\nscanned "
-            f"layer's activations plus {span('buffer fills')} zero-filling those buffers, and for the character model "
+            f"layer's activations plus {span('buffer fills')} zero-filling those buffers{_one_core(s['gpt'])}, and for the character model "
             f"{100 * share['gpt']['reductions']:.0f}% in\nreductions (its most expensive op, in the group "
             f"{top['group']}, `{top['source'].split('/')[-1]}` in the "
             f"{'backward' if 'transpose(' in top['source'] else 'forward'} pass, costs {top['ms']:.1f} ms of a "
@@ -169,6 +169,16 @@ def step_profile() -> str:
             f"{_malloc(s['base'])}{_decoding_and_kernels(weights)} The training loop itself never\nwaits for the device: no host read per step (metrics and the NaN check "
             "are read at log, eval and checkpoint\nsteps), the next batch is put on the device while a step runs, "
             "and the train step compiles once per run\n(tested).")
+
+
+def _one_core(gpt: dict) -> str:
+    """The char model's fills pinned to one core (step_profile.json jax_one_core): two-thread op times overlap."""
+    one = gpt.get("jax_one_core", {})
+    if "groups_ms" not in one:
+        return ""
+    share = one["groups_ms"].get("buffer fills", 0.0) / sum(one["groups_ms"].values())
+    return (f" (pinned to one core, {100 * share:.0f}% for the character model: on two threads an op's timing "
+            "also spans its waits for a worker)")
 
 
 def _malloc(base: dict) -> str:

@@ -221,6 +221,16 @@ def _malloc_line(r: dict) -> list[str]:
             f"{plain['faults_per_step']:,.0f} faults per step, step {plain['step_ms']:.1f} ms."]
 
 
+def _one_core_line(one: dict | None) -> list[str]:
+    """Why the one-core column: on 2 threads XLA:CPU runs independent ops side by side, and an op's event also
+    spans its waits for a free worker, so op times overlap and over-count cheap ops (fills above all)."""
+    if not one or "groups_ms" not in one:
+        return []
+    return ["Ours pinned to one core too (`STEP_PROFILE_ONE_CORE=1`: no op runs beside another; op time "
+            f"{sum(one['groups_ms'].values()):.1f} ms for a {one['step_ms']:.1f} ms step): on two threads an op's "
+            "event also spans its waits for a free worker, so the two-thread shares over-count cheap ops.", ""]
+
+
 def report(results: dict, command: str) -> str:
     import train_step as ts
     from jaxformer.report import machine
@@ -228,6 +238,7 @@ def report(results: dict, command: str) -> str:
              __doc__.split("\n\n", 2)[2].split("Writes")[0].strip(), ""]
     for name, r in results.items():
         ours, torch_ = r["jax"], r["torch"]
+        one = r.get("jax_one_core") if "groups_ms" in r.get("jax_one_core", {}) else None
         lines += [f"## {name}: {ts.describe(ts.CONFIGS[name])}", ""]
         if "error" in ours or "error" in torch_:
             lines += [f"failed: ours {ours.get('error', 'ok')}; torch {torch_.get('error', 'ok')}", ""]
@@ -236,14 +247,20 @@ def report(results: dict, command: str) -> str:
                   f"update = {(ours['step_ms'] - ours['forward_ms']) / ours['forward_ms']:.1f}× the forward; "
                   f"temporary block {ours['temp_mib']:.0f} MiB. PyTorch: step {torch_['step_ms']:.1f} ms.", "",
                   *_malloc_line(r), "",
-                  "| group | ours ms/step | share | PyTorch ms/step | share |", "|---|---:|---:|---:|---:|"]
+                  *_one_core_line(r.get("jax_one_core")),
+                  "| group | ours ms/step | share | PyTorch ms/step | share |" + (" ours, one core | share |" if one else ""),
+                  "|---|---:|---:|---:|---:|" + ("---:|---:|" if one else "")]
         to, tt = sum(ours["groups_ms"].values()), sum(torch_["groups_ms"].values())
+        t1 = sum(one["groups_ms"].values()) if one else 0.0
         for g in GROUPS:
             a, b = ours["groups_ms"].get(g, 0.0), torch_["groups_ms"].get(g, 0.0)
-            if a or b:
-                lines.append(f"| {g} | {a:.2f} | {a / to:.0%} | {b:.2f} | {b / tt:.0%} |")
-        lines += [f"| **op time** | {to:.2f} | | {tt:.2f} | |",
-                  f"| wall (step) | {ours['step_ms']:.2f} | | {torch_['step_ms']:.2f} | |", "",
+            c = one["groups_ms"].get(g, 0.0) if one else 0.0
+            if a or b or c:
+                lines.append(f"| {g} | {a:.2f} | {a / to:.0%} | {b:.2f} | {b / tt:.0%} |" +
+                             (f" {c:.2f} | {c / t1:.0%} |" if one else ""))
+        lines += [f"| **op time** | {to:.2f} | | {tt:.2f} | |" + (f" {t1:.2f} | |" if one else ""),
+                  f"| wall (step) | {ours['step_ms']:.2f} | | {torch_['step_ms']:.2f} | |" +
+                  (f" {one['step_ms']:.2f} | |" if one else ""), "",
                   "Our twelve most expensive ops (ms/step; source = the jaxpr equation XLA names):", "",
                   "| op | group | ms | source |", "|---|---|---:|---|"]
         lines += [f"| {t['op']} | {t['group']} | {t['ms']:.2f} | `{t['source']}` |" for t in ours["top"]]
@@ -261,6 +278,8 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     if a.child:
         fw, name, steps = a.child
+        if os.environ.get("STEP_PROFILE_ONE_CORE") and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})     # before jax starts its thread pool
         print(json.dumps((jax_child if fw == "jax" else torch_child)(name, int(steps))))
         return
     results = {}
@@ -268,6 +287,8 @@ def main(argv=None) -> None:
         steps = a.steps or {"tiny": 50, "base": 3, "gpt": 20}[name]
         results[name] = {fw: run_child(fw, name, steps) for fw in ("jax", "torch")}
         results[name]["jax_default_malloc"] = run_child("jax", name, steps, env={"JAXFORMER_MALLOC": "default"})
+        if name == "gpt":        # one core: no op runs concurrently with another, so op times add up to the wall
+            results[name]["jax_one_core"] = run_child("jax", name, steps, env={"STEP_PROFILE_ONE_CORE": "1"})
         print(name, {fw: r.get("step_ms", r.get("error")) for fw, r in results[name].items()}, flush=True)
     command = "python benchmarks/step_profile.py " + " ".join(argv)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
