@@ -18,7 +18,9 @@ Op times are summed over XLA:CPU's threads, so they can exceed the wall time. Al
 of --steps steps, state threaded through, blocking only at the end): the whole step and the forward pass
 alone (the jitted loss), hence backward+update / forward. Ours runs twice: in the environment `jaxformer`
 gives itself (glibc.malloc.hugetlb=1: jaxformer/launch.py; the profile is this run's) and with malloc as it is
-(JAXFORMER_MALLOC=default), each with the minor page faults of one block of steps.
+(JAXFORMER_MALLOC=default), each with the minor page faults of one block of steps; the char model (gpt)
+also a third time pinned to one core (STEP_PROFILE_ONE_CORE=1), where no op runs beside another, so no op's
+time includes waits for a worker (on two threads the shares over-count cheap ops).
 PyTorch: the same model as benchmarks/train_step.py, `torch.profiler` over --steps steps; self CPU time per
 aten op, grouped alike (mm/addmm/bmm/sdpa as matmul; copy_/clone/contiguous as copies; sum/mean/softmax/
 layer_norm and their backwards as reductions; bernoulli/dropout as random bits; _foreach_*/adamw as the
@@ -224,7 +226,7 @@ def _malloc_line(r: dict) -> list[str]:
 def _one_core_line(one: dict | None) -> list[str]:
     """Why the one-core column: on 2 threads XLA:CPU runs independent ops side by side, and an op's event also
     spans its waits for a free worker, so op times overlap and over-count cheap ops (fills above all)."""
-    if not one or "groups_ms" not in one:
+    if one is None:
         return []
     return ["Ours pinned to one core too (`STEP_PROFILE_ONE_CORE=1`: no op runs beside another; op time "
             f"{sum(one['groups_ms'].values()):.1f} ms for a {one['step_ms']:.1f} ms step): on two threads an op's "
@@ -247,7 +249,7 @@ def report(results: dict, command: str) -> str:
                   f"update = {(ours['step_ms'] - ours['forward_ms']) / ours['forward_ms']:.1f}× the forward; "
                   f"temporary block {ours['temp_mib']:.0f} MiB. PyTorch: step {torch_['step_ms']:.1f} ms.", "",
                   *_malloc_line(r), "",
-                  *_one_core_line(r.get("jax_one_core")),
+                  *_one_core_line(one),
                   "| group | ours ms/step | share | PyTorch ms/step | share |" + (" ours, one core | share |" if one else ""),
                   "|---|---:|---:|---:|---:|" + ("---:|---:|" if one else "")]
         to, tt = sum(ours["groups_ms"].values()), sum(torch_["groups_ms"].values())
@@ -287,7 +289,7 @@ def main(argv=None) -> None:
         steps = a.steps or {"tiny": 50, "base": 3, "gpt": 20}[name]
         results[name] = {fw: run_child(fw, name, steps) for fw in ("jax", "torch")}
         results[name]["jax_default_malloc"] = run_child("jax", name, steps, env={"JAXFORMER_MALLOC": "default"})
-        if name == "gpt":        # one core: no op runs concurrently with another, so op times add up to the wall
+        if name == "gpt":        # one core: no op runs beside another, so no op's time includes waits for a worker
             results[name]["jax_one_core"] = run_child("jax", name, steps, env={"STEP_PROFILE_ONE_CORE": "1"})
         print(name, {fw: r.get("step_ms", r.get("error")) for fw, r in results[name].items()}, flush=True)
     command = "python benchmarks/step_profile.py " + " ".join(argv)
