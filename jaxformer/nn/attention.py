@@ -58,6 +58,25 @@ class MultiHeadAttention(nnx.Module):
         q = project("BTD,DNH->BTNH", x, self.wq[...]) + self._bias("q")
         return self._rope(q.astype(x.dtype), positions, "q_norm")
 
+    def fuse_for_decoding(self) -> None:
+        """The decoding layout of a self-attention (`nn.stack.LayerStack.unstack` calls it on each layer's copy):
+        wq, wk and wv as one matrix `wqkv` [D,(N+2K)·H], so that a step projects q, k and v in one matmul. At
+        batch 1 a step is three matrix-vector products otherwise, and XLA:CPU reads one wide weight faster than
+        three narrow ones (benchmarks/decode.py). Weights that bring their own matmul (quantized) stay apart."""
+        ws = (self.wq[...], self.wk[...], self.wv[...])
+        if self.self_attention and not any(hasattr(w, "project") for w in ws):
+            self.wqkv = nnx.data(jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1))
+
+    def _project_qkv(self, x: jax.Array, positions: jax.Array | None) -> tuple[jax.Array, LayerKV]:
+        """project_q and project_kv of the same x [B,T,D], as one matmul over `wqkv` -> (q [B,T,N,H], LayerKV)."""
+        cfg = self.cfg
+        n, k, h = cfg.num_heads, cfg.kv_heads, cfg.head_size
+        y = project("BTD,DE->BTE", x, self.wqkv)
+        q, kk, v = jnp.split(y, [n * h, (n + k) * h], axis=-1)
+        heads = lambda a, m, name: (a.reshape(*a.shape[:-1], m, h) + self._bias(name)).astype(x.dtype)  # noqa: E731
+        return (self._rope(heads(q, n, "q"), positions, "q_norm"),
+                LayerKV(self._rope(heads(kk, k, "k"), positions, "k_norm"), heads(v, k, "v")))
+
     def project_kv(self, x: jax.Array, positions: jax.Array | None = None) -> LayerKV:
         """x [B,S,D], positions [B,S] -> LayerKV(k, v) [B,S,K,H] (k normed with QK-norm, rotated when RoPE)."""
         k = (project("BSD,DKH->BSKH", x, self.wk[...]) + self._bias("k")).astype(x.dtype)
@@ -77,11 +96,14 @@ class MultiHeadAttention(nnx.Module):
         two segments (the cache is never copied);
         kv_positions [B,S+T] and mask (broadcastable to [B,N,T,S+T], or an ops.masks.CausalMask) decide what is
         visible. Without a cache, kv_positions defaults to positions. -> (out [B,T,D], aux)."""
-        q = self.project_q(x, positions)
         aux = {}
         heads_first = isinstance(cache if source is None else source, HeadsMajorKV)   # [B,K,S,H]: a laid-out cache
+        if source is None and getattr(self, "wqkv", None) is not None:              # laid out for decoding
+            q, new = self._project_qkv(x, positions)
+        else:
+            q = self.project_q(x, positions)
+            new = self.project_kv(x, positions) if source is None else None
         if source is None:
-            new = self.project_kv(x, positions)
             kv_positions = positions if kv_positions is None else kv_positions
             if cache is None:
                 keys, values = new

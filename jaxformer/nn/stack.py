@@ -61,12 +61,17 @@ class LayerStack(nnx.Module):
 
     def unstack(self) -> None:
         """Lay the stack out for a token loop: `self.unstacked` = the L blocks, each with its own copy of its
-        parameters (the stacked ones stay). Called inside a compiled decoding program, before its loop, on the
-        model merged there; from then on a call applies the blocks one by one (unrolled), reading per-layer
-        inputs laid out per layer (`KVCache.unstacked`) without a copy. Inference only: a call with a dropout
+        parameters (the stacked ones stay), a self-attention's q/k/v weights also as one matrix. Called inside
+        a compiled decoding program, before its loop, on the model merged there; from then on a call applies the
+        blocks one by one (unrolled), reading per-layer inputs laid out per layer (`KVCache.unstacked`) without a
+        copy. Inference only: a call with a dropout
         stream (training) raises, since gradients would reach the copies, not the stacked parameters."""
         if self.unstacked is None:
-            self.unstacked = nnx.data(nnx.List([self.layer(i) for i in range(self.num_layers)]))
+            blocks = [self.layer(i) for i in range(self.num_layers)]
+            for block in blocks:
+                if hasattr(getattr(block, "self_attn", None), "fuse_for_decoding"):
+                    block.self_attn.fuse_for_decoding()            # q/k/v as one matrix (nn.attention)
+            self.unstacked = nnx.data(nnx.List(blocks))
 
     def _kinds(self) -> list[nnx.Module]:
         return [self.blocks] if self.pattern == 1 else list(self.blocks)
