@@ -203,14 +203,16 @@ def _decoding_and_kernels(weights: float) -> str:
     k = _load("kernels")["summary"]
     return (f"Decoding one token at base size reads all {weights / 1e6:.0f} MB of float32 weights: the decoding "
             "program lays the model\nout first (`model.for_decoding`: each layer's weights copied out of the "
-            "stacked arrays once per call,\na heads-major [B,K,S,H] cache buffer per layer updated in place: "
+            "stacked arrays once per call,\nits q/k/v weights as one matrix, a heads-major [B,K,S,H] cache buffer "
+            "per layer updated in place: "
             f"{max(r['cache_copies'] for r in prof.values())} whole-buffer copies per token in the compiled "
             f"loop), so that at batch 1, context 64,\na token takes {floor['cached_ms']:.2f} ms, "
             f"{floor['cached_ms'] / floor['floor_ms']:.2f}× the time of reading the weights once at the fastest "
             f"rate any of four readers\n(ours and PyTorch's) reads a buffer of their size in the same run, "
             f"{bw / 1e9:.1f} GB/s by {reader} (`decode.py`; PyTorch's own cached token takes\n"
             f"{floor['torch_cached_ms'] / floor['floor_ms']:.2f}× that; `decode_profile.py`: "
-            f"{p['groups_ms'].get('matmul', 0):.1f} ms of our op time in the weight matmuls). Alone, the matmuls of one layer of the\ncharacter model's "
+            f"{p['groups_ms'].get('matmul', 0):.1f} ms of our op time in the weight matmuls). Alone, the matmuls "
+            "of one layer of the\ncharacter model's "
             f"train step take {1 / k['ratio']:.2f}× PyTorch's time on the same shapes (`kernels.py`): the "
             "kernels' own gap.")
 

@@ -6,7 +6,9 @@ lost in `unstack` / `_layer`); a per-layer cache written at the wrong axis (the 
 all, or not stored heads-major [B,K,S,H]; `take` / `without_slots` on the wrong axis of a per-layer cache; a
 decode program that forgets to lay its model out (the loop then slices every layer's weights per token);
 `contract` ordering contracting dimensions as jnp.einsum does (H before N: XLA then copies wo at every call) or
-dropping the output permutation.
+dropping the output permutation; the fused q/k/v matrix of the layout (`fuse_for_decoding`) split at the wrong
+offsets (GQA: K < N heads), in the wrong order (k and v swapped), without its biases or QK-norm, or never used
+by the step (three matmuls again), or built from quantized weights, which bring their own matmul.
 """
 import jax
 import jax.numpy as jnp
@@ -27,6 +29,8 @@ CASES = {
     "gqa-moe-window": dict(positional="rope", num_kv_heads=2, num_decoder_layers=4, ffn="moe", moe_every=2,
                            num_experts=4, attention_windows=(3, 0)),
     "int8-alibi": dict(positional="alibi", num_decoder_layers=2, kv_cache_dtype="int8"),
+    "gqa-bias-qknorm": dict(positional="rope", num_kv_heads=2, num_decoder_layers=2, biases=("q", "k", "v"),
+                            qk_norm=True),
 }
 
 
@@ -181,3 +185,25 @@ def test_a_stack_laid_out_for_decoding_refuses_to_train():
     model = build_model(_cfg(num_decoder_layers=2, dropout=0.1)).for_decoding()
     with pytest.raises(ValueError, match="laid out for decoding"):
         model(jnp.ones((1, 3), jnp.int32), rngs=nnx.Rngs(dropout=0))
+
+
+def test_the_laid_out_step_projects_q_k_v_in_one_matmul():
+    cfg = _cfg(num_kv_heads=2, num_decoder_layers=2)
+    n, k, h, d = cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.d_model
+    model = build_model(cfg).for_decoding()
+    attn = [blk.self_attn for blk in model.decoder.layers.unstacked]
+    assert all(a.wqkv.shape == (d, (n + 2 * k) * h) for a in attn)
+    graphdef, state = nnx.split(model)
+    cache = model.init_cache(1, 4).unstacked()
+    tok = jnp.ones((1, 1), jnp.int32)
+    jaxpr = jax.make_jaxpr(lambda s, c: nnx.merge(graphdef, s).step(tok, tok, c))(state, cache).jaxpr
+    widths = [e.outvars[0].aval.shape[-1] for e in _eqns(jaxpr) if e.primitive.name == "dot_general"
+              and e.invars[1].aval.shape[0] == d and e.invars[0].aval.shape[-1] == d]
+    assert widths.count((n + 2 * k) * h) == cfg.num_decoder_layers      # one q/k/v matmul per layer
+    assert widths.count(n * h) == 0 and widths.count(k * h) == 0          # and no separate q, k or v one
+    # quantized weights bring their own matmul: they stay apart (and the step still runs)
+    from jaxformer.quantize import quantize_model
+    q = quantize_model(build_model(cfg), "int8").for_decoding()
+    assert not any(hasattr(blk.self_attn, "wqkv") for blk in q.decoder.layers.unstacked)
+    logits, _ = q.step(tok, tok, q.init_cache(1, 4).unstacked())
+    assert bool(jnp.all(jnp.isfinite(logits)))

@@ -64,8 +64,8 @@ class LayerStack(nnx.Module):
         parameters (the stacked ones stay), a self-attention's q/k/v weights also as one matrix. Called inside
         a compiled decoding program, before its loop, on the model merged there; from then on a call applies the
         blocks one by one (unrolled), reading per-layer inputs laid out per layer (`KVCache.unstacked`) without a
-        copy. Inference only: a call with a dropout
-        stream (training) raises, since gradients would reach the copies, not the stacked parameters."""
+        copy. Inference only: a call with a dropout stream (training) raises, since gradients would reach the
+        copies, not the stacked parameters."""
         if self.unstacked is None:
             blocks = [self.layer(i) for i in range(self.num_layers)]
             for block in blocks:
