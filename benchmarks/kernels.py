@@ -11,6 +11,7 @@ GB/s = the weight's bytes / time is also given).
   dX     g[M,N] @ w[K,N]ᵀ                             (its input gradient)
   dW     x[M,K]ᵀ @ g[M,N]                             (its weight gradient: contracts the M rows of both)
   softmax-bwd  p·(dp − Σ_s p·dp) over [B,N,T,S]       (the attention softmax's backward)
+and layout copies (LAYOUT below: a transpose alone, elementwise work alone, and the two in one fusion).
 A case is timed as R independent copies (separate buffers) in one call (R = 16; JAX: one jitted function,
 PyTorch: a Python loop), so dispatch is amortised; median over --reps calls after a warm-up, divided by R.
 GFLOP/s = 2·M·K·N / time.
@@ -45,6 +46,16 @@ DECODE = {"decode b1 ffn up": (1, 512, 2048), "decode b1 ffn down": (1, 2048, 51
           "decode b8 ffn up": (8, 512, 2048), "decode b8 ffn down": (8, 2048, 512)}
 
 
+# layout copies (benchmarks/step_profile.py: the steps' "transposes/copies"), each [M,N] float32 -> [N,M]:
+#   transpose     x -> xᵀ;
+#   ew            where(keep, x·s + 2·y, 0)·1.1, s [M,1]: elementwise work of the kind XLA fuses into the
+#                 weight gradient's transposed operand in the base step (the norm's backward and dropout);
+#   ew+transpose  the same with its result transposed, in one fusion, as XLA:CPU emits it there.
+# Each copy is its own jitted call with one output (dispatch included: ~10 µs against 0.3-20 ms).
+LAYOUT = {"[768,512]": (768, 512), "[1024,2048]": (1024, 2048)}
+LAYOUT_KINDS = ("transpose", "ew", "ew+transpose")
+
+
 def _cases():
     for name, (m, k, n) in GEMMS.items():
         for kind in KINDS:
@@ -52,6 +63,15 @@ def _cases():
     yield "softmax-bwd", ("softmax", B, N, T)
     for name, (m, k, n) in DECODE.items():
         yield name, ("fwd", m, k, n)
+    for shape, (m, n) in LAYOUT.items():
+        for kind in LAYOUT_KINDS:
+            yield f"{kind} {shape}", (kind, m, n, 0)
+
+
+def _layout_arrays(rng, m: int, n: int, np):
+    """R sets of (x, y [M,N], s [M,1], keep bool [M,N]) as numpy arrays."""
+    return [(rng.standard_normal((m, n), np.float32), rng.standard_normal((m, n), np.float32),
+             rng.standard_normal((m, 1), np.float32), rng.random((m, n)) > 0.1) for _ in range(R)]
 
 
 def jax_child(reps: int) -> dict:
@@ -61,7 +81,17 @@ def jax_child(reps: int) -> dict:
     out = {}
     rng = np.random.default_rng(0)
     for label, (kind, m, k, n) in _cases():
-        if kind == "softmax":
+        if kind in LAYOUT_KINDS:
+            sets = [tuple(map(jnp.asarray, a)) for a in _layout_arrays(rng, m, k, np)]
+            ew = lambda x, y, s, keep: jnp.where(keep, x * s + 2 * y, 0.0) * 1.1             # noqa: E731
+            one = {"transpose": lambda x, y, s, keep: x.T, "ew": ew,
+                   "ew+transpose": lambda x, y, s, keep: ew(x, y, s, keep).T}[kind]
+            # one jitted call per copy, one output each: the form the step's fusions take (one R-output jit lets
+            # XLA split the fusion from its transpose, which then runs as a separate copy)
+            single = jax.jit(one)
+            fn = lambda sets, single=single: [single(*a) for a in sets]                    # noqa: E731
+            args, flops = (sets,), 0
+        elif kind == "softmax":
             p, dp = ([jnp.asarray(rng.random((m, k, n, n), np.float32)) for _ in range(R)] for _ in range(2))
             fn = jax.jit(lambda p, dp: [a * (b - jnp.sum(a * b, -1, keepdims=True)) for a, b in zip(p, dp)])
             args, flops = (p, dp), 0
@@ -91,7 +121,14 @@ def torch_child(reps: int) -> dict:
     rng = np.random.default_rng(0)
     with torch.inference_mode():
         for label, (kind, m, k, n) in _cases():
-            if kind == "softmax":
+            if kind in LAYOUT_KINDS:
+                sets = [tuple(map(torch.from_numpy, a)) for a in _layout_arrays(rng, m, k, np)]
+                ew = lambda x, y, s, keep: torch.where(keep, x * s + 2 * y, 0.0) * 1.1     # noqa: E731
+                one = {"transpose": lambda x, y, s, keep: x.t().contiguous(), "ew": ew,
+                       "ew+transpose": lambda x, y, s, keep: ew(x, y, s, keep).t().contiguous()}[kind]
+                fn = lambda one=one, sets=sets: [one(*a) for a in sets]                   # noqa: E731
+                flops = 0
+            elif kind == "softmax":
                 p, dp = ([torch.from_numpy(rng.random((m, k, n, n), np.float32)) for _ in range(R)]
                          for _ in range(2))
                 fn = lambda: [p[i] * (dp[i] - (p[i] * dp[i]).sum(-1, keepdim=True)) for i in range(R)]  # noqa: E731
@@ -138,7 +175,12 @@ def main(argv=None) -> None:
                      "torch_over_jax": t["s"] / j["s"]})
     gem = [r for r in rows if r["flops"] and not r["case"].startswith(("qkv", "decode"))]
     per_layer = {fw: sum(r[f"{fw}_us"] for r in gem if not r["case"].startswith("head")) for fw in ("jax", "torch")}
-    summary = {"layer_matmuls_us": per_layer, "ratio": per_layer["torch"] / per_layer["jax"]}
+    by = {r["case"]: r for r in rows}
+    # per layout shape: XLA's fused ew+transpose over its ew and its transpose run apart (>1: fusing them loses)
+    fused = {shape: by[f"ew+transpose {shape}"]["jax_us"]
+             / (by[f"ew {shape}"]["jax_us"] + by[f"transpose {shape}"]["jax_us"]) for shape in LAYOUT}
+    summary = {"layer_matmuls_us": per_layer, "ratio": per_layer["torch"] / per_layer["jax"],
+               "fused_transpose_over_parts": fused}
     stem = Path(a.out)
     stem.parent.mkdir(parents=True, exist_ok=True)
     mach = f"{machine()}, torch {torch.__version__}"
@@ -149,6 +191,8 @@ def main(argv=None) -> None:
              "", "| case | XLA µs | PyTorch µs | PyTorch / XLA | XLA GFLOP/s | PyTorch GFLOP/s | XLA GB/s | "
              "PyTorch GB/s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        if r["case"].split(" ")[0] in LAYOUT_KINDS:
+            continue
         g = (lambda us: f"{r['flops'] / us / 1e3:.0f}") if r["flops"] else (lambda us: "–")
         wb = DECODE.get(r["case"])
         bw = (lambda us: f"{wb[1] * wb[2] * 4 / us / 1e3:.1f}") if wb else (lambda us: "–")
@@ -157,6 +201,19 @@ def main(argv=None) -> None:
     lines += ["", "One layer's matmuls (q, k, v, attention out, ffn up and down; fwd + dX + dW, three separate "
               f"projections as the model runs them): XLA {per_layer['jax'] / 1e3:.2f} ms, PyTorch "
               f"{per_layer['torch'] / 1e3:.2f} ms: XLA:CPU takes **{1 / summary['ratio']:.2f}×** PyTorch's time."]
+    lines += ["", "## Layout copies", "",
+              "Each [M,N] float32 array to [N,M]: transpose alone; ew = where(keep, x·s + 2·y, 0)·1.1 with s [M,1] "
+              "(elementwise work of the kind XLA:CPU fuses into a weight gradient's transposed operand in the base "
+              "step: the norm's backward, dropout); ew+transpose = its result transposed, one fusion in XLA "
+              "(PyTorch: `.t().contiguous()` after it). ns per element of the output.", "",
+              "| case | XLA ns/element | PyTorch ns/element | PyTorch / XLA |", "|---|---:|---:|---:|"]
+    for shape, (m, n) in LAYOUT.items():
+        for kind in LAYOUT_KINDS:
+            r = by[f"{kind} {shape}"]
+            lines.append(f"| {kind} {shape} | {r['jax_us'] * 1e3 / (m * n):.2f} | {r['torch_us'] * 1e3 / (m * n):.2f} "
+                         f"| {r['torch_over_jax']:.2f}× |")
+    lines += ["", "XLA:CPU's fused ew+transpose takes " + ", ".join(
+        f"**{v:.1f}×** the time of its two parts run apart ({k})" for k, v in fused.items()) + "."]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
