@@ -159,7 +159,7 @@ def step_profile() -> str:
             f"pass\n({back('base'):.1f}× the forward for base, {back('gpt'):.1f}× for the character model, where the "
             f"matmuls alone make 2×). XLA:CPU spends\n{span('transposes/copies')} of the step's op time in layout "
             "copies (the activation gradients transposed for the weight-gradient\ndots, with the norm and dropout "
-            f"backward fused into those transposes), {span('layer-stack I/O')} storing and re-reading each\nscanned "
+            f"backward fused into those transposes{_fused_transpose()}), {span('layer-stack I/O')} storing and re-reading each\nscanned "
             f"layer's activations plus {span('buffer fills')} zero-filling those buffers{_one_core(s['gpt'])}, and for the character model "
             f"{100 * share['gpt']['reductions']:.0f}% in\nreductions (its most expensive op, in the group "
             f"{top['group']}, `{top['source'].split('/')[-1]}` in the "
@@ -169,6 +169,16 @@ def step_profile() -> str:
             f"{_malloc(s['base'])}{_decoding_and_kernels(weights)} The training loop itself never\nwaits for the device: no host read per step (metrics and the NaN check "
             "are read at log, eval and checkpoint\nsteps), the next batch is put on the device while a step runs, "
             "and the train step compiles once per run\n(tested).")
+
+
+def _fused_transpose() -> str:
+    """How XLA:CPU runs elementwise work fused with a transpose (kernels.json, its layout copies)."""
+    f = _load("kernels")["summary"].get("fused_transpose_over_parts")
+    if not f:
+        return ""
+    return (f": `kernels.py` times such a fusion at {f['[1024,2048]']:.1f}× the time of its\nelementwise part and "
+            f"its transpose run apart on a [1024,2048] array, {f['[768,512]']:.1f}× on a [768,512] one that fits "
+            "in cache")
 
 
 def _one_core(gpt: dict) -> str:
