@@ -6,7 +6,8 @@ Ours: the compiled step (`jaxformer.train.step.make_train_step`) is traced with 
 --steps steps; each op event of XLA:CPU's runtime is matched to its instruction in the compiled HLO
 (`step.lower(...).compile().as_text()`) and put in one group:
   matmul            dots and convolutions (YNNPACK/XNNPACK fusions around a dot included);
-  transposes/copies copy and transpose fusions: layout changes, often with elementwise work fused into them;
+  transposes/copies copy and transpose fusions: layout changes, often with elementwise work fused into them
+                    (the report splits them: plain copies, and copies carrying their producers' work);
   reductions        fusions around a reduce (softmax, norms, bias gradients, the loss);
   random bits       fusions computing uint32 threefry bits (dropout masks);
   layer-stack I/O   dynamic-slice / dynamic-update-slice fusions: the scanned layer stack reading its
@@ -34,6 +35,7 @@ import collections
 import glob
 import gzip
 import json
+import math
 import os
 import re
 import resource
@@ -68,6 +70,24 @@ def classify_hlo(name: str, body: str) -> str:
     if "copy" in name or "transpose" in name:
         return "transposes/copies"
     return "elementwise"
+
+
+# the instructions a layout copy is made of when it carries no other work (a transpose, maybe of a slice)
+PLAIN_COPY = {"parameter", "constant", "bitcast", "copy", "transpose", "dynamic-slice", "slice", "subtract",
+              "broadcast"}
+
+
+def copy_kind(body: str) -> str:
+    """"plain" for a copy fusion (or a bare copy) made only of PLAIN_COPY instructions, else "with work" (the
+    elementwise work of its producers fused into the transpose)."""
+    ops = set(re.findall(r"= \S+ ([a-z][\w\-]*)\(", body))
+    return "plain" if ops <= PLAIN_COPY else "with work"
+
+
+def _elements(line: str) -> int:
+    """Elements of an instruction's (first) array result, from its HLO line."""
+    m = re.match(r"\(?\w+\[([\d,]*)\]", line)
+    return math.prod(int(d) for d in m.group(1).split(",") if d) if m else 0
 
 
 def fused_bodies(hlo: str) -> dict[str, tuple[str, str]]:
@@ -125,7 +145,9 @@ def jax_child(name: str, steps: int) -> dict:
             jax.block_until_ready(run_steps())
         events = json.load(gzip.open(glob.glob(f"{d}/plugins/profile/*/perfetto_trace.json.gz")[0]))["traceEvents"]
     info = fused_bodies(hlo)
+    results = {m.group(1): m.group(2) for m in re.finditer(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$", hlo, re.M)}
     groups, ops = collections.Counter(), collections.Counter()
+    copies = {k: collections.Counter() for k in ("plain", "with work")}
     for e in events:
         op = e.get("args", {}).get("hlo_op") if e.get("ph") == "X" else None
         if op is None or e.get("args", {}).get("hlo_module", "").find("train_step") < 0:
@@ -134,8 +156,13 @@ def jax_child(name: str, steps: int) -> dict:
         g = classify_hlo(op, body)
         groups[g] += e["dur"] / 1e3 / steps
         ops[(op, g, re.sub(r"^jit\(\w+\)/", "", op_name)[-70:])] += e["dur"] / 1e3 / steps
+        if g == "transposes/copies":
+            c = copies[copy_kind(body)]
+            c["ms"] += e["dur"] / 1e3 / steps
+            c["elements"] += _elements(results.get(op, "")) / steps
     top = [{"op": k[0], "group": k[1], "source": k[2], "ms": v} for k, v in ops.most_common(12)]
     return {"step_ms": step_ms, "forward_ms": fwd_ms, "groups_ms": dict(groups), "top": top, "faults_per_step": faults,
+            "copies": {k: dict(v) for k, v in copies.items()},
             "temp_mib": step.lower(state, batch, key).compile().memory_analysis().temp_size_in_bytes / 2 ** 20}
 
 
@@ -233,6 +260,18 @@ def _one_core_line(one: dict | None) -> list[str]:
             "event also spans its waits for a free worker, so the two-thread shares over-count cheap ops.", ""]
 
 
+def _copies_line(ours: dict) -> list[str]:
+    """The transposes/copies group split: plain layout copies against copies carrying fused elementwise work."""
+    c = ours.get("copies", {})
+    if not all(c.get(k, {}).get("elements") for k in ("plain", "with work")):
+        return []
+    ns = {k: v["ms"] * 1e6 / v["elements"] for k, v in c.items()}
+    return [f"Transposes/copies: {c['plain']['ms']:.2f} ms/step in plain layout copies (a transpose or slice and "
+            f"nothing else: {ns['plain']:.2f} ns per element written), {c['with work']['ms']:.2f} ms in copies "
+            f"carrying their producers' elementwise work ({ns['with work']:.2f} ns per element; "
+            "`benchmarks/kernels.py` times that fused form alone)."]
+
+
 def report(results: dict, command: str) -> str:
     import train_step as ts
     from jaxformer.report import machine
@@ -266,6 +305,7 @@ def report(results: dict, command: str) -> str:
                   "Our twelve most expensive ops (ms/step; source = the jaxpr equation XLA names):", "",
                   "| op | group | ms | source |", "|---|---|---:|---|"]
         lines += [f"| {t['op']} | {t['group']} | {t['ms']:.2f} | `{t['source']}` |" for t in ours["top"]]
+        lines += ["", *_copies_line(ours)]
         lines.append("")
     return "\n".join(lines) + "\n"
 
