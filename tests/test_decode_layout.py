@@ -29,8 +29,8 @@ CASES = {
     "gqa-moe-window": dict(positional="rope", num_kv_heads=2, num_decoder_layers=4, ffn="moe", moe_every=2,
                            num_experts=4, attention_windows=(3, 0)),
     "int8-alibi": dict(positional="alibi", num_decoder_layers=2, kv_cache_dtype="int8"),
-    "gqa-bias-qknorm": dict(positional="rope", num_kv_heads=2, num_decoder_layers=2, biases=("q", "k", "v"),
-                            qk_norm=True),
+    "gqa-bias-qknorm-swiglu": dict(positional="rope", num_kv_heads=2, num_decoder_layers=2,
+                                   biases=("q", "k", "v", "ffn"), qk_norm=True, activation="swiglu"),
 }
 
 
@@ -191,8 +191,7 @@ def test_the_laid_out_step_projects_q_k_v_in_one_matmul():
     cfg = _cfg(num_kv_heads=2, num_decoder_layers=2)
     n, k, h, d = cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.d_model
     model = build_model(cfg).for_decoding()
-    attn = [blk.self_attn for blk in model.decoder.layers.unstacked]
-    assert all(a.wqkv.shape == (d, (n + 2 * k) * h) for a in attn)
+    assert all(b.self_attn.wqkv.shape == (d, (n + 2 * k) * h) for b in model.decoder.layers.unstacked)
     graphdef, state = nnx.split(model)
     cache = model.init_cache(1, 4).unstacked()
     tok = jnp.ones((1, 1), jnp.int32)
