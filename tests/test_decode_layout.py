@@ -153,7 +153,7 @@ def test_contract_is_einsum(eq, xs, ws):
 
 def test_contract_contracts_in_the_weights_order():
     x, w = jnp.ones((2, 3, 4, 5)), jnp.ones((4, 5, 6))
-    dots = [e for e in jax.make_jaxpr(lambda a, b: contract("BTNH,NHD->BTD", a, b))(x, w).jaxpr.eqns
+    dots = [e for e in _eqns(jax.make_jaxpr(lambda a, b: contract("BTNH,NHD->BTD", a, b))(x, w).jaxpr)
             if e.primitive.name == "dot_general"]
     (lhs, rhs), _ = dots[0].params["dimension_numbers"]
     assert tuple(rhs) == (0, 1) and tuple(lhs) == (2, 3)

@@ -1,0 +1,28 @@
+"""Layout help for XLA:CPU's code generation: `materialize`, an identity that ends a fusion.
+
+XLA:CPU fuses elementwise producers into the transposing copy a weight-gradient dot needs (its operand with
+the contracted rows last), and emits that fusion far slower than its parts: on a [1024,2048] float32 array
+5.3× the time of the elementwise work and a plain transpose run apart (benchmarks/kernels.py, "Layout
+copies"). jax.lax.optimization_barrier does not stop it (XLA:CPU removes barriers before fusing).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def materialize(x: jax.Array) -> jax.Array:
+    """x, unchanged, computed into a buffer of its own on CPU, so that no consumer fuses x's producers into
+    itself; on other platforms x as is (a conditional there may wait on the device; lax.platform_dependent).
+
+    How: a lax.cond whose predicate is always true (x's first element is finite, NaN or infinite), which the
+    compiler cannot fold; its true branch returns x. Any shape and dtype; jit, grad (identity) and vmap."""
+    if x.size == 0 or not (jnp.issubdtype(x.dtype, jnp.floating)):
+        return x
+
+    def on_cpu(a):
+        v = a.reshape(-1)[0]
+        always = jnp.isfinite(v) | jnp.isnan(v) | jnp.isinf(v)
+        return jax.lax.cond(always, lambda a: a, lambda a: -a, a)
+
+    return jax.lax.platform_dependent(x, cpu=on_cpu, default=lambda a: a)

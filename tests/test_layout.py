@@ -1,0 +1,66 @@
+"""`ops.layout.materialize` (an identity that ends an XLA:CPU fusion) and the projections' backward that uses it
+(`nn.params.contract`: the output gradient materialized before the weight-gradient dot).
+
+Wrong implementations these tests catch: a materialize that changes values (its false branch taken when the
+first element is NaN or infinite, or a cast), that blocks or scales the gradient, or that the compiler folds
+away (the fusion then stays); a projection backward that loses the materialize, swaps or transposes the
+gradients wrongly, or gives a weight gradient of the wrong layout for a multi-axis weight.
+"""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer.nn.params import contract
+from jaxformer.ops.layout import materialize
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+@pytest.mark.parametrize("first", [1.5, np.nan, np.inf, -np.inf, 0.0])
+def test_materialize_is_the_identity_under_jit_grad_and_vmap(first):
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 4)), jnp.float32).at[0, 0].set(first)
+    np.testing.assert_array_equal(np.asarray(jax.jit(materialize)(x)), np.asarray(x))
+    np.testing.assert_array_equal(np.asarray(jax.vmap(materialize)(x)), np.asarray(x))
+    g = jax.grad(lambda a: jnp.sum(jnp.nan_to_num(materialize(a)) * jnp.arange(12.0).reshape(3, 4)))(x)
+    np.testing.assert_array_equal(np.asarray(g)[np.isfinite(np.asarray(x))],
+                                  np.arange(12.0).reshape(3, 4)[np.isfinite(np.asarray(x))])
+    for other in (jnp.arange(5), jnp.zeros((0, 3)), jnp.ones((2,), jnp.bfloat16)):
+        np.testing.assert_array_equal(np.asarray(materialize(other)), np.asarray(other))
+
+
+def _fusions_with(hlo: str, *ops: str) -> int:
+    """How many fused computations of compiled HLO text contain every one of `ops`."""
+    bodies = re.findall(r"^%?[\w.\-]+ \(.*?\) -> .*? \{\n(.*?)\n\}", hlo, re.S | re.M)
+    return sum(all(re.search(rf" {op}\(", b) for op in ops) for b in bodies)
+
+
+def test_materialize_ends_the_fusion_on_cpu():
+    x, s = jnp.ones((64, 48)), jnp.ones((64, 1))
+    fused = jax.jit(lambda x, s: jnp.transpose(jnp.where(x > 0, x * s + 2.0, 0.0))).lower(x, s).compile().as_text()
+    split = jax.jit(lambda x, s: jnp.transpose(materialize(jnp.where(x > 0, x * s + 2.0, 0.0)))).lower(x, s)
+    split = split.compile().as_text()
+    assert _fusions_with(fused, "multiply", "transpose") >= 1          # the check can fail: XLA fuses them
+    assert _fusions_with(split, "multiply", "transpose") == 0
+    assert " conditional(" in split
+
+
+@pytest.mark.parametrize("eq,xs,ws", [("BTD,DF->BTF", (2, 3, 6), (6, 7)),
+                                      ("BTD,DNH->BTNH", (2, 3, 6), (6, 4, 5)),
+                                      ("BTNH,NHD->BTD", (2, 3, 4, 5), (4, 5, 6))])
+def test_projection_gradients_are_einsums(eq, xs, ws):
+    kx, kw, kg = jax.random.split(jax.random.key(0), 3)
+    x, w = jax.random.normal(kx, xs), jax.random.normal(kw, ws)
+    out = jnp.einsum(eq, x, w)
+    g = jax.random.normal(kg, out.shape)
+    got = jax.vjp(lambda x, w: contract(eq, x, w), x, w)[1](g)
+    want = jax.vjp(lambda x, w: jnp.einsum(eq, x, w, precision="highest"), x, w)[1](g)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0,
+                                   atol=32 * EPS32 * float(jnp.max(jnp.abs(b))) * max(xs[:2]))
+    # the backward materializes the output gradient (one conditional in the compiled gradient program)
+    hlo = jax.jit(jax.grad(lambda x, w: jnp.sum(contract(eq, x, w) ** 2), (0, 1))).lower(x, w).compile().as_text()
+    assert " conditional(" in hlo
