@@ -158,8 +158,8 @@ def step_profile() -> str:
             "`torch.profiler`): most of the gap is in the backward "
             f"pass\n({back('base'):.1f}× the forward for base, {back('gpt'):.1f}× for the character model, where the "
             f"matmuls alone make 2×). XLA:CPU spends\n{span('transposes/copies')} of the step's op time in layout "
-            "copies (the activation gradients transposed for the weight-gradient\ndots, with the norm and dropout "
-            f"backward fused into those transposes{_fused_transpose()}), {span('layer-stack I/O')} storing and re-reading each\nscanned "
+            "copies (the activation gradients transposed for the weight-gradient\ndots"
+            f"{_fused_transpose(s['base']['jax'])}), {span('layer-stack I/O')} storing and re-reading each\nscanned "
             f"layer's activations plus {span('buffer fills')} zero-filling those buffers{_one_core(s['gpt'])}, and for the character model "
             f"{100 * share['gpt']['reductions']:.0f}% in\nreductions (its most expensive op, in the group "
             f"{top['group']}, `{top['source'].split('/')[-1]}` in the "
@@ -171,14 +171,18 @@ def step_profile() -> str:
             "and the train step compiles once per run\n(tested).")
 
 
-def _fused_transpose() -> str:
-    """How XLA:CPU runs elementwise work fused with a transpose (kernels.json, its layout copies)."""
+def _fused_transpose(base: dict) -> str:
+    """How XLA:CPU runs elementwise work fused with a transpose (kernels.json, its layout copies), and what of it
+    is left in the base step (step_profile.json, its copies split)."""
     f = _load("kernels")["summary"].get("fused_transpose_over_parts")
-    if not f:
+    left = base.get("copies", {}).get("with work")
+    if not f or not left:
         return ""
-    return (f": `kernels.py` times such a fusion at {f['[1024,2048]']:.1f}× the time of its\nelementwise part and "
-            f"its transpose run apart on a [1024,2048] array, {f['[768,512]']:.1f}× on a [768,512] one that fits "
-            "in cache")
+    return (": XLA:CPU would fuse the norm's and dropout's backward into those transposes, a fusion\n`kernels.py` "
+            f"times at {f['[1024,2048]']:.1f}× the time of its parts run apart on a [1024,2048] array "
+            f"({f['[768,512]']:.1f}× on a [768,512] one that fits in\ncache), so the projections' backward "
+            "materializes the gradient first (`ops.layout.materialize`); "
+            f"{left['ms']:.0f} ms per base step of\ncopies still carry fused work")
 
 
 def _one_core(gpt: dict) -> str:
@@ -187,8 +191,9 @@ def _one_core(gpt: dict) -> str:
     if "groups_ms" not in one:
         return ""
     share = one["groups_ms"].get("buffer fills", 0.0) / sum(one["groups_ms"].values())
-    return (f" (pinned to one core, {100 * share:.0f}% for the character model: on two threads an op's timing "
-            "also spans its waits for a worker)")
+    return (f" (pinned to one core, {100 * share:.0f}% for the character model; an op's timing can span waits "
+            "for a worker or the\ncore, so the shares of cheap ops are not their cost: 2% and 22% in the last two "
+            "runs)")
 
 
 def _malloc(base: dict) -> str:
