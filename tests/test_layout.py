@@ -64,3 +64,13 @@ def test_projection_gradients_are_einsums(eq, xs, ws):
     # the backward materializes the output gradient (one conditional in the compiled gradient program)
     hlo = jax.jit(jax.grad(lambda x, w: jnp.sum(contract(eq, x, w) ** 2), (0, 1))).lower(x, w).compile().as_text()
     assert " conditional(" in hlo
+
+
+def test_materialize_is_a_no_op_under_a_multi_device_mesh():
+    """Its predicate reads one element: on a sharded x that would be a collective per call."""
+    def prims(jaxpr):
+        return {e.primitive.name for e in jaxpr.eqns}
+    x = jnp.ones((4, 4))
+    assert "cond" in prims(jax.make_jaxpr(materialize)(x).jaxpr)                # the check can fail
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((2,), ("data",))):
+        assert not prims(jax.make_jaxpr(materialize)(x).jaxpr)                 # x itself, no equation

@@ -16,8 +16,11 @@ def materialize(x: jax.Array) -> jax.Array:
     itself; on other platforms x as is (a conditional there may wait on the device; lax.platform_dependent).
 
     How: a lax.cond whose predicate is always true (x's first element is finite, NaN or infinite), which the
-    compiler cannot fold; its true branch returns x. Any shape and dtype; jit, grad (identity) and vmap."""
-    if x.size == 0 or not (jnp.issubdtype(x.dtype, jnp.floating)):
+    compiler cannot fold; its true branch returns x. Any shape and dtype; jit, grad (identity) and vmap. Under
+    a mesh of more than one device (jax.set_mesh, as `parallel.Plan.use` sets) x is returned as is: reading one
+    element of a sharded x would add a collective to every call (benchmarks/parallel.py counts them)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if x.size == 0 or not jnp.issubdtype(x.dtype, jnp.floating) or (not mesh.empty and mesh.size > 1):
         return x
 
     def on_cpu(a):
