@@ -74,3 +74,22 @@ def test_materialize_is_a_no_op_under_a_multi_device_mesh():
     assert "cond" in prims(jax.make_jaxpr(materialize)(x).jaxpr)                # the check can fail
     with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((2,), ("data",))):
         assert not prims(jax.make_jaxpr(materialize)(x).jaxpr)                 # x itself, no equation
+
+
+def test_step_profile_tells_a_plain_copy_from_one_carrying_work():
+    """benchmarks/step_profile.py's split of the copies group, on the two programs above."""
+    import sys
+    from helpers import ROOT
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import step_profile
+    x, s = jnp.ones((64, 48)), jnp.ones((64, 1))
+    kinds = {}
+    for name, f in (("fused", lambda x, s: jnp.transpose(jnp.where(x > 0, x * s + 2.0, 0.0))),
+                    ("split", lambda x, s: jnp.transpose(materialize(jnp.where(x > 0, x * s + 2.0, 0.0))))):
+        hlo = jax.jit(f).lower(x, s).compile().as_text()
+        kinds[name] = {step_profile.copy_kind(body) for op, (body, _) in step_profile.fused_bodies(hlo).items()
+                       if "fusion" in op and step_profile.classify_hlo(op, body) == "transposes/copies"}
+    assert kinds["fused"] == {"with work"}                  # the fused transpose carries the where/multiply
+    assert "with work" not in kinds["split"]
+    assert step_profile.copy_kind("f32[48,64]{1,0} copy(%transpose.0)") == "plain"           # a bare copy
+    assert step_profile._elements("f32[6,16,64,2048]{3,2,1,0} copy(%x)") == 6 * 16 * 64 * 2048
