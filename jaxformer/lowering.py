@@ -1,0 +1,46 @@
+"""Process-wide lowering choices jaxformer makes for XLA:CPU. Each changes how a program is compiled, never what
+it computes: results stay bit-identical (tests/test_lowering.py).
+
+`unrolled_threefry`: jax lowers its threefry2x32 hash (every draw from a default jax.random key: dropout masks,
+key splits, sampling) as straight-line code on GPU and TPU, but on CPU as a while loop of 5 trips (shorter to
+compile). Each draw is then a loop whose every trip runs a fusion plus copies of its carried state as separate
+runtime ops: in the tiny encoder-decoder's train step (dropout 0.1), 2576 op events per step, ~1000 of them
+this machinery. Unrolled, the bits are one fusion: the tiny step 10.5 -> 9.7 ms, the base step 1945 -> 1816 ms,
+with the same compile time and loss (benchmarks/step_profile.py and train_step.py measure the steps).
+"""
+from __future__ import annotations
+
+
+def _hooks():
+    """(mlir, threefry2x32 module) from jax's internals, or None where this jax lacks them."""
+    try:
+        from jax._src.interpreters import mlir
+        from jax._src.random import threefry2x32 as tf
+        tf.threefry2x32_p, tf._threefry2x32_lowering_rule, tf._threefry2x32_cpu_lowering_rule  # noqa: B018
+    except (ImportError, AttributeError):
+        return None
+    return mlir, tf
+
+
+def unrolled_threefry(enable: bool = True) -> bool:
+    """Lower threefry2x32 on CPU unrolled (enable=True; what `train.step.make_train_step` and the decoders call)
+    or as jax's CPU default, the rolled loop (enable=False; for A/B measurements). Affects programs lowered from
+    then on, in this process; idempotent. Returns whether the choice could be made (False: this jax has no such
+    hook and its default stays)."""
+    hooks = _hooks()
+    if hooks is None:
+        return False
+    mlir, tf = hooks
+    rule = tf._threefry2x32_lowering_rule if enable else tf._threefry2x32_cpu_lowering_rule
+    mlir.register_lowering(tf.threefry2x32_p, rule, platform="cpu")
+    return True
+
+
+def threefry_is_unrolled() -> bool:
+    """Whether CPU programs lowered now get the unrolled threefry2x32."""
+    hooks = _hooks()
+    if hooks is None:
+        return False
+    mlir, tf = hooks
+    entry = mlir._platform_specific_lowerings["cpu"].get(tf.threefry2x32_p)
+    return entry is not None and entry.rule is tf._threefry2x32_lowering_rule

@@ -1,0 +1,77 @@
+"""`jaxformer.lowering.unrolled_threefry`: jax's threefry2x32 lowered on CPU as straight-line code instead of a
+5-trip while loop, changing the compiled program but never its bits.
+
+Wrong implementations these tests catch: a rule registered for another platform or not at all (the loop stays
+in the compiled program), a hand-written hash or a different counter layout (the bits differ from jax's rolled
+lowering), a train step that is built without it (its program keeps the loops), and a choice that changes the
+train step's result (dropout masks, key splits).
+"""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import tiny_reverse
+from jaxformer.data import build_task
+from jaxformer.config import resolve_vocab
+from jaxformer.lowering import threefry_is_unrolled, unrolled_threefry
+from jaxformer.train.step import init_state, make_train_step
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    yield
+    unrolled_threefry()                                            # the state jaxformer's builders leave
+
+
+def _draws(key):
+    k1, k2 = jax.random.split(key)
+    return jax.random.bits(k1, (37, 11)), jax.random.bernoulli(k2, 0.9, (5, 64)), jax.random.split(k2, 3)
+
+
+def _compiled(enable: bool):
+    """(compiled HLO text, outputs) of a fresh jit of `_draws` lowered under the given choice."""
+    assert unrolled_threefry(enable)
+    f = jax.jit(lambda k: _draws(k))                               # a new function: nothing cached
+    key = jax.random.key(7)
+    return f.lower(key).compile().as_text(), [np.asarray(jax.random.key_data(x) if jnp.issubdtype(
+        x.dtype, jax.dtypes.prng_key) else x) for x in f(key)]
+
+
+def test_unrolled_threefry_removes_the_loops_and_keeps_the_bits():
+    rolled_hlo, rolled = _compiled(False)
+    assert not threefry_is_unrolled()
+    unrolled_hlo, unrolled = _compiled(True)
+    assert threefry_is_unrolled()
+    assert re.search(r" while\(", rolled_hlo)
+    assert not re.search(r" while\(", unrolled_hlo)
+    for a, b in zip(rolled, unrolled):
+        np.testing.assert_array_equal(a, b)
+    assert rolled[0].std() > 0 and 0.8 < rolled[1].mean() < 1.0  # real draws, not constants
+
+
+def _one_step(graphs, cfg, state, batch, enable: bool | None):
+    step = make_train_step(graphs, cfg)                            # the builder makes its choice ...
+    if enable is not None:
+        unrolled_threefry(enable)                                  # ... overridden before the first lowering
+    hlo = step.lower(state, batch, jax.random.key(3)).compile().as_text()
+    new, m = step(jax.tree.map(jnp.copy, state), batch, jax.random.key(3))
+    return len(re.findall(r" while\(", hlo)), [np.asarray(x) for x in jax.tree.leaves(new["model"])], m
+
+
+def test_the_train_step_is_built_unrolled_with_the_same_result():
+    cfg = tiny_reverse("model.dropout=0.3", "data.batch_size=8")
+    task = build_task(cfg.data)
+    cfg = resolve_vocab(cfg, task.tokenizer.vocab_size)
+    graphs, state = init_state(cfg)
+    batch = {name: jnp.asarray(v[:8]) for name, v in task.train.items()}
+    unrolled_threefry(False)
+    loops_rolled, params_rolled, m_rolled = _one_step(graphs, cfg, state, batch, enable=False)
+    loops, params, m = _one_step(graphs, cfg, state, batch, enable=None)
+    assert threefry_is_unrolled()                                  # make_train_step turned it on
+    assert loops < loops_rolled                                    # the dropout bits' loops are gone
+    assert float(m["loss"]) == float(m_rolled["loss"])
+    for a, b in zip(params_rolled, params):
+        np.testing.assert_array_equal(a, b)
