@@ -19,7 +19,9 @@ Op times are summed over XLA:CPU's threads, so they can exceed the wall time. Al
 of --steps steps, state threaded through, blocking only at the end): the whole step and the forward pass
 alone (the jitted loss), hence backward+update / forward. Ours runs twice: in the environment `jaxformer`
 gives itself (glibc.malloc.hugetlb=1: jaxformer/launch.py; the profile is this run's) and with malloc as it is
-(JAXFORMER_MALLOC=default), each with the minor page faults of one block of steps; the char model (gpt)
+(JAXFORMER_MALLOC=default), each with the minor page faults of one block of steps; the dropout models (base,
+tiny) also with jax's own CPU lowering of the threefry hash (STEP_PROFILE_ROLLED_THREEFRY=1: a loop per draw,
+where jaxformer lowers it unrolled, `jaxformer/lowering.py`), with op events per step; the char model (gpt)
 also a third time pinned to one core (STEP_PROFILE_ONE_CORE=1), where no op runs beside another, so no op's
 time includes waits for a worker (on two threads the shares over-count cheap ops).
 PyTorch: the same model as benchmarks/train_step.py, `torch.profiler` over --steps steps; self CPU time per
@@ -113,7 +115,10 @@ def jax_child(name: str, steps: int) -> dict:
     c = ts.CONFIGS[name]
     cfg = ts.jax_config(c)
     graphs, state = init_state(cfg)
-    step = make_train_step(graphs, cfg)
+    step = make_train_step(graphs, cfg)                       # lowers jax's threefry unrolled (jaxformer.lowering)
+    if os.environ.get("STEP_PROFILE_ROLLED_THREEFRY"):
+        from jaxformer.lowering import unrolled_threefry
+        unrolled_threefry(False)                              # the A/B: jax's CPU default, a loop per draw
     batch, key = _jax_batch(c), jax.random.key(0)
 
     def loss(model_state, batch, rng):                        # the forward pass alone, as the step runs it
@@ -148,10 +153,12 @@ def jax_child(name: str, steps: int) -> dict:
     results = {m.group(1): m.group(2) for m in re.finditer(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$", hlo, re.M)}
     groups, ops = collections.Counter(), collections.Counter()
     copies = {k: collections.Counter() for k in ("plain", "with work")}
+    n_events = 0
     for e in events:
         op = e.get("args", {}).get("hlo_op") if e.get("ph") == "X" else None
         if op is None or e.get("args", {}).get("hlo_module", "").find("train_step") < 0:
             continue
+        n_events += 1
         body, op_name = info.get(op, ("", ""))
         g = classify_hlo(op, body)
         groups[g] += e["dur"] / 1e3 / steps
@@ -162,7 +169,7 @@ def jax_child(name: str, steps: int) -> dict:
             c["elements"] += _elements(results.get(op, "")) / steps
     top = [{"op": k[0], "group": k[1], "source": k[2], "ms": v} for k, v in ops.most_common(12)]
     return {"step_ms": step_ms, "forward_ms": fwd_ms, "groups_ms": dict(groups), "top": top, "faults_per_step": faults,
-            "copies": {k: dict(v) for k, v in copies.items()},
+            "op_events_per_step": n_events / steps, "copies": {k: dict(v) for k, v in copies.items()},
             "temp_mib": step.lower(state, batch, key).compile().memory_analysis().temp_size_in_bytes / 2 ** 20}
 
 
@@ -250,6 +257,17 @@ def _malloc_line(r: dict) -> list[str]:
             f"{plain['faults_per_step']:,.0f} faults per step, step {plain['step_ms']:.1f} ms."]
 
 
+def _threefry_line(r: dict) -> list[str]:
+    """Ours as built (threefry lowered unrolled: jaxformer/lowering.py) against jax's CPU default lowering."""
+    ours, rolled = r["jax"], r.get("jax_rolled_threefry", {})
+    if "op_events_per_step" not in ours or "op_events_per_step" not in rolled:
+        return []
+    return [f"Dropout bits: with threefry lowered unrolled (`jaxformer/lowering.py`, how the step is built) "
+            f"{ours['op_events_per_step']:,.0f} op events per step, step {ours['step_ms']:.1f} ms; with jax's CPU "
+            f"default, a 5-trip loop per draw (STEP_PROFILE_ROLLED_THREEFRY=1), {rolled['op_events_per_step']:,.0f} "
+            f"op events per step, step {rolled['step_ms']:.1f} ms (same bits).", ""]
+
+
 def _one_core_line(one: dict | None) -> list[str]:
     """Why the one-core column: on 2 threads XLA:CPU runs independent ops side by side, and an op's event also
     spans its waits for a free worker, so op times overlap and over-count cheap ops (fills above all)."""
@@ -288,6 +306,7 @@ def report(results: dict, command: str) -> str:
                   f"update = {(ours['step_ms'] - ours['forward_ms']) / ours['forward_ms']:.1f}× the forward; "
                   f"temporary block {ours['temp_mib']:.0f} MiB. PyTorch: step {torch_['step_ms']:.1f} ms.", "",
                   *_malloc_line(r), "",
+                  *_threefry_line(r),
                   *_one_core_line(one),
                   "| group | ours ms/step | share | PyTorch ms/step | share |" + (" ours, one core | share |" if one else ""),
                   "|---|---:|---:|---:|---:|" + ("---:|---:|" if one else "")]
@@ -329,6 +348,8 @@ def main(argv=None) -> None:
         steps = a.steps or {"tiny": 50, "base": 3, "gpt": 20}[name]
         results[name] = {fw: run_child(fw, name, steps) for fw in ("jax", "torch")}
         results[name]["jax_default_malloc"] = run_child("jax", name, steps, env={"JAXFORMER_MALLOC": "default"})
+        if name != "gpt":        # dropout: the unrolled threefry against jax's CPU default
+            results[name]["jax_rolled_threefry"] = run_child("jax", name, steps, env={"STEP_PROFILE_ROLLED_THREEFRY": "1"})
         if name == "gpt":        # one core: no op runs beside another, so no op's time includes waits for a worker
             results[name]["jax_one_core"] = run_child("jax", name, steps, env={"STEP_PROFILE_ONE_CORE": "1"})
         print(name, {fw: r.get("step_ms", r.get("error")) for fw, r in results[name].items()}, flush=True)
