@@ -166,7 +166,7 @@ def step_profile() -> str:
             f"{'backward' if 'transpose(' in top['source'] else 'forward'} pass, costs {top['ms']:.1f} ms of a "
             f"{s['gpt']['jax']['step_ms']:.0f} ms step). PyTorch has none of these: its BLAS calls take\ntransposed "
             "operands, its layers keep activations as separate tensors, and its attention is a fused kernel.\n"
-            f"{_malloc(s['base'])}{_decoding_and_kernels(weights)} The training loop itself never\nwaits for the device: no host read per step (metrics and the NaN check "
+            f"{_malloc(s['base'])}{_threefry(s)}{_decoding_and_kernels(weights)} The training loop itself never\nwaits for the device: no host read per step (metrics and the NaN check "
             "are read at log, eval and checkpoint\nsteps), the next batch is put on the device while a step runs, "
             "and the train step compiles once per run\n(tested).")
 
@@ -192,8 +192,23 @@ def _one_core(gpt: dict) -> str:
         return ""
     share = one["groups_ms"].get("buffer fills", 0.0) / sum(one["groups_ms"].values())
     return (f" (pinned to one core, {100 * share:.0f}% for the character model; an op's timing can span waits "
-            "for a worker or the\ncore, so the shares of cheap ops are not their cost: 2% and 22% in the last two "
-            "runs)")
+            "for a worker or the\ncore, so the shares of cheap ops are not their cost: 2% and 22% in two "
+            "earlier runs)")
+
+
+def _threefry(s: dict) -> str:
+    """The dropout models' steps with jax's CPU lowering of threefry against ours (step_profile.json
+    jax_rolled_threefry)."""
+    runs = {n: (r["jax"], r["jax_rolled_threefry"]) for n, r in s.items()
+            if "op_events_per_step" in r.get("jax_rolled_threefry", {}) and "op_events_per_step" in r["jax"]}
+    if "tiny" not in runs or "base" not in runs:
+        return ""
+    (tu, tr), (bu, br) = runs["tiny"], runs["base"]
+    return ("Dropout's random bits: jax lowers its threefry hash on CPU as a 5-trip loop per draw, each trip "
+            "separate runtime ops;\n`jaxformer` lowers it unrolled, as jax does for GPUs (`jaxformer/lowering.py`, "
+            f"the same bits): the tiny step runs {tu['op_events_per_step']:,.0f}\nop events instead of "
+            f"{tr['op_events_per_step']:,.0f} ({tu['step_ms']:.1f} vs {tr['step_ms']:.1f} ms), the base step "
+            f"{bu['step_ms']:.0f} vs {br['step_ms']:.0f} ms.\n")
 
 
 def _malloc(base: dict) -> str:
