@@ -166,7 +166,7 @@ def step_profile() -> str:
             f"{'backward' if 'transpose(' in top['source'] else 'forward'} pass, costs {top['ms']:.1f} ms of a "
             f"{s['gpt']['jax']['step_ms']:.0f} ms step). PyTorch has none of these: its BLAS calls take\ntransposed "
             "operands, its layers keep activations as separate tensors, and its attention is a fused kernel.\n"
-            f"{_malloc(s['base'])}{_threefry(s)}{_decoding_and_kernels(weights)} The training loop itself never\nwaits for the device: no host read per step (metrics and the NaN check "
+            f"{_malloc(s['base'])}{_threefry(s)}{_no_op(s)}{_decoding_and_kernels(weights)} The training loop itself never\nwaits for the device: no host read per step (metrics and the NaN check "
             "are read at log, eval and checkpoint\nsteps), the next batch is put on the device while a step runs, "
             "and the train step compiles once per run\n(tested).")
 
@@ -209,6 +209,23 @@ def _threefry(s: dict) -> str:
             f"the same bits): the tiny step runs {tu['op_events_per_step']:,.0f}\nop events instead of "
             f"{tr['op_events_per_step']:,.0f} ({tu['step_ms']:.1f} vs {tr['step_ms']:.1f} ms), the base step "
             f"{bu['step_ms']:.0f} vs {br['step_ms']:.0f} ms.\n")
+
+
+def _no_op(s: dict) -> str:
+    """Time in our steps with no op event open (step_profile.json no_op_ms): pool work after the ops' events."""
+    if not all("no_op_ms" in s.get(n, {}).get("jax", {}) for n in ("base", "gpt")):
+        return ""
+    b, g = s["base"]["jax"], s["gpt"]["jax"]
+    return (f"The op times above miss the work a dot or YNNPACK fusion hands to the thread pool after its own event "
+            f"ends:\n{b['no_op_ms']:.0f} ms of the base step ({100 * b['no_op_ms'] / b['step_ms']:.0f}%) and "
+            f"{g['no_op_ms']:.1f} ms of the character model's ({100 * g['no_op_ms'] / g['step_ms']:.0f}%) pass with "
+            f"no op event open on any thread (base's largest gaps follow {_ops(b['no_op_after'][:2])}), so the "
+            "matmul shares are lower bounds.\n")
+
+
+def _ops(after: list[dict]) -> str:
+    """'op (group) and op (group)' of step_profile.json's no_op_after entries."""
+    return " and ".join(f"`{a['op']}` ({a['group']})" for a in after)
 
 
 def _malloc(base: dict) -> str:

@@ -15,7 +15,8 @@ Ours: the compiled step (`jaxformer.train.step.make_train_step`) is traced with 
   buffer fills      broadcasts that initialise a whole buffer (the stacked activations' zeros);
   elementwise       every other fusion (activations, Adam's update, dropout scaling, residual adds);
   loop control      the while loops themselves (their bodies' ops are counted in their groups).
-Op times are summed over XLA:CPU's threads, so they can exceed the wall time. Also timed (medians of 5 runs
+Op times are summed over XLA:CPU's threads, so they can exceed the wall time; time when no op event is open
+(a dot or YNNPACK fusion finishing its work in pool tasks after its event ends) is reported apart. Also timed (medians of 5 runs
 of --steps steps, state threaded through, blocking only at the end): the whole step and the forward pass
 alone (the jitted loss), hence backward+update / forward. Ours runs twice: in the environment `jaxformer`
 gives itself (glibc.malloc.hugetlb=1: jaxformer/launch.py; the profile is this run's) and with malloc as it is
@@ -92,6 +93,25 @@ def _elements(line: str) -> int:
     return math.prod(int(d) for d in m.group(1).split(",") if d) if m else 0
 
 
+def gaps(spans: list[tuple[str, float, float]], min_us: float = 50.0) -> tuple[float, collections.Counter]:
+    """Time inside the profiled block when no op event is open on any thread, from (op, start µs, duration µs)
+    events: (total µs, Counter op -> µs of the gaps that follow the op whose event ended last before each gap).
+    Gaps shorter than min_us (an op's dispatch) are not counted. A dot or YNNPACK fusion runs its work in the
+    thread pool's tasks after its own event ends, so such gaps are mostly that work."""
+    total, after = 0.0, collections.Counter()
+    spans = sorted(spans, key=lambda s: s[1])
+    if not spans:
+        return total, after
+    end, last = spans[0][1] + spans[0][2], spans[0][0]
+    for op, start, dur in spans[1:]:
+        if start - end >= min_us:
+            total += start - end
+            after[last] += start - end
+        if start + dur > end:
+            end, last = start + dur, op
+    return total, after
+
+
 def fused_bodies(hlo: str) -> dict[str, tuple[str, str]]:
     """instruction name -> (fused computation text or '', metadata op_name) from compiled HLO text."""
     comps = {}
@@ -153,12 +173,12 @@ def jax_child(name: str, steps: int) -> dict:
     results = {m.group(1): m.group(2) for m in re.finditer(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$", hlo, re.M)}
     groups, ops = collections.Counter(), collections.Counter()
     copies = {k: collections.Counter() for k in ("plain", "with work")}
-    n_events = 0
+    spans = []
     for e in events:
         op = e.get("args", {}).get("hlo_op") if e.get("ph") == "X" else None
         if op is None or e.get("args", {}).get("hlo_module", "").find("train_step") < 0:
             continue
-        n_events += 1
+        spans.append((op, e["ts"], e["dur"]))
         body, op_name = info.get(op, ("", ""))
         g = classify_hlo(op, body)
         groups[g] += e["dur"] / 1e3 / steps
@@ -168,8 +188,12 @@ def jax_child(name: str, steps: int) -> dict:
             c["ms"] += e["dur"] / 1e3 / steps
             c["elements"] += _elements(results.get(op, "")) / steps
     top = [{"op": k[0], "group": k[1], "source": k[2], "ms": v} for k, v in ops.most_common(12)]
+    idle, after = gaps(spans)
+    gap_after = [{"op": op, "group": classify_hlo(op, info.get(op, ("", ""))[0]), "ms": us / 1e3 / steps}
+                 for op, us in after.most_common(5)]
     return {"step_ms": step_ms, "forward_ms": fwd_ms, "groups_ms": dict(groups), "top": top, "faults_per_step": faults,
-            "op_events_per_step": n_events / steps, "copies": {k: dict(v) for k, v in copies.items()},
+            "op_events_per_step": len(spans) / steps,
+            "no_op_ms": idle / 1e3 / steps, "no_op_after": gap_after, "copies": {k: dict(v) for k, v in copies.items()},
             "temp_mib": step.lower(state, batch, key).compile().memory_analysis().temp_size_in_bytes / 2 ** 20}
 
 
@@ -257,6 +281,17 @@ def _malloc_line(r: dict) -> list[str]:
             f"{plain['faults_per_step']:,.0f} faults per step, step {plain['step_ms']:.1f} ms."]
 
 
+def _no_op_line(ours: dict) -> list[str]:
+    """The step's time with no op event open (`gaps`): work the pool runs after an op's event has ended."""
+    if "no_op_ms" not in ours:
+        return []
+    after = ", ".join(f"{a['op']} ({a['group']}) {a['ms']:.1f}" for a in ours["no_op_after"][:3])
+    return [f"Not in any op event: {ours['no_op_ms']:.1f} ms of the {ours['step_ms']:.1f} ms step (gaps of 50 µs or "
+            f"more while no op event is open on any thread; a dot or YNNPACK fusion hands its work to the thread "
+            f"pool and its event ends before the work does, so this is mostly matmul work the matmul row does not "
+            f"count). Largest after: {after} ms/step.", ""]
+
+
 def _threefry_line(r: dict) -> list[str]:
     """Ours as built (threefry lowered unrolled: jaxformer/lowering.py) against jax's CPU default lowering."""
     ours, rolled = r["jax"], r.get("jax_rolled_threefry", {})
@@ -324,7 +359,7 @@ def report(results: dict, command: str) -> str:
                   "Our twelve most expensive ops (ms/step; source = the jaxpr equation XLA names):", "",
                   "| op | group | ms | source |", "|---|---|---:|---|"]
         lines += [f"| {t['op']} | {t['group']} | {t['ms']:.2f} | `{t['source']}` |" for t in ours["top"]]
-        lines += ["", *_copies_line(ours)]
+        lines += ["", *_copies_line(ours), "", *_no_op_line(ours)]
         lines.append("")
     return "\n".join(lines) + "\n"
 

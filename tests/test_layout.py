@@ -93,3 +93,20 @@ def test_step_profile_tells_a_plain_copy_from_one_carrying_work():
     assert "with work" not in kinds["split"]
     assert step_profile.copy_kind("f32[48,64]{1,0} copy(%transpose.0)") == "plain"           # a bare copy
     assert step_profile._elements("f32[6,16,64,2048]{3,2,1,0} copy(%x)") == 6 * 16 * 64 * 2048
+
+
+def test_step_profile_counts_the_time_no_op_event_covers():
+    """benchmarks/step_profile.py's `gaps`: overlapping events on two threads cover their union; a gap of at least
+    50 µs is charged to the op whose event ended last before it; shorter gaps (dispatch) are not counted."""
+    import sys
+    from helpers import ROOT
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import step_profile
+    spans = [("dot", 0.0, 100.0), ("add", 20.0, 30.0),       # add inside dot's event: no gap, dot ends last
+             ("reduce", 400.0, 50.0),                          # 300 µs after dot
+             ("copy", 460.0, 10.0),                            # 10 µs: dispatch, not counted
+             ("tail", 600.0, 5.0)]                             # 130 µs after copy
+    total, after = step_profile.gaps(list(reversed(spans)))    # in any order
+    assert total == 430.0
+    assert after == {"dot": 300.0, "copy": 130.0}
+    assert step_profile.gaps([]) == (0.0, {})
