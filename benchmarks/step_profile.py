@@ -271,11 +271,17 @@ def run_child(framework: str, name: str, steps: int, env: dict | None = None) ->
     return ts.run_child(framework, name, steps, script=__file__, env=env)
 
 
+def _against(r: dict, variant: str, field: str) -> tuple[dict, dict] | None:
+    """(ours as built, ours in the A/B variant) from one config's results, when both measured `field`."""
+    ours, other = r["jax"], r.get(variant, {})
+    return (ours, other) if field in ours and field in other else None
+
+
 def _malloc_line(r: dict) -> list[str]:
     """Ours with glibc's huge-page tunable (as `jaxformer` starts: jaxformer/launch.py) against malloc as it is."""
-    ours, plain = r["jax"], r.get("jax_default_malloc", {})
-    if "faults_per_step" not in ours or "faults_per_step" not in plain:
+    if (pair := _against(r, "jax_default_malloc", "faults_per_step")) is None:
         return []
+    ours, plain = pair
     return [f"Memory: with glibc.malloc.hugetlb=1 (how `jaxformer` starts) {ours['faults_per_step']:,.0f} minor page "
             f"faults per step, step {ours['step_ms']:.1f} ms; with malloc as it is (JAXFORMER_MALLOC=default) "
             f"{plain['faults_per_step']:,.0f} faults per step, step {plain['step_ms']:.1f} ms."]
@@ -288,15 +294,15 @@ def _no_op_line(ours: dict) -> list[str]:
     after = ", ".join(f"{a['op']} ({a['group']}) {a['ms']:.1f}" for a in ours["no_op_after"][:3])
     return [f"Not in any op event: {ours['no_op_ms']:.1f} ms of the {ours['step_ms']:.1f} ms step (gaps of 50 µs or "
             f"more while no op event is open on any thread; a dot or YNNPACK fusion hands its work to the thread "
-            f"pool and its event ends before the work does, so this is mostly matmul work the matmul row does not "
-            f"count). Largest after: {after} ms/step.", ""]
+            f"pool and its event ends before the work does, so this is work their rows do not count). Largest "
+            f"after (the op before a gap need not own the work running in it): {after} ms/step.", ""]
 
 
 def _threefry_line(r: dict) -> list[str]:
     """Ours as built (threefry lowered unrolled: jaxformer/lowering.py) against jax's CPU default lowering."""
-    ours, rolled = r["jax"], r.get("jax_rolled_threefry", {})
-    if "op_events_per_step" not in ours or "op_events_per_step" not in rolled:
+    if (pair := _against(r, "jax_rolled_threefry", "op_events_per_step")) is None:
         return []
+    ours, rolled = pair
     return [f"Dropout bits: with threefry lowered unrolled (`jaxformer/lowering.py`, how the step is built) "
             f"{ours['op_events_per_step']:,.0f} op events per step, step {ours['step_ms']:.1f} ms; with jax's CPU "
             f"default, a 5-trip loop per draw (STEP_PROFILE_ROLLED_THREEFRY=1), {rolled['op_events_per_step']:,.0f} "

@@ -7,8 +7,7 @@ compile). Each draw is then a loop whose every trip runs a fusion plus copies of
 runtime ops: the tiny encoder-decoder's train step (dropout 0.1) runs 2576 op events per step rolled, 1376
 unrolled (benchmarks/step_profile.py). What that buys in time is small and within this 2-core VM's run-to-run
 spread: single A/Bs ranged from 3% slower to 10% faster; base 3% faster over four alternating process
-pairs (all four faster, 95% interval -7.7% to +1.2%). Compile
-time and results are unchanged.
+pairs (all four faster, 95% interval -7.7% to +1.2%). Compile time and results are unchanged.
 """
 from __future__ import annotations
 

@@ -75,3 +75,33 @@ def test_the_train_step_is_built_unrolled_with_the_same_result():
     assert float(m["loss"]) == float(m_rolled["loss"])
     for a, b in zip(params_rolled, params):
         np.testing.assert_array_equal(a, b)
+
+
+
+@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+def test_the_samplers_lower_unrolled_with_the_same_tokens(arch, monkeypatch):
+    """generate_lm / generate_seq2seq make the choice too (their sampling draws bits at every token)."""
+    from jaxformer import decode
+    from jaxformer.config import ModelConfig
+    from jaxformer.nn import build_model
+    cfg = ModelConfig(arch=arch, vocab_size=17, d_model=32, num_heads=4, num_kv_heads=2, d_ff=48,
+                      num_encoder_layers=1, num_decoder_layers=1, dropout=0.0, max_len=16)
+    model = build_model(cfg, seed=0)
+    prompts = jnp.arange(2, 8, dtype=jnp.int32).reshape(2, 3)
+    if arch == "decoder_only":
+        sample = lambda: decode.generate_lm(model, prompts, max_new=6, temperature=2.0,   # noqa: E731
+                                            key=jax.random.key(1))
+    else:
+        sample = lambda: decode.generate_seq2seq(model, prompts, max_new=6, bos_id=1, eos_id=None,   # noqa: E731
+                                                 temperature=2.0, key=jax.random.key(1))
+    with monkeypatch.context() as m:                               # the sampler without its call: rolled
+        m.setattr(decode, "unrolled_threefry", lambda: None)
+        unrolled_threefry(False)
+        jax.clear_caches()
+        rolled = np.asarray(sample())
+    unrolled_threefry(False)
+    jax.clear_caches()
+    tokens = np.asarray(sample())
+    assert threefry_is_unrolled()                                  # the sampler turned it on before lowering
+    np.testing.assert_array_equal(tokens, rolled)
+    assert len(np.unique(tokens)) > 2                              # sampled, not constant
