@@ -37,6 +37,7 @@ bench: install
 	$(BIN)/python benchmarks/cache_layout.py --reps 5
 	$(BIN)/python benchmarks/parallel.py --devices 8 --steps 5
 	$(BIN)/python benchmarks/pipeline.py
+	$(BIN)/python benchmarks/levers.py
 	$(BIN)/python benchmarks/readme_tables.py
 
 .PHONY: install run test test-slow test-all bench

@@ -305,8 +305,25 @@ def tokenizers() -> str:
     return "\n".join(out)
 
 
-TABLES = {"performance": performance, "make_run": make_run, "claims": claims, "attention": attention,
-          "moe_quantize": moe_quantize, "step_profile": step_profile, "tokenizers": tokenizers}
+def levers() -> str:
+    """Each kept speed lever against the program without it, paired in one process (levers.json)."""
+    lv = _load("levers")
+    out = ["| lever | config | after / before, ms per step [95% interval] | verdict |", "|---|---|---|---|"]
+    for r in lv["rows"]:
+        out.append(f"| {r['lever']} | {r['config']} | {r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] | "
+                   f"{r['verdict']} |")
+    out += [""] + [f"- **{n}**: {v['what']}; before: {v['before']}." for n, v in lv["levers"].items()]
+    out += ["", textwrap.fill(
+        f"`benchmarks/levers.py` builds both programs in one process, the lever switched off for \"before\" (the "
+        f"code it replaced, patched back while that program is traced), and alternates blocks of steps between "
+        f"them; the verdict is the 95% interval of the paired ratios against a ±{lv['margin']:.0%} margin "
+        f"(`control` times one program against itself). Machine: {lv['machine']} "
+        f"([levers.md](benchmarks/results/levers.md)).", 116)]
+    return "\n".join(out)
+
+
+TABLES = {"performance": performance, "levers": levers, "make_run": make_run, "claims": claims,
+          "attention": attention, "moe_quantize": moe_quantize, "step_profile": step_profile, "tokenizers": tokenizers}
 
 
 def render(text: str) -> str:

@@ -72,6 +72,22 @@ def difference(a: list, b: list) -> Stat | None:
     return Stat(len(xs), len(a), d, se, d - h, d + h)
 
 
+def paired_difference(a: list, b: list) -> Stat | None:
+    """mean(a_i − b_i) over pairs measured together (e.g. two programs timed in alternating blocks), with the
+    95% Student-t interval of that mean (n − 1 degrees of freedom). Pairing removes what the two share (a
+    machine's drift between pairs), which `difference` (Welch, unpaired) would count as noise. None with fewer
+    than two pairs. Raises ValueError when a and b differ in length."""
+    if len(a) != len(b):
+        raise ValueError(f"paired values need equal lengths; got {len(a)} and {len(b)}")
+    ds = [float(x) - float(y) for x, y in zip(a, b) if math.isfinite(float(x)) and math.isfinite(float(y))]
+    if len(ds) < 2:
+        return None
+    from scipy.stats import t
+    m, s = statistics.fmean(ds), statistics.stdev(ds)
+    h = float(t.ppf(0.975, len(ds) - 1)) * s / math.sqrt(len(ds))
+    return Stat(len(ds), len(a), m, s, m - h, m + h)
+
+
 def within(st: Stat, lo: float, hi: float) -> str:
     """The verdict on a threshold or tolerance claim ("the mean lies in [lo, hi]") from the 95% interval of the
     mean: "holds" when the interval lies inside, "does not hold" when it lies wholly outside, else "not

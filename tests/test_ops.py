@@ -545,6 +545,24 @@ def test_check_grads_layer_norm_and_rms_norm():
                 eps=1e-2, atol=1e-2, rtol=1e-2)
 
 
+def test_gelu_is_float32_exact_over_its_range_and_uses_erf():
+    """Exact GELU against float64 (erfc form, accurate in the tail) on [-12, 12]: error within a few float32 ulps
+    of max(1, |x|), value and gradient. Catches the tanh approximation, x/2 for x/√2, a lost 0.5; and the jaxpr
+    check catches a return to jax.nn.gelu(approximate=False), whose erfc XLA:CPU evaluates at ~2.7× the cost
+    (ops.activations.gelu's docstring; benchmarks/results/levers.md, gelu_erf)."""
+    xs = np.linspace(-12, 12, 20001).astype(np.float32)
+    xd = xs.astype(np.float64)
+    cdf = 0.5 * np.vectorize(math.erfc)(-xd / math.sqrt(2))
+    scale = 4 * float(np.finfo(np.float32).eps) * np.maximum(1.0, np.abs(xd))
+    y = np.asarray(jax.jit(activations.gelu)(jnp.asarray(xs)), np.float64)
+    assert np.all(np.abs(y - xd * cdf) <= scale)
+    dy = np.asarray(jax.jit(jax.grad(lambda x: activations.gelu(x).sum()))(jnp.asarray(xs)), np.float64)
+    assert np.all(np.abs(dy - (cdf + xd * np.exp(-0.5 * xd ** 2) / math.sqrt(2 * math.pi))) <= scale)
+    prims = {e.primitive.name for e in jax.make_jaxpr(activations.gelu)(jnp.ones(3)).jaxpr.eqns}
+    assert "erf" in prims and "erfc" not in prims, prims
+    assert activations.gelu(jnp.ones(2, jnp.bfloat16)).dtype == jnp.bfloat16
+
+
 def test_activations_match_numpy():
     x = rand(151, (3, 7), scale=3.0)
     xd = x.astype(np.float64)

@@ -12,7 +12,8 @@ from scipy import stats
 
 from helpers import ROOT
 from jaxformer.report import metric_value
-from jaxformer.verdicts import committed_verdict, difference, equivalence, verdict_from_csv, within
+from jaxformer.verdicts import (committed_verdict, difference, equivalence, paired_difference, verdict_from_csv,
+                                within)
 from jaxformer.sweep import load_sweep
 
 SWEEPS = sorted((ROOT / "configs" / "sweeps").glob("*.py"))
@@ -33,6 +34,24 @@ def test_difference_is_welchs_interval():
     assert d.mean == pytest.approx(np.mean(a) - np.mean(b), rel=1e-12)
     assert (d.lo, d.hi) == (pytest.approx(ref.low, rel=1e-9), pytest.approx(ref.high, rel=1e-9))
     assert difference([1.0], b) is None and difference(a, [1.0, math.nan]) is None
+
+
+def test_paired_difference_is_the_paired_t_interval():
+    """Against scipy's paired t-test; and pairing is what removes a drift both programs share: the same values
+    unpaired (Welch) give an interval that cannot tell them apart."""
+    rng = np.random.default_rng(0)
+    drift = np.linspace(0.0, 0.3, 12)                             # the machine slows down over the run
+    a = list(2.00 + drift + 0.002 * rng.standard_normal(12))
+    b = list(2.02 + drift + 0.002 * rng.standard_normal(12))
+    d = paired_difference(a, b)
+    ref = stats.ttest_rel(a, b).confidence_interval(0.95)
+    assert d.mean == pytest.approx(np.mean(np.subtract(a, b)), rel=1e-12)
+    assert (d.lo, d.hi) == (pytest.approx(ref.low, rel=1e-9), pytest.approx(ref.high, rel=1e-9))
+    assert d.hi < 0 and equivalence(d, 0.01).startswith("lower by more than the margin")
+    assert equivalence(difference(a, b), 0.01).startswith("not resolved")
+    assert paired_difference([1.0], [2.0]) is None and paired_difference([1.0, math.nan], [2.0, 3.0]) is None
+    with pytest.raises(ValueError, match="equal lengths"):
+        paired_difference([1.0, 2.0], [1.0])
 
 
 @pytest.mark.parametrize("a, b, margin, verdict", [

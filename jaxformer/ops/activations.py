@@ -2,7 +2,11 @@
 each)."""
 from __future__ import annotations
 
+import math
+
 import jax
+
+_SQRT_HALF = 1.0 / math.sqrt(2.0)
 
 
 def relu(x: jax.Array) -> jax.Array:
@@ -11,8 +15,16 @@ def relu(x: jax.Array) -> jax.Array:
 
 
 def gelu(x: jax.Array) -> jax.Array:
-    """Exact (erf) GELU, as torch.nn.GELU() by default. [..., F] -> [..., F]."""
-    return jax.nn.gelu(x, approximate=False)
+    """Exact (erf) GELU, x·Φ(x) = 0.5·x·(1 + erf(x/√2)), computed as torch.nn.GELU() computes it. [..., F] ->
+    [..., F].
+
+    Not jax.nn.gelu(approximate=False), which writes the same function with erfc (0.5·x·erfc(−x/√2)): accurate
+    in the far negative tail, but XLA expands erfc into both of its branches (a polynomial and an exp-times-
+    rational), about 2.7× the work of erf's one rational on XLA:CPU, and the backward pass duplicates that
+    expansion into each fusion that reads it (benchmarks/results/levers.md, `gelu_erf`). Accuracy is
+    float32's: absolute error ≲ 1e-7·max(1, |x|) against float64 (what torch's GELU gives); below about x = −3
+    the output (|y| < 4e-3) carries erf's rounding next to −1, so its relative error grows there, as torch's."""
+    return 0.5 * x * (1.0 + jax.lax.erf(x * _SQRT_HALF))
 
 
 def gelu_tanh(x: jax.Array) -> jax.Array:

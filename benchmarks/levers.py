@@ -1,0 +1,239 @@
+"""Each speed lever jaxformer keeps, measured against the program without it, in one process (paired blocks).
+
+  .venv/bin/python benchmarks/levers.py [--levers NAME ...] [--blocks N] [--out STEM]
+
+A lever is a choice that changes how the train step is compiled, not what it computes (or, for `gelu_erf`,
+computes the same function to float32 rounding). For each lever and each config of benchmarks/train_step.py it
+applies to, both programs are built and compiled in the same process, "before" with the lever switched off
+(the code it replaced, restored by a patch or a config value while that program is traced) and "after" as
+jaxformer builds it; then blocks of steps alternate between them (before/after, then after/before, ...), each
+program threading its own training state. Every pair of blocks gives one ratio after/before of ms per step;
+the verdict follows from the 95% Student-t interval of the mean log ratio (`jaxformer.verdicts`): "faster" or
+"slower" when the interval excludes 1, "no difference beyond ±2%" when it lies within 0.98–1.02, else "not
+resolved". Pairing within one process is what makes a few-percent effect measurable on a VM whose step time
+drifts by more than that between processes (benchmarks/train_step.py's min–max). Also recorded: each
+program's first call (trace + compile + one step) and its loss after the same steps (a lever that changed the
+model would show there).
+
+Writes benchmarks/results/levers.md and .json (or --out STEM.md / STEM.json).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+MARGIN = 0.02                  # a step-time change smaller than 2% is one we call negligible
+STEPS = {"tiny": 10, "base": 1, "gpt": 5, "gpt-noremat": 5}       # steps per block
+BLOCKS = {"tiny": 48, "base": 20, "gpt": 48, "gpt-noremat": 48}    # blocks per program (even: both orders)
+
+
+@contextlib.contextmanager
+def _patched(obj, name: str, value):
+    """obj.name = value (or obj[name] for a dict) inside the block."""
+    get, put = ((obj.__getitem__, obj.__setitem__) if isinstance(obj, dict) else
+                (lambda n: getattr(obj, n), lambda n, v: setattr(obj, n, v)))
+    old = get(name)
+    put(name, value)
+    try:
+        yield
+    finally:
+        put(name, old)
+
+
+def _erfc_gelu():
+    import jax
+    from jaxformer.ops import activations
+    return _patched(activations.UNGATED, "gelu", lambda x: jax.nn.gelu(x, approximate=False))
+
+
+def _no_materialize():
+    from jaxformer.ops import layout
+    return _patched(layout, "materialize", lambda x: x)
+
+
+def _plain_softmax():
+    import jax
+    from jaxformer.ops import attention
+    return _patched(attention, "_softmax", lambda x: jax.nn.softmax(x, axis=-1))
+
+
+def _norms_apart():
+    import optax
+    from jaxformer.train import step
+    ours = step.grad_norms
+    return _patched(step, "grad_norms", lambda g: {**ours(g), "grad_norm": optax.global_norm(g)})
+
+
+@contextlib.contextmanager
+def _rolled_threefry():
+    from jaxformer.lowering import unrolled_threefry
+    unrolled_threefry(False)
+    try:
+        yield
+    finally:
+        unrolled_threefry(True)
+
+
+@dataclass(frozen=True)
+class Lever:
+    what: str                                       # what jaxformer does, and where
+    before: str                                     # what the program did without it
+    configs: tuple[str, ...]                        # train_step.CONFIGS it applies to
+    switch_off: Callable = contextlib.nullcontext   # -> context manager in force while "before" is traced
+    model_before: dict = field(default_factory=dict)  # ModelConfig fields of "before", when a config value
+
+
+LEVERS = {
+    "control": Lever("nothing: both programs are the same (an A/A run: the harness's own bias and noise)",
+                     "the same program", ("tiny", "gpt", "base")),
+    "gelu_erf": Lever("exact GELU as 0.5·x·(1+erf(x/√2)) (`ops.activations.gelu`)",
+                      "jax.nn.gelu(approximate=False), the erfc form", ("gpt",), _erfc_gelu),
+    "materialize": Lever("projections' backward materializes the output gradient before the weight-gradient "
+                         "dot (`nn.params._dot`, `ops.layout.materialize`)",
+                         "XLA fuses the gradient's producers into the dot's transposing copy",
+                         ("tiny", "gpt", "base"), _no_materialize),
+    "softmax_gemv": Lever("attention softmax backward's row sums as a GEMV (`ops.attention._softmax`)",
+                          "jax.nn.softmax's own backward (a reduce)", ("tiny", "gpt", "base"), _plain_softmax),
+    "threefry_unrolled": Lever("dropout's threefry hash lowered unrolled on CPU (`jaxformer/lowering.py`)",
+                               "jax's CPU lowering, a 5-trip loop per draw", ("tiny", "base"), _rolled_threefry),
+    "one_norm_pass": Lever("the logged gradient norms, global and per layer, from one sum of squares per "
+                           "parameter (`train.step.grad_norms`)",
+                           "optax.global_norm beside the per-layer norms, each reducing every gradient",
+                           ("tiny", "gpt", "base"), _norms_apart),
+    "remat_dots": Lever("model.remat='dots' for the char model (configs/shakespeare_char.py)",
+                        "model.remat='none' (every activation stored)", ("gpt",), model_before={"remat": "none"}),
+}
+
+
+def build(c: dict, lever: Lever, which: str):
+    """(jitted train step, state, batch, key) of config dict `c` (benchmarks/train_step.py's), with the lever
+    switched off for which="before". Nothing is compiled here: the first call compiles, and must happen inside
+    `lever.switch_off()` for "before" (`first_call`)."""
+    import dataclasses
+    import jax
+    import train_step as ts
+    from step_profile import _jax_batch
+    from jaxformer.train.step import init_state, make_train_step
+    cfg = ts.jax_config(c)
+    if which == "before" and lever.model_before:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **lever.model_before))
+    graphs, state = init_state(cfg)
+    return make_train_step(graphs, cfg), state, _jax_batch(c), jax.random.key(0)
+
+
+def first_call(lever: Lever, which: str, step, state, batch, key):
+    """Trace, compile and run one step under the lever's setting -> (state, seconds)."""
+    import jax
+    with lever.switch_off() if which == "before" else contextlib.nullcontext():
+        t = time.perf_counter()
+        state, m = step(state, batch, key)
+        jax.block_until_ready(m)
+    return state, time.perf_counter() - t
+
+
+def paired(before: list[float], after: list[float]) -> dict:
+    """Per-pair log(after/before) -> ratio after/before with its 95% Student-t interval and the verdict."""
+    from jaxformer.verdicts import equivalence, paired_difference
+    d = paired_difference([math.log(a) for a in after], [math.log(b) for b in before])
+    word = equivalence(d, math.log(1 + MARGIN)).split(" (")[0]
+    verdict = {"equivalent": f"no difference beyond ±{MARGIN:.0%}", "lower": "faster",
+               "lower by more than the margin": f"faster by more than {MARGIN:.0%}", "higher": "slower",
+               "higher by more than the margin": f"slower by more than {MARGIN:.0%}"}.get(word, "not resolved")
+    return {"ratio": math.exp(d.mean), "lo": math.exp(d.lo), "hi": math.exp(d.hi), "pairs": d.n, "verdict": verdict}
+
+
+def measure(name: str, lever: Lever, config: str, blocks: int, steps: int, c: dict | None = None) -> dict:
+    """One lever on one config: paired blocks in this process -> row of the results file."""
+    import jax
+    import train_step as ts
+    c = c or ts.CONFIGS[config]
+    progs = {}
+    for which in ("before", "after"):
+        step, state, batch, key = build(c, lever, which)
+        state, compile_s = first_call(lever, which, step, state, batch, key)
+        progs[which] = {"step": step, "state": state, "batch": batch, "key": key, "compile_s": compile_s,
+                        "ms": [], "loss": None}
+    for b in range(blocks):
+        for which in (("before", "after") if b % 2 == 0 else ("after", "before")):
+            p = progs[which]
+            t = time.perf_counter()
+            for _ in range(steps):
+                p["state"], m = p["step"](p["state"], p["batch"], p["key"])
+            jax.block_until_ready(m)
+            p["ms"].append(1e3 * (time.perf_counter() - t) / steps)
+            p["loss"] = float(m["loss"])
+    row = {"lever": name, "config": config, "blocks": blocks, "steps_per_block": steps,
+           **paired(progs["before"]["ms"], progs["after"]["ms"])}
+    for which, p in progs.items():
+        row[which] = {"median_ms": statistics.median(p["ms"]), "ms": p["ms"], "compile_s": p["compile_s"],
+                      "loss": p["loss"]}
+    return row
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--levers", nargs="+", choices=list(LEVERS), default=list(LEVERS))
+    p.add_argument("--configs", nargs="+", default=None, help="only these configs (default: each lever's own)")
+    p.add_argument("--blocks", type=int, default=None, help="blocks per program (default per config: "
+                   + ", ".join(f"{k} {v}" for k, v in BLOCKS.items()) + ")")
+    p.add_argument("--out", default=str(ROOT / "benchmarks/results/levers"), help="path stem of .md and .json")
+    a = p.parse_args(argv)
+    from jaxformer.report import machine
+    rows = []
+    for name in a.levers:
+        lever = LEVERS[name]
+        for config in lever.configs:
+            if a.configs and config not in a.configs:
+                continue
+            rows.append(measure(name, lever, config, a.blocks or BLOCKS[config], STEPS[config]))
+            r = rows[-1]
+            print(f"{name} {config}: {r['before']['median_ms']:.2f} -> {r['after']['median_ms']:.2f} ms, "
+                  f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] {r['verdict']}", flush=True)
+    cmd = shlex.join(["python", "benchmarks/levers.py", *argv])
+    write(Path(a.out), {"machine": machine(), "command": cmd, "margin": MARGIN,
+                        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+                        "levers": {n: {"what": LEVERS[n].what, "before": LEVERS[n].before} for n in a.levers},
+                        "rows": rows})
+
+
+def write(stem: Path, res: dict) -> None:
+    lines = ["# Speed levers, each against the program without it", "",
+             f"`{res['command']}` on {res['machine']}, with GLIBC_TUNABLES={res['glibc_tunables'] or '(unset)'} "
+             "(how `jaxformer` starts: jaxformer/launch.py).", "",
+             __doc__.split("\n\n")[2].replace("\n", " ").strip(), "",
+             "| lever | config | before ms/step | after ms/step | after / before [95% interval] | verdict | "
+             "compile s before / after | loss before / after |", "|---|---|---:|---:|---|---|---|---|"]
+    for r in res["rows"]:
+        b, a = r["before"], r["after"]
+        lines.append(f"| {r['lever']} | {r['config']} | {b['median_ms']:.2f} | {a['median_ms']:.2f} | "
+                     f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] ({r['pairs']} pairs of {r['steps_per_block']}"
+                     f"-step blocks) | {r['verdict']} | {b['compile_s']:.2f} / {a['compile_s']:.2f} | "
+                     f"{b['loss']:.6g} / {a['loss']:.6g} |")
+    lines += ["", "The levers:", ""] + [f"- **{n}**: {v['what']}; before: {v['before']}."
+                                        for n, v in res["levers"].items()
+                                        if any(r["lever"] == n for r in res["rows"])]
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    stem.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    from jaxformer.launch import hugepage_malloc
+    hugepage_malloc()                  # the process environment `jaxformer` gives itself (jaxformer/launch.py)
+    main()

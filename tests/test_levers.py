@@ -1,0 +1,48 @@
+"""benchmarks/levers.py measures each kept speed lever against the program without it. These tests check that
+its comparison is a real one: switching a lever off changes the lowered train step (a switch that patched
+nothing, e.g. a renamed function the model no longer calls, would time one program twice and report "no
+difference"), the A/A control changes nothing, and the verdict follows the paired interval.
+
+Wrong implementations caught: a lever whose switch patches an attribute the model no longer reads (same text),
+a switch that leaks past its program (the "after" text then equals "before"), a verdict read from the medians.
+"""
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import levers  # noqa: E402
+import train_step  # noqa: E402
+
+
+def _small(config: str) -> dict:
+    c = {**train_step.CONFIGS[config], "B": 2, "T": 8, "D": 32, "N": 2, "F": 64, "Ld": 1}
+    if c["arch"] == "encoder_decoder":
+        c.update(S=8, Le=1)
+    return c
+
+
+def _lowered(name: str, which: str) -> str:
+    lever = levers.LEVERS[name]
+    step, state, batch, key = levers.build(_small(lever.configs[0]), lever, which)
+    with lever.switch_off() if which == "before" else levers.contextlib.nullcontext():
+        return step.lower(state, batch, key).as_text()
+
+
+@pytest.mark.parametrize("name", list(levers.LEVERS))
+def test_switching_a_lever_off_changes_the_program_and_nothing_leaks(name):
+    before, after = _lowered(name, "before"), _lowered(name, "after")
+    assert (before == after) == (name == "control")       # "after" is built after "before": a leak shows
+
+
+def test_the_verdict_follows_the_paired_interval():
+    slow = [10.0, 12.0, 9.0, 11.0, 10.5, 12.5]                # the machine drifts by ±15% between pairs
+    faster = [x * 0.95 for x in slow]
+    r = levers.paired(slow, faster)
+    assert r["ratio"] == pytest.approx(0.95) and r["verdict"] == "faster by more than 2%"
+    r = levers.paired(slow, [x * 1.001 for x in slow])
+    assert r["verdict"] == "no difference beyond ±2%"
+    r = levers.paired(slow, [x * (1.05 if i % 2 else 0.95) for i, x in enumerate(slow)])
+    assert r["verdict"] == "not resolved" and r["lo"] < 1 < r["hi"]
