@@ -13,7 +13,8 @@ the verdict follows from the 95% Student-t interval of the mean log ratio (`jaxf
 resolved". Pairing within one process is what makes a few-percent effect measurable on a VM whose step time
 drifts by more than that between processes (benchmarks/train_step.py's min–max). Also recorded: each
 program's first call (trace + compile + one step) and its loss after the same steps (a lever that changed the
-model would show there).
+model would show there). A lever with an op of its own (`Lever.op`) is also timed on that op alone, the same
+way (paired blocks of calls).
 
 Writes benchmarks/results/levers.md and .json (or --out STEM.md / STEM.json).
 """
@@ -95,13 +96,26 @@ class Lever:
     configs: tuple[str, ...]                        # train_step.CONFIGS it applies to
     switch_off: Callable = contextlib.nullcontext   # -> context manager in force while "before" is traced
     model_before: dict = field(default_factory=dict)  # ModelConfig fields of "before", when a config value
+    op: Callable | None = None                      # -> (label, before fn, after fn, args): the op alone
+
+
+def _gelu_op():
+    """The char model's FFN activation alone, [B·T, F] = [768, 512], value and input gradient (what its
+    rematerialized backward computes), the erfc form against ours."""
+    import jax
+    from jaxformer.ops import activations
+    x = 2.0 * jax.random.normal(jax.random.key(0), (768, 512))
+    g = jax.random.normal(jax.random.key(1), (768, 512))
+    prog = lambda f: jax.jit(lambda x, g: (f(x), jax.vjp(f, x)[1](g)[0]))           # noqa: E731
+    return ("op alone: [768,512] value + gradient", prog(lambda x: jax.nn.gelu(x, approximate=False)),
+            prog(activations.gelu), (x, g))
 
 
 LEVERS = {
     "control": Lever("nothing: both programs are the same (an A/A run: the harness's own bias and noise)",
                      "the same program", ("tiny", "gpt", "base")),
     "gelu_erf": Lever("exact GELU as 0.5·x·(1+erf(x/√2)) (`ops.activations.gelu`)",
-                      "jax.nn.gelu(approximate=False), the erfc form", ("gpt",), _erfc_gelu),
+                      "jax.nn.gelu(approximate=False), the erfc form", ("gpt",), _erfc_gelu, op=_gelu_op),
     "materialize": Lever("projections' backward materializes the output gradient before the weight-gradient "
                          "dot (`nn.params._dot`, `ops.layout.materialize`)",
                          "XLA fuses the gradient's producers into the dot's transposing copy",
@@ -184,6 +198,25 @@ def measure(name: str, lever: Lever, config: str, blocks: int, steps: int, c: di
     return row
 
 
+def measure_op(name: str, lever: Lever, blocks: int = 32, calls: int = 50) -> dict:
+    """The lever's op alone (`Lever.op`), both forms jitted in this process, paired blocks of calls."""
+    import jax
+    label, fns, args = (lambda r: (r[0], {"before": r[1], "after": r[2]}, r[3]))(lever.op())
+    ms = {"before": [], "after": []}
+    for f in fns.values():
+        jax.block_until_ready(f(*args))
+    for b in range(blocks):
+        for which in (("before", "after") if b % 2 == 0 else ("after", "before")):
+            t = time.perf_counter()
+            for _ in range(calls):
+                out = fns[which](*args)
+            jax.block_until_ready(out)
+            ms[which].append(1e3 * (time.perf_counter() - t) / calls)
+    return {"lever": name, "config": label, "blocks": blocks, "steps_per_block": calls,
+            **paired(ms["before"], ms["after"]),
+            **{w: {"median_ms": statistics.median(v), "ms": v, "compile_s": None, "loss": None} for w, v in ms.items()}}
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -197,6 +230,9 @@ def main(argv=None) -> None:
     rows = []
     for name in a.levers:
         lever = LEVERS[name]
+        if lever.op is not None and not a.configs:
+            rows.append(measure_op(name, lever))
+            print(name, rows[-1]["config"], f"{rows[-1]['ratio']:.3f}", rows[-1]["verdict"], flush=True)
         for config in lever.configs:
             if a.configs and config not in a.configs:
                 continue
@@ -216,14 +252,17 @@ def write(stem: Path, res: dict) -> None:
              f"`{res['command']}` on {res['machine']}, with GLIBC_TUNABLES={res['glibc_tunables'] or '(unset)'} "
              "(how `jaxformer` starts: jaxformer/launch.py).", "",
              __doc__.split("\n\n")[2].replace("\n", " ").strip(), "",
-             "| lever | config | before ms/step | after ms/step | after / before [95% interval] | verdict | "
+             "| lever | config | before ms | after ms | after / before [95% interval] | verdict | "
              "compile s before / after | loss before / after |", "|---|---|---:|---:|---|---|---|---|"]
     for r in res["rows"]:
         b, a = r["before"], r["after"]
-        lines.append(f"| {r['lever']} | {r['config']} | {b['median_ms']:.2f} | {a['median_ms']:.2f} | "
+        op = b["loss"] is None                      # an op alone: calls, no compile or loss recorded
+        d = 3 if op else 2
+        lines.append(f"| {r['lever']} | {r['config']} | {b['median_ms']:.{d}f} | {a['median_ms']:.{d}f} | "
                      f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] ({r['pairs']} pairs of {r['steps_per_block']}"
-                     f"-step blocks) | {r['verdict']} | {b['compile_s']:.2f} / {a['compile_s']:.2f} | "
-                     f"{b['loss']:.6g} / {a['loss']:.6g} |")
+                     f"-{'call' if op else 'step'} blocks) | {r['verdict']} | "
+                     + ("— | — |" if op else f"{b['compile_s']:.2f} / {a['compile_s']:.2f} | "
+                        f"{b['loss']:.6g} / {a['loss']:.6g} |"))
     lines += ["", "The levers:", ""] + [f"- **{n}**: {v['what']}; before: {v['before']}."
                                         for n, v in res["levers"].items()
                                         if any(r["lever"] == n for r in res["rows"])]
