@@ -72,13 +72,6 @@ def _plain_softmax():
     return _patched(attention, "_softmax", lambda x: jax.nn.softmax(x, axis=-1))
 
 
-def _norms_apart():
-    import optax
-    from jaxformer.train import step
-    ours = step.grad_norms
-    return _patched(step, "grad_norms", lambda g: {**ours(g), "grad_norm": optax.global_norm(g)})
-
-
 @contextlib.contextmanager
 def _rolled_threefry():
     from jaxformer.lowering import unrolled_threefry
@@ -124,10 +117,6 @@ LEVERS = {
                           "jax.nn.softmax's own backward (a reduce)", ("tiny", "gpt", "base"), _plain_softmax),
     "threefry_unrolled": Lever("dropout's threefry hash lowered unrolled on CPU (`jaxformer/lowering.py`)",
                                "jax's CPU lowering, a 5-trip loop per draw", ("tiny", "base"), _rolled_threefry),
-    "one_norm_pass": Lever("the logged gradient norms, global and per layer, from one sum of squares per "
-                           "parameter (`train.step.grad_norms`)",
-                           "optax.global_norm beside the per-layer norms, each reducing every gradient",
-                           ("tiny", "gpt", "base"), _norms_apart),
     "remat_dots": Lever("model.remat='dots' for the char model (configs/shakespeare_char.py)",
                         "model.remat='none' (every activation stored)", ("gpt",), model_before={"remat": "none"}),
 }

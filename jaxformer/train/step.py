@@ -184,34 +184,29 @@ def objective(s: dict, moe: dict, cfg, denominator=None, shards: int = 1):
     return loss
 
 
-def grad_norms(grads) -> dict:
-    """{"grad_norm": the global gradient norm (optax.global_norm's), and "encoder_grad_norm" /
-    "decoder_grad_norm": [L] float32, each layer's gradient norm over all its parameters, in layer order (a
-    patterned stack's kinds interleaved), for each stack the model has}. One sum of squares per parameter,
-    per layer for a stacked one, serves both: computed apart, every stacked gradient was squared into a buffer
-    of its own and reduced twice (benchmarks/results/levers.md, `one_norm_pass`)."""
-    rest, kinds = [], {}
-    for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
-        keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
-        sq = jnp.square(g.astype(jnp.float32))
-        if keys[0] in ("encoder", "decoder") and keys[1:3] == ["layers", "blocks"]:
-            j = keys[3] if isinstance(keys[3], int) else 0
-            per = kinds.setdefault(keys[0], {})
-            per[j] = per.get(j, 0.0) + jnp.sum(sq.reshape(g.shape[0], -1), axis=1)
-        else:
-            rest.append(jnp.sum(sq))
-    out, total = {}, sum(rest, jnp.float32(0.0))
-    for stack, per in kinds.items():
-        sq = jnp.stack([per[j] for j in sorted(per)], axis=1).reshape(-1)      # [L/n, n] -> layer g·n + j
-        out[f"{stack}_grad_norm"] = jnp.sqrt(sq)
-        total = total + jnp.sum(sq)
-    return {"grad_norm": jnp.sqrt(total), **out}
+def layer_grad_norms(grads) -> dict:
+    """{"encoder_grad_norm" / "decoder_grad_norm": [L] float32}: each layer's gradient norm over all its
+    parameters, in layer order (a patterned stack's kinds interleaved), for each stack the model has."""
+    out = {}
+    for stack in ("encoder", "decoder"):
+        kinds: dict = {}
+        for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
+            keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+            if keys[:3] == [stack, "layers", "blocks"]:
+                j = keys[3] if isinstance(keys[3], int) else 0
+                sq = jnp.sum(jnp.square(g.astype(jnp.float32)).reshape(g.shape[0], -1), axis=1)
+                kinds[j] = kinds.get(j, 0.0) + sq
+        if kinds:
+            per = jnp.stack([kinds[j] for j in sorted(kinds)], axis=1)        # [L/n, n] -> layer g·n + j
+            out[f"{stack}_grad_norm"] = jnp.sqrt(per.reshape(-1))
+    return out
 
 
 def _metrics(s: dict, grads, moe: dict) -> dict:
     n = jnp.maximum(s["count"], 1.0)
     return {"loss": s["nll"] / n, "objective": s["objective"] / n, "token_accuracy": s["correct"] / n,
-            "tokens": s["count"], "log_z2": s["log_z2"] / n, **grad_norms(grads), **moe}
+            "tokens": s["count"], "grad_norm": optax.global_norm(grads), "log_z2": s["log_z2"] / n,
+            **layer_grad_norms(grads), **moe}
 
 
 def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
