@@ -312,7 +312,13 @@ def levers() -> str:
     for r in lv["rows"]:
         out.append(f"| {r['lever']} | {r['config']} | {r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] | "
                    f"{r['verdict']} |")
+    control = [r for r in lv["rows"] if r["lever"] == "control"]
     out += [""] + [f"- **{n}**: {v['what']}; before: {v['before']}." for n, v in lv["levers"].items()]
+    if control:
+        out += ["", textwrap.fill(
+            "The A/A control is the harness's own error: one program timed against itself gave " + ", ".join(
+                f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] ({r['config']})" for r in control)
+            + ": an effect of a percent or two is not established here, whatever its row's verdict says.", 116)]
     out += ["", textwrap.fill(
         f"`benchmarks/levers.py` builds both programs in one process, the lever switched off for \"before\" (the "
         f"code it replaced, patched back while that program is traced), and alternates blocks of steps between "
