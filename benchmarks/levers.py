@@ -6,7 +6,8 @@ A lever is a choice that changes how the train step is compiled, not what it com
 computes the same function to float32 rounding). For each lever and each config of benchmarks/train_step.py it
 applies to, both programs are built and compiled in the same process, "before" with the lever switched off
 (the code it replaced, restored by a patch or a config value while that program is traced) and "after" as
-jaxformer builds it; then blocks of steps alternate between them (before/after, then after/before, ...), each
+jaxformer builds it ("after" is built and compiled first: in A/A runs the program built second was up to 2%
+faster, so that bias, if any, works against the lever); then blocks of steps alternate between them (before/after, then after/before, ...), each
 program threading its own training state. Every pair of blocks gives one ratio after/before of ms per step;
 the verdict follows from the 95% Student-t interval of the mean log ratio (`jaxformer.verdicts`): "faster" or
 "slower" when the interval excludes 1, "no difference beyond ±2%" when it lies within 0.98–1.02, else "not
@@ -165,7 +166,7 @@ def measure(name: str, lever: Lever, config: str, blocks: int, steps: int, c: di
     import train_step as ts
     c = c or ts.CONFIGS[config]
     progs = {}
-    for which in ("before", "after"):
+    for which in ("after", "before"):      # built second, "before" gets whatever a later build gains (A/A rows)
         step, state, batch, key = build(c, lever, which)
         state, compile_s = first_call(lever, which, step, state, batch, key)
         progs[which] = {"step": step, "state": state, "batch": batch, "key": key, "compile_s": compile_s,
