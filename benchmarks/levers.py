@@ -2,20 +2,19 @@
 
   .venv/bin/python benchmarks/levers.py [--levers NAME ...] [--blocks N] [--out STEM]
 
-A lever is a choice that changes how the train step is compiled, not what it computes (or, for `gelu_erf`,
-computes the same function to float32 rounding). For each lever and each config of benchmarks/train_step.py it
-applies to, both programs are built and compiled in the same process, "before" with the lever switched off
-(the code it replaced, restored by a patch or a config value while that program is traced) and "after" as
-jaxformer builds it ("after" is built and compiled first: in A/A runs the program built second was up to 2%
-faster, so that bias, if any, works against the lever); then blocks of steps alternate between them (before/after, then after/before, ...), each
-program threading its own training state. Every pair of blocks gives one ratio after/before of ms per step;
-the verdict follows from the 95% Student-t interval of the mean log ratio (`jaxformer.verdicts`): "faster" or
-"slower" when the interval excludes 1, "no difference beyond ±2%" when it lies within 0.98–1.02, else "not
-resolved". Pairing within one process is what makes a few-percent effect measurable on a VM whose step time
-drifts by more than that between processes (benchmarks/train_step.py's min–max). Also recorded: each
-program's first call (trace + compile + one step) and its loss after the same steps (a lever that changed the
-model would show there). A lever with an op of its own (`Lever.op`) is also timed on that op alone, the same
-way (paired blocks of calls).
+A lever is a choice that changes how the train step is compiled, not what it computes (or, for `gelu_erf`, computes
+the same function to float32 rounding). For each lever and each config of benchmarks/train_step.py it applies to,
+both programs are built and compiled in the same process, "before" with the lever switched off (the code it
+replaced, restored by a patch or a config value while that program is traced) and "after" as jaxformer builds it
+("after" is built and compiled first: in A/A runs the program built second was up to 2% faster, so that bias, if
+any, works against the lever); then blocks of steps alternate between them (before/after, then after/before, ...),
+each program threading its own training state. Every pair of blocks gives one ratio after/before of ms per step; the
+verdict follows from the 95% Student-t interval of the mean log ratio (`jaxformer.verdicts`): "faster" or "slower"
+when the interval excludes 1, "no difference beyond ±2%" when it lies within 0.98–1.02, else "not resolved". Pairing
+within one process is what makes a few-percent effect measurable on a VM whose step time drifts by more than that
+between processes (benchmarks/train_step.py's min–max). Also recorded: each program's first call (trace + compile +
+one step) and its loss after the same steps (a lever that changed the model would show there). A lever with an op of
+its own (`Lever.op`) is also timed on that op alone, the same way (paired blocks of calls).
 
 Writes benchmarks/results/levers.md and .json (or --out STEM.md / STEM.json).
 """
