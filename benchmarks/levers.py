@@ -159,48 +159,58 @@ def paired(before: list[float], after: list[float]) -> dict:
     return {"ratio": math.exp(d.mean), "lo": math.exp(d.lo), "hi": math.exp(d.hi), "pairs": d.n, "verdict": verdict}
 
 
-def measure(name: str, lever: Lever, config: str, blocks: int, steps: int, c: dict | None = None) -> dict:
-    """One lever on one config: paired blocks in this process -> row of the results file."""
+def alternate(runs: dict, blocks: int) -> dict:
+    """runs {"before": fn, "after": fn} (each runs one block and returns what to block on) -> {which: [ms per
+    block]}: blocks alternate before/after, then after/before, so neither always runs first."""
     import jax
-    import train_step as ts
-    c = c or ts.CONFIGS[config]
-    progs = {}
-    for which in ("after", "before"):      # built second, "before" gets whatever a later build gains (A/A rows)
-        step, state, batch, key = build(c, lever, which)
-        state, compile_s = first_call(lever, which, step, state, batch, key)
-        progs[which] = {"step": step, "state": state, "batch": batch, "key": key, "compile_s": compile_s,
-                        "ms": [], "loss": None}
+    ms = {which: [] for which in runs}
     for b in range(blocks):
         for which in (("before", "after") if b % 2 == 0 else ("after", "before")):
-            p = progs[which]
             t = time.perf_counter()
+            jax.block_until_ready(runs[which]())
+            ms[which].append(1e3 * (time.perf_counter() - t))
+    return ms
+
+
+def measure(name: str, lever: Lever, config: str, blocks: int, steps: int) -> dict:
+    """One lever on one config: paired blocks of steps in this process -> row of the results file."""
+    import train_step as ts
+    progs = {}
+    for which in ("after", "before"):      # built second, "before" gets whatever a later build gains (A/A rows)
+        step, state, batch, key = build(ts.CONFIGS[config], lever, which)
+        state, compile_s = first_call(lever, which, step, state, batch, key)
+        progs[which] = {"step": step, "state": state, "batch": batch, "key": key, "compile_s": compile_s}
+
+    def block(p):
+        def run():
             for _ in range(steps):
-                p["state"], m = p["step"](p["state"], p["batch"], p["key"])
-            jax.block_until_ready(m)
-            p["ms"].append(1e3 * (time.perf_counter() - t) / steps)
-            p["loss"] = float(m["loss"])
-    row = {"lever": name, "config": config, "blocks": blocks, "steps_per_block": steps,
-           **paired(progs["before"]["ms"], progs["after"]["ms"])}
-    for which, p in progs.items():
-        row[which] = {"median_ms": statistics.median(p["ms"]), "ms": p["ms"], "compile_s": p["compile_s"],
-                      "loss": p["loss"]}
-    return row
+                p["state"], p["metrics"] = p["step"](p["state"], p["batch"], p["key"])
+            return p["metrics"]
+        return run
+    ms = alternate({w: block(p) for w, p in progs.items()}, blocks)
+    ms = {w: [t / steps for t in v] for w, v in ms.items()}
+    return {"lever": name, "config": config, "blocks": blocks, "steps_per_block": steps,
+            **paired(ms["before"], ms["after"]),
+            **{w: {"median_ms": statistics.median(ms[w]), "ms": ms[w], "compile_s": p["compile_s"],
+                   "loss": float(p["metrics"]["loss"])} for w, p in progs.items()}}
 
 
 def measure_op(name: str, lever: Lever, blocks: int = 32, calls: int = 50) -> dict:
     """The lever's op alone (`Lever.op`), both forms jitted in this process, paired blocks of calls."""
     import jax
-    label, fns, args = (lambda r: (r[0], {"before": r[1], "after": r[2]}, r[3]))(lever.op())
-    ms = {"before": [], "after": []}
+    label, before, after, args = lever.op()
+    fns = {"before": before, "after": after}
     for f in fns.values():
         jax.block_until_ready(f(*args))
-    for b in range(blocks):
-        for which in (("before", "after") if b % 2 == 0 else ("after", "before")):
-            t = time.perf_counter()
+
+    def block(f):
+        def run():
             for _ in range(calls):
-                out = fns[which](*args)
-            jax.block_until_ready(out)
-            ms[which].append(1e3 * (time.perf_counter() - t) / calls)
+                out = f(*args)
+            return out
+        return run
+    ms = alternate({w: block(f) for w, f in fns.items()}, blocks)
+    ms = {w: [t / calls for t in v] for w, v in ms.items()}
     return {"lever": name, "config": label, "blocks": blocks, "steps_per_block": calls,
             **paired(ms["before"], ms["after"]),
             **{w: {"median_ms": statistics.median(v), "ms": v, "compile_s": None, "loss": None} for w, v in ms.items()}}

@@ -308,7 +308,8 @@ def tokenizers() -> str:
 def levers() -> str:
     """Each kept speed lever against the program without it, paired in one process (levers.json)."""
     lv = _load("levers")
-    out = ["| lever | config | after / before, time per step (per call for an op) [95% interval] | verdict |", "|---|---|---|---|"]
+    out = ["| lever | config | after / before, time per step (per call for an op) [95% interval] | verdict |",
+           "|---|---|---|---|"]
     for r in lv["rows"]:
         out.append(f"| {r['lever']} | {r['config']} | {r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] | "
                    f"{r['verdict']} |")
