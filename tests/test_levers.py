@@ -31,6 +31,7 @@ def _lowered(name: str, which: str) -> str:
         return step.lower(state, batch, key).as_text()
 
 
+@pytest.mark.slow                      # lowers 12 small train steps (~20 s): benchmark tooling, not the library
 @pytest.mark.parametrize("name", list(levers.LEVERS))
 def test_switching_a_lever_off_changes_the_program_and_nothing_leaks(name):
     before, after = _lowered(name, "before"), _lowered(name, "after")
