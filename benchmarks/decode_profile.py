@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from jaxformer.config import ModelConfig  # noqa: E402
 from jaxformer.nn import build_model  # noqa: E402
 from decode import SIZES, cached_loop  # noqa: E402  (benchmarks/decode.py)
-from step_profile import classify_hlo, fused_bodies  # noqa: E402
+from step_profile import classify_hlo, fused_bodies, self_times  # noqa: E402
 
 
 def profile(batch: int, context: int, steps: int) -> dict:
@@ -61,15 +61,15 @@ def profile(batch: int, context: int, steps: int) -> dict:
         events = json.load(gzip.open(glob.glob(f"{d}/plugins/profile/*/perfetto_trace.json.gz")[0]))["traceEvents"]
     info = fused_bodies(hlo)
     groups = collections.Counter()
-    for e in events:
-        op = e.get("args", {}).get("hlo_op") if e.get("ph") == "X" else None
-        if op is None or "run_steps" not in e.get("args", {}).get("hlo_module", ""):
-            continue
+    events = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("hlo_op") is not None
+              and "run_steps" in e["args"].get("hlo_module", "")]
+    for e, own in zip(events, self_times(events)):              # a loop's event spans its body's ops
+        op = e["args"]["hlo_op"]
         body, _ = info.get(op, ("", ""))
         g = classify_hlo(op, body)
         if g == "matmul" and re.search(rf"\b{slots}\b|\b{slots * cfg.kv_heads}\b", body):
             g = "attention (reads the cache)"
-        groups[g] += e["dur"] / 1e3 / steps
+        groups[g] += own / 1e3 / steps
     shape = f"f32[{batch},{cfg.kv_heads},{slots},{cfg.head_size}]"            # heads-major per-layer buffer
     copies = sum(1 for line in hlo.splitlines() if f"= {shape}" in line and " copy(" in line)
     return {"batch": batch, "context": context, "wall_ms": sorted(walls)[len(walls) // 2],

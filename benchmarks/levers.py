@@ -1,6 +1,6 @@
 """Each speed lever jaxformer keeps, measured against the program without it, in one process (paired blocks).
 
-  .venv/bin/python benchmarks/levers.py [--levers NAME ...] [--blocks N] [--out STEM]
+  .venv/bin/python benchmarks/levers.py [--levers NAME ...] [--configs C ...] [--blocks N] [--out STEM] [--merge]
 
 A lever is a choice that changes how the train step is compiled, not what it computes (or, for `gelu_erf`, computes
 the same function to float32 rounding). For each lever and each config of benchmarks/train_step.py it applies to,
@@ -224,6 +224,8 @@ def main(argv=None) -> None:
     p.add_argument("--blocks", type=int, default=None, help="blocks per program (default per config: "
                    + ", ".join(f"{k} {v}" for k, v in BLOCKS.items()) + ")")
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/levers"), help="path stem of .md and .json")
+    p.add_argument("--merge", action="store_true", help="keep the results file's other rows: this run's rows "
+                   "replace those of the same lever and config (the file must name this machine)")
     a = p.parse_args(argv)
     from jaxformer.report import machine
     rows = []
@@ -239,16 +241,43 @@ def main(argv=None) -> None:
             r = rows[-1]
             print(f"{name} {config}: {r['before']['median_ms']:.2f} -> {r['after']['median_ms']:.2f} ms, "
                   f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] {r['verdict']}", flush=True)
-    cmd = shlex.join(["python", "benchmarks/levers.py", *argv])
-    write(Path(a.out), {"machine": machine(), "command": cmd, "margin": MARGIN,
-                        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
-                        "levers": {n: {"what": LEVERS[n].what, "before": LEVERS[n].before} for n in a.levers},
-                        "rows": rows})
+    res = {"machine": machine(), "command": shlex.join(["python", "benchmarks/levers.py", *argv]), "margin": MARGIN,
+           "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+           "levers": {n: {"what": LEVERS[n].what, "before": LEVERS[n].before} for n in a.levers}, "rows": rows}
+    if a.merge:
+        old = Path(a.out).with_suffix(".json")
+        if not old.exists():
+            raise MergeError(f"--merge: no results file {old} to merge into")
+        res = merged(json.loads(old.read_text()), res)
+    write(Path(a.out), res)
+
+
+class MergeError(ValueError):
+    """--merge onto a results file that another machine, margin or environment wrote."""
+
+
+def merged(old: dict, new: dict) -> dict:
+    """The old results with the new run's rows in place of the old rows of the same lever and config (order kept,
+    new pairs appended); both commands are recorded. Rows from two machines are never mixed."""
+    for field in ("machine", "margin", "glibc_tunables"):
+        if old[field] != new[field]:
+            raise MergeError(f"--merge: the results file has {field}={old[field]!r}, this run {new[field]!r}; "
+                             "run every lever again instead")
+    fresh = {(r["lever"], r["config"]): r for r in new["rows"]}
+    rows = [fresh.pop((r["lever"], r["config"]), r) for r in old["rows"]] + list(fresh.values())
+    commands = old["command"] if isinstance(old["command"], list) else [old["command"]]
+    return {**old, "command": commands + [new["command"]], "levers": old["levers"] | new["levers"], "rows": rows}
+
+
+def commands(res: dict) -> list[str]:
+    """The runs that wrote a results file, oldest first (a --merge run adds its own)."""
+    return res["command"] if isinstance(res["command"], list) else [res["command"]]
 
 
 def write(stem: Path, res: dict) -> None:
     lines = ["# Speed levers, each against the program without it", "",
-             f"`{res['command']}` on {res['machine']}, with GLIBC_TUNABLES={res['glibc_tunables'] or '(unset)'} "
+             f"{' then '.join(f'`{c}`' for c in commands(res))} on {res['machine']}, "
+             f"with GLIBC_TUNABLES={res['glibc_tunables'] or '(unset)'} "
              "(how `jaxformer` starts: jaxformer/launch.py).", "",
              __doc__.split("\n\n")[2].replace("\n", " ").strip(), "",
              "| lever | config | before ms | after ms | after / before [95% interval] | verdict | "
@@ -274,4 +303,7 @@ def write(stem: Path, res: dict) -> None:
 if __name__ == "__main__":
     from jaxformer.launch import hugepage_malloc
     hugepage_malloc()                  # the process environment `jaxformer` gives itself (jaxformer/launch.py)
-    main()
+    try:
+        main()
+    except MergeError as e:
+        sys.exit(f"levers.py: {e}")

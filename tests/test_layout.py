@@ -95,6 +95,25 @@ def test_step_profile_tells_a_plain_copy_from_one_carrying_work():
     assert step_profile._elements("f32[6,16,64,2048]{3,2,1,0} copy(%x)") == 6 * 16 * 64 * 2048
 
 
+def test_step_profile_charges_a_loop_only_its_own_time():
+    """benchmarks/step_profile.py's `self_times`: a while event that spans its body's ops on the same thread keeps
+    only the time no nested event covers (a nested child's own children are not subtracted twice); an op on
+    another thread inside its span is not its child; siblings that touch end to start do not nest."""
+    import sys
+    from helpers import ROOT
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import step_profile
+    ev = [{"ts": 0.0, "dur": 1000.0, "tid": 1},                # while: spans all of the below on thread 1
+          {"ts": 10.0, "dur": 300.0, "tid": 1},                # a call inside it ...
+          {"ts": 20.0, "dur": 100.0, "tid": 1},                # ... with its own op inside
+          {"ts": 310.0, "dur": 400.0, "tid": 1},               # starts where the call ends: a sibling
+          {"ts": 50.0, "dur": 500.0, "tid": 2},                # another thread: no one's child
+          {"ts": 1000.0, "dur": 7.0, "tid": 1}]                # after the loop
+    own = step_profile.self_times(list(reversed(ev)))[::-1]    # in any order; the result follows the input's
+    assert own == [300.0, 200.0, 100.0, 400.0, 500.0, 7.0]
+    assert sum(own) == 1000.0 + 500.0 + 7.0                    # thread 1 is covered exactly once
+
+
 def test_step_profile_counts_the_time_no_op_event_covers():
     """benchmarks/step_profile.py's `gaps`: overlapping events on two threads cover their union; a gap of at least
     50 µs is charged to the op whose event ended last before it; shorter gaps (dispatch) are not counted."""

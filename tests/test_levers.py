@@ -47,3 +47,24 @@ def test_the_verdict_follows_the_paired_interval():
     assert r["verdict"] == "no difference beyond ±2%"
     r = levers.paired(slow, [x * (1.05 if i % 2 else 0.95) for i, x in enumerate(slow)])
     assert r["verdict"] == "not resolved" and r["lo"] < 1 < r["hi"]
+
+
+def test_merge_replaces_only_the_rerun_rows_and_never_mixes_machines():
+    """`levers.py --merge`: a rerun's rows take the place of the old rows of the same lever and config, the other
+    rows and their order stay, a new pair is appended, and both commands are recorded; a results file written on
+    another machine (or with another margin or malloc setting) is refused with a named error."""
+    row = lambda lever, config, ratio: {"lever": lever, "config": config, "ratio": ratio}       # noqa: E731
+    head = {"machine": "m", "margin": 0.02, "glibc_tunables": "", "levers": {"a": {}, "b": {}}}
+    old = {**head, "command": "python benchmarks/levers.py",
+           "rows": [row("a", "tiny", 1.0), row("a", "base", 1.1), row("b", "base", 1.2)]}
+    new = {**head, "command": "python benchmarks/levers.py --configs base --merge", "levers": {"c": {}},
+           "rows": [row("a", "base", 0.9), row("c", "base", 0.8)]}
+    m = levers.merged(old, new)
+    assert [(r["lever"], r["config"], r["ratio"]) for r in m["rows"]] == [
+        ("a", "tiny", 1.0), ("a", "base", 0.9), ("b", "base", 1.2), ("c", "base", 0.8)]
+    assert levers.commands(m) == [old["command"], new["command"]]
+    assert set(m["levers"]) == {"a", "b", "c"}
+    assert levers.commands(levers.merged(m, new))[-2:] == [new["command"]] * 2
+    for field, value in (("machine", "other"), ("margin", 0.05), ("glibc_tunables", "glibc.malloc.hugetlb=1")):
+        with pytest.raises(levers.MergeError, match=field):
+            levers.merged(old, {**new, field: value})
