@@ -61,6 +61,7 @@ def _one_step(graphs, cfg, state, batch, enable: bool | None):
     return len(re.findall(r" while\(", hlo)), [np.asarray(x) for x in jax.tree.leaves(new["model"])], m
 
 
+@pytest.mark.slow          # two train steps compiled (~13 s cold); the primitive's bits: the test above
 def test_the_train_step_is_built_unrolled_with_the_same_result():
     cfg = tiny_reverse("model.dropout=0.3", "data.batch_size=8")
     task = build_task(cfg.data)

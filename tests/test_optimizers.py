@@ -109,6 +109,7 @@ def test_the_log_line_carries_mfu_from_flops_per_token_and_the_peak(tmp_path):
     assert rec["grad_norm/decoder/0"] > 0 and "grad_norm/decoder/1" not in rec          # one layer
 
 
+@pytest.mark.slow          # ~9 s cold; the logged per-layer norms' presence: the test above
 def test_layer_gradient_norms_are_each_layers_own_and_add_up_to_the_global_norm():
     import dataclasses
     import optax

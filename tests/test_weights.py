@@ -39,6 +39,7 @@ def _grads(graphs, model_state, batch, pad) -> list[np.ndarray]:
     return [np.asarray(x, np.float64) for x in jax.tree.leaves(nnx.to_pure_dict(g))]
 
 
+@pytest.mark.slow          # ~8 s cold: an optimizer arm, not the default recipe
 def test_schedule_free_adamw_steps_y_and_evaluates_x_as_the_paper_writes_them():
     """Defazio et al. 2024: gradients at y = (1−β1)·z + β1·x; z ← z − γ_t·(g/(√v̂ + ε) + λ·y); x ← (1 − c)·x + c·z
     with c = γ_t² / Σγ²; the run evaluates x, not y. Wrong versions this catches: evaluating y, an x from β1
