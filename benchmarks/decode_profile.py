@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from jaxformer.config import ModelConfig  # noqa: E402
 from jaxformer.nn import build_model  # noqa: E402
 from decode import SIZES, cached_loop  # noqa: E402  (benchmarks/decode.py)
-from step_profile import classify_hlo, fused_bodies, self_times  # noqa: E402
+from step_profile import classify_hlo, fused_bodies, op_events, self_times  # noqa: E402
 
 
 def profile(batch: int, context: int, steps: int) -> dict:
@@ -61,8 +61,7 @@ def profile(batch: int, context: int, steps: int) -> dict:
         events = json.load(gzip.open(glob.glob(f"{d}/plugins/profile/*/perfetto_trace.json.gz")[0]))["traceEvents"]
     info = fused_bodies(hlo)
     groups = collections.Counter()
-    events = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("hlo_op") is not None
-              and "run_steps" in e["args"].get("hlo_module", "")]
+    events = op_events(events, "run_steps")
     for e, own in zip(events, self_times(events)):              # a loop's event spans its body's ops
         op = e["args"]["hlo_op"]
         body, _ = info.get(op, ("", ""))

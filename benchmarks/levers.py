@@ -265,8 +265,7 @@ def merged(old: dict, new: dict) -> dict:
                              "run every lever again instead")
     fresh = {(r["lever"], r["config"]): r for r in new["rows"]}
     rows = [fresh.pop((r["lever"], r["config"]), r) for r in old["rows"]] + list(fresh.values())
-    commands = old["command"] if isinstance(old["command"], list) else [old["command"]]
-    return {**old, "command": commands + [new["command"]], "levers": old["levers"] | new["levers"], "rows": rows}
+    return {**old, "command": commands(old) + [new["command"]], "levers": old["levers"] | new["levers"], "rows": rows}
 
 
 def commands(res: dict) -> list[str]:

@@ -113,6 +113,13 @@ def gaps(spans: list[tuple[str, float, float]], min_us: float = 50.0) -> tuple[f
     return total, after
 
 
+def op_events(events: list[dict], module: str) -> list[dict]:
+    """The complete ("X") events of XLA:CPU ops (with an hlo_op) of the jitted program whose module name has
+    `module`, from a perfetto trace's traceEvents."""
+    return [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("hlo_op") is not None
+            and module in e["args"].get("hlo_module", "")]
+
+
 def self_times(events: list[dict], eps_us: float = 0.5) -> list[float]:
     """Each op event's own time (µs): its duration less the events nested in it on its thread (its direct
     children). XLA:CPU's runtime opens a while/conditional/call event that spans its body when the body's ops run
@@ -197,8 +204,7 @@ def jax_child(name: str, steps: int) -> dict:
     groups, ops = collections.Counter(), collections.Counter()
     copies = {k: collections.Counter() for k in ("plain", "with work")}
     spans = []
-    events = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("hlo_op") is not None
-              and "train_step" in e["args"].get("hlo_module", "")]
+    events = op_events(events, "train_step")
     for e, own in zip(events, self_times(events)):
         op = e["args"]["hlo_op"]
         body, op_name = info.get(op, ("", ""))
