@@ -2,9 +2,10 @@
 
   .venv/bin/python benchmarks/levers.py [--levers NAME ...] [--configs C ...] [--blocks N] [--out STEM] [--merge]
 
-A lever is a choice that changes how the train step is compiled, not what it computes (or, for `gelu_erf`, computes
-the same function to float32 rounding). For each lever and each config of benchmarks/train_step.py it applies to,
-both programs are built and compiled in the same process, "before" with the lever switched off (the code it
+A lever is a choice that changes how the train step is compiled, not what it computes (or, for `gelu_erf` and
+`weight_grad`, computes the same function to float32 rounding: over a base row's 65 Adam steps on one batch such a
+difference grows to a few percent of the loss). For each lever and each config of benchmarks/train_step.py it
+applies to, both programs are built and compiled in the same process, "before" with the lever switched off (the code it
 replaced, restored by a patch or a config value while that program is traced) and "after" as jaxformer builds it
 ("after" is built and compiled first: in A/A runs the program built second was up to 2% faster, so that bias, if
 any, works against the lever); then blocks of steps alternate between them (before/after, then after/before, ...),
@@ -66,6 +67,13 @@ def _no_materialize():
     return _patched(layout, "materialize", lambda x: x)
 
 
+def _jax_weight_grad():
+    import jax
+    from jaxformer.nn import params
+    return _patched(params, "_weight_grad",
+                    lambda dims, x, w, g: jax.vjp(lambda w: jax.lax.dot_general(x, w, dims), w)[1](g)[0])
+
+
 def _plain_softmax():
     import jax
     from jaxformer.ops import attention
@@ -113,6 +121,10 @@ LEVERS = {
                          "dot (`nn.params._dot`, `ops.layout.materialize`)",
                          "XLA fuses the gradient's producers into the dot's transposing copy",
                          ("tiny", "gpt", "base"), _no_materialize),
+    "weight_grad": Lever("each projection's weight gradient as a standard-form matmul that transposes the smaller "
+                         "operand, x or the output gradient (`nn.params._weight_grad`)",
+                         "jax's transpose of the dot (XLA:CPU transposes the output gradient)", ("tiny", "gpt", "base"),
+                         _jax_weight_grad),
     "softmax_gemv": Lever("attention softmax backward's row sums as a GEMV (`ops.attention._softmax`)",
                           "jax.nn.softmax's own backward (a reduce)", ("tiny", "gpt", "base"), _plain_softmax),
     "threefry_unrolled": Lever("dropout's threefry hash lowered unrolled on CPU (`jaxformer/lowering.py`)",

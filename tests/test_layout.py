@@ -4,7 +4,9 @@
 Wrong implementations these tests catch: a materialize that changes values (its false branch taken when the
 first element is NaN or infinite, or a cast), that blocks or scales the gradient, or that the compiler folds
 away (the fusion then stays); a projection backward that loses the materialize, swaps or transposes the
-gradients wrongly, or gives a weight gradient of the wrong layout for a multi-axis weight.
+gradients wrongly, or gives a weight gradient of the wrong layout for a multi-axis weight; a weight gradient
+(`nn.params._weight_grad`) that pairs contracted axes in the wrong order, transposes the larger operand (or
+leaves the choice to XLA, which transposes the output gradient), or flattens sharded axes under a mesh.
 """
 import re
 
@@ -47,9 +49,13 @@ def test_materialize_ends_the_fusion_on_cpu():
     assert " conditional(" in split
 
 
-@pytest.mark.parametrize("eq,xs,ws", [("BTD,DF->BTF", (2, 3, 6), (6, 7)),
+@pytest.mark.parametrize("eq,xs,ws", [("BTD,DF->BTF", (2, 3, 6), (6, 7)),           # input size <= output
+                                      ("BTF,FD->BTD", (2, 3, 7), (7, 5)),           # input size > output
                                       ("BTD,DNH->BTNH", (2, 3, 6), (6, 4, 5)),
-                                      ("BTNH,NHD->BTD", (2, 3, 4, 5), (4, 5, 6))])
+                                      ("BTD,DNH->BTNH", (2, 3, 9), (9, 2, 3)),
+                                      ("BTNH,NHD->BTD", (2, 3, 4, 5), (4, 5, 6)),
+                                      ("BTNH,NHD->BTD", (2, 3, 4, 5), (4, 5, 30)),
+                                      ("BTHN,NHD->BTD", (2, 3, 5, 4), (4, 5, 6))])  # x's axes not in w's order
 def test_projection_gradients_are_einsums(eq, xs, ws):
     kx, kw, kg = jax.random.split(jax.random.key(0), 3)
     x, w = jax.random.normal(kx, xs), jax.random.normal(kw, ws)
@@ -64,6 +70,44 @@ def test_projection_gradients_are_einsums(eq, xs, ws):
     # the backward materializes the output gradient (one conditional in the compiled gradient program)
     hlo = jax.jit(jax.grad(lambda x, w: jnp.sum(contract(eq, x, w) ** 2), (0, 1))).lower(x, w).compile().as_text()
     assert " conditional(" in hlo
+
+
+def _transposed_sizes(hlo: str) -> list[int]:
+    """Element counts of the arrays that compiled HLO text transposes (its transpose instructions, fused or not)."""
+    shapes = re.findall(r"= \w+\[([\d,]*)\]\{[\d,]*\} transpose\(", hlo)
+    return [int(np.prod([int(d) for d in dims.split(",") if d])) for dims in shapes]
+
+
+def test_the_weight_gradient_transposes_the_smaller_operand():
+    """An FFN's two projections, M = 96 tokens, D = 16, F = 128: their weight gradients transpose [M,D] arrays
+    (x for the input projection, g for the output one), never an [M,F] one; jax's own transpose of the dot (the
+    form `_weight_grad` replaced) makes XLA:CPU transpose the [M,F] output gradient of the input projection."""
+    from jaxformer.nn import params
+    x, w1, w2 = jnp.ones((4, 24, 16)), jnp.ones((16, 128)), jnp.ones((128, 16))
+
+    def hlo():
+        f = lambda x, w1, w2: jnp.sum(contract("BTF,FD->BTD", jnp.tanh(contract("BTD,DF->BTF", x, w1)), w2) ** 2)  # noqa: E731
+        return jax.jit(jax.grad(f, (1, 2))).lower(x, w1, w2).compile().as_text()
+    ours = hlo()
+    jax_form = lambda dims, x, w, g: jax.vjp(lambda w: jax.lax.dot_general(x, w, dims), w)[1](g)[0]  # noqa: E731
+    old, params._weight_grad = params._weight_grad, jax_form
+    try:
+        theirs = hlo()
+    finally:
+        params._weight_grad = old
+    assert max(_transposed_sizes(theirs)) >= 96 * 128                        # the check can fail
+    assert max(_transposed_sizes(ours)) <= 96 * 16
+
+
+def test_the_weight_gradient_under_a_multi_device_mesh_is_jax_own():
+    """Flattening the token axes would merge sharded axes: under a mesh of several devices no reshape of x."""
+    from jaxformer.nn import params
+    dims = (((2,), (0,)), ((), ()))
+    x, w, g = jnp.ones((2, 3, 4)), jnp.ones((4, 5)), jnp.ones((2, 3, 5))
+    prims = lambda: {e.primitive.name for e in jax.make_jaxpr(params._weight_grad, static_argnums=0)(dims, x, w, g).eqns}  # noqa: E731
+    assert "reshape" in prims()                                                 # the check can fail
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((2,), ("data",))):
+        assert "reshape" not in prims()
 
 
 def test_materialize_is_a_no_op_under_a_multi_device_mesh():

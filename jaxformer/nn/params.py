@@ -7,6 +7,7 @@ Logical axes: "vocab" V, "embed" D, "q_heads" N, "kv_heads" K, "head_dim" H, "ml
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +62,8 @@ def _dot(dims, x: jax.Array, w: jax.Array) -> jax.Array:
     (`ops.layout.materialize`): XLA:CPU then transposes g for the weight gradient as a plain copy, not fused with
     g's producers (the norm's and dropout's backward), which it emits several times slower. Measured
     (benchmarks/train_step.py, before/after in back-to-back runs): the base step 1774 -> 1685 and 1900 -> 1822 ms;
-    tiny (10.40 -> 9.53, 10.15 -> 10.24 ms) and the char model (44.0 -> 43.6, 47.3 -> 45.8 ms) within noise."""
+    tiny (10.40 -> 9.53, 10.15 -> 10.24 ms) and the char model (44.0 -> 43.6, 47.3 -> 45.8 ms) within noise.
+    The weight gradient itself is `_weight_grad`."""
     return jax.lax.dot_general(x, w, dims)
 
 
@@ -71,8 +73,39 @@ def _dot_fwd(dims, x, w):
 
 def _dot_bwd(dims, res, g):
     x, w = res
-    _, vjp = jax.vjp(lambda x, w: jax.lax.dot_general(x, w, dims), x, w)
-    return vjp(layout.materialize(g))
+    g = layout.materialize(g)
+    _, vjp = jax.vjp(lambda x: jax.lax.dot_general(x, w, dims), x)
+    return vjp(g)[0], _weight_grad(dims, x, w, g)
+
+
+def _weight_grad(dims, x: jax.Array, w: jax.Array, g: jax.Array) -> jax.Array:
+    """dL/dw of y = dot_general(x, w, dims) (no batch dims) from g = dL/dy, in w's shape and dtype.
+
+    The sum over the tokens (x's free axes, M of them flattened) is one matmul in standard form [a,M]·[M,b], whose
+    transposed operand is the smaller of two: x's contracted axes moved first ([Kin,M], when w's input size Kin is
+    at most its output size Kout), else g's ([Kout,M], and the [Kout,Kin] product is transposed back: a weight-sized
+    copy). Each transpose is materialized (`ops.layout.materialize`), or XLA would fold it back into the dot.
+    jax's own transpose of the dot leaves the choice to XLA:CPU, which transposes g even where x is the smaller
+    (the FFN's input projection: [M,F] rather than [M,D]) and runs the transposed-operand dot on its Eigen path.
+    Measured with benchmarks/levers.py (`weight_grad`). Under a mesh of more than one device: jax's own form (a
+    flattened token axis would mix sharded axes)."""
+    (xc, wc), _ = dims
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.size > 1:
+        return jax.vjp(lambda w: jax.lax.dot_general(x, w, dims), w)[1](g)[0]
+    xf = [i for i in range(x.ndim) if i not in xc]
+    wf = [i for i in range(w.ndim) if i not in wc]
+    m = math.prod(x.shape[i] for i in xf)
+    k_in, k_out = math.prod(x.shape[i] for i in xc), math.prod(w.shape[i] for i in wf)
+    g2 = g.reshape(m, k_out)                                         # g's axes: x's free axes, then w's free axes
+    if k_in <= k_out:
+        xt = layout.materialize(jnp.transpose(x, [*xc, *xf]).reshape(k_in, m))
+        d = jnp.matmul(xt, g2)                                                          # [Kin, Kout]
+    else:
+        d = jnp.matmul(layout.materialize(g2.T), jnp.transpose(x, [*xf, *xc]).reshape(m, k_in)).T
+    d = d.reshape([w.shape[i] for i in wc] + [w.shape[i] for i in wf])             # axes wc then wf
+    axes = [*wc, *wf]
+    return jnp.transpose(d, [axes.index(i) for i in range(w.ndim)]).astype(w.dtype)
 
 
 _dot.defvjp(_dot_fwd, _dot_bwd)
