@@ -62,16 +62,22 @@ def _erfc_gelu():
     return _patched(activations.UNGATED, "gelu", lambda x: jax.nn.gelu(x, approximate=False))
 
 
-def _no_materialize():
-    from jaxformer.ops import layout
-    return _patched(layout, "materialize", lambda x: x)
-
-
 def _jax_weight_grad():
+    """nn.params._dot as it was before `_weight_grad`: jax's transpose of the dot for both gradients, the output
+    gradient materialized first (so that XLA:CPU's transposing copy of it carries none of its producers' work)."""
+    import functools
     import jax
     from jaxformer.nn import params
-    return _patched(params, "_weight_grad",
-                    lambda dims, x, w, g: jax.vjp(lambda w: jax.lax.dot_general(x, w, dims), w)[1](g)[0])
+    from jaxformer.ops import layout
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def dot(dims, x, w):
+        return jax.lax.dot_general(x, w, dims)
+
+    def bwd(dims, res, g):
+        return jax.vjp(lambda x, w: jax.lax.dot_general(x, w, dims), *res)[1](layout.materialize(g))
+    dot.defvjp(lambda dims, x, w: (jax.lax.dot_general(x, w, dims), (x, w)), bwd)
+    return _patched(params, "_dot", dot)
 
 
 def _plain_softmax():
@@ -117,14 +123,10 @@ LEVERS = {
                      "the same program", ("tiny", "gpt", "base")),
     "gelu_erf": Lever("exact GELU as 0.5·x·(1+erf(x/√2)) (`ops.activations.gelu`)",
                       "jax.nn.gelu(approximate=False), the erfc form", ("gpt",), _erfc_gelu, op=_gelu_op),
-    "materialize": Lever("projections' backward materializes the output gradient before the weight-gradient "
-                         "dot (`nn.params._dot`, `ops.layout.materialize`)",
-                         "XLA fuses the gradient's producers into the dot's transposing copy",
-                         ("tiny", "gpt", "base"), _no_materialize),
     "weight_grad": Lever("each projection's weight gradient as a standard-form matmul that transposes the smaller "
                          "operand, x or the output gradient (`nn.params._weight_grad`)",
-                         "jax's transpose of the dot (XLA:CPU transposes the output gradient)", ("tiny", "gpt", "base"),
-                         _jax_weight_grad),
+                         "jax's transpose of the dot, the output gradient materialized first (XLA:CPU transposes "
+                         "it)", ("tiny", "gpt", "base"), _jax_weight_grad),
     "softmax_gemv": Lever("attention softmax backward's row sums as a GEMV (`ops.attention._softmax`)",
                           "jax.nn.softmax's own backward (a reduce)", ("tiny", "gpt", "base"), _plain_softmax),
     "threefry_unrolled": Lever("dropout's threefry hash lowered unrolled on CPU (`jaxformer/lowering.py`)",

@@ -180,8 +180,9 @@ def _fused_transpose(base: dict) -> str:
         return ""
     return (": XLA:CPU would fuse the norm's and dropout's backward into those transposes, a fusion\n`kernels.py` "
             f"times at {f['[1024,2048]']:.1f}× the time of its parts run apart on a [1024,2048] array "
-            f"({f['[768,512]']:.1f}× on a [768,512] one that fits in\ncache), so the projections' backward "
-            "materializes the gradient first (`ops.layout.materialize`); "
+            f"({f['[768,512]']:.1f}× on a [768,512] one that fits in\ncache), so the profiled step materialized "
+            "the gradient first (`ops.layout.materialize`; since then each weight\ngradient transposes the smaller "
+            "of its two operands, `nn.params._weight_grad`, the levers table below); "
             f"{left['ms']:.0f} ms per base step of\ncopies still carry fused work")
 
 

@@ -1,12 +1,13 @@
 """`ops.layout.materialize` (an identity that ends an XLA:CPU fusion) and the projections' backward that uses it
-(`nn.params.contract`: the output gradient materialized before the weight-gradient dot).
+(`nn.params.contract`: the weight gradient's transposed operand materialized, `nn.params._weight_grad`).
 
 Wrong implementations these tests catch: a materialize that changes values (its false branch taken when the
 first element is NaN or infinite, or a cast), that blocks or scales the gradient, or that the compiler folds
-away (the fusion then stays); a projection backward that loses the materialize, swaps or transposes the
-gradients wrongly, or gives a weight gradient of the wrong layout for a multi-axis weight; a weight gradient
-(`nn.params._weight_grad`) that pairs contracted axes in the wrong order, transposes the larger operand (or
-leaves the choice to XLA, which transposes the output gradient), or flattens sharded axes under a mesh.
+away (the fusion then stays); a projection backward that loses the materialize (XLA folds the transpose back
+into the dot), swaps or transposes the gradients wrongly, or gives a weight gradient of the wrong layout for a
+multi-axis weight; a weight gradient that pairs contracted axes in the wrong order, transposes the larger
+operand (or leaves the choice to XLA, which transposes the output gradient), or flattens sharded axes under a
+mesh.
 """
 import re
 
@@ -67,7 +68,7 @@ def test_projection_gradients_are_einsums(eq, xs, ws):
         assert a.shape == b.shape
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0,
                                    atol=32 * EPS32 * float(jnp.max(jnp.abs(b))) * max(xs[:2]))
-    # the backward materializes the output gradient (one conditional in the compiled gradient program)
+    # the backward materializes the weight gradient's transposed operand (a conditional in the compiled program)
     hlo = jax.jit(jax.grad(lambda x, w: jnp.sum(contract(eq, x, w) ** 2), (0, 1))).lower(x, w).compile().as_text()
     assert " conditional(" in hlo
 

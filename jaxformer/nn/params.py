@@ -45,7 +45,7 @@ def contract(eq: str, x: jax.Array, w: jax.Array) -> jax.Array:
     whose contracting dimensions follow w's order. jnp.einsum may order them otherwise (here H before N), and
     XLA:CPU then copies w into that order at every call: the whole wo weight, per layer and step, forward and
     backward: at base size the copy of wo took 0.8 ms of each decoded token. An equation with batch letters goes
-    to jnp.einsum. Its backward materializes the output gradient before the weight-gradient dot (`_dot`)."""
+    to jnp.einsum. Its backward takes the weight gradient as `_weight_grad` computes it."""
     ins, out = eq.split("->")
     xs, ws = ins.split(",")
     con = [c for c in ws if c in xs and c not in out]
@@ -58,12 +58,7 @@ def contract(eq: str, x: jax.Array, w: jax.Array) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _dot(dims, x: jax.Array, w: jax.Array) -> jax.Array:
-    """jax.lax.dot_general(x, w, dims), whose backward materializes the output gradient g first
-    (`ops.layout.materialize`): XLA:CPU then transposes g for the weight gradient as a plain copy, not fused with
-    g's producers (the norm's and dropout's backward), which it emits several times slower. Measured
-    (benchmarks/train_step.py, before/after in back-to-back runs): the base step 1774 -> 1685 and 1900 -> 1822 ms;
-    tiny (10.40 -> 9.53, 10.15 -> 10.24 ms) and the char model (44.0 -> 43.6, 47.3 -> 45.8 ms) within noise.
-    The weight gradient itself is `_weight_grad`."""
+    """jax.lax.dot_general(x, w, dims), whose backward takes the weight gradient from `_weight_grad`."""
     return jax.lax.dot_general(x, w, dims)
 
 
@@ -73,22 +68,25 @@ def _dot_fwd(dims, x, w):
 
 def _dot_bwd(dims, res, g):
     x, w = res
-    g = layout.materialize(g)
     _, vjp = jax.vjp(lambda x: jax.lax.dot_general(x, w, dims), x)
     return vjp(g)[0], _weight_grad(dims, x, w, g)
+
+
+_dot.defvjp(_dot_fwd, _dot_bwd)
 
 
 def _weight_grad(dims, x: jax.Array, w: jax.Array, g: jax.Array) -> jax.Array:
     """dL/dw of y = dot_general(x, w, dims) (no batch dims) from g = dL/dy, in w's shape and dtype.
 
-    The sum over the tokens (x's free axes, M of them flattened) is one matmul in standard form [a,M]·[M,b], whose
-    transposed operand is the smaller of two: x's contracted axes moved first ([Kin,M], when w's input size Kin is
-    at most its output size Kout), else g's ([Kout,M], and the [Kout,Kin] product is transposed back: a weight-sized
+    The sum over the tokens (x's free axes, M of them flattened) is one matmul in standard form [a,M]·[M,b] whose
+    transposed operand is the smaller one: x's contracted axes moved first ([Kin,M], when w's input size Kin is at
+    most its output size Kout), else g's ([Kout,M]; the [Kout,Kin] product is then transposed back, a weight-sized
     copy). Each transpose is materialized (`ops.layout.materialize`), or XLA would fold it back into the dot.
-    jax's own transpose of the dot leaves the choice to XLA:CPU, which transposes g even where x is the smaller
-    (the FFN's input projection: [M,F] rather than [M,D]) and runs the transposed-operand dot on its Eigen path.
-    Measured with benchmarks/levers.py (`weight_grad`). Under a mesh of more than one device: jax's own form (a
-    flattened token axis would mix sharded axes)."""
+    Left to itself (jax's transpose of the dot), XLA:CPU transposes g even where x is the smaller operand (the
+    FFN's input projection: [M,F] rather than [M,D]) and runs a dot with both operands transposed, slower than
+    the standard form. benchmarks/levers.py (`weight_grad`) measures the step against that form (g materialized
+    first, as it was). Under a mesh of more than one device: jax's own form (flattening the token axes would
+    merge sharded axes)."""
     (xc, wc), _ = dims
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty and mesh.size > 1:
@@ -106,9 +104,6 @@ def _weight_grad(dims, x: jax.Array, w: jax.Array, g: jax.Array) -> jax.Array:
     d = d.reshape([w.shape[i] for i in wc] + [w.shape[i] for i in wf])             # axes wc then wf
     axes = [*wc, *wf]
     return jnp.transpose(d, [axes.index(i) for i in range(w.ndim)]).astype(w.dtype)
-
-
-_dot.defvjp(_dot_fwd, _dot_bwd)
 
 
 def dense(w) -> jax.Array:
