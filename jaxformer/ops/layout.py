@@ -3,7 +3,9 @@
 XLA:CPU fuses elementwise producers into the transposing copy a weight-gradient dot needs (its operand with
 the contracted rows last), and emits that fusion far slower than its parts: on a [1024,2048] float32 array
 5.3× the time of the elementwise work and a plain transpose run apart (benchmarks/kernels.py, "Layout
-copies"). jax.lax.optimization_barrier does not stop it (XLA:CPU removes barriers before fusing).
+copies"). jax.lax.optimization_barrier does not stop it (XLA:CPU removes barriers before fusing). It also
+keeps an explicit transpose from being folded back into the dot that reads it: `nn.params._weight_grad`
+transposes the smaller operand of each weight gradient itself.
 """
 from __future__ import annotations
 
