@@ -87,7 +87,8 @@ def test_the_weight_gradient_transposes_the_smaller_operand():
     x, w1, w2 = jnp.ones((4, 24, 16)), jnp.ones((16, 128)), jnp.ones((128, 16))
 
     def hlo():
-        f = lambda x, w1, w2: jnp.sum(contract("BTF,FD->BTD", jnp.tanh(contract("BTD,DF->BTF", x, w1)), w2) ** 2)  # noqa: E731
+        def f(x, w1, w2):
+            return jnp.sum(contract("BTF,FD->BTD", jnp.tanh(contract("BTD,DF->BTF", x, w1)), w2) ** 2)
         return jax.jit(jax.grad(f, (1, 2))).lower(x, w1, w2).compile().as_text()
     ours = hlo()
     jax_form = lambda dims, x, w, g: jax.vjp(lambda w: jax.lax.dot_general(x, w, dims), w)[1](g)[0]  # noqa: E731
@@ -105,7 +106,8 @@ def test_the_weight_gradient_under_a_multi_device_mesh_is_jax_own():
     from jaxformer.nn import params
     dims = (((2,), (0,)), ((), ()))
     x, w, g = jnp.ones((2, 3, 4)), jnp.ones((4, 5)), jnp.ones((2, 3, 5))
-    prims = lambda: {e.primitive.name for e in jax.make_jaxpr(params._weight_grad, static_argnums=0)(dims, x, w, g).eqns}  # noqa: E731
+    def prims():
+        return {e.primitive.name for e in jax.make_jaxpr(params._weight_grad, static_argnums=0)(dims, x, w, g).eqns}
     assert "reshape" in prims()                                                 # the check can fail
     with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((2,), ("data",))):
         assert "reshape" not in prims()

@@ -88,8 +88,7 @@ def _weight_grad(dims, x: jax.Array, w: jax.Array, g: jax.Array) -> jax.Array:
     first, as it was). Under a mesh of more than one device: jax's own form (flattening the token axes would
     merge sharded axes)."""
     (xc, wc), _ = dims
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty and mesh.size > 1:
+    if layout.sharded():
         return jax.vjp(lambda w: jax.lax.dot_general(x, w, dims), w)[1](g)[0]
     xf = [i for i in range(x.ndim) if i not in xc]
     wf = [i for i in range(w.ndim) if i not in wc]

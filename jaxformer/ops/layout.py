@@ -13,6 +13,13 @@ import jax
 import jax.numpy as jnp
 
 
+def sharded() -> bool:
+    """Whether the code being traced runs under a mesh of more than one device (`jax.set_mesh`, as
+    `parallel.Plan.use` sets): the layout tricks here and in `nn.params._weight_grad` then step aside."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and mesh.size > 1
+
+
 def materialize(x: jax.Array) -> jax.Array:
     """x, unchanged, computed into a buffer of its own on CPU, so that no consumer fuses x's producers into
     itself; on other platforms x as is (a conditional there may wait on the device; lax.platform_dependent).
@@ -21,8 +28,7 @@ def materialize(x: jax.Array) -> jax.Array:
     compiler cannot fold; its true branch returns x. Any shape and dtype; jit, grad (identity) and vmap. Under
     a mesh of more than one device (jax.set_mesh, as `parallel.Plan.use` sets) x is returned as is: reading one
     element of a sharded x would add a collective to every call (benchmarks/parallel.py counts them)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if x.size == 0 or not jnp.issubdtype(x.dtype, jnp.floating) or (not mesh.empty and mesh.size > 1):
+    if x.size == 0 or not jnp.issubdtype(x.dtype, jnp.floating) or sharded():
         return x
 
     def on_cpu(a):
