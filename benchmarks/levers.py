@@ -56,6 +56,12 @@ def _patched(obj, name: str, value):
         put(name, old)
 
 
+def _default_copy_insertion():
+    """The train step compiled with XLA's default options (no region analysis in copy insertion)."""
+    from jaxformer import lowering
+    return _patched(lowering, "TRAIN_CPU_OPTIONS", {})
+
+
 def _erfc_gelu():
     import jax
     from jaxformer.ops import activations
@@ -131,6 +137,9 @@ LEVERS = {
                           "jax.nn.softmax's own backward (a reduce)", ("tiny", "gpt", "base"), _plain_softmax),
     "threefry_unrolled": Lever("dropout's threefry hash lowered unrolled on CPU (`jaxformer/lowering.py`)",
                                "jax's CPU lowering, a 5-trip loop per draw", ("tiny", "base"), _rolled_threefry),
+    "copy_insertion": Lever("the train step compiled with xla_cpu_copy_insertion_use_region_analysis "
+                            "(`lowering.train_compiler_options`: fewer copies of loop-carried values)",
+                            "XLA:CPU's default copy insertion", ("tiny", "gpt", "base"), _default_copy_insertion),
     "remat_dots": Lever("model.remat='dots' for the char model (configs/shakespeare_char.py)",
                         "model.remat='none' (every activation stored)", ("gpt",), model_before={"remat": "none"}),
 }
@@ -139,7 +148,8 @@ LEVERS = {
 def build(c: dict, lever: Lever, which: str):
     """(jitted train step, state, batch, key) of config dict `c` (benchmarks/train_step.py's), with the lever
     switched off for which="before". Nothing is compiled here: the first call compiles, and must happen inside
-    `lever.switch_off()` for "before" (`first_call`)."""
+    `lever.switch_off()` for "before" (`first_call`); the jitted function is also made inside it (its compiler
+    options are fixed there)."""
     import dataclasses
     import jax
     import train_step as ts
@@ -149,7 +159,9 @@ def build(c: dict, lever: Lever, which: str):
     if which == "before" and lever.model_before:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **lever.model_before))
     graphs, state = init_state(cfg)
-    return make_train_step(graphs, cfg), state, _jax_batch(c), jax.random.key(0)
+    with lever.switch_off() if which == "before" else contextlib.nullcontext():   # jit options are set here
+        step = make_train_step(graphs, cfg)
+    return step, state, _jax_batch(c), jax.random.key(0)
 
 
 def first_call(lever: Lever, which: str, step, state, batch, key):

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxformer.arch import adapter
 from jaxformer.config import Config, OptimConfig
-from jaxformer.lowering import unrolled_threefry
+from jaxformer.lowering import train_compiler_options, unrolled_threefry
 from jaxformer.nn import build_model
 from jaxformer.nn.params import matrix_mask, muon_dims
 from jaxformer.ops.losses import token_losses
@@ -212,7 +212,8 @@ def _metrics(s: dict, grads, moe: dict) -> dict:
 def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
     """train_step(state, batch, rng) -> (state, metrics); state {"model", "opt"} (see `init_state`), donated.
     Under a plan: in/out shardings from it (mode "jit"), or the shard_map data-parallel step. On CPU the
-    dropout bits' hash is lowered unrolled (`jaxformer.lowering.unrolled_threefry`: same bits, fewer ops)."""
+    dropout bits' hash is lowered unrolled (`jaxformer.lowering.unrolled_threefry`: same bits, fewer ops), and
+    the step compiles with `jaxformer.lowering.train_compiler_options()` (fewer copies, same results)."""
     unrolled_threefry()
     pad, ls, zl = cfg.model.pad_id, cfg.optim.label_smoothing, cfg.optim.z_loss
 
@@ -255,14 +256,15 @@ def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
         opt.update(model, grads)
         return {"model": nnx.state(model), "opt": nnx.state(opt)}, _metrics(s, grads, moe)
 
+    options = train_compiler_options()
     if plan is None:
-        return jax.jit(train_step, donate_argnums=0)
+        return jax.jit(train_step, donate_argnums=0, compiler_options=options)
     state_sh = shardings_of(abstract_state(cfg, plan)[1])
     batch_sh, rep = plan.batch_sharding(2), plan.replicated
     if plan.mode == "shard_map":
         train_step = _shard_map_step(graphs, cfg, plan, loss_fn)
     return jax.jit(train_step, donate_argnums=0, in_shardings=(state_sh, batch_sh, rep),
-                   out_shardings=(state_sh, rep))
+                   out_shardings=(state_sh, rep), compiler_options=options)
 
 
 def _shard_map_step(graphs: Graphs, cfg: Config, plan: Plan, loss_fn):
