@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from claims_table import _margin, _signed, claims, difference, values  # noqa: E402
+from train_step import TARGETS, paired_ratio, target_verdict  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 _BLOCK = re.compile(r"(?s)(<!-- table:(?P<name>[a-z_]+) [^\n]*-->\n).*?(\n<!-- /table:(?P=name) -->)")
 
@@ -36,16 +37,20 @@ def performance() -> str:
              "base": "train step, base encoder-decoder D512 6+6 layers, B16, T64",
              "gpt": "train step, GPT-style char model D128 4 layers, B12, T64 (remat dots, as its recipe)",
              "gpt-noremat": "the same with model.remat=none (every activation stored)"}
-    rows = ["| measurement (script) | ours | PyTorch | ours / PyTorch |", "|---|---:|---:|---:|"]
+    rows = ["| measurement (script) | ours | PyTorch | ours / PyTorch | paired per round [95%]; target |",
+            "|---|---:|---:|---:|---|"]
     for name, text in label.items():
         j, t = ts["configs"][name]["jax"], ts["configs"][name]["torch"]
+        pr = paired_ratio(ts["configs"][name]["runs"])
+        paired = (f"{pr['ratio']:.2f} [{pr['lo']:.2f}, {pr['hi']:.2f}]" if pr else "—") + (
+            f"; {target_verdict(pr, TARGETS[name])}" if name in TARGETS else "")
         rows.append(f"| {text} | {j['median_tokens_per_s']:,.0f} | {t['median_tokens_per_s']:,.0f} | "
-                    f"{j['median_tokens_per_s'] / t['median_tokens_per_s']:.2f}× |")
+                    f"{j['median_tokens_per_s'] / t['median_tokens_per_s']:.2f}× | {paired} |")
     for size, text in (("base", "KV-cached decoding, base decoder, batch 1, context 64, ms/token (`decode.py`)"),
                        ("tiny", "KV-cached decoding, tiny decoder, batch 1, context 64, ms/token")):
         r = next(r for r in dec["rows"] if r["size"] == size and r["batch"] == 1 and r["context"] == 64)
         rows.append(f"| {text} | {r['cached_ms']:.2g} | {r['torch_cached_ms']:.2g} (with its own KV cache) | "
-                    f"{r['torch_cached_ms'] / r['cached_ms']:.2f}× |")
+                    f"{r['torch_cached_ms'] / r['cached_ms']:.2f}× | — |")
     base = ts["configs"]["base"]
     rows += ["", f"The base model's train step reaches {base['jax']['model_flops_per_s'] / 1e9:.0f} GFLOP/s by "
              f"6·params·tokens, {100 * base['jax']['model_fraction_of_peak']:.0f}% of the float32 matmul rate "

@@ -63,6 +63,7 @@ CONFIGS = {
 CONFIGS["gpt-noremat"] = {**CONFIGS["gpt"], "remat": "none"}          # the lever measured: remat off
 DEFAULT_STEPS = {"tiny": 200, "base": 10, "gpt": 50, "gpt-noremat": 50}
 LR, B1, WARMUP, MATMUL_N, MATMUL_REPS = 1e-3, 0.9, 3, 2048, 10
+TARGETS = {"tiny": 1.5, "base": 0.9, "gpt": 1.0}     # ours / PyTorch tokens/s to reach (issue 26's speed targets)
 
 
 def describe(c: dict) -> str:
@@ -255,6 +256,29 @@ def run_child(framework: str, name: str, steps: int, script: str = __file__, env
 
 
 # ---------------------------------------------------------------------------------------------- parent
+def paired_ratio(runs: dict) -> dict | None:
+    """runs {"jax": [...], "torch": [...]} (round i's two children ran back to back) -> ours/PyTorch tokens/s as
+    the geometric mean of the per-round ratios, with the 95% Student-t interval of the mean log ratio (rounds
+    where either child failed are left out); None with fewer than two such rounds."""
+    from jaxformer.verdicts import paired_difference
+    pairs = [(j["s_per_step"], t["s_per_step"]) for j, t in zip(runs["jax"], runs["torch"])
+             if "error" not in j and "error" not in t]
+    d = paired_difference([math.log(t) for _, t in pairs], [math.log(j) for j, _ in pairs])   # log(t/j)
+    return None if d is None else {"ratio": math.exp(d.mean), "lo": math.exp(d.lo), "hi": math.exp(d.hi),
+                                   "rounds": d.n}
+
+
+def target_verdict(r: dict | None, target: float | None) -> str:
+    """The target "ours/PyTorch >= target" against a paired ratio: met when its whole 95% interval is at or above
+    the target, missed when it is all below, else not resolved."""
+    if target is None:
+        return "—"
+    if r is None:
+        return f"≥ {target:g}×: not measured"
+    word = "met" if r["lo"] >= target else "missed" if r["hi"] < target else "not resolved"
+    return f"≥ {target:g}×: {word}"
+
+
 def summarise(c: dict, runs: list[dict], peak: float | None) -> dict:
     ok = [r for r in runs if "error" not in r]
     if not ok:
@@ -328,20 +352,28 @@ def write(a, argv, peaks, results) -> None:
               "/ (median seconds per step); percentages are of the jnp.dot peak (PyTorch's: of torch.mm's). "
               "Compile s: our first step (tracing + XLA compilation + one step), median over rounds. XLA's cost "
               "analysis counts a while-loop body once, and each of our layer stacks is one lax.scan "
-              "(jaxformer/nn/stack.py): its count covers one layer per stack, not L, so it is a lower bound.", "",
+              "(jaxformer/nn/stack.py): its count covers one layer per stack, not L, so it is a lower bound. "
+              "Paired: the geometric mean of the per-round ratios ours/PyTorch (a round's two processes ran "
+              "back to back) with its 95% Student-t interval; a target is met when that whole interval is at "
+              "or above it, missed when it is all below (`paired_ratio`, `target_verdict`).", "",
               "| config | ours tokens/s median (min–max) | PyTorch tokens/s median (min–max) | ratio | "
-              "ours ms/step | model GFLOP/s (6·P·tokens) | % of matmul peak | XLA GFLOP/s | compile s |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "paired [95%] | target | ours ms/step | model GFLOP/s (6·P·tokens) | % of matmul peak | "
+              "XLA GFLOP/s | compile s |",
+              "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     cell = lambda s: (f"{s['median_tokens_per_s']:,.0f} ({s['min']:,.0f}–{s['max']:,.0f})" if "error" not in s
                       else f"error: {s['error']}")
     for n, r in results.items():
         j, t = r["jax"], r["torch"]
         ratio = f"{j['median_tokens_per_s'] / t['median_tokens_per_s']:.2f}×" if "error" not in j | t else "—"
+        pr = paired_ratio(r["runs"])
+        paired = f"{pr['ratio']:.2f} [{pr['lo']:.2f}, {pr['hi']:.2f}]" if pr else "—"
+        target = target_verdict(pr, TARGETS.get(n))
         if "error" in j:
-            lines.append(f"| {n} | {cell(j)} | {cell(t)} | — | — | — | — | — | — |")
+            lines.append(f"| {n} | {cell(j)} | {cell(t)} | — | — | {target} | — | — | — | — | — |")
             continue
         xla = f"{gf(j['xla_flops_per_s'])} ({frac(j, 'xla_fraction_of_peak')})"
-        lines.append(f"| {n} | {cell(j)} | {cell(t)} | {ratio} | {1e3 * j['median_s_per_step']:.2f} | "
+        lines.append(f"| {n} | {cell(j)} | {cell(t)} | {ratio} | {paired} | {target} | "
+                     f"{1e3 * j['median_s_per_step']:.2f} | "
                      f"{gf(j['model_flops_per_s'])} | {frac(j, 'model_fraction_of_peak')} | {xla} | "
                      f"{j['first_step_s']:.2f} |")
     lines += ["", "PyTorch side and parameter counts:", "",

@@ -74,3 +74,22 @@ def test_merge_replaces_only_the_rerun_rows_and_never_mixes_machines():
     for field, value in (("machine", "other"), ("margin", 0.05), ("glibc_tunables", "glibc.malloc.hugetlb=1")):
         with pytest.raises(levers.MergeError, match=field):
             levers.merged(old, {**new, field: value})
+
+
+def test_train_step_ratio_is_paired_per_round_and_the_target_verdict_follows_its_interval():
+    """benchmarks/train_step.py: ours/PyTorch from each round's two back-to-back processes. Wrong forms caught:
+    unpaired (the rounds' drift would widen the interval past the target), a ratio inverted (torch/ours), an
+    errored round that shifts the pairing, a verdict read from the point estimate."""
+    drift = [1.0, 1.6, 0.7, 1.3, 0.9]                          # the machine's speed per round
+    runs = {"jax": [{"s_per_step": 0.5 * d * (1 + 0.01 * i)} for i, d in enumerate(drift)],
+            "torch": [{"s_per_step": d} for d in drift]}
+    r = train_step.paired_ratio(runs)
+    assert r["rounds"] == 5 and 1.9 < r["lo"] < r["ratio"] < r["hi"] < 2.05       # ours twice as fast
+    assert train_step.target_verdict(r, 1.5) == "≥ 1.5×: met"
+    assert train_step.target_verdict(r, 2.5) == "≥ 2.5×: missed"
+    assert train_step.target_verdict(r, 1.98) == "≥ 1.98×: not resolved"
+    assert train_step.target_verdict(None, 1.0) == "≥ 1×: not measured"
+    runs["torch"][1] = {"error": "killed"}                      # that round is left out, the others stay paired
+    r2 = train_step.paired_ratio(runs)
+    assert r2["rounds"] == 4 and 1.9 < r2["lo"] and r2["hi"] < 2.05
+    assert train_step.paired_ratio({"jax": runs["jax"][:1], "torch": runs["torch"][:1]}) is None
