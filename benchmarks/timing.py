@@ -21,3 +21,21 @@ def times_ms(fn, reps: int, setup=lambda: ()) -> list[float]:
 
 def median_ms(fn, reps: int, setup=lambda: ()) -> float:
     return statistics.median(times_ms(fn, reps, setup))
+
+
+def paired_times_ms(fns: dict, reps: int, setups: dict | None = None) -> dict[str, list[float]]:
+    """{name: fn} -> {name: wall times in ms}: one warm-up call each, then `reps` rounds in which every fn runs
+    once, the order reversed every other round (neither always runs first); round i of each list pairs with round
+    i of the others (a machine's drift between rounds cancels in their ratio). setups {name: () -> args}: untimed."""
+    setups = setups or {}
+    args = {n: setups.get(n, lambda: ()) for n in fns}
+    for n, f in fns.items():
+        jax.block_until_ready(f(*args[n]()))
+    out = {n: [] for n in fns}
+    for i in range(reps):
+        for n in (list(fns) if i % 2 == 0 else list(fns)[::-1]):
+            a = jax.block_until_ready(args[n]())
+            t = time.perf_counter()
+            jax.block_until_ready(fns[n](*a))
+            out[n].append(1e3 * (time.perf_counter() - t))
+    return out

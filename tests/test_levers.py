@@ -93,3 +93,31 @@ def test_train_step_ratio_is_paired_per_round_and_the_target_verdict_follows_its
     r2 = train_step.paired_ratio(runs)
     assert r2["rounds"] == 4 and 1.9 < r2["lo"] and r2["hi"] < 2.05
     assert train_step.paired_ratio({"jax": runs["jax"][:1], "torch": runs["torch"][:1]}) is None
+
+
+def test_decode_target_is_judged_on_each_rows_paired_interval():
+    """benchmarks/decode.py: "ours at least as fast as PyTorch cached" is met only when every base row's paired
+    interval lies at or above 1.0, missed when one lies wholly below, else not resolved. Wrong forms caught:
+    a verdict from the point ratio alone (1.02 with an interval down to 0.9 would read "met")."""
+    import decode
+
+    def row(ratio, lo, hi):
+        return {"size": "base", "batch": 1, "context": 64, "torch_cached_over_cached": ratio,
+                "paired": {"ratio": ratio, "lo": lo, "hi": hi, "rounds": 7}}
+    assert decode.torch_target([row(1.3, 1.1, 1.5)])[0] is True
+    met, line = decode.torch_target([row(1.3, 1.1, 1.5), row(1.02, 0.9, 1.1)])
+    assert met is None and "not resolved" in line and "straddling" in line
+    met, line = decode.torch_target([row(1.02, 0.9, 1.1), row(0.8, 0.75, 0.85)])
+    assert met is False and "not met" in line and "0.75, 0.85" in line
+    ours, theirs = [2.0, 3.0, 1.0, 2.5], [4.0, 6.1, 2.0, 5.0]
+    r = decode.paired_ratio(theirs, ours)
+    assert r["rounds"] == 4 and 1.95 < r["lo"] < r["ratio"] < r["hi"] < 2.1
+
+
+def test_paired_times_alternate_their_order_every_round():
+    import timing
+    calls = []
+    out = timing.paired_times_ms({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 4)
+    assert calls[:2] == ["a", "b"]                                  # the warm-up calls
+    assert calls[2:] == ["a", "b", "b", "a", "a", "b", "b", "a"]    # then rounds, order reversed every other one
+    assert [len(v) for v in out.values()] == [4, 4]
