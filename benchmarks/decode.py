@@ -44,7 +44,7 @@ from flax import nnx
 from jaxformer.config import ModelConfig
 from jaxformer.decode import generate_lm
 from jaxformer.nn import build_model
-from timing import median_ms, paired_times_ms, times_ms  # benchmarks/timing.py (the script's folder is on path)
+from timing import against, median_ms, paired_ratio, paired_times_ms, times_ms  # benchmarks/timing.py
 
 try:
     import torch_decoder  # benchmarks/torch_decoder.py (needs torch; sets torch's threads to os.cpu_count())
@@ -171,15 +171,6 @@ def bench_end_to_end(size, batch, prompt, new, reps):
     return row
 
 
-def paired_ratio(torch_ms: list[float], ours_ms: list[float]) -> dict | None:
-    """PyTorch / ours per-token time from paired rounds (`timing.paired_times_ms`): the geometric mean of the
-    per-round ratios with the 95% Student-t interval of the mean log ratio; None with fewer than two rounds."""
-    from jaxformer.verdicts import paired_difference
-    d = paired_difference([math.log(t) for t in torch_ms], [math.log(o) for o in ours_ms])
-    return None if d is None else {"ratio": math.exp(d.mean), "lo": math.exp(d.lo), "hi": math.exp(d.hi),
-                                   "rounds": d.n}
-
-
 def torch_target(rows):
     """The target "ours at least as fast per token as PyTorch cached at base size", at every batch and context
     measured -> (met: bool | None when not measured or not resolved, one line saying why). Judged on each row's
@@ -188,13 +179,13 @@ def torch_target(rows):
     rs = [r for r in rows if r["size"] == "base" and "torch_cached_over_cached" in r]
     if not rs:
         return None, "not measured in this run (needs --sizes base, and torch)"
-    lo = lambda r: r["paired"]["lo"] if r.get("paired") else r["torch_cached_over_cached"]       # noqa: E731
-    hi = lambda r: r["paired"]["hi"] if r.get("paired") else r["torch_cached_over_cached"]       # noqa: E731
+    point = lambda r: {"lo": r["torch_cached_over_cached"], "hi": r["torch_cached_over_cached"]}   # noqa: E731
+    word_of = lambda r: against(r.get("paired") or point(r), 1.0)                                  # noqa: E731
     low = min(rs, key=lambda r: r["torch_cached_over_cached"])
     cell = lambda r: (f"batch {r['batch']} c={r['context']} ({r['torch_cached_over_cached']:.2f}×"      # noqa: E731
                       + (f" [{r['paired']['lo']:.2f}, {r['paired']['hi']:.2f}]" if r.get("paired") else "") + ")")
-    missed = [cell(r) for r in rs if hi(r) < 1.0]
-    open_ = [cell(r) for r in rs if lo(r) < 1.0 <= hi(r)]
+    missed = [cell(r) for r in rs if word_of(r) == "missed"]
+    open_ = [cell(r) for r in rs if word_of(r) == "not resolved"]
     met = False if missed else None if open_ else True
     word = {True: "met", False: "not met", None: "not resolved"}[met]
     return met, (f"**{word}**: lowest ratio {low['torch_cached_over_cached']:.2f}× (batch {low['batch']}, "

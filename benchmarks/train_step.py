@@ -258,25 +258,19 @@ def run_child(framework: str, name: str, steps: int, script: str = __file__, env
 # ---------------------------------------------------------------------------------------------- parent
 def paired_ratio(runs: dict) -> dict | None:
     """runs {"jax": [...], "torch": [...]} (round i's two children ran back to back) -> ours/PyTorch tokens/s as
-    the geometric mean of the per-round ratios, with the 95% Student-t interval of the mean log ratio (rounds
-    where either child failed are left out); None with fewer than two such rounds."""
-    from jaxformer.verdicts import paired_difference
+    `timing.paired_ratio` of the rounds where neither child failed; None with fewer than two such rounds."""
+    from timing import paired_ratio as ratio
     pairs = [(j["s_per_step"], t["s_per_step"]) for j, t in zip(runs["jax"], runs["torch"])
              if "error" not in j and "error" not in t]
-    d = paired_difference([math.log(t) for _, t in pairs], [math.log(j) for j, _ in pairs])   # log(t/j)
-    return None if d is None else {"ratio": math.exp(d.mean), "lo": math.exp(d.lo), "hi": math.exp(d.hi),
-                                   "rounds": d.n}
+    return ratio([t for _, t in pairs], [j for j, _ in pairs])                  # tokens/s ratio = time ratio⁻¹
 
 
 def target_verdict(r: dict | None, target: float | None) -> str:
-    """The target "ours/PyTorch >= target" against a paired ratio: met when its whole 95% interval is at or above
-    the target, missed when it is all below, else not resolved."""
+    """The target "ours/PyTorch >= target" against a paired ratio (`timing.against`)."""
+    from timing import against
     if target is None:
         return "—"
-    if r is None:
-        return f"≥ {target:g}×: not measured"
-    word = "met" if r["lo"] >= target else "missed" if r["hi"] < target else "not resolved"
-    return f"≥ {target:g}×: {word}"
+    return f"≥ {target:g}×: " + ("not measured" if r is None else against(r, target))
 
 
 def summarise(c: dict, runs: list[dict], peak: float | None) -> dict:
