@@ -98,10 +98,10 @@ def bench_contexts(size, batch, contexts, reps, steps):
     graphdef, state = nnx.split(build_model(cfg))
     fwd = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t)[:, -1])
     # generate_lm lays the model out for decoding once per call (per-layer weight copies); timed alone here
-    layout = jax.jit(lambda s: nnx.split(nnx.merge(graphdef, s).for_decoding())[1])
+    layout = jax.jit(lambda s: nnx.split(nnx.merge(graphdef, s).for_decoding(batch))[1])
     layout_ms = median_ms(lambda: layout(state), reps)
     weight_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(state))
-    dgraph, dstate = nnx.split(nnx.merge(graphdef, state).for_decoding())
+    dgraph, dstate = nnx.split(nnx.merge(graphdef, state).for_decoding(batch))
     prefill = jax.jit(lambda s, c, t, p: nnx.merge(dgraph, s).step(t, p, c, prefill=True))
     loop = cached_loop(dgraph, steps)
     tf = torch_forward(size)

@@ -38,7 +38,7 @@ from step_profile import classify_hlo, fused_bodies, op_events, self_times  # no
 def profile(batch: int, context: int, steps: int) -> dict:
     cfg = ModelConfig(arch="decoder_only", vocab_size=256, max_len=context + steps + 1, positional="rope",
                       norm_position="pre", dropout=0.0, **SIZES["base"])
-    graphdef, state = nnx.split(nnx.merge(*nnx.split(build_model(cfg))).for_decoding())
+    graphdef, state = nnx.split(nnx.merge(*nnx.split(build_model(cfg))).for_decoding(batch))
     loop = cached_loop(graphdef, steps)
     slots = context + steps
     empty = nnx.merge(graphdef, state).init_cache(batch, slots).unstacked()

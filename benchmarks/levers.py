@@ -15,7 +15,10 @@ when the interval excludes 1, "no difference beyond ±2%" when it lies within 0.
 within one process is what makes a few-percent effect measurable on a VM whose step time drifts by more than that
 between processes (benchmarks/train_step.py's min–max). Also recorded: each program's first call (trace + compile +
 one step) and its loss after the same steps (a lever that changed the model would show there). A lever with an op of
-its own (`Lever.op`) is also timed on that op alone, the same way (paired blocks of calls).
+its own (`Lever.op`) is also timed on that op alone, the same way (paired blocks of calls). A decoding lever
+(`Lever.decode`, config "SIZE bB cC") is timed the same way on benchmarks/decode.py's cached token loop (blocks of
+16 greedy tokens from context C at batch B, the model laid out for decoding, "before" laid out with the lever off),
+per token, and records whether both programs chose the same tokens instead of a loss.
 
 Writes benchmarks/results/levers.md and .json (or --out STEM.md / STEM.json).
 """
@@ -41,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 MARGIN = 0.02                  # a step-time change smaller than 2% is one we call negligible
 STEPS = {"tiny": 10, "base": 1, "gpt": 5, "gpt-noremat": 5}       # steps per block
 BLOCKS = {"tiny": 48, "base": 20, "gpt": 48, "gpt-noremat": 48}    # blocks per program (even: both orders)
+DECODE_BLOCKS = 60                                                 # the same for a decoding lever
 
 
 @contextlib.contextmanager
@@ -86,6 +90,12 @@ def _jax_weight_grad():
     return _patched(params, "_dot", dot)
 
 
+def _w2_as_stored():
+    """The one-row decoding layout without the FFN output weight in [out,in] order (w2 read as stored)."""
+    from jaxformer.nn import layers
+    return _patched(layers.FeedForward, "lay_out_for_one_row", lambda self: None)
+
+
 def _plain_softmax():
     import jax
     from jaxformer.ops import attention
@@ -110,6 +120,7 @@ class Lever:
     switch_off: Callable = contextlib.nullcontext   # -> context manager in force while "before" is traced
     model_before: dict = field(default_factory=dict)  # ModelConfig fields of "before", when a config value
     op: Callable | None = None                      # -> (label, before fn, after fn, args): the op alone
+    decode: bool = False                            # configs are "SIZE bB cC" of the cached decoding loop
 
 
 def _gelu_op():
@@ -140,6 +151,10 @@ LEVERS = {
     "copy_insertion": Lever("the train step compiled with xla_cpu_copy_insertion_use_region_analysis "
                             "(`lowering.train_compiler_options`: fewer copies of loop-carried values)",
                             "XLA:CPU's default copy insertion", ("tiny", "gpt", "base"), _default_copy_insertion),
+    "decode_w2_out_in": Lever("decoding at batch 1: the FFN's output weight laid out [out,in] for the token loop "
+                              "(`nn.layers.FeedForward.lay_out_for_one_row`), read row by row",
+                              "the weight as stored, [in,out]", ("base b1 c64", "base b1 c256", "tiny b1 c64"),
+                              _w2_as_stored, decode=True),
     "remat_dots": Lever("model.remat='dots' for the char model (configs/shakespeare_char.py)",
                         "model.remat='none' (every activation stored)", ("gpt",), model_before={"remat": "none"}),
 }
@@ -221,6 +236,54 @@ def measure(name: str, lever: Lever, config: str, blocks: int, steps: int) -> di
                    "loss": float(p["metrics"]["loss"])} for w, p in progs.items()}}
 
 
+DECODE_TOKENS = 16             # greedy tokens per block of the cached decoding loop
+
+
+def measure_decode(name: str, lever: Lever, config: str, blocks: int) -> dict:
+    """A decoding lever on config "SIZE bB cC": benchmarks/decode.py's cached loop (DECODE_TOKENS greedy steps
+    per block, from context C, batch B, its decoder at size SIZE) over the model laid out for decoding, the lever
+    switched off while "before" is laid out; both programs in this process, paired blocks."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    import decode as dec
+    from jaxformer.config import ModelConfig
+    from jaxformer.nn import build_model
+    size, b, c = config.split()
+    batch, context, steps = int(b[1:]), int(c[1:]), DECODE_TOKENS
+    cfg = ModelConfig(arch="decoder_only", vocab_size=dec.VOCAB, max_len=context + steps + 1, positional="rope",
+                      norm_position="pre", dropout=0.0, **dec.SIZES[size])
+    graphdef, state = nnx.split(build_model(cfg))
+    tokens = jax.random.randint(jax.random.key(context), (batch, context), 1, dec.VOCAB)
+    pos = jnp.broadcast_to(jnp.arange(context), (batch, context))
+    start = (tokens[:, -1:], jnp.full((batch, 1), context, jnp.int32))
+    progs = {}
+    for which in ("after", "before"):
+        with lever.switch_off() if which == "before" else contextlib.nullcontext():
+            dgraph, dstate = nnx.split(nnx.merge(graphdef, state).for_decoding(batch))
+        model = nnx.merge(dgraph, dstate)
+        _, cache = jax.jit(lambda s, c, t, p, g=dgraph: nnx.merge(g, s).step(t, p, c, prefill=True))(
+            dstate, model.init_cache(batch, context + steps).unstacked(), tokens, pos)
+        loop = dec.cached_loop(dgraph, steps)
+        t = time.perf_counter()
+        out = jax.block_until_ready(loop(dstate, cache, *start))
+        progs[which] = {"loop": loop, "state": dstate, "out": out, "compile_s": time.perf_counter() - t,
+                        "tokens": out[1]}
+
+    def block(p):
+        def run():
+            p["out"] = p["loop"](p["state"], p["out"][0], *start)     # the same slots again (the cache donated)
+            return p["out"]
+        return run
+    ms = alternate({w: block(p) for w, p in progs.items()}, blocks)
+    ms = {w: [t / steps for t in v] for w, v in ms.items()}
+    same = bool(jnp.all(progs["before"]["tokens"] == progs["after"]["tokens"]))
+    return {"lever": name, "config": config, "blocks": blocks, "steps_per_block": steps, "unit": "token",
+            **paired(ms["before"], ms["after"]), "same_tokens": same,
+            **{w: {"median_ms": statistics.median(ms[w]), "ms": ms[w], "compile_s": p["compile_s"], "loss": None}
+               for w, p in progs.items()}}
+
+
 def measure_op(name: str, lever: Lever, blocks: int = 32, calls: int = 50) -> dict:
     """The lever's op alone (`Lever.op`), both forms jitted in this process, paired blocks of calls."""
     import jax
@@ -263,7 +326,8 @@ def main(argv=None) -> None:
         for config in lever.configs:
             if a.configs and config not in a.configs:
                 continue
-            rows.append(measure(name, lever, config, a.blocks or BLOCKS[config], STEPS[config]))
+            rows.append(measure_decode(name, lever, config, a.blocks or DECODE_BLOCKS) if lever.decode else
+                        measure(name, lever, config, a.blocks or BLOCKS[config], STEPS[config]))
             r = rows[-1]
             print(f"{name} {config}: {r['before']['median_ms']:.2f} -> {r['after']['median_ms']:.2f} ms, "
                   f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] {r['verdict']}", flush=True)
@@ -306,16 +370,18 @@ def write(stem: Path, res: dict) -> None:
              "(how `jaxformer` starts: jaxformer/launch.py).", "",
              __doc__.split("\n\n")[2].replace("\n", " ").strip(), "",
              "| lever | config | before ms | after ms | after / before [95% interval] | verdict | "
-             "compile s before / after | loss before / after |", "|---|---|---:|---:|---|---|---|---|"]
+             "compile s before / after | loss (tokens) before / after |", "|---|---|---:|---:|---|---|---|---|"]
     for r in res["rows"]:
         b, a = r["before"], r["after"]
-        op = b["loss"] is None                      # an op alone: calls, no compile or loss recorded
-        d = 3 if op else 2
+        unit = r.get("unit", "call" if b["loss"] is None else "step")   # an op alone: calls, no compile or loss
+        d = 2 if unit == "step" else 3
+        result = (f"{b['loss']:.6g} / {a['loss']:.6g}" if unit == "step" else
+                  "same tokens" if r.get("same_tokens") else "tokens differ" if unit == "token" else "—")
         lines.append(f"| {r['lever']} | {r['config']} | {b['median_ms']:.{d}f} | {a['median_ms']:.{d}f} | "
                      f"{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] ({r['pairs']} pairs of {r['steps_per_block']}"
-                     f"-{'call' if op else 'step'} blocks) | {r['verdict']} | "
-                     + ("— | — |" if op else f"{b['compile_s']:.2f} / {a['compile_s']:.2f} | "
-                        f"{b['loss']:.6g} / {a['loss']:.6g} |"))
+                     f"-{unit} blocks) | {r['verdict']} | "
+                     + (f"{b['compile_s']:.2f} / {a['compile_s']:.2f}" if b["compile_s"] is not None else "—")
+                     + f" | {result} |")
     lines += ["", "The levers:", ""] + [f"- **{n}**: {v['what']}; before: {v['before']}."
                                         for n, v in res["levers"].items()
                                         if any(r["lever"] == n for r in res["rows"])]

@@ -267,7 +267,9 @@ def _decoding_and_kernels(weights: float) -> str:
     return (f"Decoding one token at base size reads all {weights / 1e6:.0f} MB of float32 weights: the decoding "
             "program lays the model\nout first (`model.for_decoding`: each layer's weights copied out of the "
             "stacked arrays once per call,\nits q/k/v weights as one matrix, a heads-major [B,K,S,H] cache buffer "
-            "per layer updated in place: "
+            "per layer updated in place, and at batch 1\nthe FFN's output weight in [out,in] order, which "
+            "XLA:CPU's matrix-vector product reads faster: `decode_w2_out_in` in the\nlevers table, newer than "
+            "the decoding figures here: "
             f"{max(r['cache_copies'] for r in prof.values())} whole-buffer copies per token in the compiled "
             f"loop), so that at batch 1, context 64,\na token takes {floor['cached_ms']:.2f} ms, "
             f"{floor['cached_ms'] / floor['floor_ms']:.2f}× the time of reading the weights once at the fastest "
@@ -314,7 +316,8 @@ def tokenizers() -> str:
 def levers() -> str:
     """Each kept speed lever against the program without it, paired in one process (levers.json)."""
     lv = _load("levers")
-    out = ["| lever | config | after / before, time per step (per call for an op) [95% interval] | verdict |",
+    out = ["| lever | config | after / before, time per step (per call for an op, per token for a decoding config "
+           "SIZE bB cC) [95% interval] | verdict |",
            "|---|---|---|---|"]
     for r in lv["rows"]:
         out.append(f"| {r['lever']} | {r['config']} | {r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] | "

@@ -98,7 +98,7 @@ def _check_room(cfg, prompt_len: int, max_new: int, cache_len: int | None):
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "eos_id", "sampling", "cache_len", "kv_cache"))
 def _generate_lm(graphdef, state, prompts, segment_ids, key, *, max_new, eos_id, sampling, cache_len, kv_cache):
-    model = nnx.merge(graphdef, state).for_decoding()
+    model = nnx.merge(graphdef, state).for_decoding(prompts.shape[0])
     pad = model.cfg.pad_id
     if segment_ids is None:                                 # padding wherever a prompt token is the pad id
         valid = prompts != pad
@@ -142,7 +142,7 @@ def _memory(model, src, segment_ids=None):
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "bos_id", "eos_id", "sampling", "kv_cache"))
 def _generate_seq2seq(graphdef, state, src, key, *, max_new, bos_id, eos_id, sampling, kv_cache):
-    model = nnx.merge(graphdef, state).for_decoding()
+    model = nnx.merge(graphdef, state).for_decoding(src.shape[0])
     memory = _memory(model, src)                                                       # once per call
     b = src.shape[0]
     cache = model.init_cache(b, max_new, dtype=kv_cache).unstacked()
@@ -197,7 +197,7 @@ def greedy_naive(model, src: jax.Array, max_new: int, *, bos_id: int, eos_id: in
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "bos_id", "eos_id", "beam", "length_penalty",
                                              "kv_cache"))
 def _beam_search(graphdef, state, src, *, max_new, bos_id, eos_id, beam, length_penalty, kv_cache):
-    model = nnx.merge(graphdef, state).for_decoding()
+    model = nnx.merge(graphdef, state).for_decoding(src.shape[0] * beam)
     b, w, pad = src.shape[0], beam, model.cfg.pad_id
     memory = _memory(model, jnp.repeat(src, w, axis=0))                                # [B*W, S, D]
     cache = model.init_cache(b * w, max_new, dtype=kv_cache).unstacked()

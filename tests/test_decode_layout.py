@@ -8,7 +8,9 @@ decode program that forgets to lay its model out (the loop then slices every lay
 `contract` ordering contracting dimensions as jnp.einsum does (H before N: XLA then copies wo at every call) or
 dropping the output permutation; the fused q/k/v matrix of the layout (`fuse_for_decoding`) split at the wrong
 offsets (GQA: K < N heads), in the wrong order (k and v swapped), without its biases or QK-norm, or never used
-by the step (three matmuls again), or built from quantized weights, which bring their own matmul.
+by the step (three matmuls again), or built from quantized weights, which bring their own matmul; the
+one-row layout's FFN output weight (`lay_out_for_one_row`) not transposed, never used by the step, laid out for
+a batch of more rows too (where it is slower), or built from quantized weights.
 """
 import jax
 import jax.numpy as jnp
@@ -24,12 +26,12 @@ from jaxformer.nn.params import contract
 
 V = 19
 EPS32 = float(np.finfo(np.float32).eps)
-CASES = {
-    "mha-rope": dict(positional="rope", num_decoder_layers=3),
+CASES = {                                   # batch 1: the layout for one row (the FFN's w2 as [D,F])
+    "mha-rope-batch1": dict(positional="rope", num_decoder_layers=3),
     "gqa-moe-window": dict(positional="rope", num_kv_heads=2, num_decoder_layers=4, ffn="moe", moe_every=2,
                            num_experts=4, attention_windows=(3, 0)),
     "int8-alibi": dict(positional="alibi", num_decoder_layers=2, kv_cache_dtype="int8"),
-    "gqa-bias-qknorm-swiglu": dict(positional="rope", num_kv_heads=2, num_decoder_layers=2,
+    "gqa-bias-qknorm-swiglu-batch1": dict(positional="rope", num_kv_heads=2, num_decoder_layers=2,
                                    biases=("q", "k", "v", "ffn"), qk_norm=True, activation="swiglu"),
 }
 
@@ -43,9 +45,9 @@ def _cfg(**kw):
 def _run(graphdef, state, tokens, laid_out: bool, steps: int = 3):
     """Prefill tokens [B,P] then `steps` greedy cached steps -> (logits [steps+1,B,V], the final cache)."""
     model = nnx.merge(graphdef, state)
-    if laid_out:
-        model = model.for_decoding()
     b, p = tokens.shape
+    if laid_out:
+        model = model.for_decoding(b)
     cache = model.init_cache(b, p + steps)
     cache = cache.unstacked() if laid_out else cache
     pos = jnp.broadcast_to(jnp.arange(p), (b, p))
@@ -63,7 +65,7 @@ def _run(graphdef, state, tokens, laid_out: bool, steps: int = 3):
 def test_laid_out_decoding_equals_the_stacked_step(case):
     cfg = _cfg(**CASES[case])
     graphdef, state = nnx.split(build_model(cfg, seed=3))
-    tokens = jax.random.randint(jax.random.key(1), (2, 5), 1, V)
+    tokens = jax.random.randint(jax.random.key(1), (1 if case.endswith("batch1") else 2, 5), 1, V)
     run = jax.jit(_run, static_argnums=(0, 3))
     ref, ref_cache = run(graphdef, state, tokens, False)
     got, got_cache = run(graphdef, state, tokens, True)
@@ -206,3 +208,33 @@ def test_the_laid_out_step_projects_q_k_v_in_one_matmul():
     assert not any(hasattr(blk.self_attn, "wqkv") for blk in q.decoder.layers.unstacked)
     logits, _ = q.step(tok, tok, q.init_cache(1, 4).unstacked())
     assert bool(jnp.all(jnp.isfinite(logits)))
+
+
+def _ffn_out_dots(model, batch: int) -> list[tuple]:
+    """(rhs shape, rhs contracting dims) of the cached step's dots whose weight is an FFN output weight."""
+    cfg = model.cfg
+    graphdef, state = nnx.split(model)
+    tok = jnp.ones((batch, 1), jnp.int32)
+    jaxpr = jax.make_jaxpr(lambda s, c: nnx.merge(graphdef, s).step(tok, tok, c))(
+        state, model.init_cache(batch, 4).unstacked()).jaxpr
+    return [(e.invars[1].aval.shape, tuple(e.params["dimension_numbers"][0][1])) for e in _eqns(jaxpr)
+            if e.primitive.name == "dot_general"
+            and sorted(e.invars[1].aval.shape) == sorted((cfg.d_model, cfg.d_ff))
+            and e.invars[0].aval.shape[-1] == cfg.d_ff]
+
+
+def test_a_one_row_layout_reads_the_ffn_output_weight_row_by_row():
+    cfg = _cfg(num_decoder_layers=2)
+    d, f = cfg.d_model, cfg.d_ff
+    one = build_model(cfg).for_decoding(1)
+    assert all(b.ffn.w2_out_in.shape == (d, f) for b in one.decoder.layers.unstacked)
+    np.testing.assert_array_equal(np.asarray(one.decoder.layers.unstacked[1].ffn.w2_out_in),
+                                  np.asarray(one.decoder.layers.blocks.ffn.w2[...][1]).T)
+    assert _ffn_out_dots(one, 1) == [((d, f), (1,))] * 2         # [D,F] contracted on F, one per layer
+    for batch in (None, 2):                                         # more rows, or not known: w2 as it is
+        many = build_model(cfg).for_decoding(batch)
+        assert not any(hasattr(b.ffn, "w2_out_in") for b in many.decoder.layers.unstacked)
+        assert _ffn_out_dots(many, 2) == [((f, d), (0,))] * 2
+    from jaxformer.quantize import quantize_model                  # quantized weights bring their own matmul
+    q = quantize_model(build_model(cfg), "int8").for_decoding(1)
+    assert not any(hasattr(b.ffn, "w2_out_in") for b in q.decoder.layers.unstacked)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config import ModelConfig
@@ -93,7 +94,21 @@ class FeedForward(nnx.Module):
             h = activations.GATED[self.activation](dense(self.wg, getattr(self, "bg", None), x, "BTD,DF->BTF"), h)
         else:
             h = activations.UNGATED[self.activation](h)
+        if getattr(self, "w2_out_in", None) is not None:                      # laid out for one row
+            out = project("BTF,DF->BTD", h, self.w2_out_in)
+            return ((out + self.b2[...]).astype(h.dtype) if self.use_bias else out), {}
         return dense(self.w2, getattr(self, "b2", None), h, "BTF,FD->BTD"), {}
+
+    def lay_out_for_one_row(self) -> None:
+        """The decoding layout of a token loop over one row (batch 1; `nn.stack.LayerStack.unstack` calls it on
+        each layer's copy): w2 [F,D] also stored as `w2_out_in` [D,F], which the call then contracts on its last
+        axis. With one row a projection is a matrix-vector product, and XLA:CPU reads a weight whose input is
+        wider than its output (F > D) faster in that order, each output a dot product over a contiguous row:
+        benchmarks/levers.py `decode_w2_out_in`; for more rows it is slower (a matmul with a transposed operand),
+        so a layout for a batch keeps w2 as it is. A weight that brings its own matmul (quantized) stays."""
+        w = self.w2[...]
+        if not hasattr(w, "project"):
+            self.w2_out_in = nnx.data(jnp.transpose(w))
 
 
 class Residual(nnx.Module):

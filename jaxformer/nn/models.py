@@ -207,11 +207,13 @@ class _Model(nnx.Module):
         return init_cache(cfg.num_decoder_layers, batch, length, cfg.kv_heads, cfg.head_size,
                           "int8" if dtype == "int8" else DTYPES[cfg.dtype])
 
-    def for_decoding(self) -> "_Model":
+    def for_decoding(self, batch: int | None = None) -> "_Model":
         """Lay the decoder out for a token loop (`nn.stack.LayerStack.unstack`: each layer's weights copied out
         of the stacked arrays once, its blocks unrolled) and return self. For a compiled decoding program, on the
-        model merged inside it, before its loop; pair it with a per-layer cache (`KVCache.unstacked`)."""
-        self.decoder.layers.unstack()
+        model merged inside it, before its loop; pair it with a per-layer cache (`KVCache.unstacked`). batch: the
+        loop's rows (each step one token per row), when known; batch 1 also orders the FFN's output weight for a
+        matrix-vector product. A model laid out already stays as it is."""
+        self.decoder.layers.unstack(batch)
         return self
 
     def _decoder_pass(self, tokens, side: _Tokens, *, memory: Memory | None = None, cache: KVCache | None = None,
