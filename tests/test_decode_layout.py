@@ -238,3 +238,5 @@ def test_a_one_row_layout_reads_the_ffn_output_weight_row_by_row():
     from jaxformer.quantize import quantize_model                  # quantized weights bring their own matmul
     q = quantize_model(build_model(cfg), "int8").for_decoding(1)
     assert not any(hasattr(b.ffn, "w2_out_in") for b in q.decoder.layers.unstacked)
+    wide = build_model(_cfg(num_decoder_layers=1, d_ff=24)).for_decoding(1)       # F <= D: w2 is no tall weight
+    assert not hasattr(wide.decoder.layers.unstacked[0].ffn, "w2_out_in")
