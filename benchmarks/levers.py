@@ -96,6 +96,12 @@ def _w2_as_stored():
     return _patched(layers.FeedForward, "lay_out_for_one_row", lambda self: None)
 
 
+def _plain_transpose():
+    """Each weight gradient's transposed operand as XLA:CPU's own 2-D transpose (x.T)."""
+    from jaxformer.ops import layout
+    return _patched(layout, "transpose", lambda x: x.T)
+
+
 def _plain_softmax():
     import jax
     from jaxformer.ops import attention
@@ -155,6 +161,8 @@ LEVERS = {
                               "(`nn.layers.FeedForward.lay_out_for_one_row`), read row by row",
                               "the weight as stored, [in,out]", ("base b1 c64", "base b1 c256", "tiny b1 c64"),
                               _w2_as_stored, decode=True),
+    "tiled_transpose": Lever("each weight gradient's transposed operand moved in 32×32 tiles (`ops.layout.transpose`)",
+                             "XLA:CPU's own 2-D transpose", ("tiny", "gpt", "base"), _plain_transpose),
     "remat_dots": Lever("model.remat='dots' for the char model (configs/shakespeare_char.py)",
                         "model.remat='none' (every activation stored)", ("gpt",), model_before={"remat": "none"}),
 }

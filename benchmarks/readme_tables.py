@@ -187,7 +187,8 @@ def _fused_transpose(base: dict) -> str:
             f"times at {f['[1024,2048]']:.1f}× the time of its parts run apart on a [1024,2048] array "
             f"({f['[768,512]']:.1f}× on a [768,512] one that fits in\ncache), so the profiled step materialized "
             "the gradient first (`ops.layout.materialize`; since then each weight\ngradient transposes the smaller "
-            "of its two operands, `nn.params._weight_grad`, the levers table below); "
+            "of its two operands, `nn.params._weight_grad`, in 32×32 tiles, `ops.layout.transpose`: the levers "
+            "table below); "
             f"{left['ms']:.0f} ms per base step of\ncopies still carry fused work")
 
 

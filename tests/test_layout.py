@@ -7,7 +7,9 @@ away (the fusion then stays); a projection backward that loses the materialize (
 into the dot), swaps or transposes the gradients wrongly, or gives a weight gradient of the wrong layout for a
 multi-axis weight; a weight gradient that pairs contracted axes in the wrong order, transposes the larger
 operand (or leaves the choice to XLA, which transposes the output gradient), or flattens sharded axes under a
-mesh.
+mesh; a tiled transpose (`layout.transpose`) that swaps the wrong axes (tiles transposed but not their contents,
+or the reverse), tiles a side that is no multiple of the tile or a matrix below TILED_MIN, or that the weight
+gradient does not use.
 """
 import re
 
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 
 from jaxformer.nn.params import contract
+from jaxformer.ops import layout
 from jaxformer.ops.layout import materialize
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -176,3 +179,28 @@ def test_step_profile_counts_the_time_no_op_event_covers():
     assert total == 430.0
     assert after == {"dot": 300.0, "copy": 130.0}
     assert step_profile.gaps([]) == (0.0, {})
+
+
+@pytest.mark.parametrize("shape", [(256, 256), (512, 128), (128, 1024), (64, 32), (300, 256), (32, 4096)])
+def test_tiled_transpose_is_the_transpose_under_jit_grad_and_vmap(shape):
+    x = jnp.asarray(np.random.default_rng(0).standard_normal(shape), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(layout.transpose)(x)), np.asarray(x).T)
+    xi = jnp.arange(x.size, dtype=jnp.int32).reshape(shape)                        # every element where it goes
+    np.testing.assert_array_equal(np.asarray(layout.transpose(xi)), np.asarray(xi).T)
+    c = jnp.asarray(np.random.default_rng(1).standard_normal(shape[::-1]), jnp.float32)
+    g = jax.grad(lambda a: jnp.sum(layout.transpose(a) * c))(x)
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(c).T)
+    stack = jnp.stack([x, 2 * x])
+    np.testing.assert_array_equal(np.asarray(jax.vmap(layout.transpose)(stack)), np.swapaxes(np.asarray(stack), 1, 2))
+    # tiled exactly where both sides are multiples of the tile and the matrix has TILED_MIN elements or more
+    ranks = {e.outvars[0].aval.ndim for e in jax.make_jaxpr(layout.transpose)(x).jaxpr.eqns
+             if e.primitive.name == "transpose"}
+    tiled = shape[0] % layout.TILE == 0 and shape[1] % layout.TILE == 0 and x.size >= layout.TILED_MIN
+    assert ranks == ({4} if tiled else {2})
+
+
+def test_the_weight_gradient_transposes_in_tiles():
+    """x [4,64,256] through a [256,512] weight: its gradient transposes x as [M,D] = [256,256] in 32×32 tiles."""
+    x, w = jnp.ones((4, 64, 256)), jnp.ones((256, 512))
+    hlo = jax.jit(jax.grad(lambda x, w: jnp.sum(contract("BTD,DF->BTF", x, w) ** 2), 1)).lower(x, w).compile()
+    assert re.search(r"= f32\[8,32,8,32\]\{[\d,]*\} transpose\(", hlo.as_text())

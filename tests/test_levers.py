@@ -20,7 +20,7 @@ import train_step  # noqa: E402
 
 
 def _small(config: str) -> dict:
-    c = {**train_step.CONFIGS[config], "B": 2, "T": 8, "D": 32, "N": 2, "F": 64, "Ld": 1}
+    c = {**train_step.CONFIGS[config], "B": 4, "T": 8, "D": 32, "N": 2, "F": 64, "Ld": 1}
     if c["arch"] == "encoder_decoder":
         c.update(S=8, Le=1)
     return c
@@ -58,7 +58,9 @@ def _laid_out(name: str, which: str) -> str:
 
 @pytest.mark.slow                      # compiles 14 small train steps (~30 s): benchmark tooling, not the library
 @pytest.mark.parametrize("name", list(levers.LEVERS))
-def test_switching_a_lever_off_changes_the_program_and_nothing_leaks(name):
+def test_switching_a_lever_off_changes_the_program_and_nothing_leaks(name, monkeypatch):
+    from jaxformer.ops import layout
+    monkeypatch.setattr(layout, "TILED_MIN", 0)           # the small configs' [32,32] matrices are tiled too
     lowered = _laid_out if levers.LEVERS[name].decode else _lowered
     before, after = lowered(name, "before"), lowered(name, "after")
     assert (before == after) == (name == "control")       # "after" is built after "before": a leak shows

@@ -106,8 +106,8 @@ class FeedForward(nnx.Module):
         wider than its output (F > D) faster in that order, each output a dot product over a contiguous row:
         benchmarks/levers.py `decode_w2_out_in`; for more rows it is slower (a matmul with a transposed operand),
         so a layout for a batch keeps w2 as it is, and so does F <= D. The transposing copy is made once per
-        decoding call (at base size, 2-core AMD EPYC: the layout takes 19.2 ms instead of 13.6, and the loop saves
-        about 0.4 ms per token: 14 tokens repay it). A weight that brings its own matmul (quantized) stays."""
+        decoding call (at base size, 2-core AMD EPYC, two readings: the layout takes 19.2 ms instead of 13.6, and
+        24.3 instead of 16.9; the loop saves about 0.4 ms per token, so 14-19 tokens repay it). A weight that brings its own matmul (quantized) stays."""
         w = self.w2[...]
         if not hasattr(w, "project") and w.shape[0] > w.shape[1]:          # F > D: a tall weight
             self.w2_out_in = nnx.data(jnp.transpose(w))

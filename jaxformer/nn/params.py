@@ -95,11 +95,11 @@ def _weight_grad(dims, x: jax.Array, w: jax.Array, g: jax.Array) -> jax.Array:
     m = math.prod(x.shape[i] for i in xf)
     k_in, k_out = math.prod(x.shape[i] for i in xc), math.prod(w.shape[i] for i in wf)
     g2 = g.reshape(m, k_out)                                         # g's axes: x's free axes, then w's free axes
+    x2 = jnp.transpose(x, [*xf, *xc]).reshape(m, k_in)             # free when x's contracted axes are last
     if k_in <= k_out:
-        xt = layout.materialize(jnp.transpose(x, [*xc, *xf]).reshape(k_in, m))
-        d = jnp.matmul(xt, g2)                                                          # [Kin, Kout]
+        d = jnp.matmul(layout.materialize(layout.transpose(x2)), g2)                    # [Kin, Kout]
     else:
-        d = jnp.matmul(layout.materialize(g2.T), jnp.transpose(x, [*xf, *xc]).reshape(m, k_in)).T
+        d = jnp.matmul(layout.materialize(layout.transpose(g2)), x2).T
     d = d.reshape([w.shape[i] for i in wc] + [w.shape[i] for i in wf])             # axes wc then wf
     axes = [*wc, *wf]
     return jnp.transpose(d, [axes.index(i) for i in range(w.ndim)]).astype(w.dtype)
