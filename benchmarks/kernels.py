@@ -6,12 +6,14 @@ shapes, same machine, each framework in its own fresh process.
 
 Shapes: the gpt config of benchmarks/train_step.py (B12, T64, D128, N4, H32, F512, V65: M = B·T = 768 rows),
 and the FFN matmuls of one decoded token at base size (D512, F2048; M = 1 or 8 rows: weight-read bound, so
-GB/s = the weight's bytes / time is also given).
+GB/s = the weight's bytes / time is also given), the FFN's down projection also with its weight stored [N,K]
+(the batch-1 decoding layout of a tall weight).
   fwd    x[M,K] @ w[K,N]                              (a projection)
   dX     g[M,N] @ w[K,N]ᵀ                             (its input gradient)
   dW     x[M,K]ᵀ @ g[M,N]                             (its weight gradient: contracts the M rows of both)
   softmax-bwd  p·(dp − Σ_s p·dp) over [B,N,T,S]       (the attention softmax's backward)
-and layout copies (LAYOUT below: a transpose alone, elementwise work alone, and the two in one fusion).
+and layout copies (LAYOUT below: a transpose alone, the same in 32×32 tiles, elementwise work alone, and the
+elementwise work and the transpose in one fusion).
 A case is timed as R independent copies (separate buffers) in one call (R = 16; JAX: one jitted function,
 PyTorch: a Python loop), so dispatch is amortised; median over --reps calls after a warm-up, divided by R.
 GFLOP/s = 2·M·K·N / time.
@@ -44,6 +46,9 @@ KINDS = ("fwd", "dX", "dW")
 # decoding at base size (benchmarks/decode.py): a step's weight matmuls, M = batch rows, forward only
 DECODE = {"decode b1 ffn up": (1, 512, 2048), "decode b1 ffn down": (1, 2048, 512),
           "decode b8 ffn up": (8, 512, 2048), "decode b8 ffn down": (8, 2048, 512)}
+# the same product with the weight stored [N,K] and contracted on its K (the batch-1 decoding layout of a tall
+# weight: nn.layers.FeedForward.lay_out_for_one_row); PyTorch: x @ wᵀ (nn.Linear's own layout)
+DECODE_T = {"decode b1 ffn down, w [N,K]": (1, 2048, 512), "decode b8 ffn down, w [N,K]": (8, 2048, 512)}
 
 
 # layout copies (benchmarks/step_profile.py: the steps' "transposes/copies"), each [M,N] float32 -> [N,M]:
@@ -52,8 +57,10 @@ DECODE = {"decode b1 ffn up": (1, 512, 2048), "decode b1 ffn down": (1, 2048, 51
 #                 weight gradient's transposed operand in the base step (the norm's backward and dropout);
 #   ew+transpose  the same with its result transposed, in one fusion, as XLA:CPU emits it there.
 # Each copy is its own jitted call with one output (dispatch included: ~10 µs against 0.3-20 ms).
-LAYOUT = {"[768,512]": (768, 512), "[1024,2048]": (1024, 2048)}
-LAYOUT_KINDS = ("transpose", "ew", "ew+transpose")
+#   tiled transpose  x -> xᵀ in 32×32 tiles (`ops.layout.transpose`, the weight gradients' form; PyTorch: as
+#                 transpose).
+LAYOUT = {"[768,128]": (768, 128), "[768,512]": (768, 512), "[1024,2048]": (1024, 2048)}
+LAYOUT_KINDS = ("transpose", "tiled transpose", "ew", "ew+transpose")
 
 
 def _cases():
@@ -63,6 +70,8 @@ def _cases():
     yield "softmax-bwd", ("softmax", B, N, T)
     for name, (m, k, n) in DECODE.items():
         yield name, ("fwd", m, k, n)
+    for name, (m, k, n) in DECODE_T.items():
+        yield name, ("fwdT", m, k, n)
     for shape, (m, n) in LAYOUT.items():
         for kind in LAYOUT_KINDS:
             yield f"{kind} {shape}", (kind, m, n, 0)
@@ -84,8 +93,9 @@ def jax_child(reps: int) -> dict:
         if kind in LAYOUT_KINDS:
             sets = [tuple(map(jnp.asarray, a)) for a in _layout_arrays(rng, m, k, np)]
             ew = lambda x, y, s, keep: jnp.where(keep, x * s + 2 * y, 0.0) * 1.1             # noqa: E731
-            one = {"transpose": lambda x, y, s, keep: x.T, "ew": ew,
-                   "ew+transpose": lambda x, y, s, keep: ew(x, y, s, keep).T}[kind]
+            from jaxformer.ops import layout
+            one = {"transpose": lambda x, y, s, keep: x.T, "tiled transpose": lambda x, y, s, keep: layout.transpose(x),
+                   "ew": ew, "ew+transpose": lambda x, y, s, keep: ew(x, y, s, keep).T}[kind]
             # one jitted call per copy, one output each: the form the step's fusions take (one R-output jit lets
             # XLA split the fusion from its transpose, which then runs as a separate copy)
             single = jax.jit(one)
@@ -96,10 +106,11 @@ def jax_child(reps: int) -> dict:
             fn = jax.jit(lambda p, dp: [a * (b - jnp.sum(a * b, -1, keepdims=True)) for a, b in zip(p, dp)])
             args, flops = (p, dp), 0
         else:
-            a_shape, b_shape = {"fwd": ((m, k), (k, n)), "dX": ((m, n), (k, n)), "dW": ((m, k), (m, n))}[kind]
+            a_shape, b_shape = {"fwd": ((m, k), (k, n)), "fwdT": ((m, k), (n, k)), "dX": ((m, n), (k, n)),
+                                "dW": ((m, k), (m, n))}[kind]
             a = [jnp.asarray(rng.standard_normal(a_shape, np.float32)) for _ in range(R)]
             b = [jnp.asarray(rng.standard_normal(b_shape, np.float32)) for _ in range(R)]
-            eq = {"fwd": "mk,kn->mn", "dX": "mn,kn->mk", "dW": "mk,mn->kn"}[kind]
+            eq = {"fwd": "mk,kn->mn", "fwdT": "mk,nk->mn", "dX": "mn,kn->mk", "dW": "mk,mn->kn"}[kind]
             # R independent matmuls on R separate buffers (no slicing), unrolled: each the kernel a step runs
             fn = jax.jit(lambda a, b, eq=eq: [jnp.einsum(eq, x, y) for x, y in zip(a, b)])
             args, flops = (a, b), 2 * m * k * n
@@ -124,7 +135,8 @@ def torch_child(reps: int) -> dict:
             if kind in LAYOUT_KINDS:
                 sets = [tuple(map(torch.from_numpy, a)) for a in _layout_arrays(rng, m, k, np)]
                 ew = lambda x, y, s, keep: torch.where(keep, x * s + 2 * y, 0.0) * 1.1     # noqa: E731
-                one = {"transpose": lambda x, y, s, keep: x.t().contiguous(), "ew": ew,
+                tr = lambda x, y, s, keep: x.t().contiguous()                               # noqa: E731
+                one = {"transpose": tr, "tiled transpose": tr, "ew": ew,
                        "ew+transpose": lambda x, y, s, keep: ew(x, y, s, keep).t().contiguous()}[kind]
                 fn = lambda one=one, sets=sets: [one(*a) for a in sets]                   # noqa: E731
                 flops = 0
@@ -134,10 +146,12 @@ def torch_child(reps: int) -> dict:
                 fn = lambda: [p[i] * (dp[i] - (p[i] * dp[i]).sum(-1, keepdim=True)) for i in range(R)]  # noqa: E731
                 flops = 0
             else:
-                a_shape, b_shape = {"fwd": ((m, k), (k, n)), "dX": ((m, n), (k, n)), "dW": ((m, k), (m, n))}[kind]
+                a_shape, b_shape = {"fwd": ((m, k), (k, n)), "fwdT": ((m, k), (n, k)), "dX": ((m, n), (k, n)),
+                                    "dW": ((m, k), (m, n))}[kind]
                 a = [torch.from_numpy(rng.standard_normal(a_shape, np.float32)) for _ in range(R)]
                 b = [torch.from_numpy(rng.standard_normal(b_shape, np.float32)) for _ in range(R)]
-                op = {"fwd": lambda x, y: x @ y, "dX": lambda x, y: x @ y.t(), "dW": lambda x, y: x.t() @ y}[kind]
+                op = {"fwd": lambda x, y: x @ y, "fwdT": lambda x, y: x @ y.t(), "dX": lambda x, y: x @ y.t(),
+                      "dW": lambda x, y: x.t() @ y}[kind]
                 fn = lambda op=op, a=a, b=b: [op(a[i], b[i]) for i in range(R)]        # noqa: E731
                 flops = 2 * m * k * n
             fn()
@@ -191,10 +205,10 @@ def main(argv=None) -> None:
              "", "| case | XLA µs | PyTorch µs | PyTorch / XLA | XLA GFLOP/s | PyTorch GFLOP/s | XLA GB/s | "
              "PyTorch GB/s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        if r["case"].split(" ")[0] in LAYOUT_KINDS:
+        if any(r["case"].startswith(f"{kind} [") for kind in LAYOUT_KINDS):
             continue
         g = (lambda us: f"{r['flops'] / us / 1e3:.0f}") if r["flops"] else (lambda us: "–")
-        wb = DECODE.get(r["case"])
+        wb = DECODE.get(r["case"]) or DECODE_T.get(r["case"])
         bw = (lambda us: f"{wb[1] * wb[2] * 4 / us / 1e3:.1f}") if wb else (lambda us: "–")
         lines.append(f"| {r['case']} | {r['jax_us']:.0f} | {r['torch_us']:.0f} | {r['torch_over_jax']:.2f}× | "
                      f"{g(r['jax_us'])} | {g(r['torch_us'])} | {bw(r['jax_us'])} | {bw(r['torch_us'])} |")

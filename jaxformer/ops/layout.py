@@ -47,7 +47,8 @@ def transpose(x: jax.Array) -> jax.Array:
     """x [M,K] -> x.T [K,M], tile by tile: as a [M/32,32,K/32,32] array whose tile axes are swapped along with its
     tile-row axes, the same values as x.T. XLA:CPU's own 2-D transpose runs slower than this form at the train
     step's sizes (one program of 8 transposes on a 2-core AMD EPYC, µs each: [768,128] 68-77 vs 27-32, [768,512]
-    403 vs 190, [1024,2048] 1429 vs 996; benchmarks/levers.py `tiled_transpose` times the step). Below TILED_MIN
+    403 vs 190, [1024,2048] 1429 vs 996; benchmarks/levers.py `tiled_transpose` times the step; alone, each in a
+    program of its own, the two take the same time: benchmarks/kernels.py "Layout copies"). Below TILED_MIN
     elements, or with a side not a multiple of the tile: x.T (at the tiny config's [320,128] and [320,64] the two
     forms took the same time alone, and the tiled one made its step 1-2% slower). Any dtype; jit, grad and vmap
     (a reshape and a transpose)."""
