@@ -47,7 +47,7 @@ KINDS = ("fwd", "dX", "dW")
 DECODE = {"decode b1 ffn up": (1, 512, 2048), "decode b1 ffn down": (1, 2048, 512),
           "decode b8 ffn up": (8, 512, 2048), "decode b8 ffn down": (8, 2048, 512)}
 # the same product with the weight stored [N,K] and contracted on its K (the batch-1 decoding layout of a tall
-# weight: nn.layers.FeedForward.lay_out_for_one_row); PyTorch: x @ wᵀ (nn.Linear's own layout)
+# weight: nn.layers.FeedForward.lay_out_for_decoding); PyTorch: x @ wᵀ (nn.Linear's own layout)
 DECODE_T = {"decode b1 ffn down, w [N,K]": (1, 2048, 512), "decode b8 ffn down, w [N,K]": (8, 2048, 512)}
 
 
@@ -87,13 +87,13 @@ def jax_child(reps: int) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
+    from jaxformer.ops import layout
     out = {}
     rng = np.random.default_rng(0)
     for label, (kind, m, k, n) in _cases():
         if kind in LAYOUT_KINDS:
             sets = [tuple(map(jnp.asarray, a)) for a in _layout_arrays(rng, m, k, np)]
             ew = lambda x, y, s, keep: jnp.where(keep, x * s + 2 * y, 0.0) * 1.1             # noqa: E731
-            from jaxformer.ops import layout
             one = {"transpose": lambda x, y, s, keep: x.T, "tiled transpose": lambda x, y, s, keep: layout.transpose(x),
                    "ew": ew, "ew+transpose": lambda x, y, s, keep: ew(x, y, s, keep).T}[kind]
             # one jitted call per copy, one output each: the form the step's fusions take (one R-output jit lets

@@ -93,7 +93,7 @@ def _jax_weight_grad():
 def _w2_as_stored():
     """The one-row decoding layout without the FFN output weight in [out,in] order (w2 read as stored)."""
     from jaxformer.nn import layers
-    return _patched(layers.FeedForward, "lay_out_for_one_row", lambda self: None)
+    return _patched(layers.FeedForward, "lay_out_for_decoding", lambda self, batch: None)
 
 
 def _plain_transpose():
@@ -158,7 +158,7 @@ LEVERS = {
                             "(`lowering.train_compiler_options`: fewer copies of loop-carried values)",
                             "XLA:CPU's default copy insertion", ("tiny", "gpt", "base"), _default_copy_insertion),
     "decode_w2_out_in": Lever("decoding at batch 1: the FFN's output weight laid out [out,in] for the token loop "
-                              "(`nn.layers.FeedForward.lay_out_for_one_row`), read row by row",
+                              "(`nn.layers.FeedForward.lay_out_for_decoding`), read row by row",
                               "the weight as stored, [in,out]", ("base b1 c64", "base b1 c256", "tiny b1 c64"),
                               _w2_as_stored, decode=True),
     "tiled_transpose": Lever("each weight gradient's transposed operand moved in 32×32 tiles (`ops.layout.transpose`)",

@@ -6,10 +6,10 @@ lost in `unstack` / `_layer`); a per-layer cache written at the wrong axis (the 
 all, or not stored heads-major [B,K,S,H]; `take` / `without_slots` on the wrong axis of a per-layer cache; a
 decode program that forgets to lay its model out (the loop then slices every layer's weights per token);
 `contract` ordering contracting dimensions as jnp.einsum does (H before N: XLA then copies wo at every call) or
-dropping the output permutation; the fused q/k/v matrix of the layout (`fuse_for_decoding`) split at the wrong
+dropping the output permutation; the fused q/k/v matrix of the layout (`lay_out_for_decoding`) split at the wrong
 offsets (GQA: K < N heads), in the wrong order (k and v swapped), without its biases or QK-norm, or never used
 by the step (three matmuls again), or built from quantized weights, which bring their own matmul; the
-one-row layout's FFN output weight (`lay_out_for_one_row`) not transposed, never used by the step, laid out for
+one-row layout's FFN output weight (`FeedForward.lay_out_for_decoding`) not transposed, never used by the step, laid out for
 a batch of more rows too (where it is slower), or built from quantized weights.
 """
 import jax
@@ -240,3 +240,16 @@ def test_a_one_row_layout_reads_the_ffn_output_weight_row_by_row():
     assert not any(hasattr(b.ffn, "w2_out_in") for b in q.decoder.layers.unstacked)
     wide = build_model(_cfg(num_decoder_layers=1, d_ff=24)).for_decoding(1)       # F <= D: w2 is no tall weight
     assert not hasattr(wide.decoder.layers.unstacked[0].ffn, "w2_out_in")
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_generate_lays_its_model_out_for_its_own_batch(batch):
+    """generate_lm passes its rows to for_decoding: one row reads the FFN's w2 as [D,F], two rows as [F,D]."""
+    cfg = _cfg(num_decoder_layers=1)
+    graphdef, state = nnx.split(build_model(cfg))
+    traced = decode._generate_lm.trace(graphdef, state, jnp.ones((batch, 4), jnp.int32), None, jax.random.key(0),
+                                       max_new=2, eos_id=None, sampling=(0.0, 0, 1.0), cache_len=6, kv_cache="auto")
+    d, f = cfg.d_model, cfg.d_ff
+    down = {tuple(e.invars[1].aval.shape) for e in _eqns(traced.jaxpr.jaxpr)      # the dots that read h [..,F]
+            if e.primitive.name == "dot_general" and e.invars[0].aval.shape[-1] == f}
+    assert down == ({(d, f)} if batch == 1 else {(f, d)})

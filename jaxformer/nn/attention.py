@@ -58,9 +58,10 @@ class MultiHeadAttention(nnx.Module):
         q = project("BTD,DNH->BTNH", x, self.wq[...]) + self._bias("q")
         return self._rope(q.astype(x.dtype), positions, "q_norm")
 
-    def fuse_for_decoding(self) -> None:
-        """The decoding layout of a self-attention (`nn.stack.LayerStack.unstack` calls it on each layer's copy):
-        wq, wk and wv as one matrix `wqkv` [D,(N+2K)·H], so that a step projects q, k and v in one matmul. At
+    def lay_out_for_decoding(self, batch: int | None) -> None:
+        """The decoding layout of a self-attention (`nn.stack.LayerStack.unstack` calls it on each layer's copy;
+        the same at any batch): wq, wk and wv as one matrix `wqkv` [D,(N+2K)·H], so that a step projects q, k
+        and v in one matmul. At
         batch 1 a step is three matrix-vector products otherwise, and XLA:CPU reads one wide weight faster than
         three narrow ones (benchmarks/decode.py). Weights that bring their own matmul (quantized) stay apart."""
         ws = (self.wq[...], self.wk[...], self.wv[...])

@@ -95,21 +95,21 @@ class FeedForward(nnx.Module):
         else:
             h = activations.UNGATED[self.activation](h)
         if getattr(self, "w2_out_in", None) is not None:                      # laid out for one row
-            out = project("BTF,DF->BTD", h, self.w2_out_in)
-            return ((out + self.b2[...]).astype(h.dtype) if self.use_bias else out), {}
+            return dense(self.w2_out_in, getattr(self, "b2", None), h, "BTF,DF->BTD"), {}
         return dense(self.w2, getattr(self, "b2", None), h, "BTF,FD->BTD"), {}
 
-    def lay_out_for_one_row(self) -> None:
-        """The decoding layout of a token loop over one row (batch 1; `nn.stack.LayerStack.unstack` calls it on
-        each layer's copy): w2 [F,D] also stored as `w2_out_in` [D,F], which the call then contracts on its last
+    def lay_out_for_decoding(self, batch: int | None) -> None:
+        """The decoding layout of a token loop (`nn.stack.LayerStack.unstack` calls it on each layer's copy): over
+        one row (batch 1), w2 [F,D] also stored as `w2_out_in` [D,F], which the call then contracts on its last
         axis. With one row a projection is a matrix-vector product, and XLA:CPU reads a weight whose input is
         wider than its output (F > D) faster in that order, each output a dot product over a contiguous row:
         benchmarks/levers.py `decode_w2_out_in`; for more rows it is slower (a matmul with a transposed operand),
-        so a layout for a batch keeps w2 as it is, and so does F <= D. The transposing copy is made once per
-        decoding call (at base size, 2-core AMD EPYC, two readings: the layout takes 19.2 ms instead of 13.6, and
-        24.3 instead of 16.9; the loop saves about 0.4 ms per token, so 14-19 tokens repay it). A weight that brings its own matmul (quantized) stays."""
+        so a layout for a batch (or batch None: not known) keeps w2 as it is, and so does F <= D. The transposing
+        copy is made once per decoding call (at base size, 2-core AMD EPYC, two readings: the layout takes 19.2 ms
+        instead of 13.6, and 24.3 instead of 16.9; the loop saves about 0.4 ms per token, so 14-19 tokens repay
+        it). A weight that brings its own matmul (quantized) stays."""
         w = self.w2[...]
-        if not hasattr(w, "project") and w.shape[0] > w.shape[1]:          # F > D: a tall weight
+        if batch == 1 and not hasattr(w, "project") and w.shape[0] > w.shape[1]:       # F > D: a tall weight
             self.w2_out_in = nnx.data(jnp.transpose(w))
 
 

@@ -61,20 +61,18 @@ class LayerStack(nnx.Module):
 
     def unstack(self, batch: int | None = None) -> None:
         """Lay the stack out for a token loop: `self.unstacked` = the L blocks, each with its own copy of its
-        parameters (the stacked ones stay), a self-attention's q/k/v weights also as one matrix, and with
-        batch=1 (the loop's rows) an FFN's output weight in [out,in] order (`FeedForward.lay_out_for_one_row`;
-        batch None: not known, kept as is). Called inside
+        parameters (the stacked ones stay), each of their modules then laid out by its own
+        `lay_out_for_decoding(batch)` where it has one (a self-attention's q/k/v weights as one matrix; with
+        batch=1, the loop's rows, an FFN's output weight in [out,in] order; batch None: not known). Called inside
         a compiled decoding program, before its loop, on the model merged there; from then on a call applies the
         blocks one by one (unrolled), reading per-layer inputs laid out per layer (`KVCache.unstacked`) without a
         copy. Inference only: a call with a dropout stream (training) raises, since gradients would reach the
         copies, not the stacked parameters."""
         if self.unstacked is None:
             blocks = [self.layer(i) for i in range(self.num_layers)]
-            for block in blocks:
-                if hasattr(getattr(block, "self_attn", None), "fuse_for_decoding"):
-                    block.self_attn.fuse_for_decoding()            # q/k/v as one matrix (nn.attention)
-                if batch == 1 and hasattr(getattr(block, "ffn", None), "lay_out_for_one_row"):
-                    block.ffn.lay_out_for_one_row()                # w2 as [D,F] (nn.layers)
+            mods = [m for b in blocks for _, m in nnx.iter_graph(b) if hasattr(m, "lay_out_for_decoding")]
+            for m in mods:                                         # listed first: laying out adds attributes
+                m.lay_out_for_decoding(batch)
             self.unstacked = nnx.data(nnx.List(blocks))
 
     def _kinds(self) -> list[nnx.Module]:
