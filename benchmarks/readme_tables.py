@@ -185,11 +185,10 @@ def _fused_transpose(base: dict) -> str:
         return ""
     return (": XLA:CPU would fuse the norm's and dropout's backward into those transposes, a fusion\n`kernels.py` "
             f"times at {f['[1024,2048]']:.1f}× the time of its parts run apart on a [1024,2048] array "
-            f"({f['[768,512]']:.1f}× on a [768,512] one that fits in\ncache), so the profiled step materialized "
-            "the gradient first (`ops.layout.materialize`; since then each weight\ngradient transposes the smaller "
-            "of its two operands, `nn.params._weight_grad`, in 32×32 tiles, `ops.layout.transpose`: the levers "
-            "table below); "
-            f"{left['ms']:.0f} ms per base step of\ncopies still carry fused work")
+            f"({f['[768,512]']:.1f}× on a [768,512] one that fits in\ncache), so each weight gradient transposes the "
+            "smaller of its two operands, materialized (`nn.params._weight_grad`,\nin 32×32 tiles, "
+            "`ops.layout.transpose`: the levers table below); "
+            f"{left['ms']:.0f} ms per base step of copies still carry fused work")
 
 
 def _one_core(gpt: dict) -> str:
@@ -269,18 +268,34 @@ def _decoding_and_kernels(weights: float) -> str:
             "program lays the model\nout first (`model.for_decoding`: each layer's weights copied out of the "
             "stacked arrays once per call,\nits q/k/v weights as one matrix, a heads-major [B,K,S,H] cache buffer "
             "per layer updated in place, and at batch 1\nthe FFN's output weight in [out,in] order, which "
-            "XLA:CPU's matrix-vector product reads faster: `decode_w2_out_in` in the\nlevers table, newer than "
-            "the decoding figures here: "
+            "XLA:CPU's matrix-vector product reads faster: `decode_w2_out_in` in the\nlevers table: "
             f"{max(r['cache_copies'] for r in prof.values())} whole-buffer copies per token in the compiled "
             f"loop), so that at batch 1, context 64,\na token takes {floor['cached_ms']:.2f} ms, "
             f"{floor['cached_ms'] / floor['floor_ms']:.2f}× the time of reading the weights once at the fastest "
             f"rate any of four readers\n(ours and PyTorch's) reads a buffer of their size in the same run, "
             f"{bw / 1e9:.1f} GB/s by {reader} (`decode.py`; PyTorch's own cached token takes\n"
             f"{floor['torch_cached_ms'] / floor['floor_ms']:.2f}× that; `decode_profile.py`: "
-            f"{p['groups_ms'].get('matmul', 0):.1f} ms of our op time in the weight matmuls). Alone, the matmuls "
+            f"{p['groups_ms'].get('matmul', 0):.1f} ms of our op time in the weight matmuls{_matmul_rates(prof)}). "
+            "Alone, the matmuls "
             "of one layer of the\ncharacter model's "
             f"train step take {1 / k['ratio']:.2f}× PyTorch's time on the same shapes (`kernels.py`): the "
             "kernels' own gap.")
+
+
+def _matmul_rates(prof: dict) -> str:
+    """How fast the batch-1 weight matmuls read their weights, in the loop and alone, ours and PyTorch's
+    (decode_profile.json), or '' for a file without them."""
+    alone = _load("decode_profile").get("kernels_alone")
+    p = prof.get((1, 64), {})
+    if not alone or "weight_matmuls" not in p:
+        return ""
+    ws = [(k, w) for k, w in p["weight_matmuls"].items() if w["us"] and k in alone]
+    total = sum(w["bytes"] for _, w in ws)
+    loop = total / sum(w["us"] for _, w in ws) / 1e3
+    at = {s: total / sum(w["bytes"] / alone[k][s] for k, w in ws) for s in ("jax_gbs", "torch_gbs")}
+    return (f", reading them at {loop:.1f} GB/s, {loop / at['jax_gbs']:.2f}× the rate of the same matmuls "
+            f"alone, {at['jax_gbs']:.1f} GB/s; PyTorch's F.linear\nreads the same shapes alone at "
+            f"{at['torch_gbs']:.1f} GB/s")
 
 
 def tokenizers() -> str:
