@@ -31,7 +31,7 @@ bench: install
 	$(BIN)/python benchmarks/kernels.py
 	$(BIN)/python benchmarks/decode.py --sizes tiny base --batches 1 8 --contexts 64 256 1024 --reps 7
 	$(BIN)/python benchmarks/decode_profile.py
-	$(BIN)/python benchmarks/make_run.py
+	$(BIN)/python benchmarks/make_run.py --against 40eb631 --runs 6
 	$(BIN)/python benchmarks/quantize.py
 	$(BIN)/python benchmarks/attention.py --reps 3
 	$(BIN)/python benchmarks/cache_layout.py --reps 5

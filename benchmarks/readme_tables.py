@@ -70,7 +70,24 @@ def make_run() -> str:
             f"{m['setup']:.1f} s setup, {m['eval']:.1f} s evaluation, {m['checkpoint']:.1f} s checkpoints, "
             f"{m['examples']:.1f} s final examples, {m['start + exit']:.1f} s interpreter start and exit "
             f"(`make_run.py`, medians; the loop writes these phases to `RUN/timings.jsonl` and `jaxformer train` "
-            f"prints them).")
+            f"prints them).{_against(run)}")
+
+
+BEFORE_LEVERS = "40eb631"      # the last commit before issue P's speed levers (make bench's --against)
+
+
+def _against(run: dict) -> str:
+    """make_run.json's --against comparison as a sentence ('' without one)."""
+    a = run.get("against")
+    if not a:
+        return ""
+    ph = a["phases"]
+    say = lambda k: (f"{ph[k]['ratio']:.2f}× [{ph[k]['lo']:.2f}, {ph[k]['hi']:.2f}], "   # noqa: E731
+                     f"{ph[k]['verdict']}")
+    what = " (the code before the speed levers)" if a["commit"].startswith(BEFORE_LEVERS) else ""
+    return (f" In the same run, rounds alternating with commit {a['commit']}{what}: "
+            f"this tree / it, wall {say('wall')}; train steps {say('steps')}; first step (compile) "
+            f"{say('first_step')} ({ph['wall']['pairs']} pairs; --against in `make_run.py`).")
 
 
 def _bytes(n: float) -> str:
