@@ -119,9 +119,9 @@ def main(argv=None) -> None:
     with worktree(a.against) as other:
         for i in range(a.runs):
             for tree in ((ROOT, other) if i % 2 == 0 else (other, ROOT)) if other else (ROOT,):
-                (runs if tree == ROOT else theirs).append(one_run(a.config, tree))
-                print(i, "this tree" if tree == ROOT else a.against, (runs if tree == ROOT else theirs)[-1],
-                      flush=True)
+                side = runs if tree == ROOT else theirs
+                side.append(one_run(a.config, tree))
+                print(i, "this tree" if tree == ROOT else a.against, side[-1], flush=True)
     ok = [r for r in runs if "error" not in r]
     cols = (*PHASES, "start + exit", "wall")
     stats = {k: {"median": statistics.median(r[k] for r in ok), "min": min(r[k] for r in ok),
