@@ -130,6 +130,15 @@ class Checkpoints:
                                   + "; ".join(f"{k} step {s}: {why}" for k, s, why in bad))
         return None
 
+    def set_aside_from(self, step: int, reason: str) -> list[tuple[str, int]]:
+        """Move every checkpoint of `step` or later (either kind) to the run's attic (nothing is deleted), so that
+        no resume, restore or `train.init_from` picks it. -> the (kind, step) pairs moved."""
+        steps = [(k, s) for k in KINDS for s in self.steps(k) if s >= step]
+        for m in self.managers.values():
+            m.wait_until_finished()
+        self._set_aside_steps(steps, reason)
+        return steps if self._set_aside is not None and not self.read_only else []
+
     def _set_aside_steps(self, steps: list[tuple[str, int]], reason: str) -> None:
         """Move (kind, step) checkpoints to the run's attic, so that those steps can be saved again."""
         if self._set_aside is None or self.read_only:

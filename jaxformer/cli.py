@@ -96,6 +96,10 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from jaxformer.inference import evaluate_run
+    if args.stride is not None and not args.data:
+        from jaxformer.errors import ConfigError
+        raise ConfigError(f"--stride {args.stride} needs --data FILE: the held-out set is scored in whole blocks "
+                          f"(strided windows are for a text file)")
     if args.data:
         from jaxformer.inference.evaluate import evaluate_text
         from jaxformer.train.weights import load_model

@@ -48,3 +48,10 @@ class BackendError(JaxformerError, ValueError):
     """An attention backend cannot run this call or this machine (platform, dtype, mask or shape); the
     message names the backend and what to use instead."""
     label = "attention backend error"
+
+
+class Interrupted(JaxformerError):
+    """A command other than training was stopped by SIGINT/SIGTERM/SIGHUP at a point where stopping was safe;
+    the message says what was kept (training itself saves a checkpoint and returns normally)."""
+    exit_code = 130
+    label = "interrupted"

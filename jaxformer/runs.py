@@ -139,6 +139,12 @@ class RunDir:
         save_tokenizer(tokenizer, tmp)
         os.replace(tmp, self.tokenizer_path)
 
+    def has_checkpoint(self) -> bool:
+        """Whether any checkpoint step was saved (a step folder in checkpoints/latest or checkpoints/best); a
+        directory without one holds no run yet: train and import-hf start it afresh."""
+        return any(p.name.isdigit() for kind in ("latest", "best") if (self.checkpoints_path / kind).is_dir()
+                   for p in (self.checkpoints_path / kind).iterdir())
+
     def checkpoints(self, cfg: Config, read_only: bool = False) -> Checkpoints:
         t = cfg.train
         return Checkpoints(self.checkpoints_path, keep=t.keep_checkpoints, best_metric=t.best_metric,

@@ -56,8 +56,8 @@ def test_an_empty_workdir_is_refused(capsys):
 
 def test_a_non_finite_gradient_stops_the_run_before_its_checkpoint_is_saved(tmp_path):
     """AdamW at lr 1e6 without clipping: the gradient norm turns non-finite while the loss is still finite, so
-    that step's parameters are poisoned. The run stops naming that step, and every checkpoint it saved holds
-    finite arrays only (before: the loss-only guard saved and named a NaN checkpoint as the last good one)."""
+    that step's parameters are poisoned. The run stops naming that step; the checkpoint it names as good holds
+    finite arrays, and the one before the bad step (whose weights gave it) is moved to the attic."""
     from jaxformer.inference import load_model
     cfg = tiny_lm("optim.lr=1e6", "optim.clip_norm=0", "optim.schedule=constant", "train.steps=30",
                   "train.checkpoint_every=1", "train.keep_checkpoints=30", "train.eval_every=1000")
@@ -65,9 +65,49 @@ def test_a_non_finite_gradient_stops_the_run_before_its_checkpoint_is_saved(tmp_
         train(cfg, tmp_path, progress="none")
     bad = int(str(e.value).split("at step ")[1].split(";")[0])
     good = load_model(tmp_path, "latest")
-    assert good.step == bad - 1 and f"last good checkpoint: step {bad - 1}" in str(e.value)
+    assert good.step == bad - 2 and f"last good checkpoint: step {bad - 2}" in str(e.value)
     assert all(bool(np.isfinite(np.asarray(x)).all()) for x in jax.tree.leaves(nnx.state(good.model)))
-    assert "new --workdir" in str(e.value)
+    assert "new --workdir" in str(e.value) and f"step {bad - 1}" in str(e.value)
+    assert list((tmp_path / "attic").glob(f"*-non-finite-latest-{bad - 1}/{bad - 1}"))       # kept, set aside
+
+
+def test_the_checkpoint_named_good_after_divergence_evaluates_and_fine_tunes(tmp_path):
+    """The issue's case: lr 1e3 without clipping, a checkpoint every step. Before, the guard named the step
+    before the bad one, whose weights had just given the non-finite loss: it evaluated to nan and a run started
+    from it (train.init_from) diverged at its first step. The named checkpoint's own forward pass was finite."""
+    from jaxformer.inference import evaluate_run
+    steps = ["optim.clip_norm=0", "optim.schedule=constant", "train.steps=60", "train.checkpoint_every=1",
+             "train.eval_every=1000", "model.dropout=0.0"]
+    with pytest.raises(NonFiniteLoss, match=r"at step (\d+)") as e:
+        train(tiny_lm("optim.lr=1e3", *steps), tmp_path / "a", progress="none")
+    named = int(re.search(r"last good checkpoint: step (\d+)", str(e.value)).group(1))
+    out = evaluate_run(tmp_path / "a", "latest")
+    assert out["step"] == named and np.isfinite(out["eval"]["loss"])
+    fine = train(tiny_lm("optim.lr=1e-4", *steps[:-5], "train.steps=3", f"train.init_from={tmp_path / 'a'}"),
+                 tmp_path / "b", progress="none")
+    assert fine["status"] == "completed" and np.isfinite(fine["eval"]["loss"])
+
+
+def test_init_from_refuses_a_run_whose_tokenizer_maps_other_characters_to_the_same_ids(tmp_path):
+    """Two texts with as many distinct characters: the same vocabulary size, other characters behind the ids.
+    Before, train.init_from compared sizes only and fine-tuned a model that read every id as another char."""
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("abcdefgh " * 300)
+    b.write_text("abcdefgz " * 300)
+    steps = ["train.steps=1", "train.eval_every=1", "train.checkpoint_every=1"]
+    train(tiny_lm(*steps, f"data.path={a}"), tmp_path / "ra", progress="none")
+    with pytest.raises(ConfigError, match=r"another tokenizer .*id 9 is 'h' there, 'z' here"):
+        train(tiny_lm(*steps, f"data.path={b}", f"train.init_from={tmp_path / 'ra'}"), tmp_path / "rb",
+              progress="none")
+    out = train(tiny_lm(*steps, f"data.path={a}", f"train.init_from={tmp_path / 'ra'}"), tmp_path / "rc",
+                progress="none")                                       # the same text: accepted
+    assert out["status"] == "completed"
+
+
+def test_eval_stride_without_data_is_refused(tmp_path, capsys):
+    assert cli_main(["eval", "--workdir", str(tmp_path), "--stride", "4"]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--stride 4 needs --data FILE" in out and "Traceback" not in out
 
 
 def test_text_paths_that_are_not_text_files_are_named(tmp_path):

@@ -334,3 +334,85 @@ def test_the_recipe_imports_fine_tunes_evaluates_generates_and_exports(tmp_path,
                      "--no-progress"]) == 0
     assert cli_main(["import-hf", str(src), "--workdir", str(run)]) == 2          # never over a run
     assert "already holds a run" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    """A small Llama checkpoint folder with a tokenizer (BOS <s>, EOS </s>), as a published one is."""
+    src = tmp_path_factory.mktemp("llama_tok")
+    vocab = _tokenizer_for(src)
+    hf_model("llama", vocab_size=vocab, bos_token_id=1, eos_token_id=2, max_position_embeddings=128).save_pretrained(src)
+    return src
+
+
+def test_a_checkpoint_holding_nan_is_refused_naming_the_tensor(llama_folder, tmp_path, capsys):
+    """Before: import-hf of a checkpoint with a NaN tensor exited 0 ("held-out loss nan") and saved it."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+    from jaxformer.cli import main as cli_main
+    src = tmp_path / "nan"
+    shutil.copytree(llama_folder, src)
+    tensors = load_file(str(src / "model.safetensors"))
+    tensors["model.layers.1.mlp.down_proj.weight"][3, 5] = np.nan
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(HFError, match=r"'model.layers.1.mlp.down_proj.weight' .* 1 non-finite value.*\(3, 5\)"):
+        from_pretrained(src)
+    assert cli_main(["import-hf", str(src), "--workdir", str(tmp_path / "run")]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "non-finite" in out and "down_proj" in out and "Traceback" not in out
+    assert not (tmp_path / "run" / "checkpoints" / "latest" / "0").exists()
+
+
+def test_a_refused_or_interrupted_import_leaves_its_workdir_free(llama_folder, tmp_path, capsys, monkeypatch):
+    """Before: after a refusal (another model shape through --set) or a SIGINT in its first seconds, the same
+    import said "already holds a run"; SIGINT once ended in a segfault (rc 139), once was swallowed (rc 0)."""
+    import importlib
+    import os
+    import signal
+
+    from jaxformer.cli import main as cli_main
+    ev = importlib.import_module("jaxformer.inference.evaluate")
+    run = tmp_path / "run"
+    argv = ["import-hf", str(llama_folder), "--workdir", str(run), "--set", "data.block_size=32"]
+    assert cli_main(argv + ["--set", "model.d_ff=64"]) == 2                         # another model: refused
+    assert "holds another model" in " ".join(capsys.readouterr().out.split())
+    real = ev.evaluate
+
+    def interrupted(*a, **kw):                                                     # Ctrl-C while it evaluates
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(*a, **kw)
+    monkeypatch.setattr(ev, "evaluate", interrupted)
+    assert cli_main(argv) == 130
+    out = " ".join(capsys.readouterr().out.split())
+    assert "interrupted: import-hf stopped on SIGINT: nothing was saved" in out and "Traceback" not in out
+    assert not (run / "checkpoints" / "latest" / "0").exists()
+    monkeypatch.setattr(ev, "evaluate", real)
+    assert cli_main(argv) == 0                                                     # the same command, again
+    assert (run / "checkpoints" / "latest" / "0").is_dir()
+    assert cli_main(argv) == 2 and "already holds a run" in capsys.readouterr().out   # never over a run
+
+
+@pytest.mark.slow          # a CLI process interrupted at two points (~20 s)
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_to_an_importing_process_exits_130_and_frees_the_workdir(llama_folder, tmp_path, signame):
+    """A real signal, sent once the import holds its workdir: exit 130 naming it (not a segfault, not rc 0),
+    no checkpoint, and the same command then imports."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "jaxformer", "import-hf", str(llama_folder), "--workdir", str(run), "--set",
+           "data.block_size=32"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    t0 = time.monotonic()
+    while not (run / ".lock").exists() and proc.poll() is None and time.monotonic() - t0 < 120:
+        time.sleep(0.05)
+    proc.send_signal(getattr(signal, signame))
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 130, out
+    assert f"import-hf stopped on {signame}" in " ".join(out.split()) and "Traceback" not in out
+    assert not (run / "checkpoints" / "latest" / "0").exists()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr

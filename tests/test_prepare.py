@@ -249,3 +249,74 @@ def test_cli_prepare_prints_the_splits_and_names_errors(corpus, tmp_path, capsys
     assert "prepared" in out and "train: 4 documents" in out and "eval: 1 documents" in out
     assert cli_main(argv) == 2
     assert "data error:" in capsys.readouterr().out
+
+
+def test_a_partial_folder_jaxformer_did_not_make_is_never_removed(corpus, tmp_path, capsys):
+    """Before: `mkdir X.partial; echo x > X.partial/thesis.tex; data prepare ... --out X` exited 0 and the
+    thesis was gone. Only a .partial marked as prepare's own is removed; anything else is a named error."""
+    paths, texts = corpus
+    mine = tmp_path / "X.partial"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("x\n")
+    assert cli_main(["data", "prepare", *map(str, paths), "--tokenizer", "char", "--out", str(tmp_path / "X"),
+                     "--no-progress"]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "was not made by jaxformer data prepare" in out and "Traceback" not in out
+    assert (mine / "thesis.tex").read_text() == "x\n" and not (tmp_path / "X").exists()
+    (tmp_path / "Y.partial").write_text("a file, not a folder\n")
+    with pytest.raises(DataError, match="was not made by jaxformer"):
+        prepare(paths, tmp_path / "Y", tokenizer="byte", progress=False)
+    assert (tmp_path / "Y.partial").read_text() == "a file, not a folder\n"
+
+
+def test_an_interrupted_preparation_is_marked_and_its_marker_is_gone_when_done(corpus, tmp_path, monkeypatch):
+    paths, texts = corpus
+    write = prep._Writer.write
+    monkeypatch.setattr(prep._Writer, "write", lambda self, ids: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        prepare(paths, tmp_path / "out", tokenizer="byte", progress=False)
+    assert (tmp_path / "out.partial" / prep.MARK).is_file()
+    monkeypatch.setattr(prep._Writer, "write", write)
+    prepare(paths, tmp_path / "out", tokenizer="byte", progress=False)          # its own: removed, started afresh
+    assert not (tmp_path / "out" / prep.MARK).exists() and not (tmp_path / "out.partial").exists()
+
+
+@pytest.mark.parametrize("tokenizer", ["bpe", "unigram"])
+def test_literal_special_token_text_never_becomes_a_special_id(tmp_path, tokenizer):
+    """Before: a document holding the characters "<pad>" or "<eod>" got padding / end-of-document ids inside
+    it (the round trip failed, <eod> split the document, eval scored and counted fewer tokens and bytes)."""
+    docs = ["a <pad> b <eod> c </s>\nmore <pad><eod> text\n" * 20, "plain text here\n" * 30,
+            "<eod>" * 10 + "\n" + "tail\n" * 20]
+    paths = []
+    for i, t in enumerate(docs):
+        paths.append(tmp_path / f"d{i}.txt")
+        paths[-1].write_text(t, encoding="utf-8")
+    prepare(paths, tmp_path / "out", tokenizer=tokenizer, vocab_size=300, eval_fraction=0.3, progress=False)
+    s = TokenShards(tmp_path / "out")
+    assert _all_documents(s) == docs
+    tok = s.tokenizer
+    for split in ("train", "eval"):
+        d = s.documents(split)
+        ids = s.window(split, 0, s.tokens(split))
+        assert not (ids == tok.pad_id).any()
+        assert np.flatnonzero(ids == tok.eod_id).tolist() == (d[1:] - 1).tolist()      # only where a doc ends
+    text = docs[0]
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text and int(tok.token_bytes()[ids].sum()) == len(text.encode("utf-8"))
+    assert [x.tolist() for x in tok.encode_batch([text])] == [ids.tolist()]
+
+
+def test_a_pretrained_tokenizer_never_reads_its_special_tokens_from_text(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from jaxformer.data.tokenizers import load_tokenizer, pretrained_tokenizer, save_tokenizer
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(["some text to train on\n"] * 10, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "bos_token_id": 1, "eos_token_id": 2}))
+    for t in (pretrained_tokenizer(tmp_path), prep.load_tokenizer_file(tmp_path / "tokenizer.json")):
+        save_tokenizer(t, tmp_path / "saved.json")
+        for u in (t, load_tokenizer(tmp_path / "saved.json")):
+            ids = u.encode("a </s> b <s>").tolist()
+            assert 1 not in ids and 2 not in ids, ids

@@ -17,7 +17,8 @@ SentencePiece `.model`, or a Hugging Face checkpoint folder's tokenizer) on the 
 and append to shards of at most `--shard-tokens` tokens, uint16 when the vocabulary fits, else uint32. A loaded tokenizer that marks the start of its input (SentencePiece's dummy prefix,
 a normaliser that trims) would mark every piece: it encodes whole documents instead.
 The output is written to DIR.partial and renamed to DIR when complete: an interrupted run leaves no DIR (the next
-run starts afresh), and a finished DIR is never overwritten.
+run starts afresh), and a finished DIR is never overwritten. DIR.partial is marked as jaxformer's (a file
+`.jaxformer-partial` in it): only a marked DIR.partial is ever removed; any other DIR.partial is refused.
 
 DIR/index.json: format, the tokenizer (file + sha256), the dtype, the inputs (path, bytes, sha256), the document
 rule, and per split its token, document and text-byte counts, its shards (file, tokens, sha256) and its
@@ -46,6 +47,7 @@ FORMAT = "jaxformer-tokens/1"
 PIECE = 1 << 16                    # bytes of text per piece read (cut after a newline when there is one)
 SPECIALS = ("<pad>", "<eod>")      # ids 0 and 1 of the tokenizers trained here
 SPLITS = ("train", "eval")
+MARK = ".jaxformer-partial"        # in OUT.partial: this folder is prepare's unfinished output, free to remove
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,10 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
         raise DataError(f"{out} already holds prepared shards (index.json); choose another --out or delete it")
     if out.exists():
         raise DataError(f"--out {out} exists and is not a finished output; choose another --out or delete it")
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists() and not (tmp / MARK).is_file():
+        raise DataError(f"{tmp} exists and was not made by jaxformer data prepare (no {MARK} in it); it is left "
+                        f"as it is: move it away or choose another --out")
     t0 = time.perf_counter()
     total = sum(p.stat().st_size for p in paths)
 
@@ -331,10 +337,12 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
                         f"(65,536 at most): use --dtype uint32 (or auto)")
 
     # pass 3: encode into OUT.partial, then rename
-    tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
+        if not (tmp / MARK).is_file():  # appeared since the check above: never remove what is not ours
+            raise DataError(f"{tmp} exists and was not made by jaxformer data prepare (no {MARK} in it)")
         shutil.rmtree(tmp)              # an interrupted earlier run: start afresh
     tmp.mkdir(parents=True)
+    (tmp / MARK).write_text("unfinished output of jaxformer data prepare; removed by the next run\n")
     writers = {s: _Writer(tmp, s, np.dtype(dtype), shard_tokens) for s in SPLITS}
     bar = _progress(total, "encoding", progress)
     batch: list[tuple[Piece, str]] = []
@@ -379,5 +387,6 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
         "seconds": round(time.perf_counter() - t0, 2),
     }
     (tmp / "index.json").write_text(json.dumps(index, indent=1, ensure_ascii=False), encoding="utf-8")
+    (tmp / MARK).unlink()
     os.replace(tmp, out)
     return index

@@ -92,10 +92,12 @@ class ByteTokenizer:
 class HFTokenizer:
     """A HF `tokenizers.Tokenizer` with an end-of-document token (`eod_id`; a pretrained model's EOS). pad_id:
     <pad> = 0 for the tokenizers trained here, -1 (no token is padding) for a pretrained model's; bos_id: the
-    token a pretrained model's prompts start with (None: none)."""
+    token a pretrained model's prompts start with (None: none). Text never produces a special id: "<pad>" or
+    "</s>" written in a document is encoded as the characters it is made of (`encode_special_tokens`)."""
     kind = "hf"
 
     def __init__(self, tok, eod_id: int, pad_id: int = PAD, bos_id: int | None = None):
+        tok.encode_special_tokens = True            # not saved in tokenizer.json: set on every construction
         self.tok, self.pad_id, self.eod_id, self.bos_id = tok, pad_id, eod_id, bos_id
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
 
@@ -219,6 +221,28 @@ def tokenizer_from_json(d: dict):
     if isinstance(d, dict) and d.get("kind") == "sentencepiece" and isinstance(d.get("model"), str):
         return SentencePieceTokenizer(base64.b64decode(d["model"]))
     raise DataError(f"unknown tokenizer description {str(d)[:200]!r}")
+
+
+def tokenizer_difference(a, b) -> str | None:
+    """None when tokenizers `a` and `b` give every id the same meaning (same kind, same ids for the same text,
+    the same special ids), else a sentence naming the first difference ("a" read as there, "b" as here)."""
+    da, db = a.to_json(), b.to_json()
+    if da == db:
+        return None
+    if da.get("kind") != db.get("kind"):
+        return f"a {da.get('kind')} tokenizer there, a {db.get('kind')} tokenizer here"
+    if a.vocab_size != b.vocab_size:
+        return f"{a.vocab_size} ids there, {b.vocab_size} here"
+    if da.get("kind") == "char":
+        i = next(i for i, (x, y) in enumerate(zip(a.chars + [None], b.chars + [None])) if x != y)
+        return f"id {i + 1} is {a.chars[i]!r} there, {b.chars[i]!r} here (the character sets differ)"
+    key = next(k for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k))
+    if key == "tokenizer":
+        va, vb = a.tok.get_vocab(with_added_tokens=True), b.tok.get_vocab(with_added_tokens=True)
+        diff = sorted(set(va.items()) ^ set(vb.items()), key=lambda kv: kv[1])
+        return (f"token {diff[0][0]!r} (id {diff[0][1]}) is in one vocabulary only" if diff else
+                "same vocabulary, different rules (normaliser, pre-tokenizer, merges or post-processor)")
+    return f"{key} {da.get(key)!r} there, {db.get(key)!r} here"
 
 
 def save_tokenizer(tok, path: Path) -> None:

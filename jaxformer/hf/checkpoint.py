@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxformer.hf.families import HFError, family_of, family_for, to_hf_config, to_model_config
+from jaxformer.hf.families import HFError, check_family, family_of, family_for, to_hf_config, to_model_config
 from jaxformer.hf.mapping import Tensor, canonical_name, tensors
 from jaxformer.nn import build_model
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
@@ -77,11 +77,20 @@ class _Files:
         return self._handle(file).get_slice(key).get_dtype()
 
     def read(self, name: str) -> np.ndarray:
+        """The tensor as float32; HFError if it cannot be read or holds a NaN or an infinity (a model that
+        computes NaN is never imported)."""
         file, key = self.where[name]
         try:
-            return np.asarray(self._handle(file).get_tensor(key)).astype(np.float32, copy=False)
+            a = np.asarray(self._handle(file).get_tensor(key)).astype(np.float32, copy=False)
         except Exception as e:
             raise HFError(f"tensor {name!r} of {self.path / file} is unreadable: {str(e)[:200]}") from None
+        finite = np.isfinite(a)
+        if not finite.all():
+            bad = int(a.size - np.count_nonzero(finite))
+            where = tuple(int(i) for i in np.argwhere(~finite)[0])
+            raise HFError(f"tensor {name!r} of {self.path / file} holds {bad} non-finite value(s) (NaN or "
+                          f"infinity; the first at index {where}: {a[where]}); a checkpoint with them is refused")
+        return a
 
 
 def _plan_of(specs: list[Tensor], files: _Files, abstract: dict, family: str, tied: bool):
@@ -168,6 +177,7 @@ def save_pretrained(model, path: str | Path, *, family: str | None = None, dtype
     import ml_dtypes
     cfg = model.cfg
     family = family or family_for(cfg)
+    check_family(cfg, family)                      # forced or chosen: it must write this very model
     hf = to_hf_config(cfg, family)
     np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}.get(dtype)
     if np_dtype is None:

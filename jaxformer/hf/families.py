@@ -6,6 +6,8 @@ is never loaded approximately. Keys a file omits take the family's transformers 
 """
 from __future__ import annotations
 
+import dataclasses
+
 from jaxformer.config import ConfigError, ModelConfig
 from jaxformer.errors import JaxformerError
 
@@ -222,6 +224,57 @@ def family_for(cfg: ModelConfig) -> str:
     raise HFError(f"biases {biases}: no family (Qwen2: q, k, v; Llama: attention and/or FFN)")
 
 
+# model fields that change neither the parameters nor the function they compute (how it runs, not what it is)
+FREE = ("dropout", "init", "dtype", "remat", "attention_backend", "attention_block", "kv_cache_dtype",
+        "moe_capacity_factor", "moe_dropless")
+_RESPELLED = ("pad_id", "use_bias", "biases", "num_kv_heads", "head_dim", "final_norm", "attention_windows")
+_ROPE_SCALING = {"none": (), "linear": ("rope_factor",),
+                 "llama3": ("rope_factor", "rope_original_max_len", "rope_low_freq_factor", "rope_high_freq_factor")}
+
+
+def function_of(cfg: ModelConfig) -> dict:
+    """The fields of `cfg` that decide the function its model computes, each in one spelling: the projections
+    with a bias, K and H, the final norm, each layer's window; RoPE's settings only where they apply, MoE's
+    only for an MoE model. Two configs with equal function_of compute the same logits from the same weights."""
+    d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in FREE + _RESPELLED}
+    d.update(biases=tuple(b for b in ("q", "k", "v", "o", "ffn") if cfg.has_bias(b)), kv_heads=cfg.kv_heads,
+             head_size=cfg.head_size, final_norm=cfg.use_final_norm, windows=cfg.layer_windows())
+    rope = ("rope_base", "rope_scaling") + _ROPE_SCALING.get(cfg.rope_scaling, ())
+    for k in [k for k in d if k.startswith("rope_") and (cfg.positional != "rope" or k not in rope)]:
+        del d[k]
+    if cfg.ffn != "moe":
+        for k in [k for k in d if k.startswith("moe_") or k == "num_experts"]:
+            del d[k]
+    if cfg.arch == "decoder_only":
+        del d["num_encoder_layers"]
+    return d
+
+
+def expresses(cfg: ModelConfig, family: str) -> list[str]:
+    """What `family`'s config.json cannot say of `cfg`: `cfg` is written as that family's config and read back
+    as transformers would run it, and every field whose function differs is named (empty: it expresses cfg)."""
+    try:
+        back = to_model_config(to_hf_config(cfg, family), cfg.dtype)
+    except HFError as e:
+        return [str(e)]
+    ours, theirs = function_of(cfg), function_of(back)
+    return [f"model.{k}={ours.get(k)!r} (a {family} config gives {theirs.get(k)!r})"
+            for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+
+
+def check_family(cfg: ModelConfig, family: str) -> None:
+    """HFError unless `family` expresses `cfg` exactly (`expresses`): a forced family is held to the same test
+    as the one chosen by `family_for`."""
+    if family not in FAMILIES:
+        raise HFError(f"family {family!r} is not one of {', '.join(FAMILIES)}")
+    problems = expresses(cfg, family)
+    if problems:
+        ok = [f for f in FAMILIES if not expresses(cfg, f)]
+        raise HFError(f"the {family} family cannot express this model, exporting it would write another model: "
+                      + "; ".join(problems) + (f" (families that can: {', '.join(ok)})" if ok else
+                                               " (no family can)"))
+
+
 def to_hf_config(cfg: ModelConfig, family: str) -> dict:
     """`cfg` as `family`'s config.json (a dict; token ids and dtype are the caller's)."""
     if family == "gpt2":
@@ -253,5 +306,5 @@ def to_hf_config(cfg: ModelConfig, family: str) -> dict:
     if family in ("qwen2", "qwen3"):
         out["use_sliding_window"] = False
     if family == "mistral":
-        out["sliding_window"] = cfg.layer_windows()[0]
+        out["sliding_window"] = cfg.layer_windows()[0] or None       # None: no window (0 would mask everything)
     return out

@@ -12,6 +12,7 @@ from flax import nnx
 
 from jaxformer.config import Config, ModelConfig, resolve_vocab
 from jaxformer.errors import CheckpointError, ConfigError
+from jaxformer.hf.families import FREE
 from jaxformer.nn import build_model
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
 from jaxformer.runs import RunDir
@@ -98,20 +99,29 @@ def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = Non
                           f"every train.checkpoint_every={cfg.train.checkpoint_every} steps and at the end)")
 
 
-# model fields that change neither the parameters nor the function they compute (how it runs, not what it is)
-FREE = ("dropout", "init", "dtype", "remat", "attention_backend", "attention_block", "kv_cache_dtype",
-        "moe_capacity_factor", "moe_dropless")
 
 
-def pretrained_state(source: str | Path, model: ModelConfig, plan: Plan | None = None) -> nnx.State:
+def pretrained_state(source: str | Path, model: ModelConfig, plan: Plan | None = None,
+                     tokenizer=None) -> nnx.State:
     """The model state to start a run from (train.init_from): a Hugging Face checkpoint folder (config.json with
     a model_type) or a jaxformer run directory (its best checkpoint), in the plan's shardings. ConfigError unless
-    its model is `model` up to the fields in FREE (naming those that differ)."""
+    its model is `model` up to the fields in FREE (naming those that differ), or when `tokenizer` (the new
+    run's) gives ids other meanings than the source's tokenizer does (a vocabulary of the same size is not
+    enough: each id must stand for the same text)."""
     src = Path(source)
     if not src.is_dir():
         raise ConfigError(f"train.init_from={str(source)!r} is not a directory (a Hugging Face checkpoint folder "
                           f"or a jaxformer run directory)")
     hf = (src / "config.json").is_file() and "model_type" in json.loads((src / "config.json").read_text("utf-8"))
+    if tokenizer is not None:
+        from jaxformer.data.tokenizers import pretrained_tokenizer, tokenizer_difference
+        theirs = pretrained_tokenizer(src) if hf else RunDir(src).read_tokenizer()
+        why = tokenizer_difference(theirs, tokenizer)
+        if why:
+            raise ConfigError(f"train.init_from={str(source)!r} was trained with another tokenizer than this run's "
+                              f"data uses ({why}); its weights would read these ids as other text" +
+                              (f"; prepare the data with its tokenizer: `jaxformer data prepare INPUT --tokenizer "
+                               f"{source} --out DIR`" if hf else ""))
     if hf:
         from jaxformer.hf import from_pretrained
         loaded = from_pretrained(src, dtype=model.dtype, plan=plan)

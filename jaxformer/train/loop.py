@@ -20,7 +20,6 @@ import dataclasses
 import logging
 import math
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ from jaxformer.errors import IncompatibleCheckpoint, NonFiniteLoss
 from jaxformer.nn import count_params
 from jaxformer.parallel import Plan, check_fits
 from jaxformer.runs import RunDir
+from jaxformer.signals import Held, stderr_line
 from jaxformer.inference.evaluate import evaluate, examples, make_eval_step
 from jaxformer.train.weights import evaluated
 from jaxformer.train.flops import flops_per_token, measure_peak_flops
@@ -151,7 +151,8 @@ def prepare(cfg: Config, run: RunDir, plan: Plan) -> Prepared:
         else:
             if cfg.train.init_from:                         # fine-tuning: the weights loaded, the optimizer fresh
                 from jaxformer.inference.restore import pretrained_state
-                graphs, state = state_around(cfg, pretrained_state(cfg.train.init_from, cfg.model, plan), plan)
+                graphs, state = state_around(cfg, pretrained_state(cfg.train.init_from, cfg.model, plan,
+                                                                     task.tokenizer), plan)
             else:
                 graphs, state = init_state(cfg, plan)
             start, data_state = 0, None
@@ -163,40 +164,6 @@ def prepare(cfg: Config, run: RunDir, plan: Plan) -> Prepared:
         ckpt.close()
         raise
     return Prepared(cfg, task, graphs, state, start, data_state, ckpt, plan)
-
-
-STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
-
-
-class _Signals:
-    """The first SIGINT/SIGTERM/SIGHUP (Ctrl-C, a scheduler, a closed terminal) sets a flag: the loop saves a
-    checkpoint at the step it is on and stops. Later ones are held (noted on stderr) until that checkpoint is
-    written: a stop that was asked for never loses the run. SIGKILL still stops at once."""
-
-    def __init__(self):
-        self.received = None
-
-    def __enter__(self):
-        self.old = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
-        return self
-
-    def _handle(self, signum, frame):
-        if self.received is None:
-            self.received = signal.Signals(signum).name
-            return
-        _stderr_line(f"{signal.Signals(signum).name} received while stopping on {self.received}: held until the "
-                     f"checkpoint is written (SIGKILL stops at once)")
-
-    def __exit__(self, *exc):
-        for s, h in self.old.items():
-            signal.signal(s, h)
-
-
-def _stderr_line(text: str) -> None:
-    try:
-        print(f"WARNING: {text}", file=sys.stderr, flush=True)
-    except OSError:                     # no terminal left to tell
-        pass
 
 
 def detach_stdout() -> None:
@@ -280,6 +247,23 @@ class _Watch:
         return tokens
 
 
+def _diverged(ckpt: Checkpoints, first_bad: int, what: str):
+    """Stop a diverged run: the weights after step `first_bad` (and every later step's) gave a non-finite loss,
+    gradient or held-out loss, so the checkpoints of those steps are moved to the attic (kept, never resumed or
+    loaded); raise NonFiniteLoss naming the newest checkpoint left, whose own forward pass and gradient were
+    finite (the next step's, computed with its weights)."""
+    moved = ckpt.set_aside_from(first_bad, "non-finite")
+    good = max(((s, k) for k in ("latest", "best") for s in ckpt.steps(k)), default=None)
+    where = (f"last good checkpoint: step {good[0]} in {ckpt.root / good[1]}" if good else
+             f"no {'good ' if moved else ''}checkpoint was saved before it")
+    if moved:
+        where += (f" (the checkpoint(s) of step {', '.join(sorted({str(s) for _, s in moved}))}, whose weights "
+                  f"were not finite in use, moved to the run's attic)")
+    raise NonFiniteLoss(f"{what}; {where}. Train again in a new --workdir (a run resumes only with its own "
+                        f"optim.*) with a lower optim.lr, a higher optim.warmup_steps or optim.clip_norm set"
+                        + (", or start it from this one with --set train.init_from=RUN" if good else ""))
+
+
 def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock: collections.Counter):
     """-> (state, last step done, signal name or None, last eval metrics or None). Adds its seconds to clock
     (first_step, steps, eval, checkpoint)."""
@@ -312,26 +296,22 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
     fpt, peak = flops_per_token(cfg, params), (tc.peak_flops or measure_peak_flops()) * jax.device_count()
 
     def check():
-        """The one host read of the hot loop (at log, eval and checkpoint steps): raise NonFiniteLoss naming
-        the first step whose loss or gradient norm was not finite, before any checkpoint could hold its state
-        (a non-finite gradient poisons that step's parameters even while its loss is finite)."""
+        """The one host read of the hot loop (at log, eval and checkpoint steps): stop naming the first step
+        whose loss or gradient norm was not finite, before any checkpoint could hold its state (a non-finite
+        gradient poisons that step's parameters even while its loss is finite). That step's loss was computed
+        with the previous step's weights, so those weights are not good either."""
         bad, loss, gnorm = watch.first_bad()
         if bad is not None:
-            good = ckpt.steps("latest")
-            where = (f"last good checkpoint: step {good[-1]} in {ckpt.root / 'latest'}" if good else
-                     "no checkpoint was saved before it")
             what = (f"loss is {loss}" if not math.isfinite(loss) else
                     f"gradient norm is {gnorm} (loss {loss:.4g})")
-            raise NonFiniteLoss(f"{what} at step {bad}; {where}. Train again in a new --workdir (a run "
-                                f"resumes only with its own optim.*) with a lower optim.lr, a higher "
-                                f"optim.warmup_steps or optim.clip_norm set")
+            _diverged(ckpt, bad - 1, f"{what} at step {bad}")
 
-    # The loop never waits for the device between those reads: the next batch is fetched and put on the
+    # The loop never waits    # The loop never waits for the device between those reads: the next batch is fetched and put on the
     # device while the current step runs (the data state saved with a checkpoint is the one of its step).
     batch = plan.global_batch(next(data_iter), rows) if p.start < tc.steps else None
     t_loop = _clock()
     try:
-        with _Signals() as sig:
+        with Held() as sig:
             for step in range(p.start + 1, tc.steps + 1):
                 state, m = train_step(state, batch, jax.random.fold_in(base_key, step - 1))
                 if step == p.start + 1:           # the one extra wait of a run: how long compiling took
@@ -345,7 +325,7 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
                 eval_now = step % tc.eval_every == 0 or step == tc.steps
                 if STDOUT_CLOSED and sig.received is None:
                     sig.received = "SIGPIPE"                 # stdout closed: stop as on SIGTERM
-                    _stderr_line(f"stdout was closed: stopping at step {step} with a checkpoint, as on SIGTERM")
+                    stderr_line(f"stdout was closed: stopping at step {step} with a checkpoint, as on SIGTERM")
                 stopping = sig.received or (stop_after is not None and step >= stop_after)
                 saving = eval_now or step % tc.checkpoint_every == 0 or stopping
                 if step % tc.log_every == 0 or step == tc.steps or saving:
@@ -372,6 +352,8 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
                         metrics = evaluate(cfg, p.task, nnx.merge(p.graphs.model, weights), eval_step, plan)
                         emit(step, split, metrics)
                         last_eval = metrics if split == "eval" else last_eval
+                        if not math.isfinite(metrics["loss"]):      # these weights' own forward pass
+                            _diverged(ckpt, step, f"held-out {split} loss is {metrics['loss']} at step {step}")
                     clock["eval"] += _clock() - t
                 if saving:
                     t = _clock()
