@@ -88,6 +88,40 @@ def test_the_checkpoint_named_good_after_divergence_evaluates_and_fine_tunes(tmp
     assert fine["status"] == "completed" and np.isfinite(fine["eval"]["loss"])
 
 
+@pytest.mark.slow          # four divergences and four evaluations (~30 s)
+@pytest.mark.parametrize("extra", [("optim.ema=0.9",), ("optim.accumulate=2",), ("optim.name=lion",),
+                                   ("optim.name=muon",)])
+def test_the_checkpoint_named_good_is_finite_in_use_for_every_optimizer(tmp_path, extra):
+    """The issue saw the same bad naming with EMA and accumulation, and with lion/muon a NaN next gradient."""
+    from jaxformer.inference import evaluate_run
+    steps = ["optim.lr=1e3", "optim.clip_norm=0", "optim.schedule=constant", "train.steps=60",
+             "train.checkpoint_every=1", "train.eval_every=1000", "model.dropout=0.0", *extra]
+    with pytest.raises(NonFiniteLoss) as e:
+        train(tiny_lm(*steps), tmp_path, progress="none")
+    m = re.search(r"last good checkpoint: step (\d+)", str(e.value))
+    assert m is not None, str(e.value)
+    out = evaluate_run(tmp_path, "latest")
+    assert out["step"] == int(m.group(1)) and np.isfinite(out["eval"]["loss"])
+
+
+def test_a_non_finite_held_out_loss_stops_the_run_before_that_step_is_saved(tmp_path, monkeypatch):
+    """Weights whose training loss was finite but whose held-out loss is not are as bad: the run stops at that
+    evaluation, saves nothing of it (no NaN in `best`) and names the checkpoint before it."""
+    import jaxformer.train.loop as loop
+    real, calls = loop.evaluate, []
+
+    def nan_at_step_4(*a, **kw):
+        calls.append(1)
+        out = real(*a, **kw)
+        return {**out, "loss": float("nan")} if len(calls) == 2 else out
+    monkeypatch.setattr(loop, "evaluate", nan_at_step_4)
+    with pytest.raises(NonFiniteLoss, match=r"held-out eval loss is nan at step 4; last good checkpoint: step 3"):
+        train(tiny_lm("train.steps=8", "train.eval_every=2", "train.checkpoint_every=1"), tmp_path,
+              progress="none")
+    from helpers import checkpoint_steps
+    assert checkpoint_steps(tmp_path) == [2, 3] and checkpoint_steps(tmp_path, "best") == [2]
+
+
 def test_init_from_refuses_a_run_whose_tokenizer_maps_other_characters_to_the_same_ids(tmp_path):
     """Two texts with as many distinct characters: the same vocabulary size, other characters behind the ids.
     Before, train.init_from compared sizes only and fine-tuned a model that read every id as another char."""
