@@ -166,6 +166,27 @@ def test_bad_token_configs_are_named_errors(shards, tmp_path):
         build_task(cfg_for(shards, "data.block_size=4000", "model.max_len=4096").data)
 
 
+def test_resume_refuses_another_corpus_prepared_at_the_same_path(tmp_path):
+    """The shards at data.path re-prepared from other text (the same byte tokenizer, so the tokenizer check
+    passes): a resume is refused naming the text, as it is for a text file changed under a run."""
+    import json
+
+    from jaxformer.errors import IncompatibleCheckpoint
+    src, out = tmp_path / "c.jsonl", tmp_path / "shards"
+
+    def prepared(word):
+        src.write_text("".join(json.dumps({"text": f"{word} {i} " * 3}) + "\n" for i in range(80)))
+        prepare([src], out, tokenizer="byte", eval_fraction=0.2, progress=False)
+    prepared("alpha")
+    cfg = cfg_for(out, "train.steps=4", "train.checkpoint_every=2", "train.eval_every=100", "train.num_examples=0")
+    train(cfg, tmp_path / "run", stop_after=2, progress="none")
+    import shutil
+    shutil.rmtree(out)
+    prepared("gamma")                                       # same length, same tokenizer, other text
+    with pytest.raises(IncompatibleCheckpoint, match="was trained on other text"):
+        train(cfg, tmp_path / "run", progress="none")
+
+
 @settings(max_examples=30)
 @given(n=st.integers(0, 60), window=st.integers(1, 12), data=st.data())
 def test_strided_windows_score_every_token_once_with_enough_context(n, window, data):

@@ -267,9 +267,11 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
     if out.exists():
         raise DataError(f"--out {out} exists and is not a finished output; choose another --out or delete it")
     tmp = out.with_name(out.name + ".partial")
-    if tmp.exists() and not (tmp / MARK).is_file():
-        raise DataError(f"{tmp} exists and was not made by jaxformer data prepare (no {MARK} in it); it is left "
-                        f"as it is: move it away or choose another --out")
+    if tmp.exists():
+        if not (tmp / MARK).is_file():
+            raise DataError(f"{tmp} exists and was not made by jaxformer data prepare (no {MARK} in it); it is "
+                            f"left as it is: move it away or choose another --out")
+        shutil.rmtree(tmp)              # an interrupted earlier run: start afresh
     t0 = time.perf_counter()
     total = sum(p.stat().st_size for p in paths)
 
@@ -337,11 +339,11 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
                         f"(65,536 at most): use --dtype uint32 (or auto)")
 
     # pass 3: encode into OUT.partial, then rename
-    if tmp.exists():
-        if not (tmp / MARK).is_file():  # appeared since the check above: never remove what is not ours
-            raise DataError(f"{tmp} exists and was not made by jaxformer data prepare (no {MARK} in it)")
-        shutil.rmtree(tmp)              # an interrupted earlier run: start afresh
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except FileExistsError:             # made by someone else since the start: never removed
+        raise DataError(f"{tmp} appeared while the corpus was read; it is left as it is: choose another "
+                        f"--out") from None
     (tmp / MARK).write_text("unfinished output of jaxformer data prepare; removed by the next run\n")
     writers = {s: _Writer(tmp, s, np.dtype(dtype), shard_tokens) for s in SPLITS}
     bar = _progress(total, "encoding", progress)

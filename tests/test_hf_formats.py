@@ -1,0 +1,299 @@
+"""The Hugging Face formats published checkpoints actually carry, against transformers itself (every model is
+built here from a config with random weights; nothing is downloaded):
+
+- older config keys: top-level `rope_theta` and an old-style `rope_scaling` (`type` or `rope_type`; linear and
+  llama3) instead of transformers 5's `rope_parameters`; GPT-2's `activation_function` spellings ("gelu" is the
+  exact GELU, "gelu_new" and "gelu_pytorch_tanh" the tanh one) and Gemma's `hidden_act` / `hidden_activation`;
+- GPT-2 files whose tensor names lack the `transformer.` prefix (and hold the attention-mask buffers);
+- export of a model built here: its own norm_eps, rope_base, head_dim and tying are written, transformers
+  computes its logits; bfloat16 tensors and the token ids are written as asked;
+- a pretrained folder's tokenizer: BOS only where its post-processor adds one, EOS from config.json's
+  eos_token_id (the first of a list) else from the vocabulary, no padding id.
+
+Each test was seen to fail on a plausible one-line wrong implementation (tests/mutants.py lists them)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from jaxformer.config import ModelConfig  # noqa: E402
+from jaxformer.hf import HFError, from_pretrained, save_pretrained, to_model_config  # noqa: E402
+from jaxformer.nn import build_model  # noqa: E402
+
+V = 97
+TOL = 2e-5         # float32, relative to the largest logit (as tests/test_hf.py; a wrong conversion gives >1e-4)
+IDS = np.random.default_rng(7).integers(0, V, (2, 12))
+
+
+def hf_model(config, seed: int = 0):
+    """transformers' model of `config` with random weights of std 0.2 (norm weights included), float32, eager."""
+    torch.manual_seed(seed)
+    m = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.2)
+    return m.eval().float()
+
+
+def hf_logits(m, ids=IDS):
+    with torch.no_grad():
+        return m(torch.tensor(ids)).logits.numpy()
+
+
+def hf_load(path):
+    return transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+
+
+def rel(a, b) -> float:
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
+
+
+def edited(src, dst, **changes):
+    """A copy of checkpoint folder `src` whose config.json has `changes` (None: the key removed)."""
+    shutil.copytree(src, dst)
+    d = json.loads((dst / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            d.pop(k, None)
+        else:
+            d[k] = v
+    (dst / "config.json").write_text(json.dumps(d))
+    return dst
+
+
+def read(path) -> dict:
+    return json.loads((path / "config.json").read_text())
+
+
+LLAMA = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A Llama saved by transformers 5 (its config has rope_parameters, default RoPE, theta 10000)."""
+    m = hf_model(transformers.LlamaConfig(**LLAMA))
+    d = tmp_path_factory.mktemp("llama")
+    m.save_pretrained(d)
+    assert "rope_parameters" in read(d) and "rope_scaling" not in read(d)
+    return m, d
+
+
+LLAMA3_OLD = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 16}
+OLD_ROPE = {   # case -> (the older keys config.json holds, the ModelConfig fields they mean)
+    "rope_theta": (dict(rope_theta=500.0), dict(rope_base=500.0, rope_scaling="none")),
+    "rope_scaling_type_linear": (dict(rope_theta=500.0, rope_scaling={"type": "linear", "factor": 4.0}),
+                                 dict(rope_base=500.0, rope_scaling="linear", rope_factor=4.0)),
+    "rope_scaling_rope_type_llama3": (dict(rope_theta=500.0, rope_scaling=LLAMA3_OLD),
+                                      dict(rope_base=500.0, rope_scaling="llama3", rope_factor=8.0,
+                                           rope_original_max_len=16, rope_low_freq_factor=1.0,
+                                           rope_high_freq_factor=4.0)),
+}
+
+
+@pytest.mark.parametrize("case", OLD_ROPE)
+def test_older_rope_keys_import_with_transformers_logits(llama, tmp_path, case):
+    """Most published Llama-family checkpoints say rope_theta and rope_scaling at the top level of config.json
+    (transformers 5 reads them as rope_parameters): the import computes what transformers reads them as."""
+    m, d = llama
+    keys, fields = OLD_ROPE[case]
+    src = edited(d, tmp_path / case, rope_parameters=None, **keys)
+    theirs = hf_logits(hf_load(src))
+    assert rel(theirs, hf_logits(m)) > 1e-3                          # the older keys do change the function
+    cfg = to_model_config(read(src))
+    assert {k: getattr(cfg, k) for k in fields} == fields
+    assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
+
+
+GPT2 = dict(vocab_size=V, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+
+
+@pytest.mark.parametrize("spelling,activation", [("gelu", "gelu"), ("gelu_new", "gelu_tanh"),
+                                                 ("gelu_pytorch_tanh", "gelu_tanh")])
+def test_gpt2_activation_spellings_import_as_the_function_transformers_runs(tmp_path, spelling, activation):
+    """GPT-2's activation_function: "gelu" is the exact (erf) GELU, "gelu_new" and "gelu_pytorch_tanh" its tanh
+    approximation (transformers' ACT2FN)."""
+    m = hf_model(transformers.GPT2Config(activation_function=spelling, **GPT2))
+    m.save_pretrained(tmp_path)
+    assert read(tmp_path)["activation_function"] == spelling
+    assert to_model_config(read(tmp_path)).activation == activation
+    assert rel(from_pretrained(tmp_path)(jnp.asarray(IDS)), hf_logits(m)) < TOL
+
+
+GEMMA = dict(LLAMA, head_dim=16)
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    m = hf_model(transformers.GemmaConfig(**GEMMA))
+    d = tmp_path_factory.mktemp("gemma")
+    m.save_pretrained(d)
+    assert read(d)["hidden_act"] == "gelu_pytorch_tanh"
+    return m, d
+
+
+@pytest.mark.parametrize("keys", [dict(hidden_act="gelu_new"),
+                                  dict(hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh")],
+                         ids=["hidden_act_gelu_new", "hidden_activation_same"])
+def test_gemma_activation_spellings_import_with_transformers_logits(gemma, tmp_path, keys):
+    """Gemma's hidden_act "gelu_new" is the same tanh GELU as "gelu_pytorch_tanh"; a hidden_activation equal to
+    hidden_act (Gemma 1.1's files carry both) says nothing more."""
+    m, d = gemma
+    src = edited(d, tmp_path / "g", **keys)
+    theirs = hf_logits(hf_load(src))
+    assert rel(theirs, hf_logits(m)) < TOL
+    assert to_model_config(read(src)).activation == "geglu_tanh"
+    assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
+
+
+def test_a_gemma_hidden_activation_other_than_hidden_act_is_refused(gemma, tmp_path):
+    """transformers 5 runs hidden_act, older versions ran hidden_activation: two different names say two
+    different functions, and the import refuses rather than pick one."""
+    src = edited(gemma[1], tmp_path / "g", hidden_activation="gelu")
+    with pytest.raises(HFError, match="hidden_activation='gelu'"):
+        from_pretrained(src)
+
+
+@pytest.mark.xfail(strict=True, raises=HFError, reason="to_model_config refuses Gemma 1's legacy "
+                   "hidden_act='gelu', which transformers (GemmaConfig) runs as gelu_pytorch_tanh")
+def test_gemma_legacy_hidden_act_gelu_imports_as_transformers_runs_it(gemma, tmp_path):
+    m, d = gemma
+    src = edited(d, tmp_path / "g", hidden_act="gelu")
+    theirs = hf_logits(hf_load(src))
+    assert rel(theirs, hf_logits(m)) < TOL                             # transformers: the tanh GELU
+    assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
+
+
+def test_a_gpt2_file_without_the_transformer_prefix_imports(tmp_path):
+    """Many published GPT-2 files name their tensors `h.0.attn.c_attn.weight`, `wte.weight`, ... (no
+    `transformer.`) and hold each layer's causal-mask buffers `h.i.attn.bias` / `h.i.attn.masked_bias`."""
+    from safetensors.numpy import load_file, save_file
+    m = hf_model(transformers.GPT2Config(**GPT2))
+    m.save_pretrained(tmp_path / "saved")
+    tensors = load_file(str(tmp_path / "saved" / "model.safetensors"))
+    assert "transformer.h.1.attn.c_attn.weight" in tensors
+    bare = {k.removeprefix("transformer."): v for k, v in tensors.items() if k != "lm_head.weight"}
+    causal = np.tril(np.ones((64, 64), np.uint8)).astype(bool)[None, None]
+    for i in range(2):
+        bare.update({f"h.{i}.attn.bias": causal, f"h.{i}.attn.masked_bias": np.array(-1e4, np.float32)})
+    src = tmp_path / "bare"
+    src.mkdir()
+    shutil.copy(tmp_path / "saved" / "config.json", src / "config.json")
+    save_file(bare, str(src / "model.safetensors"), metadata={"format": "pt"})
+    assert not any(k.startswith("transformer.") for k in load_file(str(src / "model.safetensors")))
+    theirs = hf_logits(hf_load(src))
+    assert rel(theirs, hf_logits(m)) < TOL                      # transformers reads this file as the same model
+    assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
+
+
+BASE = ModelConfig(arch="decoder_only", vocab_size=V, d_model=32, num_heads=4, num_kv_heads=2, d_ff=48,
+                   num_encoder_layers=0, num_decoder_layers=2, max_len=64, dropout=0.0, norm_position="pre",
+                   norm_type="rmsnorm", positional="rope", activation="swiglu", use_bias=False, tie_embeddings=False,
+                   scale_embeddings=False, pad_id=-1)
+GPT2_SHAPE = dataclasses.replace(BASE, positional="learned", norm_type="layernorm", activation="gelu_tanh",
+                                 use_bias=True, tie_embeddings=True, num_kv_heads=None)
+BUILT = {   # a model built here -> (its config, the config.json entries it must write)
+    "llama_own_eps_theta_head_dim": (
+        dataclasses.replace(BASE, norm_eps=1e-3, rope_base=500.0, head_dim=16),
+        dict(model_type="llama", rms_norm_eps=1e-3, head_dim=16, tie_word_embeddings=False)),
+    "llama_tied": (dataclasses.replace(BASE, norm_eps=1e-3, tie_embeddings=True),
+                   dict(model_type="llama", rms_norm_eps=1e-3, head_dim=8, tie_word_embeddings=True)),
+    "gpt2_own_eps": (dataclasses.replace(GPT2_SHAPE, norm_eps=1e-3),
+                     dict(model_type="gpt2", layer_norm_epsilon=1e-3)),
+}
+WRONG = dict(norm_eps=1e-6, rope_base=10000.0)             # what a writer of the family's defaults would say
+
+
+def random_model(cfg: ModelConfig, seed: int = 0):
+    """Our model of `cfg` with every parameter (norm scales included) drawn around its init."""
+    graph, state = nnx.split(build_model(cfg, seed=seed))
+    leaves, tree = jax.tree.flatten(state)
+    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+    leaves = [x + 0.3 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    return nnx.merge(graph, jax.tree.unflatten(tree, leaves))
+
+
+@pytest.mark.parametrize("shape", BUILT)
+def test_export_of_a_model_built_here_writes_its_own_settings(tmp_path, shape):
+    """A model trained here (not imported) exports its own norm_eps, rope_base, head_dim and tying, not the
+    family's defaults: transformers computes its logits. The settings are far enough from the defaults that
+    the defaults would give other logits."""
+    cfg, entries = BUILT[shape]
+    model = random_model(cfg)
+    ours = np.asarray(model(jnp.asarray(IDS)))
+    for field, wrong in WRONG.items():
+        if getattr(cfg, field) != wrong and (field != "rope_base" or cfg.positional == "rope"):
+            assert rel(random_model(dataclasses.replace(cfg, **{field: wrong}))(jnp.asarray(IDS)), ours) > 1e-3
+    written = save_pretrained(model, tmp_path / "out")
+    assert read(tmp_path / "out") == written
+    assert {k: written[k] for k in entries} == entries
+    if cfg.positional == "rope":
+        assert written["rope_parameters"]["rope_theta"] == cfg.rope_base
+    theirs = hf_load(tmp_path / "out")
+    assert rel(hf_logits(theirs), ours) < TOL
+
+
+def test_a_bfloat16_export_writes_bfloat16_tensors_and_the_token_ids(tmp_path):
+    from safetensors import safe_open
+    model = random_model(BASE)
+    save_pretrained(model, tmp_path / "out", dtype="bfloat16", token_ids={"bos_token_id": 1, "eos_token_id": 2})
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), framework="numpy") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32,
+                                                               attn_implementation="eager").eval()
+    assert (theirs.config.bos_token_id, theirs.config.eos_token_id) == (1, 2)
+    assert read(tmp_path / "out")["torch_dtype"] == "bfloat16"
+    assert rel(hf_logits(theirs), model(jnp.asarray(IDS))) < 3e-2               # the weights rounded to bf16
+
+
+def tokenizer_folder(path, config: dict, *, bos_template: bool):
+    """A folder with config.json and a tokenizer.json of a 7-token vocabulary ('<s>' 1, '</s>' 2, '<|eot|>' 3,
+    '<|endoftext|>' 4); bos_template: its post-processor starts every encoding with <s> (Llama's does)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<|eot|>": 3, "<|endoftext|>": 4, "a": 5, "b": 6}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(list(vocab)[:5])
+    if bos_template:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    path.mkdir()
+    tok.save(str(path / "tokenizer.json"))
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+TOKENIZERS = {   # case -> (config.json, post-processor adds <s>, expected (bos_id, eod_id, pad_id))
+    "llama_like": ({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}, True, (1, 2, -1)),
+    "gpt2_like": ({"bos_token_id": 4, "eos_token_id": 4}, False, (None, 4, -1)),
+    "bos_named_not_added": ({"bos_token_id": 1, "eos_token_id": 2}, False, (None, 2, -1)),
+    "eos_list_first": ({"bos_token_id": 1, "eos_token_id": [3, 2]}, True, (1, 3, -1)),
+    "eos_config_over_vocab": ({"eos_token_id": 3}, False, (None, 3, -1)),
+    "eos_from_vocab": ({}, False, (None, 2, -1)),
+}
+
+
+@pytest.mark.parametrize("case", TOKENIZERS)
+def test_a_pretrained_folders_tokenizer_reads_its_special_ids(tmp_path, case):
+    """BOS only when the tokenizer's own post-processor adds it (Llama's), not merely because config.json names
+    one (GPT-2's names its <|endoftext|>); EOS is config.json's eos_token_id (the first of a list, as Llama 3's
+    [<|end_of_text|>, <|eot_id|>, ...]), else </s> or <|endoftext|> from the vocabulary; no id is padding."""
+    from jaxformer.data.tokenizers import pretrained_tokenizer
+    config, bos_template, expected = TOKENIZERS[case]
+    folder = tokenizer_folder(tmp_path / case, config, bos_template=bos_template)
+    tok = pretrained_tokenizer(folder)
+    assert (tok.bos_id, tok.eod_id, tok.pad_id) == expected
+    from tokenizers import Tokenizer
+    ref = Tokenizer.from_file(str(folder / "tokenizer.json"))           # what the tokenizer itself does
+    assert (ref.encode("a b").ids[0] == 1) == (tok.bos_id is not None)
+    assert tok.encode("a b").tolist() == [5, 6]
