@@ -42,7 +42,7 @@ MUTANTS = (
            "    pos = idx - jax.lax.cummax(start, axis=1)\n", "    pos = idx + 0 * start\n",
            ("tests/test_attention_inputs.py",)),
     Mutant("cache-forgets-documents", "the KV cache stores every slot as document 1", "jaxformer/nn/cache.py",
-           "put(self.segments, segments.astype(jnp.int32), 1)", "put(self.segments, jnp.ones_like(segments), 1)",
+           "put(self.segments, segments), i", "put(self.segments, jnp.ones_like(segments)), i",
            ("tests/test_attention_inputs.py", "-k", "cached")),
     Mutant("cross-attention-leaks", "cross-attention sees every packed source", "jaxformer/nn/models.py",
            "        return ops.segment_mask(self.segments, memory.segments)\n",
@@ -71,7 +71,7 @@ MUTANTS = (
            "jax.random.fold_in(base_key, step - 1)", "jax.random.fold_in(base_key, step - 1 - p.start)",
            ("tests/test_train.py", "-k", "dropout")),
     Mutant("no-clipping", "optim.clip_norm is ignored", "jaxformer/train/step.py",
-           "optax.chain(optax.clip_by_global_norm(cfg.clip_norm), base)", "base",
+           "tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx) if cfg.clip_norm > 0 else tx", "pass",
            ("tests/test_train.py", "-k", "clipping")),
     Mutant("pad-id-unchecked", "model.pad_id may disagree with the tokenizer", "jaxformer/config.py",
            "    if pad_id is not None and cfg.model.pad_id != pad_id:\n", "    if False:\n",
@@ -184,6 +184,207 @@ MUTANTS = (
            "jaxformer/train/pretrained.py", '    with Held(until="the import reaches a safe point") as sig:',
            '    with __import__("contextlib").nullcontext(type("S", (), {"received": None})) as sig:',
            ("tests/test_hf.py", "-k", "leaves_its_workdir")),
+    # issue 44 (U): Hugging Face formats, pretrained tokenizers, exports
+    # killed by test_older_rope_keys_import_with_transformers_logits[rope_scaling_type_linear / _rope_type_llama3]
+    Mutant("rope-scaling-key-ignored", "an old-style top-level rope_scaling is not read (rope_parameters only)",
+           "jaxformer/hf/families.py", '    if d.get("rope_scaling"):\n', "    if False:\n",
+           ("tests/test_hf_formats.py", "-k", "older_rope")),
+    # killed by test_older_rope_keys_import_with_transformers_logits[rope_theta]
+    Mutant("rope-theta-key-ignored", "a top-level rope_theta is not read (10000 unless in rope_parameters)",
+           "jaxformer/hf/families.py", 'theta = params.pop("rope_theta", d.get("rope_theta", 10000.0))',
+           'theta = params.pop("rope_theta", 10000.0)', ("tests/test_hf_formats.py", "-k", "older_rope")),
+    # killed by test_older_rope_keys_import_with_transformers_logits[rope_scaling_type_linear]
+    Mutant("rope-type-key-unread", "an old-style rope_scaling's `type` key is not read (rope_type only)",
+           "jaxformer/hf/families.py", 'kind = params.pop("rope_type", params.pop("type", "default"))',
+           'kind = params.pop("rope_type", "default")', ("tests/test_hf_formats.py", "-k", "older_rope")),
+    # killed by test_gpt2_activation_spellings_import_as_the_function_transformers_runs[gelu-gelu]
+    Mutant("gpt2-gelu-as-tanh", "GPT-2's activation_function=gelu (the exact GELU) imported as the tanh GELU",
+           "jaxformer/hf/families.py", 'activation={"gelu": "gelu"}.get(r("activation_function"), "gelu_tanh")',
+           'activation="gelu_tanh"', ("tests/test_hf_formats.py", "-k", "gpt2_activation")),
+    # killed by test_gpt2_activation_spellings_import_as_the_function_transformers_runs[gelu_pytorch_tanh-...]
+    Mutant("gpt2-pytorch-tanh-as-exact", "GPT-2's gelu_pytorch_tanh imported as the exact GELU",
+           "jaxformer/hf/families.py", 'activation={"gelu": "gelu"}.get(',
+           'activation={"gelu": "gelu", "gelu_pytorch_tanh": "gelu"}.get(',
+           ("tests/test_hf_formats.py", "-k", "gpt2_activation")),
+    # killed by test_gemma_activation_spellings_import_with_transformers_logits[hidden_act_gelu_new]
+    Mutant("gemma-gelu-new-refused", "Gemma's hidden_act gelu_new (the same tanh GELU) refused",
+           "jaxformer/hf/families.py", '(want, "gelu_new") if family == "gemma" else (want,)', "(want,)",
+           ("tests/test_hf_formats.py", "-k", "gemma_activation")),
+    # killed by test_a_gemma_hidden_activation_other_than_hidden_act_is_refused
+    Mutant("gemma-hidden-activation-unchecked", "Gemma's hidden_activation read but any value accepted",
+           "jaxformer/hf/families.py", 'lambda v: v in (None, r("hidden_act")), "hidden_act is',
+           'lambda v: True, "hidden_act is', ("tests/test_hf_formats.py", "-k", "hidden_activation_other")),
+    # killed by test_export_of_a_model_built_here_writes_its_own_settings[llama_own_eps_theta_head_dim]
+    Mutant("export-rms-eps-default", "export writes the family's default rms_norm_eps, not the model's norm_eps",
+           "jaxformer/hf/families.py", '"rms_norm_eps": cfg.norm_eps,', '"rms_norm_eps": 1e-6,',
+           ("tests/test_hf_formats.py", "-k", "built_here")),
+    # killed by test_export_of_a_model_built_here_writes_its_own_settings[gpt2_own_eps_tied]
+    Mutant("export-gpt2-eps-default", "export writes GPT-2's default layer_norm_epsilon, not the model's norm_eps",
+           "jaxformer/hf/families.py", '"layer_norm_epsilon": cfg.norm_eps,', '"layer_norm_epsilon": 1e-5,',
+           ("tests/test_hf_formats.py", "-k", "built_here")),
+    # killed by test_export_of_a_model_built_here_writes_its_own_settings[llama_own_eps_theta_head_dim]
+    Mutant("export-rope-theta-default", "export writes rope_theta 10000, not the model's rope_base",
+           "jaxformer/hf/families.py", 'rope = {"rope_theta": cfg.rope_base,', 'rope = {"rope_theta": 10000.0,',
+           ("tests/test_hf_formats.py", "-k", "built_here")),
+    # killed by test_a_gpt2_file_as_published_imports[no_prefix_with_mask_buffers]
+    Mutant("gpt2-prefix-not-added", "GPT-2 tensor names without `transformer.` are taken as they are",
+           "jaxformer/hf/mapping.py", '            name = "transformer." + name\n', "            pass\n",
+           ("tests/test_hf_formats.py", "-k", "gpt2_file")),
+    # killed by test_a_gpt2_file_as_published_imports[no_prefix_with_mask_buffers]
+    Mutant("gpt2-mask-buffer-kept", "GPT-2's h.i.attn.bias causal-mask buffer is taken for a parameter",
+           "jaxformer/hf/mapping.py", 'if name.endswith((".attn.bias", ".attn.masked_bias")) and ".c_attn."',
+           'if name.endswith(".attn.masked_bias") and ".c_attn."', ("tests/test_hf_formats.py", "-k", "gpt2_file")),
+    # killed by test_a_gpt2_file_as_published_imports[tied_head_copy]
+    Mutant("gpt2-head-copy-prefixed", "a GPT-2 file's lm_head.weight gets the transformer. prefix too",
+           "jaxformer/hf/mapping.py", 'if not name.startswith(("transformer.", "lm_head.")):',
+           'if not name.startswith("transformer."):', ("tests/test_hf_formats.py", "-k", "gpt2_file")),
+    # killed by test_a_gpt2_file_as_published_imports[no_prefix_with_mask_buffers]
+    Mutant("file-names-not-canonical", "the loader ignores canonical_name (a file's names taken as spelled)",
+           "jaxformer/hf/checkpoint.py", "canon = canonical_name(name, family)", "canon = name",
+           ("tests/test_hf_formats.py", "-k", "gpt2_file")),
+    # killed by test_a_gpt2_file_as_published_imports[no_prefix_with_mask_buffers]
+    Mutant("read-by-canonical-name", "tensors are read under their canonical name, not the file's own",
+           "jaxformer/hf/checkpoint.py", "self.where[canon] = (file, name)", "self.where[canon] = (file, canon)",
+           ("tests/test_hf_formats.py", "-k", "gpt2_file")),
+    # killed by test_a_gpt2_file_as_published_imports[tied_head_copy]
+    Mutant("tied-head-copy-refused", "a tied checkpoint's lm_head.weight copy is refused as an unexpected tensor",
+           "jaxformer/hf/checkpoint.py", ' and not (tied and n == "lm_head.weight")', "",
+           ("tests/test_hf_formats.py", "-k", "gpt2_file")),
+    # killed by test_a_bfloat16_export_writes_bfloat16_tensors_and_the_token_ids
+    Mutant("export-dtype-ignored", "save_pretrained(dtype=bfloat16) writes float32 tensors",
+           "jaxformer/hf/checkpoint.py", ".astype(np_dtype)", ".astype(np.float32)",
+           ("tests/test_hf_formats.py", "-k", "bfloat16")),
+    # killed by test_a_bfloat16_export_writes_bfloat16_tensors_and_the_token_ids
+    Mutant("export-token-ids-dropped", "save_pretrained's token_ids are not written to config.json",
+           "jaxformer/hf/checkpoint.py", 'hf.update({"torch_dtype": dtype, **(token_ids or {})})',
+           'hf.update({"torch_dtype": dtype})', ("tests/test_hf_formats.py", "-k", "bfloat16")),
+    # killed by test_a_pretrained_folders_tokenizer_reads_its_special_ids[gpt2_like / bos_named_not_added]
+    Mutant("bos-whenever-named", "a pretrained tokenizer's BOS is config.json's bos_token_id, added or not",
+           "jaxformer/data/tokenizers.py", "adds_bos = bos is not None and probe[:1] == [bos] and",
+           "adds_bos = bos is not None or probe[:1] == [bos] and", ("tests/test_hf_formats.py", "-k", "special_ids")),
+    # killed by test_a_pretrained_folders_tokenizer_reads_its_special_ids[eos_list_first]
+    Mutant("eos-last-of-list", "the EOS of an eos_token_id list is its last entry, not its first",
+           "jaxformer/data/tokenizers.py", "first = lambda v: v[0] if", "first = lambda v: v[-1] if",
+           ("tests/test_hf_formats.py", "-k", "special_ids")),
+    # killed by test_a_pretrained_folders_tokenizer_reads_its_special_ids[eos_config_over_vocab / eos_list_first]
+    Mutant("eos-vocab-over-config", "EOS taken from the vocabulary (</s>) instead of config.json's eos_token_id",
+           "jaxformer/data/tokenizers.py", 'eos, bos = first(d.get("eos_token_id")), first(d.get("bos_token_id"))',
+           'eos, bos = None, first(d.get("bos_token_id"))', ("tests/test_hf_formats.py", "-k", "special_ids")),
+    # killed by test_a_pretrained_folders_tokenizer_reads_its_special_ids[llama_like]
+    Mutant("pad-from-config", "a pretrained tokenizer's pad_id is config.json's pad_token_id (a real token)",
+           "jaxformer/data/tokenizers.py", "HFTokenizer(tok, int(eos), pad_id=-1,",
+           'HFTokenizer(tok, int(eos), pad_id=int(d.get("pad_token_id", -1)),',
+           ("tests/test_hf_formats.py", "-k", "special_ids")),
+    # issue 44 (U): optimizers, MoE router losses, EMA restore, DeepNorm per stack
+    # killed by test_muon_steps_its_matrices_by_lr_and_the_rest_by_muon_adam_lr
+    Mutant("muon-adam-lr-ignored", "optim.muon_adam_lr read but the AdamW part steps at optim.lr",
+           "jaxformer/train/step.py", "else _scaled(lr, cfg.muon_adam_lr / cfg.lr)\n", "else lr\n",
+           ("tests/test_train_pins.py", "-k", "muon_steps")),
+    # killed by test_muon_steps_its_matrices_by_lr_and_the_rest_by_muon_adam_lr
+    Mutant("muon-adam-lr-inverted", "the AdamW part's lr scaled by lr / muon_adam_lr", "jaxformer/train/step.py",
+           "_scaled(lr, cfg.muon_adam_lr / cfg.lr)", "_scaled(lr, cfg.lr / cfg.muon_adam_lr)",
+           ("tests/test_train_pins.py", "-k", "muon_steps")),
+    # killed by test_muon_steps_its_matrices_by_lr_and_the_rest_by_muon_adam_lr
+    Mutant("muon-matrices-at-adam-lr", "Muon's matrices step at muon_adam_lr too", "jaxformer/train/step.py",
+           "tx = optax.contrib.muon(lr, weight_decay=cfg.weight_decay,",
+           "tx = optax.contrib.muon(adam_lr, weight_decay=cfg.weight_decay,",
+           ("tests/test_train_pins.py", "-k", "muon_steps")),
+    Mutant("muon-adam-part-decays-all", "Muon's AdamW part decays norm scales and embeddings (optax's unmasked "
+           "adam_weight_decay)", "jaxformer/train/step.py",
+           "adam_weight_decay=cfg.weight_decay if mask is None else 0.0", "adam_weight_decay=cfg.weight_decay",
+           ("tests/test_train_pins.py", "-k", "muon_leaves")),
+    # killed by test_muon_decays_its_matrices_by_lr_and_the_head_by_muon_adam_lr
+    Mutant("muon-matrices-undecayed", "Muon's matrices get no weight decay (only its AdamW part does)",
+           "jaxformer/train/step.py", "muon(lr, weight_decay=cfg.weight_decay, weight_decay_mask=mask,",
+           "muon(lr, weight_decay_mask=mask,", ("tests/test_train_pins.py", "-k", "muon_decays")),
+    # killed by test_lion_uses_its_b1_b2_clipping_and_decay_mask_over_three_steps
+    Mutant("lion-default-betas", "Lion with optax's default b1/b2, not optim.b1/b2", "jaxformer/train/step.py",
+           "optax.lion(lr, b1=cfg.b1, b2=cfg.b2,", "optax.lion(lr,", ("tests/test_train_pins.py", "-k", "lion")),
+    # killed by test_lion_uses_its_b1_b2_clipping_and_decay_mask_over_three_steps
+    Mutant("lion-betas-swapped", "Lion's b1 and b2 swapped", "jaxformer/train/step.py",
+           "optax.lion(lr, b1=cfg.b1, b2=cfg.b2,", "optax.lion(lr, b1=cfg.b2, b2=cfg.b1,",
+           ("tests/test_train_pins.py", "-k", "lion")),
+    # killed by test_lion_uses_its_b1_b2_clipping_and_decay_mask_over_three_steps
+    Mutant("lion-decays-everything", "Lion decays norms, biases and embeddings too", "jaxformer/train/step.py",
+           "weight_decay=cfg.weight_decay, mask=mask)\n    if cfg.name == \"muon\"",
+           "weight_decay=cfg.weight_decay)\n    if cfg.name == \"muon\"", ("tests/test_train_pins.py", "-k", "lion")),
+    # killed by test_schedule_free_uses_its_b1_b2_clipping_and_decay_mask_over_three_steps
+    Mutant("schedule-free-default-b1", "schedule-free AdamW with optax's default b1, not optim.b1",
+           "jaxformer/train/step.py", "schedule_free(base, learning_rate=lr, b1=cfg.b1)",
+           "schedule_free(base, learning_rate=lr)", ("tests/test_train_pins.py", "-k", "schedule_free")),
+    # killed by test_schedule_free_uses_its_b1_b2_clipping_and_decay_mask_over_three_steps
+    Mutant("schedule-free-unclipped", "optim.clip_norm ignored by schedule-free AdamW", "jaxformer/train/step.py",
+           "*([optax.clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm > 0 else [])", "*[]",
+           ("tests/test_train_pins.py", "-k", "schedule_free")),
+    # killed by test_schedule_free_uses_its_b1_b2_clipping_and_decay_mask_over_three_steps
+    Mutant("schedule-free-decays-everything", "schedule-free AdamW decays norms, biases and embeddings too",
+           "jaxformer/train/step.py", "optax.add_decayed_weights(cfg.weight_decay, mask)",
+           "optax.add_decayed_weights(cfg.weight_decay)", ("tests/test_train_pins.py", "-k", "schedule_free")),
+    # killed by test_schedule_free_uses_its_b1_b2_clipping_and_decay_mask_over_three_steps
+    Mutant("schedule-free-default-b2", "schedule-free AdamW's RMS decay fixed at 0.999, not optim.b2",
+           "jaxformer/train/step.py", "optax.scale_by_rms(decay=cfg.b2,", "optax.scale_by_rms(decay=0.999,",
+           ("tests/test_train_pins.py", "-k", "schedule_free")),
+    # killed by test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged
+    Mutant("moe-losses-summed-over-micro-batches", "each micro-batch adds its whole router losses (k× too heavy)",
+           "jaxformer/train/step.py", "jax.random.fold_in(rng, i), total, k)", "jax.random.fold_in(rng, i), total)",
+           ("tests/test_train_pins.py", "-k", "accumulation")),
+    # killed by test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged
+    Mutant("moe-metrics-summed-over-micro-batches", "the logged router losses are the micro-batches' sum",
+           "jaxformer/train/step.py", "return (s, jax.tree.map(lambda x: x / k, moe)), grads",
+           "return (s, moe), grads", ("tests/test_train_pins.py", "-k", "accumulation")),
+    # killed by test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged
+    Mutant("moe-losses-summed-over-layers", "the router losses summed over the MoE layers, not averaged",
+           "jaxformer/train/step.py", '{"moe_balance": st.balance.mean(), "moe_z": st.z.mean(),',
+           '{"moe_balance": st.balance.sum(), "moe_z": st.z.sum(),',
+           ("tests/test_train_pins.py", "-k", "accumulation")),
+    # killed by test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged
+    Mutant("moe-losses-not-shared", "the objective's router losses not divided by the groups",
+           "jaxformer/train/step.py",
+           'cfg.moe_z_weight * moe["moe_z"]) / shards', 'cfg.moe_z_weight * moe["moe_z"])',
+           ("tests/test_train_pins.py", "-k", "accumulation")),
+    # killed by test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged
+    Mutant("moe-loss-weights-swapped", "α weighs the z-loss and β the balance loss", "jaxformer/train/step.py",
+           'cfg.moe_balance_weight * moe["moe_balance"] + cfg.moe_z_weight * moe["moe_z"]',
+           'cfg.moe_z_weight * moe["moe_balance"] + cfg.moe_balance_weight * moe["moe_z"]',
+           ("tests/test_train_pins.py", "-k", "accumulation")),
+    # killed by test_moe_router_losses_under_shard_map_are_each_devices_averaged (slow lane)
+    Mutant("moe-losses-summed-over-devices", "each device's router losses all-reduced whole (devices× too heavy)",
+           "jaxformer/train/step.py", "(model, batch, rng, total, shards)", "(model, batch, rng, total)",
+           ("tests/test_train_pins.py", "-k", "shard_map")),
+    # killed by test_moe_router_losses_under_shard_map_are_each_devices_averaged (slow lane)
+    Mutant("moe-metrics-summed-over-devices", "the logged router losses are the devices' sum",
+           "jaxformer/train/step.py", "moe = jax.lax.pmean(moe, axes)", "moe = jax.lax.psum(moe, axes)",
+           ("tests/test_train_pins.py", "-k", "shard_map")),
+    # killed by test_a_run_restores_the_ema_of_its_saved_per_step_weights
+    Mutant("ema-restores-trained", 'weights="ema" restores the trained weights', "jaxformer/train/weights.py",
+           'split = "eval_ema" if weights == "ema" else "eval"', 'split = "eval"',
+           ("tests/test_train_pins.py", "-k", "restores_the_ema")),
+    # killed by test_a_run_restores_the_ema_of_its_saved_per_step_weights
+    Mutant("ema-starts-at-zero", "the EMA starts from zeros, not the initial weights", "jaxformer/train/weights.py",
+           "jax.tree.map(lambda p: jnp.array(p, jnp.float32, copy=True), params)",
+           "jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)",
+           ("tests/test_train_pins.py", "-k", "restores_the_ema")),
+    # killed by test_a_run_restores_the_ema_of_its_saved_per_step_weights
+    Mutant("ema-without-ema-unchecked", 'weights="ema" of a run without an EMA is not refused by name',
+           "jaxformer/inference/restore.py", '    if weights == "ema" and not cfg.optim.ema:\n', "    if False:\n",
+           ("tests/test_train_pins.py", "-k", "restores_the_ema")),
+    # killed by test_deepnorm_gives_each_stack_of_an_encoder_decoder_its_own_alpha_and_beta
+    Mutant("deepnorm-encoder-alpha-of-decoder", "the encoder's attention residual scaled by the decoder's α",
+           "jaxformer/nn/layers.py", 'self.res_attn = Residual(cfg, stack="encoder", rngs=rngs)',
+           "self.res_attn = Residual(cfg, rngs=rngs)", ("tests/test_train_pins.py", "-k", "deepnorm")),
+    # killed by test_deepnorm_gives_each_stack_of_an_encoder_decoder_its_own_alpha_and_beta
+    Mutant("deepnorm-one-alpha", "every residual takes the decoder stack's α", "jaxformer/nn/layers.py",
+           "init.deepnorm(cfg, stack)[0]", 'init.deepnorm(cfg, "decoder")[0]',
+           ("tests/test_train_pins.py", "-k", "deepnorm")),
+    # killed by test_deepnorm_gives_each_stack_of_an_encoder_decoder_its_own_alpha_and_beta
+    Mutant("deepnorm-encoder-ffn-beta-of-decoder", "the encoder's FFN initialised with the decoder's β",
+           "jaxformer/nn/layers.py", 'self.ffn = make_ffn(cfg, moe, rngs, stack="encoder")',
+           "self.ffn = make_ffn(cfg, moe, rngs)", ("tests/test_train_pins.py", "-k", "deepnorm")),
+    # killed by test_deepnorm_gives_each_stack_of_an_encoder_decoder_its_own_alpha_and_beta
+    Mutant("deepnorm-n-m-swapped", "the encoder's α and β with N and M swapped", "jaxformer/nn/init.py",
+           "0.81 * (n ** 4 * m) ** (1 / 16), 0.87 * (n ** 4 * m) ** (-1 / 16)",
+           "0.81 * (m ** 4 * n) ** (1 / 16), 0.87 * (m ** 4 * n) ** (-1 / 16)",
+           ("tests/test_train_pins.py", "-k", "deepnorm")),
 )
 
 

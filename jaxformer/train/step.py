@@ -90,12 +90,36 @@ def _base(cfg: OptimConfig, lr, mask, muon_dims) -> optax.GradientTransformation
     if cfg.name == "muon":
         if muon_dims is None:
             raise ValueError("optim.name='muon' needs the parameters' Muon axes (nn.params.muon_dims)")
-        return optax.contrib.muon(lr, weight_decay=cfg.weight_decay, weight_decay_mask=mask,
-                                  adam_b1=cfg.b1, adam_b2=cfg.b2, adam_weight_decay=cfg.weight_decay,
-                                  adam_learning_rate=lr if cfg.muon_adam_lr is None
-                                  else _scaled(lr, cfg.muon_adam_lr / cfg.lr),
-                                  muon_weight_dimension_numbers=muon_dims)
+        adam_lr = lr if cfg.muon_adam_lr is None else _scaled(lr, cfg.muon_adam_lr / cfg.lr)
+        tx = optax.contrib.muon(lr, weight_decay=cfg.weight_decay, weight_decay_mask=mask, adam_b1=cfg.b1,
+                                adam_b2=cfg.b2, adam_weight_decay=cfg.weight_decay if mask is None else 0.0,
+                                adam_learning_rate=adam_lr, muon_weight_dimension_numbers=muon_dims)
+        if mask is None or not cfg.weight_decay:
+            return tx
+        return optax.chain(tx, _decayed_by(adam_lr, cfg.weight_decay, _adam_part(mask, muon_dims)))
     return optax.sgd(lr)
+
+
+def _adam_part(mask, muon_dims):
+    """The decay mask restricted to the parameters Muon hands to its AdamW (no Muon axes)."""
+    from optax.contrib import MuonDimensionNumbers
+    value = lambda x: x.value if isinstance(x, nnx.Variable) else x                  # noqa: E731
+    return jax.tree.map(lambda m, d: bool(value(m)) and value(d) is None, mask, muon_dims,
+                        is_leaf=lambda x: x is None or isinstance(x, (MuonDimensionNumbers, nnx.Variable)))
+
+
+def _decayed_by(lr, weight_decay: float, mask) -> optax.GradientTransformation:
+    """Decoupled weight decay added after the update: -lr(step)·λ·p on the parameters of `mask`.
+    optax.contrib.muon's AdamW part decays every parameter it holds (its adam_weight_decay takes no mask): this
+    is its decay, limited to optim.weight_decay_mask's parameters."""
+    def init(params):
+        return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+    def update(updates, state, params):
+        step = -lr(state.count) * weight_decay
+        updates = jax.tree.map(lambda u, p: u + step * p, updates, params)
+        return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
+    return optax.masked(optax.GradientTransformation(init, update), mask)
 
 
 def _scaled(sched, factor: float):
