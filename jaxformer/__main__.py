@@ -3,9 +3,11 @@ jaxformer.launch (malloc settings that need a fresh process) before anything hea
 import sys
 
 from jaxformer.launch import hugepage_malloc
+from jaxformer.signals import hold_from_start
 
 
 def main() -> int:
+    hold_from_start()                    # Ctrl-C while Python loads JAX: acted on once the command can stop
     hugepage_malloc()
     from jaxformer.cli import main as cli
     return cli()

@@ -9,6 +9,7 @@ deleted), so the resumed run can save those steps again.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import threading
@@ -110,14 +111,14 @@ class Checkpoints:
         if data:
             args["data"] = ocp.args.JsonRestore()
         bad = []
+        _quiet_aborted_io()                 # before the first read: a failing one reports from other threads
         for kind, step in candidates:
             try:
                 out = self.managers[kind].restore(step, args=ocp.args.Composite(**args))
                 if check is not None:
                     check({k: out[k] for k in args})
             except Exception as e:  # orbax/tensorstore/JSON errors of one unreadable step: try the next
-                _quiet_aborted_io()
-                bad.append((kind, step, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"))
+                bad.append((kind, step, f"{type(e).__name__}: {_first_sentence(e)}"))
                 log.warning("checkpoint %s is unreadable (%s)", self.root / kind / str(step), bad[-1][2])
                 continue
             if bad:
@@ -181,24 +182,47 @@ class _held_library_errors:
             self.logger.handle(r)
 
 
+def _first_sentence(e: Exception) -> str:
+    """An error's first sentence (orbax appends how to change its options to shape mismatches)."""
+    line = (str(e).splitlines() or [""])[0]
+    return re.split(r"(?<=\.) (?=[A-Z])", line)[0][:300]
+
+
+def _library_noise(e: BaseException | None) -> bool:
+    """An exception orbax's or tensorstore's own threads and coroutines raise after an aborted read or write
+    ("Event loop is closed", an array index that could not be read): reported by name by the caller already."""
+    if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
+        return True
+    tb = getattr(e, "__traceback__", None)
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if "/orbax/" in name or "/tensorstore/" in name:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _quiet_aborted_io() -> None:
     """When one array of a step fails to read or write, orbax closes its event loop while tensorstore still
     completes the other reads or writes; their callbacks then raise "Event loop is closed" (printed as
     tracebacks from tensorstore's threads, also after the restore or save has returned) and leave "Future
     exception was never retrieved" log records. That is noise about a failure reported by name (a warning, or
-    a CheckpointError): from the first save or failed read on, this process drops exactly those (and the
-    "coroutine was never awaited" warnings of the same aborted operation)."""
+    a CheckpointError): from the first save or restore on, this process drops exactly those (and the
+    "coroutine was never awaited" warnings of the same aborted operation, and the errors its coroutines and
+    threads leave unraised: `_library_noise`). JAXFORMER_DEBUG=1 keeps them all."""
     global _QUIETED
-    if _QUIETED:
+    if _QUIETED or os.environ.get("JAXFORMER_DEBUG"):     # JAXFORMER_DEBUG=1: every traceback, as it comes
         return
     _QUIETED = True
-    closed = lambda e: isinstance(e, RuntimeError) and str(e) == "Event loop is closed"
+    closed = lambda e: isinstance(e, RuntimeError) and str(e) == "Event loop is closed"       # noqa: E731
     unraisable, excepthook, thread_hook = sys.unraisablehook, sys.excepthook, threading.excepthook
-    sys.unraisablehook = lambda u: None if closed(u.exc_value) else unraisable(u)
+    sys.unraisablehook = lambda u: None if _library_noise(u.exc_value) else unraisable(u)
     sys.excepthook = lambda t, e, tb: None if closed(e) else excepthook(t, e, tb)    # tensorstore's threads
-    threading.excepthook = lambda a: None if closed(a.exc_value) else thread_hook(a)
+    threading.excepthook = lambda a: None if _library_noise(a.exc_value) else thread_hook(a)
     logging.getLogger("asyncio").addFilter(lambda record: not re.match(
         r"(Future|_GatheringFuture|Task) exception was never retrieved", record.getMessage()))
+    logging.getLogger("absl").addFilter(lambda record: not (      # a failed save's threads, after it raised
+        record.levelno >= logging.ERROR and "_SignalingThread.run() raised an exception" in record.getMessage()))
     for coroutine in ("Store._get_array_metadatas", "async_serialize_from_host.<locals>.write_fragment"):
         warnings.filterwarnings("ignore", message=f"coroutine '{re.escape(coroutine)}' was never awaited",
                                 category=RuntimeWarning)   # the same aborted read or write, seen from tensorstore

@@ -22,7 +22,8 @@ from rich.table import Table
 from rich.text import Text
 
 from jaxformer.configio import apply_overrides, load_config_file
-from jaxformer.errors import JaxformerError
+from jaxformer.errors import Interrupted, JaxformerError
+from jaxformer.signals import hold_from_start, pending
 
 console = Console(soft_wrap=True)       # long lines stay whole in logs and pipes
 
@@ -96,6 +97,9 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from jaxformer.inference import evaluate_run
+    if args.stride is not None and args.stride < 1:
+        from jaxformer.errors import ConfigError
+        raise ConfigError(f"--stride {args.stride} must be at least 1 (tokens between scored windows)")
     if args.stride is not None and not args.data:
         from jaxformer.errors import ConfigError
         raise ConfigError(f"--stride {args.stride} needs --data FILE: the held-out set is scored in whole blocks "
@@ -357,8 +361,18 @@ def main(argv=None) -> int:
             from jaxformer.errors import ConfigError
             raise ConfigError("--workdir '' names no directory")
         with _log_to_console():
-            return cmds[args.cmd](args)
+            if pending():                    # Ctrl-C while Python started: nothing done yet
+                raise Interrupted(f"jaxformer {args.cmd} stopped on {pending()} before it started; nothing was done")
+            rc = cmds[args.cmd](args)
+            if pending() and rc == 0:        # a short command holds a signal until it is done
+                console.print(f"[red]interrupted:[/red] {pending()} arrived while jaxformer {args.cmd} ran; it "
+                              f"finished first")
+                return 128 + signal.Signals[pending()].value
+            return rc
     except JaxformerError as e:
+        if os.environ.get("JAXFORMER_DEBUG"):
+            import traceback
+            traceback.print_exc()
         console.print(Text.assemble((f"{e.label}:", "red"), " ", str(e)), soft_wrap=True)   # one unbroken line
         return e.exit_code
     except BrokenPipeError:                  # stdout closed (`| head`, a quitting `less`) outside the train loop
@@ -415,4 +429,5 @@ def _log_to_console():
 
 
 if __name__ == "__main__":
+    hold_from_start()
     sys.exit(main())

@@ -84,6 +84,8 @@ def check_types(cfg: Any, section: str) -> None:
         if not _type_ok(v, hints[f.name]):
             want = str(hints[f.name]).replace("<class '", "").replace("'>", "")
             raise ConfigError(f"{section}.{f.name}={v!r} must be of type {want}")
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 2 ** 63:
+            raise ConfigError(f"{section}.{f.name}={v} does not fit a 64-bit integer (no array or counter holds it)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -250,6 +250,46 @@ def _free_bytes(device) -> int | None:
         return None
 
 
+def min_param_bytes(cfg) -> tuple[int, int]:
+    """(parameter bytes, host bytes) that a model of `cfg` (a ModelConfig) needs at least, by arithmetic: its
+    embedding (and untied head), the attention and FFN matrices of every layer in float32 (norms and biases left
+    out: a lower bound), and the host's float64 copy of a sinusoidal table while it is built."""
+    d, n, k, h, f, v = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.d_ff, cfg.vocab_size
+    attn = 2 * d * n * h + 2 * d * k * h
+    ffn = (3 if cfg.activation in ("swiglu", "geglu", "geglu_tanh") else 2) * d * f
+    moe_layers = cfg.num_decoder_layers // cfg.moe_every if cfg.ffn == "moe" else 0
+    dec = cfg.num_decoder_layers * attn + (cfg.num_decoder_layers - moe_layers) * ffn \
+        + moe_layers * cfg.num_experts * ffn
+    enc = cfg.num_encoder_layers * (attn + ffn) if cfg.arch == "encoder_decoder" else 0
+    cross = cfg.num_decoder_layers * attn if cfg.arch == "encoder_decoder" else 0
+    table = cfg.max_len * d if cfg.positional == "learned" else 0
+    params = v * d * (1 if cfg.tie_embeddings else 2) + enc + dec + cross + table
+    return 4 * params, (8 * cfg.max_len * d if cfg.positional == "sinusoidal" else 0)
+
+
+def check_model_size(cfg) -> None:
+    """ConfigError when a model of `cfg` cannot fit the memory of this process's devices together (or its
+    positional table the host's), counted by arithmetic (`min_param_bytes`) before anything is built: an
+    impossible size is named instead of ending in numpy's or XLA's allocation error."""
+    need, host = min_param_bytes(cfg)
+    devices = jax.local_devices()
+    cpu = [d for d in devices if d.platform == "cpu"]
+    free = [_free_bytes(cpu[0])] if cpu else []
+    free += [_free_bytes(d) for d in devices if d.platform != "cpu"]
+    if any(x is None for x in free) or not free:
+        return
+    host_free = _free_bytes(cpu[0]) if cpu else None
+    gib = lambda x: f"{x / 2 ** 30:,.1f} GiB"                          # noqa: E731
+    over = ([f"{gib(need)} for its parameters ({gib(sum(free))} in this process's memory)"] if need > sum(free)
+            else []) + ([f"{gib(host)} of host memory for its sinusoidal table ({gib(host_free)} available)"]
+                        if host_free is not None and host > host_free else [])
+    if over:
+        raise ConfigError(f"the model (model.d_model={cfg.d_model}, model.d_ff={cfg.d_ff}, model.vocab_size="
+                          f"{cfg.vocab_size}, model.max_len={cfg.max_len}, {cfg.num_encoder_layers}+"
+                          f"{cfg.num_decoder_layers} layers) needs at least " + " and ".join(over)
+                          + ", counted before anything is allocated: make it smaller")
+
+
 def check_fits(abstract: dict, what: str = "the training state") -> None:
     """ConfigError when the arrays of `abstract` ({"model", "opt"} of ShapeDtypeStructs with shardings) and
     the gradients of "model" cannot fit the local devices' memory: a lower bound (activations come on top),

@@ -1,5 +1,6 @@
-"""Stop signals held until the work in hand is safe to leave: the training loop's checkpoint, import-hf's
-step-0 run. Imports nothing heavy, so a command can hold signals before it loads JAX."""
+"""Stop signals held until the work in hand is safe to leave: the command line's startup, the training loop's
+checkpoint, import-hf's step-0 run, data prepare's next piece. Imports nothing heavy, so a command holds
+signals before it loads JAX."""
 from __future__ import annotations
 
 import signal
@@ -15,7 +16,7 @@ class Held:
     stops at once. `until`: what the holder finishes first, for that note."""
 
     def __init__(self, until: str = "the checkpoint is written"):
-        self.received, self.until = None, until
+        self.received, self.until = pending(), until       # a signal the process got while starting up counts
 
     def __enter__(self):
         self.old = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
@@ -31,6 +32,25 @@ class Held:
     def __exit__(self, *exc):
         for s, h in self.old.items():
             signal.signal(s, h)
+
+
+_startup: Held | None = None
+
+
+def hold_from_start() -> None:
+    """The command line's first act: from here on a stop signal only sets a flag (`pending`), so that Ctrl-C
+    while Python loads JAX or XLA starts never lands inside an extension (an ImportError, a swallowed
+    interrupt, a segfault at exit). Each command stops where it safely can: before it starts, between its
+    phases, or (training) with a checkpoint."""
+    global _startup
+    if _startup is None:
+        _startup = Held("the command reaches a point where it can stop")
+        _startup.__enter__()
+
+
+def pending() -> str | None:
+    """The stop signal the process received since `hold_from_start` (None: none, or signals not held)."""
+    return _startup.received if _startup is not None else None
 
 
 def stderr_line(text: str) -> None:

@@ -41,12 +41,14 @@ import numpy as np
 
 from jaxformer.data.tokenizers import (ByteTokenizer, CharTokenizer, HFTokenizer, SentencePieceTokenizer,
                                       pretrained_tokenizer, save_tokenizer)
-from jaxformer.errors import DataError
+from jaxformer.errors import DataError, Interrupted
+from jaxformer.signals import pending
 
 FORMAT = "jaxformer-tokens/1"
 PIECE = 1 << 16                    # bytes of text per piece read (cut after a newline when there is one)
 SPECIALS = ("<pad>", "<eod>")      # ids 0 and 1 of the tokenizers trained here
 SPLITS = ("train", "eval")
+MAX_VOCAB = 1 << 24               # --vocab-size: tokenizers trains 2^24 on any corpus; 10^9 aborts the process
 MARK = ".jaxformer-partial"        # in OUT.partial: this folder is prepare's unfinished output, free to remove
 
 
@@ -181,6 +183,7 @@ def train_tokenizer(kind: str, texts: Iterator[str], vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     least = len(alphabet) + len(SPECIALS)
+
     if vocab_size < least + (1 if kind == "bpe" else 0):
         raise DataError(f"--vocab-size {vocab_size} is too small for a byte-level {kind} tokenizer (at least "
                         f"{least + 1}: the {len(alphabet)} bytes, <pad>, <eod> and one merge)")
@@ -250,6 +253,12 @@ def _progress(total: int, label: str, enabled: bool):
                 leave=False)
 
 
+def _stop_if_asked(kept: str) -> None:
+    """Between pieces: Interrupted once the command line held a stop signal (signals.pending)."""
+    if pending():
+        raise Interrupted(f"data prepare stopped on {pending()}: {kept}")
+
+
 def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe", vocab_size: int = 2048,
             docs: str = "auto", eval_fraction: float = 0.1, shard_tokens: int = 1 << 27, dtype: str = "auto",
             progress: bool = True) -> dict:
@@ -260,6 +269,9 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
         raise DataError(f"--eval-fraction {eval_fraction}: must be in (0, 1)")
     if shard_tokens < 1:
         raise DataError(f"--shard-tokens {shard_tokens}: must be positive")
+    if tokenizer in ("bpe", "unigram") and vocab_size > MAX_VOCAB:        # before any pass over the corpus
+        raise DataError(f"--vocab-size {vocab_size:,} is too large: at most {MAX_VOCAB:,} (2^24; the tokenizers "
+                        f"library allocates for the size asked, and aborts the process far above it)")
     for p in paths:
         _rule(docs, p)
     if (out / "index.json").exists():
@@ -279,6 +291,7 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
     sizes = array.array("q")            # bytes per document (documents are numbered 0, 1, ... in order)
     bar = _progress(total, "counting", progress)
     for p in pieces(paths, docs, PIECE):
+        _stop_if_asked("nothing was written")
         n = len(p.text.encode("utf-8"))
         if p.doc == len(sizes):
             sizes.append(0)
@@ -363,6 +376,7 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
 
     try:
         for p, split in assigned(None if _marks_start(tok) else PIECE):
+            _stop_if_asked(f"{tmp} is left for the next run to clear")
             batch.append((p, split))
             bar.update(len(p.text.encode("utf-8")))
             if len(batch) >= 64:

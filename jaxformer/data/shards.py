@@ -17,6 +17,51 @@ from jaxformer.data.tokenizers import load_tokenizer
 from jaxformer.errors import DataError
 
 
+def _need(d, key: str, kind, where: str):
+    """d[key], which must be of `kind` (a type or a tuple of allowed values); DataError naming it otherwise."""
+    if not isinstance(d, dict) or key not in d:
+        raise DataError(f"{where}: no {key!r} entry (the index of `jaxformer data prepare` has one); prepare the "
+                        f"corpus again")
+    v = d[key]
+    ok = v in kind if isinstance(kind, tuple) else isinstance(v, kind) and not (kind is int and isinstance(v, bool))
+    if not ok or (kind is int and v < 0):
+        want = f"one of {kind}" if isinstance(kind, tuple) else f"a {'non-negative ' * (kind is int)}{kind.__name__}"
+        raise DataError(f"{where}: {key!r} is {str(v)[:80]!r}, expected {want}; prepare the corpus again")
+    return v
+
+
+def check_index(index: dict, path: Path) -> None:
+    """DataError naming the first entry of index.json that is missing or of the wrong type."""
+    tok = _need(index, "tokenizer", dict, str(path))
+    for key in ("file", "sha256"):
+        _need(tok, key, str, f"{path} tokenizer")
+    _need(index, "dtype", ("uint16", "uint32"), str(path))
+    splits = _need(index, "splits", dict, str(path))
+    for split in SPLITS:
+        info = _need(splits, split, dict, f"{path} splits")
+        where = f"{path} splits.{split}"
+        _need(info, "tokens", int, where)
+        _need(info, "documents_file", str, where)
+        for i, shard in enumerate(_need(info, "shards", list, where)):
+            for key, kind in (("file", str), ("tokens", int), ("sha256", str)):
+                _need(shard, key, kind, f"{where}.shards[{i}]")
+
+
+def _offsets(path: Path, tokens: int) -> np.ndarray:
+    """A split's document offsets (int64 [documents + 1], from 0 to `tokens`, non-decreasing); DataError if the
+    file is missing, not a plain .npy array (never unpickled) or not such offsets."""
+    try:
+        d = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise DataError(f"{path} is not a readable document-offset file ({type(e).__name__}: "
+                        f"{str(e)[:120]}); prepare the corpus again") from None
+    if not (isinstance(d, np.ndarray) and d.ndim == 1 and d.dtype.kind in "iu" and len(d) >= 1 and d[0] == 0
+            and d[-1] == tokens and (np.diff(d) >= 0).all()):
+        raise DataError(f"{path} does not hold document offsets from 0 to the split's {tokens} tokens; prepare "
+                        f"the corpus again")
+    return d.astype(np.int64)
+
+
 class TokenShards:
     """The prepared output in `root` (module docstring). verify: hash every shard against the index."""
 
@@ -33,6 +78,7 @@ class TokenShards:
         if not isinstance(self.index, dict) or self.index.get("format") != FORMAT:
             raise DataError(f"{path}: format {self.index.get('format') if isinstance(self.index, dict) else None!r}"
                             f", expected {FORMAT!r}")
+        check_index(self.index, path)
         tok = self.index["tokenizer"]
         tok_path = self.root / tok["file"]
         if not tok_path.is_file() or sha256_file(tok_path) != tok["sha256"]:
@@ -59,7 +105,7 @@ class TokenShards:
             if at != info["tokens"]:
                 raise DataError(f"{path}: the {split} shards hold {at} tokens, the index says {info['tokens']}")
             self._maps[split], self._starts[split] = maps, np.asarray(starts + [at], np.int64)
-            self._docs[split] = np.load(self.root / info["documents_file"])
+            self._docs[split] = _offsets(self.root / info["documents_file"], at)
 
     def tokens(self, split: str) -> int:
         return int(self._starts[split][-1])

@@ -147,7 +147,7 @@ def evaluate_text(run, path: str | Path, *, stride: int | None = None, batch_siz
     if len(ids) < 2:
         raise DataError(f"--data {str(p)!r} gives {len(ids)} token(s): nothing to predict")
     window = cfg.data.block_size
-    stride = stride or max(1, window // 2)
+    stride = max(1, window // 2) if stride is None else stride
     if not 0 < stride <= window:
         raise ConfigError(f"--stride {stride} must be in [1, {window}] (the run's window, data.block_size)")
     inputs, targets = strided_windows(ids, window, stride, cfg.model.pad_id)

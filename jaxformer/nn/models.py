@@ -33,7 +33,7 @@ from jaxformer.nn.layers import Context, DecoderBlock, EncoderBlock, Norm, dropo
 from jaxformer.nn.params import DTYPES, param
 from jaxformer.nn.stack import LayerStack
 from jaxformer.ops import positional
-from jaxformer.parallel import constrain
+from jaxformer.parallel import check_model_size, constrain
 
 
 def default_positions(tokens: jax.Array) -> jax.Array:
@@ -369,6 +369,7 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer | TransformerLM:
     why = ops.fused.problem(cfg.attention_backend, dtype=DTYPES[cfg.dtype])
     if why:
         raise BackendError(f"model.attention_backend={cfg.attention_backend!r}: {why}")
+    check_model_size(cfg)                               # by arithmetic, before any table or array exists
     cls = Transformer if cfg.arch == "encoder_decoder" else TransformerLM
     return cls(cfg, rngs=nnx.Rngs(params=seed))
 
