@@ -80,3 +80,17 @@ def cached_and_full(model, x, prefill: int):
             rest.append(lg)
         return jnp.concatenate([first, *rest], 1), model(x), cache
     return run(model, x)
+
+
+def edited_config(src, dst, **changes):
+    """A copy of checkpoint folder `src` whose config.json has `changes` (None: the key removed)."""
+    import shutil
+    shutil.copytree(src, dst)
+    d = json.loads((Path(dst) / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            d.pop(k, None)
+        else:
+            d[k] = v
+    (Path(dst) / "config.json").write_text(json.dumps(d))
+    return dst

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from helpers import edited_config  # noqa: E402
 from jaxformer.hf import HFError, from_pretrained, save_pretrained, to_model_config  # noqa: E402
 
 V = 97
@@ -144,41 +145,28 @@ def test_the_families_differ_where_the_mapping_says(saved):
     assert all(c.pad_id == -1 for c in cfgs.values())                # no token id is padding
 
 
-def _edit_config(src, dst, **changes):
-    import shutil
-    shutil.copytree(src, dst)
-    d = json.loads((dst / "config.json").read_text())
-    for k, v in changes.items():
-        if v is None:
-            d.pop(k, None)
-        else:
-            d[k] = v
-    (dst / "config.json").write_text(json.dumps(d))
-    return dst
-
-
 def test_bad_checkpoints_are_named_errors(saved, tmp_path):
     from safetensors.numpy import load_file, save_file
     _, d = saved["llama"]
     tensors = load_file(str(d / "model.safetensors"))
     missing = tmp_path / "missing"
-    _edit_config(d, missing)
+    edited_config(d, missing)
     save_file({k: v for k, v in tensors.items() if "layers.1.mlp.up_proj" not in k}, str(missing / "model.safetensors"))
-    corrupt = _edit_config(d, tmp_path / "corrupt")
+    corrupt = edited_config(d, tmp_path / "corrupt")
     raw = (d / "model.safetensors").read_bytes()
     (corrupt / "model.safetensors").write_bytes(raw[:len(raw) // 2])
-    garbage = _edit_config(d, tmp_path / "garbage")
+    garbage = edited_config(d, tmp_path / "garbage")
     (garbage / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{not json")
     cases = [
         (missing, "missing tensor.*model.layers.1.mlp.up_proj.weight"),
-        (_edit_config(d, tmp_path / "shape", intermediate_size=40), "has shape .* the config implies"),
-        (_edit_config(d, tmp_path / "yarn", rope_parameters={"rope_type": "yarn", "factor": 4.0,
+        (edited_config(d, tmp_path / "shape", intermediate_size=40), "has shape .* the config implies"),
+        (edited_config(d, tmp_path / "yarn", rope_parameters={"rope_type": "yarn", "factor": 4.0,
                                                             "rope_theta": 1e4}), "rope type 'yarn'"),
-        (_edit_config(d, tmp_path / "dyn", rope_parameters={"rope_type": "dynamic", "factor": 2.0}),
+        (edited_config(d, tmp_path / "dyn", rope_parameters={"rope_type": "dynamic", "factor": 2.0}),
          "rope type 'dynamic'"),
-        (_edit_config(d, tmp_path / "key", some_new_switch=3), r"some_new_switch \(unknown key\)"),
-        (_edit_config(d, tmp_path / "act", hidden_act="relu"), "hidden_act='relu'"),
-        (_edit_config(d, tmp_path / "type", model_type="falcon"), "unsupported model_type 'falcon'"),
+        (edited_config(d, tmp_path / "key", some_new_switch=3), r"some_new_switch \(unknown key\)"),
+        (edited_config(d, tmp_path / "act", hidden_act="relu"), "hidden_act='relu'"),
+        (edited_config(d, tmp_path / "type", model_type="falcon"), "unsupported model_type 'falcon'"),
         (corrupt, "not a readable safetensors file|is unreadable"),
         (garbage, "not a readable safetensors file"),
         (tmp_path / "nowhere", "has no config.json"),
@@ -186,7 +174,7 @@ def test_bad_checkpoints_are_named_errors(saved, tmp_path):
     for path, message in cases:
         with pytest.raises(HFError, match=message):
             from_pretrained(path)
-    extra = _edit_config(d, tmp_path / "extra")
+    extra = edited_config(d, tmp_path / "extra")
     save_file({**tensors, "model.layers.0.self_attn.rotary_emb.inv_freq": np.zeros(4, np.float32)},
               str(extra / "model.safetensors"))
     with pytest.raises(HFError, match="unexpected tensor.*rotary_emb.inv_freq"):

@@ -27,6 +27,7 @@ from flax import nnx
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from helpers import edited_config  # noqa: E402
 from jaxformer.config import ModelConfig  # noqa: E402
 from jaxformer.hf import HFError, from_pretrained, save_pretrained, to_model_config  # noqa: E402
 from jaxformer.nn import build_model  # noqa: E402
@@ -58,19 +59,6 @@ def hf_load(path):
 
 def rel(a, b) -> float:
     return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
-
-
-def edited(src, dst, **changes):
-    """A copy of checkpoint folder `src` whose config.json has `changes` (None: the key removed)."""
-    shutil.copytree(src, dst)
-    d = json.loads((dst / "config.json").read_text())
-    for k, v in changes.items():
-        if v is None:
-            d.pop(k, None)
-        else:
-            d[k] = v
-    (dst / "config.json").write_text(json.dumps(d))
-    return dst
 
 
 def read(path) -> dict:
@@ -110,7 +98,7 @@ def test_older_rope_keys_import_with_transformers_logits(llama, tmp_path, case):
     (transformers 5 reads them as rope_parameters): the import computes what transformers reads them as."""
     m, d = llama
     keys, fields = OLD_ROPE[case]
-    src = edited(d, tmp_path / case, rope_parameters=None, **keys)
+    src = edited_config(d, tmp_path / case, rope_parameters=None, **keys)
     theirs = hf_logits(hf_load(src))
     assert rel(theirs, hf_logits(m)) > 1e-3                          # the older keys do change the function
     cfg = to_model_config(read(src))
@@ -152,7 +140,7 @@ def test_gemma_activation_spellings_import_with_transformers_logits(gemma, tmp_p
     """Gemma's hidden_act "gelu_new" is the same tanh GELU as "gelu_pytorch_tanh"; a hidden_activation equal to
     hidden_act (Gemma 1.1's files carry both) says nothing more."""
     m, d = gemma
-    src = edited(d, tmp_path / "g", **keys)
+    src = edited_config(d, tmp_path / "g", **keys)
     theirs = hf_logits(hf_load(src))
     assert rel(theirs, hf_logits(m)) < TOL
     assert to_model_config(read(src)).activation == "geglu_tanh"
@@ -162,7 +150,7 @@ def test_gemma_activation_spellings_import_with_transformers_logits(gemma, tmp_p
 def test_a_gemma_hidden_activation_other_than_hidden_act_is_refused(gemma, tmp_path):
     """transformers 5 runs hidden_act, older versions ran hidden_activation: two different names say two
     different functions, and the import refuses rather than pick one."""
-    src = edited(gemma[1], tmp_path / "g", hidden_activation="gelu")
+    src = edited_config(gemma[1], tmp_path / "g", hidden_activation="gelu")
     with pytest.raises(HFError, match="hidden_activation='gelu'"):
         from_pretrained(src)
 
@@ -171,7 +159,7 @@ def test_a_gemma_hidden_activation_other_than_hidden_act_is_refused(gemma, tmp_p
                    "hidden_act='gelu', which transformers (GemmaConfig) runs as gelu_pytorch_tanh")
 def test_gemma_legacy_hidden_act_gelu_imports_as_transformers_runs_it(gemma, tmp_path):
     m, d = gemma
-    src = edited(d, tmp_path / "g", hidden_act="gelu")
+    src = edited_config(d, tmp_path / "g", hidden_act="gelu")
     theirs = hf_logits(hf_load(src))
     assert rel(theirs, hf_logits(m)) < TOL                             # transformers: the tanh GELU
     assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL

@@ -205,3 +205,22 @@ def test_sigint_during_setup_exits_130_without_a_traceback(tmp_path):
         out = proc.communicate(timeout=300)[0]
         assert proc.returncode in (130, -signal.SIGINT), (delay, proc.returncode, out[-2000:])
         assert "Traceback" not in out, (delay, out[-3000:])
+
+
+@pytest.mark.slow          # a training process into a 600 kB tmpfs (~10 s; root only)
+def test_a_full_disk_through_the_command_line_is_one_named_line(tmp_path):
+    """Before: the named "cannot write the checkpoint" came after orbax's threads printed their tracebacks (the
+    in-process test saw none: they are logged as the process closes its checkpoint managers)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root (a full disk is simulated with one)")
+    try:
+        rc, out = cli_process("train", *cli_args("configs/alice.py", TINY_LM + [
+            "train.steps=60", "train.checkpoint_every=1", "train.eval_every=1000", "train.keep_checkpoints=100",
+            "train.num_examples=0"]), "--workdir", str(disk / "run"), "--no-progress")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    assert rc == 2 and "Traceback" not in out and "ERROR" not in out, out[-3000:]
+    assert "checkpoint error: cannot write the checkpoint of step" in " ".join(out.split())
