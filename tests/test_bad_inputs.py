@@ -71,6 +71,7 @@ def test_a_non_finite_gradient_stops_the_run_before_its_checkpoint_is_saved(tmp_
     assert list((tmp_path / "attic").glob(f"*-non-finite-latest-{bad - 1}/{bad - 1}"))       # kept, set aside
 
 
+@pytest.mark.slow          # a divergence, an evaluation and a fine-tuning (~13 s)
 def test_the_checkpoint_named_good_after_divergence_evaluates_and_fine_tunes(tmp_path):
     """The issue's case: lr 1e3 without clipping, a checkpoint every step. Before, the guard named the step
     before the bad one, whose weights had just given the non-finite loss: it evaluated to nan and a run started
@@ -104,6 +105,7 @@ def test_the_checkpoint_named_good_is_finite_in_use_for_every_optimizer(tmp_path
     assert out["step"] == int(m.group(1)) and np.isfinite(out["eval"]["loss"])
 
 
+@pytest.mark.slow          # a training with evaluations (~7 s)
 def test_a_non_finite_held_out_loss_stops_the_run_before_that_step_is_saved(tmp_path, monkeypatch):
     """Weights whose training loss was finite but whose held-out loss is not are as bad: the run stops at that
     evaluation, saves nothing of it (no NaN in `best`) and names the checkpoint before it."""
@@ -122,6 +124,7 @@ def test_a_non_finite_held_out_loss_stops_the_run_before_that_step_is_saved(tmp_
     assert checkpoint_steps(tmp_path) == [2, 3] and checkpoint_steps(tmp_path, "best") == [2]
 
 
+@pytest.mark.slow          # three short trainings (~12 s)
 def test_init_from_refuses_a_run_whose_tokenizer_maps_other_characters_to_the_same_ids(tmp_path):
     """Two texts with as many distinct characters: the same vocabulary size, other characters behind the ids.
     Before, train.init_from compared sizes only and fine-tuned a model that read every id as another char."""

@@ -59,6 +59,7 @@ def test_each_shape_is_expressed_by_exactly_the_families_expected():
         assert got == families, (name, got)
 
 
+@pytest.mark.slow          # nine shapes, each exported as every family it can be and loaded in transformers (~12 s)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_every_family_either_exports_the_same_logits_or_is_refused(shape, tmp_path):
     cfg, families = SHAPES[shape]
