@@ -68,6 +68,7 @@ def test_a_non_finite_gradient_stops_the_run_before_its_checkpoint_is_saved(tmp_
     assert good.step == bad - 2 and f"last good checkpoint: step {bad - 2}" in str(e.value)
     assert all(bool(np.isfinite(np.asarray(x)).all()) for x in jax.tree.leaves(nnx.state(good.model)))
     assert "new --workdir" in str(e.value) and f"step {bad - 1}" in str(e.value)
+    assert str(e.value).startswith("gradient norm is")        # seen at its own step, while the loss is finite
     assert list((tmp_path / "attic").glob(f"*-non-finite-latest-{bad - 1}/{bad - 1}"))       # kept, set aside
 
 
