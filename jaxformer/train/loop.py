@@ -306,7 +306,7 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
                     f"gradient norm is {gnorm} (loss {loss:.4g})")
             _diverged(ckpt, bad - 1, f"{what} at step {bad}")
 
-    # The loop never waits    # The loop never waits for the device between those reads: the next batch is fetched and put on the
+    # The loop never waits for the device between those reads: the next batch is fetched and put on the
     # device while the current step runs (the data state saved with a checkpoint is the one of its step).
     batch = plan.global_batch(next(data_iter), rows) if p.start < tc.steps else None
     t_loop = _clock()
