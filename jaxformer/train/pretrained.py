@@ -48,8 +48,6 @@ def _import(source: Path, workdir, data, overrides, progress: bool, stop_if_aske
     run, nothing = RunDir(workdir), f"nothing was saved; {workdir} is free for the same command"
     model = to_model_config(read_config(source))
     pretrained_tokenizer(source)                                        # refuse an unusable tokenizer before writing
-    if run.has_checkpoint():
-        raise RunDirError(f"{run.path} already holds a run (a checkpoint); import into a new --workdir")
     default_data = run.path / "data"
     block = min(128, model.max_len)
     cfg = Config(model=model, data=DataConfig(task="tokens", path=str(Path(data or default_data).absolute()),
@@ -60,7 +58,7 @@ def _import(source: Path, workdir, data, overrides, progress: bool, stop_if_aske
     cfg = apply_overrides(cfg, list(overrides))                         # a refused --set writes nothing
     plan = Plan(cfg.parallel)
     with run.lock():
-        if run.has_checkpoint():                                        # another import got there first
+        if run.has_checkpoint():                                        # under the lock: one import wins
             raise RunDirError(f"{run.path} already holds a run (a checkpoint); import into a new --workdir")
         if Path(cfg.data.path) == default_data.absolute() and not (default_data / "index.json").exists():
             from jaxformer.data.text import corpus_path
