@@ -15,6 +15,8 @@ from pathlib import Path
 
 if __name__ == "__main__":            # `python -m jaxformer.cli`: the malloc settings first (jaxformer.launch)
     from jaxformer.launch import hugepage_malloc
+    from jaxformer.signals import hold_from_start
+    hold_from_start()
     hugepage_malloc()
 
 from rich.console import Console

@@ -16,6 +16,8 @@ import os
 import platform
 import sys
 
+from jaxformer.signals import block_for_exec
+
 TUNABLE = "glibc.malloc.hugetlb=1"
 
 
@@ -39,4 +41,5 @@ def hugepage_malloc() -> None:
     if env.get("GLIBC_TUNABLES") != os.environ.get("GLIBC_TUNABLES"):
         sys.stdout.flush()
         sys.stderr.flush()
+        block_for_exec()
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

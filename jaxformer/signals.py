@@ -46,6 +46,21 @@ def hold_from_start() -> None:
     if _startup is None:
         _startup = Held("the command reaches a point where it can stop")
         _startup.__enter__()
+        if hasattr(signal, "pthread_sigmask"):      # one blocked across a re-exec (`block_for_exec`) lands now
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def block_for_exec() -> None:
+    """Before this process re-executes itself (jaxformer.launch): stop signals blocked, since the mask and any
+    pending signal survive `execve`. A Ctrl-C while the new interpreter starts then waits for its
+    `hold_from_start` instead of interrupting Python's own startup ("Fatal Python error: init_import_site"),
+    and one already received is raised again, pending, so the new process acts on it. A no-op where signals
+    are not held (the new process would not unblock them)."""
+    if _startup is None or not hasattr(signal, "pthread_sigmask"):
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    if pending() is not None:
+        signal.raise_signal(signal.Signals[pending()])
 
 
 def pending() -> str | None:
