@@ -18,7 +18,7 @@ from jaxformer import ops
 from jaxformer.config import ConfigError, ModelConfig
 from jaxformer.errors import BackendError
 from jaxformer.nn import build_model
-from jaxformer.ops import positional
+from jaxformer.ops import fused, positional
 
 RTOL = 1e-5
 B, T, N, H = 2, 32, 4, 8
@@ -114,6 +114,10 @@ def test_cudnn_agrees_with_reference_in_bfloat16(name):
                                                                                                        want[2])))]:
         g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
         assert np.abs(g - w).max() <= bf16 * max(np.abs(w).max(), 1e-30), what
+    g, w = np.asarray(got[1], np.float64), np.asarray(want[1], np.float64)            # lse [B,N,T]
+    np.testing.assert_array_equal(np.isinf(g), np.isinf(w))
+    finite = np.isfinite(w)
+    assert np.abs(g[finite] - w[finite]).max() <= bf16 * max(np.abs(w[finite]).max(), 1.0), "lse"
 
 
 def test_all_masked_rows_are_zero_with_zero_gradient():
@@ -293,3 +297,22 @@ def test_bf16_policy_trains_reversal_to_the_same_accuracy(tmp_path):
         exact[dtype] = train(cfg, tmp_path / dtype, progress="none")["eval"]["exact_match"]
     assert exact["float32"] >= 0.9, exact
     assert exact["bfloat16"] >= exact["float32"] - 0.02, exact
+
+
+@pytest.mark.parametrize("t, n", [(8, 4), (4, 4)])       # T == N: a layout mix-up cannot hide behind a shape error
+def test_the_residual_of_jax_attention_is_read_as_btn(t, n):
+    """cudnn_attention reads the log-sum-exp of `jax.nn.dot_product_attention(return_residual=True)` through
+    `fused.residual_lse`. jax returns it [B,T,N] for every implementation (cuDNN's own [B,N,T] transposed inside
+    jax); the xla implementation runs here, so the contract is pinned without a GPU. Wrong implementations: the
+    residual taken as [B,N,T] already (stop 46's GPU failure: a broadcast error, or silently wrong when T == N),
+    or kept in bfloat16."""
+    r = np.random.default_rng(3)
+    q, k, v = (jnp.asarray(r.normal(size=(2, t, n, 8)), jnp.bfloat16) for _ in range(3))
+    mask = jnp.tril(jnp.ones((t, t), bool))[None, None]
+    _, res = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla", return_residual=True)
+    assert res.shape == (2, t, n)
+    _, _, want = ops.dot_product_attention(*(x.astype(jnp.float32) for x in (q, k, v)), mask=mask,
+                                           return_lse=True, backend="reference")
+    got = fused.residual_lse(res)
+    assert got.dtype == jnp.float32 and got.shape == want.shape == (2, n, t)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.05)

@@ -143,6 +143,13 @@ def _lse(q, k, ids, causal, scale):
     return chunked_attention(q, k, k, mask, None, scale=scale)[1]
 
 
+def residual_lse(residual: jax.Array) -> jax.Array:
+    """The log-sum-exp residual of `jax.nn.dot_product_attention(..., return_residual=True)`, [B,T,N] for every
+    implementation (the cuDNN path transposes its kernel's [B,N,T]; pinned on CPU with implementation="xla")
+    -> [B,N,T] float32, the layout every backend here returns."""
+    return jnp.swapaxes(residual, 1, 2).astype(jnp.float32)
+
+
 def cudnn_attention(q, k, v, mask, bias, *, scale: float, want_lse: bool = False):
     """q [B,T,N,H], k/v [B,S,K,H] (GQA native) -> (out [B,T,N,H], lse [B,N,T] or None unless want_lse, from a
     second, gradient-free call) by cuDNN flash attention.
@@ -160,7 +167,7 @@ def cudnn_attention(q, k, v, mask, bias, *, scale: float, want_lse: bool = False
                                                             return_residual=residual)
     out, lse = run(False, q, k, v), None
     if want_lse:
-        lse = run(True, *jax.lax.stop_gradient((q, k, v)))[1].astype(jnp.float32)
+        lse = residual_lse(run(True, *jax.lax.stop_gradient((q, k, v)))[1])
     if mask4 is not None:
         seen = jnp.any(mask4, axis=-1)                                            # [B,1|N,T]
         out = jnp.where(jnp.swapaxes(seen, 1, 2)[..., None], out, 0).astype(q.dtype)
