@@ -12,13 +12,17 @@ trainings compile the same few programs, and a cache hit skips XLA's compile, no
 programs are tiny and compiling them costs far more than running them, so XLA:CPU compiles them cheaply: LLVM
 optimisation level 0 (about 30% off the suite) and the classic elemental emitters instead of the MLIR fusion
 emitters (compiling a small train step 2.5x faster: 1.7 s -> 0.7 s). Both are code-generation settings: no change
-to the HLO, nor to what the tests compute, only to how fast the machine code is made and runs.
+to the HLO, nor to what the tests compute, only to how fast the machine code is made and runs. Each is added only
+where this jaxlib's XLA accepts it (probed once in a child process: XLA aborts on a flag it does not know, and jax
+0.11's does not know these); JAXFORMER_TEST_FLAGS records what was added.
 On a GPU, memory is allocated on demand so that the two xdist workers can share it; the scale-out tests run their
 8 (or 2 × 4) devices as fake CPU devices in their own processes on any machine (tests/test_parallel.py).
 """
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
@@ -26,9 +30,23 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # on a GPU, the xdist workers share its memory
-for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):   # module docstring
-    if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+CODEGEN_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")   # module docstring
+
+
+def _accepted(flags: list[str]) -> bool:
+    """Whether this jaxlib's XLA starts with `flags` added to XLA_FLAGS: XLA aborts a process on a flag its build
+    does not know (jax 0.11 dropped these), so a child process is asked."""
+    env = dict(os.environ, XLA_FLAGS=" ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip(),
+               JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, "-c", "import jax.numpy as j; j.zeros(1).block_until_ready()"], env=env,
+                          capture_output=True, timeout=300).returncode == 0
+
+
+if "JAXFORMER_TEST_FLAGS" not in os.environ:      # probed once: xdist workers and CLI subprocesses inherit both
+    _new = [f for f in CODEGEN_FLAGS if f.split("=")[0] not in os.environ.get("XLA_FLAGS", "")]
+    _new = _new if not _new or _accepted(_new) else [f for f in _new if _accepted([f])]
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *_new]).strip()
+    os.environ["JAXFORMER_TEST_FLAGS"] = " ".join(_new) or "none"
 
 import jax  # noqa: E402  (after the cache settings above)
 import pytest  # noqa: E402
