@@ -1,9 +1,10 @@
 """A run's orbax checkpoints: `latest` keeps the newest N steps, `best` the best one by an eval metric.
 
-Each step holds the items "model" and "opt" (the training state's two halves) and "data" (the input
-iterator's state, JSON), so a model restores without its optimizer. A step that cannot be read (truncated
-array files, a missing or garbled metadata file, a missing item) is skipped with a warning naming it and the
-next older one is tried; once one restores, a writable run moves the bad steps to its attic (nothing is
+Each step holds the items "model" and "opt" (the training state's two halves), "data" (the input iterator's state,
+JSON) and, for EMA and schedule-free runs, the weights they evaluate ("eval_ema", "eval": model states,
+`jaxformer.inference.weights`), so any model a run reports restores without its optimizer. A step that cannot be
+read (truncated array files, a missing or garbled metadata file, a missing item) is skipped with a warning naming
+it and the next older one is tried; once one restores, a writable run moves the bad steps to its attic (nothing is
 deleted), so the resumed run can save those steps again.
 """
 from __future__ import annotations
@@ -67,13 +68,18 @@ class Checkpoints:
     def steps(self, kind: str = "latest") -> list[int]:
         return sorted(self.managers[kind].all_steps())
 
+    def has_item(self, kind: str, step: int, item: str) -> bool:
+        """Whether step `step` of `kind` saved `item` (checkpoints written before an item existed lack it)."""
+        return (self.root / kind / str(step) / item).is_dir()
+
     def empty(self) -> bool:
         """No step saved in either manager."""
         return not any(self.steps(k) for k in KINDS)
 
     def save(self, step: int, state: dict, data_state: dict, metrics: dict | None = None) -> None:
-        """Save `state` ({"model", "opt"}) and the data iterator state as `step` in latest, and in best when
-        eval `metrics` are given. Returns when the write is complete."""
+        """Save `state` (items: "model", "opt", and the evaluated views of `jaxformer.inference.weights`) and the
+        data iterator state as `step` in latest, and in best when eval `metrics` are given. Returns when the
+        write is complete."""
         args = ocp.args.Composite(**{k: ocp.args.StandardSave(v) for k, v in state.items()},
                                   data=ocp.args.JsonSave(data_state))
         try:
@@ -93,7 +99,8 @@ class Checkpoints:
 
     def restore(self, target: dict, kinds: tuple[str, ...] = ("latest",), *, data: bool = False,
                 check: Callable[[dict], None] | None = None) -> Restored | None:
-        """Restore the items named in `target` (item -> abstract or live pytree: shapes, dtypes, shardings),
+        """Restore the items named in `target` (item -> abstract or live pytree: shapes, dtypes, shardings; None:
+        as saved, plain dicts of arrays on this process's default device),
         and the data iterator state if `data`, from the first readable candidate step: with one kind, "latest"
         tries the newest first and "best" the best first; with several, the newest step of any kind first.
         `check(items)` may raise to reject a step that reads but cannot be used (e.g. a data state of another
@@ -106,7 +113,7 @@ class Checkpoints:
             candidates += [(kind, s) for s in ([best] if best is not None else []) + [s for s in steps if s != best]]
         if len(kinds) > 1:
             candidates.sort(key=lambda c: -c[1])                       # stable: kinds' order breaks ties
-        args = {k: ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, v))
+        args = {k: ocp.args.StandardRestore(None if v is None else jax.tree.map(ocp.utils.to_shape_dtype_struct, v))
                 for k, v in target.items()}
         if data:
             args["data"] = ocp.args.JsonRestore()

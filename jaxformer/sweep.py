@@ -216,8 +216,7 @@ def _earlier_wall(run: Run) -> float:
 def _extra_eval(run: Run, overrides: tuple[str, ...]) -> dict:
     """Evaluate the run's final model on a changed held-out set (data.* overrides)."""
     from jaxformer.data import build_task
-    from jaxformer.inference import evaluate
-    from jaxformer.train.weights import load_model
+    from jaxformer.inference import evaluate, load_model
     try:
         loaded = load_model(run.workdir, "latest")
         cfg = apply_overrides(loaded.cfg, list(overrides))

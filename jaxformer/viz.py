@@ -153,12 +153,12 @@ def write_maps(maps: AttentionMaps, index: int, out: Path, dpi: int = 100) -> li
 
 
 def write_heatmaps(workdir: str | Path, prompts: list[str] | None = None, which: str = "best",
-                   out: str | Path | None = None, *, dpi: int = 100) -> list[Path]:
-    """Restore a run's best (or latest) model and write its attention heatmaps for `prompts` (default: the
-    first held-out inputs, `jaxformer.inference.default_prompts`) into `out` (default RUN/viz/): one set of figures
-    per prompt, see the module docstring. -> the written paths, in order. Every prompt is checked before any
-    figure is written (a bad prompt raises DataError, naming it)."""
-    run = load_model(workdir, which)
+                   out: str | Path | None = None, *, dpi: int = 100, weights: str = "trained") -> list[Path]:
+    """Restore a run's best (or latest) model (weights: `load_model`'s) and write its attention heatmaps for `prompts`
+    (default: the first held-out inputs, `jaxformer.inference.default_prompts`) into `out` (default RUN/viz/):
+    one set of figures per prompt, see the module docstring. -> the written paths, in order. Every prompt is
+    checked before any figure is written (a bad prompt raises DataError, naming it)."""
+    run = load_model(workdir, which, weights=weights)
     prompts = list(prompts) if prompts else default_prompts(run)
     maps = attention_maps(run, prompts)                 # checks every prompt before anything is written
     out = RunDir(workdir).viz_path if out is None else Path(out)

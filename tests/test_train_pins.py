@@ -7,7 +7,7 @@ implementation (tests/mutants.py names them):
   b2, clipping (inside its base) and weight-decay mask over three steps;
 - a MoE model's router losses are per group of routed tokens and averaged over the groups: the micro-batches of
   optim.accumulate, and the devices of parallel.mode=shard_map (two fake CPU devices in a subprocess);
-- the EMA a run restores (`train.weights.load_model(weights="ema")`) is the EMA of its per-step weights, and a
+- the EMA a run restores (`inference.load_model(weights="ema")`) is the EMA of its per-step weights, and a
   run without one refuses weights="ema" by name;
 - DeepNorm in an encoder-decoder model: each stack its own DeepNet α (read off the built residuals) and β (the
   scale of its v, o and FFN initialisations), with N != M layers so that swapping them shows.
@@ -312,7 +312,7 @@ def test_a_run_restores_the_ema_of_its_saved_per_step_weights(tmp_path):
     from jaxformer.runs import RunDir
     from jaxformer.train.loop import train
     from jaxformer.train.step import abstract_state
-    from jaxformer.train.weights import load_model
+    from jaxformer.inference import load_model
     d = 0.6
     cfg = tiny_lm(f"optim.ema={d}", "optim.lr=1e-2", "train.steps=2", "train.checkpoint_every=1",
                   "train.keep_checkpoints=2", "train.eval_every=2", "train.log_every=2", "train.num_examples=0",

@@ -13,7 +13,7 @@ from jaxformer.config import ConfigError, resolve_vocab
 from jaxformer.data import build_task
 from jaxformer.ops.losses import token_losses
 from jaxformer.train.step import forward, init_state, make_train_step
-from jaxformer.train.weights import evaluated
+from jaxformer.inference.weights import evaluated
 
 
 def _setup(*extra):
@@ -68,7 +68,7 @@ def test_schedule_free_adamw_steps_y_and_evaluates_x_as_the_paper_writes_them():
     before = _params(graphs, state["model"])
     for got, want in zip(before, y):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
-    ev = _params(graphs, evaluated(cfg, graphs, state)["eval"])
+    ev = _params(graphs, evaluated(cfg.optim, graphs.model, state["model"], state["opt"])["eval"])
     assert max(np.abs(a - b).max() for a, b in zip(ev, before)) > 1e-4          # x is not y
     for got, want in zip(ev, x):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
@@ -88,7 +88,7 @@ def test_the_ema_averages_the_weights_after_each_update_from_the_initial_ones():
         state, _ = step(state, {k: jnp.asarray(v[8 * c:8 * c + 8]) for k, v in task.train.items()},
                         jax.random.key(c))
         ema = [d * e + (1 - d) * p for e, p in zip(ema, _params(graphs, state["model"]))]
-    out = evaluated(cfg, graphs, state)
+    out = evaluated(cfg.optim, graphs.model, state["model"], state["opt"])
     for got, want in zip(_params(graphs, out["eval_ema"]), ema):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
     assert out["eval"] is state["model"]
@@ -99,7 +99,6 @@ def test_the_ema_averages_the_weights_after_each_update_from_the_initial_ones():
 def test_a_run_logs_both_evaluations_and_restores_either_weights(tmp_path):
     from jaxformer.inference import evaluate_run
     from jaxformer.train.loop import train
-    from jaxformer.train.weights import load_model
     cfg = tiny_lm("optim.ema=0.9", "train.steps=6", "train.eval_every=3", "train.log_every=3",
                   "train.checkpoint_every=6", "train.num_examples=0")
     train(cfg, tmp_path, progress="none")
@@ -107,25 +106,21 @@ def test_a_run_logs_both_evaluations_and_restores_either_weights(tmp_path):
     assert set(last) >= {"train", "eval", "eval_ema"}
     assert last["eval"]["loss"] != last["eval_ema"]["loss"]
     for weights, split in (("trained", "eval"), ("ema", "eval_ema")):
-        got = evaluate_run(tmp_path, "latest", weights=weights, load=load_model)["eval"]["loss"]
+        got = evaluate_run(tmp_path, "latest", weights=weights)["eval"]["loss"]
         np.testing.assert_allclose(got, last[split]["loss"], rtol=1e-6)
 
 
 @pytest.mark.slow
 def test_a_schedule_free_run_reports_and_restores_its_averaged_iterate(tmp_path):
-    from jaxformer.inference import evaluate_run
-    from jaxformer.inference import load_model as plain_load
+    from jaxformer.inference import evaluate_run, load_model
     from jaxformer.train.loop import train
-    from jaxformer.train.weights import load_model
     cfg = tiny_lm("optim.name=schedule_free", "optim.schedule=constant", "optim.lr=3e-3", "optim.warmup_steps=2",
                   "train.steps=6", "train.eval_every=6", "train.checkpoint_every=6", "train.num_examples=0")
     train(cfg, tmp_path, progress="none")
     logged = next(r for r in records(tmp_path) if r["split"] == "eval" and r["step"] == 6)["loss"]
-    np.testing.assert_allclose(evaluate_run(tmp_path, "latest", load=load_model)["eval"]["loss"], logged, rtol=1e-6)
+    np.testing.assert_allclose(evaluate_run(tmp_path, "latest")["eval"]["loss"], logged, rtol=1e-6)
     with pytest.raises(ConfigError, match="without an EMA"):
         load_model(tmp_path, "latest", weights="ema")
-    with pytest.raises(ConfigError, match="jaxformer.train.weights.load_model"):
-        plain_load(tmp_path, "latest")
 
 
 def test_bad_averaging_settings_are_named_errors():

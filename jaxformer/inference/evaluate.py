@@ -95,11 +95,11 @@ def examples(task: Task, model: nnx.Module, k: int, batch_rows: int = 0) -> list
 
 
 def evaluate_run(workdir: str | Path, which: str = "best", quantize: str | None = None,
-                 weights: str = "trained", load=load_model) -> dict:
+                 weights: str = "trained") -> dict:
     """Restore a run's best (or latest) model (quantized: see `jaxformer.quantize`; weights: `load_model`) and
     evaluate it on the held-out set (needs the run's data). -> {"step", "which" (the checkpoint actually used),
-    "eval", "examples"}. load: the loader (`jaxformer.train.weights.load_model` for EMA / schedule-free runs)."""
-    loaded = load(workdir, which, quantize=quantize, weights=weights)
+    "eval", "examples"}."""
+    loaded = load_model(workdir, which, quantize=quantize, weights=weights)
     task = build_task(loaded.cfg.data, loaded.tokenizer)
     return {"step": loaded.step, "which": loaded.which, "eval": evaluate(loaded.cfg, task, loaded.model),
             "examples": examples(task, loaded.model, loaded.cfg.train.num_examples)}

@@ -7,12 +7,12 @@ from jaxformer.data.tokenizers import HFTokenizer
 
 
 def export_run(workdir: str | Path, out: str | Path, *, which: str = "best", dtype: str = "float32",
-               family: str | None = None) -> dict:
-    """A run's model (its best or latest checkpoint) as a Hugging Face checkpoint folder, with tokenizer.json
-    when the run's tokenizer is a HF one. -> the config.json written."""
+               family: str | None = None, weights: str = "trained") -> dict:
+    """A run's model (its best or latest checkpoint; weights: `load_model`'s) as a Hugging Face checkpoint
+    folder, with tokenizer.json when the run's tokenizer is a HF one. -> the config.json written."""
     from jaxformer.hf.checkpoint import save_pretrained
     from jaxformer.inference.restore import load_model
-    loaded = load_model(workdir, which)
+    loaded = load_model(workdir, which, weights=weights)
     tok = loaded.tokenizer
     ids = {"eos_token_id": tok.eod_id} if getattr(tok, "eod_id", None) is not None else {}
     if getattr(tok, "bos_id", None) is not None:

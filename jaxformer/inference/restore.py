@@ -1,6 +1,5 @@
-"""Restoring a trained model for inference: the model (no training data; the optimizer state only when the
-weights asked for live there) from a run directory's config.json, tokenizer.json and best (or latest)
-checkpoint, optionally quantized."""
+"""Restoring a trained model for inference: the model (no training data, no optimizer) from a run directory's
+config.json, tokenizer.json and best (or latest) checkpoint, optionally quantized."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,11 +7,14 @@ import json
 import logging
 from pathlib import Path
 
+import jax
+import numpy as np
 from flax import nnx
 
 from jaxformer.config import Config, ModelConfig, resolve_vocab
 from jaxformer.errors import CheckpointError, ConfigError
 from jaxformer.hf.families import FREE
+from jaxformer.inference.weights import evaluated, item_for
 from jaxformer.nn import build_model
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
 from jaxformer.runs import RunDir
@@ -38,17 +40,15 @@ def abstract_model(cfg: Config, plan: Plan | None = None):
 
 
 def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = None,
-               quantize: str | None = None, weights: str = "trained", from_optimizer=None) -> LoadedModel:
-    """Restore a run's model (no training data) from its `which` checkpoint ("best" or "latest");
+               quantize: str | None = None, weights: str = "trained") -> LoadedModel:
+    """Restore a run's model (no training data, no optimizer) from its `which` checkpoint ("best" or "latest");
     when that kind has no readable step, the other kind is used with a warning, and `which` of the result
     says so. plan: restore straight into that plan's shardings, else onto one device, whatever mesh the run
     was saved from. quantize: "int8" | "int4" | "w8a8" quantizes the restored weights for inference
     (`jaxformer.quantize`). weights: "trained" (what the run's eval/* metrics are of: the model's weights, or
     schedule-free AdamW's averaged iterate) | "ema" (the weights' EMA of a run with optim.ema set, its
-    eval_ema/*). Those two live in the optimizer state, which only training code can build: from_optimizer
-    (cfg, plan) -> (restore target {"model", "opt"}, items -> model state) supplies it
-    (`jaxformer.train.weights.load_model` passes it); without it they are a ConfigError.
-    Never writes to the run directory."""
+    eval_ema/*); checkpoints hold each as a model item (`jaxformer.inference.weights`). Never writes to the
+    run directory."""
     if which not in ("best", "latest"):
         raise ConfigError(f"which={which!r} must be 'best' or 'latest'")
     if weights not in ("trained", "ema"):
@@ -68,37 +68,44 @@ def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = Non
     if weights == "ema" and not cfg.optim.ema:
         raise ConfigError(f"weights='ema': {run.path} was trained without an EMA (optim.ema=0)")
     graph, abstract = abstract_model(cfg, plan)
-    target, select = {"model": abstract}, (lambda items: items["model"])
-    if weights == "ema" or cfg.optim.name == "schedule_free":      # the weights are in the optimizer's state
-        if from_optimizer is None:
-            raise ConfigError(f"{run.path}: its {'EMA' if weights == 'ema' else 'schedule-free averaged'} weights "
-                              "are in the optimizer state; load it with jaxformer.train.weights.load_model")
-        target, select = from_optimizer(cfg, plan)
+    item = item_for(cfg.optim, weights)
     ckpt = run.checkpoints(cfg, read_only=True)
     try:
-        other = "latest" if which == "best" else "best"
         errors = []
-        for kind in (which, other):
-            try:
-                restored = ckpt.restore(target, (kind,))
-            except CheckpointError as e:
-                errors.append(str(e))
-                continue
+        for kind in (which, "latest" if which == "best" else "best"):
+            restored = _restore_item(ckpt, kind, item, cfg, graph, abstract, errors)
             if restored is not None:
                 if kind != which:
                     log.warning("%s has no readable %s checkpoint; using the %s one (step %d)", run.path, which,
-                                kind, restored.step)
-                model = nnx.merge(graph, select(restored.items))
+                                kind, restored[1])
+                model = nnx.merge(graph, restored[0])
                 if quantize is not None:
                     from jaxformer.quantize import quantize_model
                     quantize_model(model, quantize)
-                return LoadedModel(cfg, tokenizer, model, restored.step, kind)
+                return LoadedModel(cfg, tokenizer, model, restored[1], kind)
     finally:
         ckpt.close()
     raise CheckpointError("; ".join(errors) if errors else f"{run.path} has no checkpoint yet (train saves one "
                           f"every train.checkpoint_every={cfg.train.checkpoint_every} steps and at the end)")
 
 
+def _restore_item(ckpt, kind: str, item: str, cfg: Config, graph, abstract, errors: list):
+    """-> (model state of `item`, step) from `kind`'s first readable step, or None (reasons appended to errors).
+    Steps saved before the evaluated views were items (`jaxformer.inference.weights`) hold them only inside the
+    optimizer state: read as saved and computed from it."""
+    legacy = item != "model" and not all(ckpt.has_item(kind, s, item) for s in ckpt.steps(kind))
+    try:
+        restored = ckpt.restore({"model": abstract, "opt": None} if legacy else {item: abstract}, (kind,))
+    except CheckpointError as e:
+        errors.append(str(e))
+        return None
+    if restored is None:
+        return None
+    if legacy:                              # the optimizer state came back as saved: onto the model's shardings
+        opt = jax.tree.map(np.asarray, restored.items["opt"])
+        views = evaluated(cfg.optim, graph, restored.items["model"], opt)
+        return jax.tree.map(lambda a, x: jax.device_put(x, a.sharding), abstract, views[item]), restored.step
+    return restored.items[item], restored.step
 
 
 def pretrained_state(source: str | Path, model: ModelConfig, plan: Plan | None = None,

@@ -41,7 +41,7 @@ from jaxformer.parallel import Plan, check_fits
 from jaxformer.runs import RunDir
 from jaxformer.signals import Held, stderr_line
 from jaxformer.inference.evaluate import evaluate, examples, make_eval_step
-from jaxformer.train.weights import evaluated
+from jaxformer.inference.weights import checkpoint_items, evaluated
 from jaxformer.train.flops import flops_per_token, measure_peak_flops
 from jaxformer.train.step import Graphs, abstract_state, init_state, make_train_step, schedule, state_around
 
@@ -98,7 +98,8 @@ def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, pr
             t0 = time.perf_counter()
             with plan.use():
                 state, step, signame, last_eval = _loop(p, run, stop_after, progress, clock)
-                model, rows = nnx.merge(p.graphs.model, evaluated(p.cfg, p.graphs, state)["eval"]), []
+                views = evaluated(p.cfg.optim, p.graphs.model, state["model"], state["opt"])
+                model, rows = nnx.merge(p.graphs.model, views["eval"]), []
                 if signame is None:     # after a signal, exit promptly (a scheduler's grace period is short)
                     t = _clock()
                     if last_eval is None:               # nothing ran, or the loop stopped between evals
@@ -345,10 +346,11 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
                     rec["mfu"] = rec["tokens_per_s"] * fpt / peak
                     emit(step, "train", rec)
                     t_log = now
-                last_eval = None
+                last_eval, views = None, None
                 if eval_now:
                     t = _clock()
-                    for split, weights in evaluated(cfg, p.graphs, state).items():   # eval, eval_ema
+                    views = evaluated(cfg.optim, p.graphs.model, state["model"], state["opt"])
+                    for split, weights in views.items():                      # eval, eval_ema
                         metrics = evaluate(cfg, p.task, nnx.merge(p.graphs.model, weights), eval_step, plan)
                         emit(step, split, metrics)
                         last_eval = metrics if split == "eval" else last_eval
@@ -357,7 +359,7 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
                     clock["eval"] += _clock() - t
                 if saving:
                     t = _clock()
-                    ckpt.save(step, state, data_state, last_eval)
+                    ckpt.save(step, checkpoint_items(cfg.optim, p.graphs.model, state, views), data_state, last_eval)
                     clock["checkpoint"] += _clock() - t
                 if stopping:
                     return state, step, sig.received, last_eval

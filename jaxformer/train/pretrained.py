@@ -42,6 +42,7 @@ def _import(source: Path, workdir, data, overrides, progress: bool, stop_if_aske
     from jaxformer.hf.checkpoint import read_config
     from jaxformer.hf.families import to_model_config
     from jaxformer.inference.evaluate import evaluate
+    from jaxformer.inference.weights import checkpoint_items
     from jaxformer.parallel import Plan
     from jaxformer.runs import RunDir
     from jaxformer.train.loop import prepare as prepare_state
@@ -72,7 +73,7 @@ def _import(source: Path, workdir, data, overrides, progress: bool, stop_if_aske
             stop_if_asked(nothing)
             rows = p.cfg.data.batch_size
             first = iter(p.task.train_dataset(rows, p.cfg.train.seed, plan.local_rows(rows))).get_state()
-            p.ckpt.save(0, p.state, first, metrics)
+            p.ckpt.save(0, checkpoint_items(p.cfg.optim, p.graphs.model, p.state), first, metrics)
             log = run.metrics_log()
             log.write(0, "eval", metrics)
             log.close()
