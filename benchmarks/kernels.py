@@ -57,7 +57,7 @@ DECODE_T = {"decode b1 ffn down, w [N,K]": (1, 2048, 512), "decode b8 ffn down, 
 #                 weight gradient's transposed operand in the base step (the norm's backward and dropout);
 #   ew+transpose  the same with its result transposed, in one fusion, as XLA:CPU emits it there.
 # Each copy is its own jitted call with one output (dispatch included: ~10 µs against 0.3-20 ms).
-#   tiled transpose  x -> xᵀ in 32×32 tiles (`ops.layout.transpose`, the weight gradients' form; PyTorch: as
+#   tiled transpose  x -> xᵀ in 32×32 tiles (`platforms.cpu.transpose`, the weight gradients' form; PyTorch: as
 #                 transpose).
 LAYOUT = {"[768,128]": (768, 128), "[768,512]": (768, 512), "[1024,2048]": (1024, 2048)}
 LAYOUT_KINDS = ("transpose", "tiled transpose", "ew", "ew+transpose")
@@ -87,7 +87,7 @@ def jax_child(reps: int) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jaxformer.ops import layout
+    from jaxformer.platforms import cpu as layout
     out = {}
     rng = np.random.default_rng(0)
     for label, (kind, m, k, n) in _cases():

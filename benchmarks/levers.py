@@ -62,7 +62,7 @@ def _patched(obj, name: str, value):
 
 def _default_copy_insertion():
     """The train step compiled with XLA's default options (no region analysis in copy insertion)."""
-    from jaxformer import lowering
+    from jaxformer.platforms import lowering
     return _patched(lowering, "TRAIN_CPU_OPTIONS", {})
 
 
@@ -78,15 +78,15 @@ def _jax_weight_grad():
     import functools
     import jax
     from jaxformer.nn import params
-    from jaxformer.ops import layout
+    from jaxformer.platforms import cpu as layout
 
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-    def dot(dims, x, w):
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+    def dot(x, w, dims):
         return jax.lax.dot_general(x, w, dims)
 
     def bwd(dims, res, g):
         return jax.vjp(lambda x, w: jax.lax.dot_general(x, w, dims), *res)[1](layout.materialize(g))
-    dot.defvjp(lambda dims, x, w: (jax.lax.dot_general(x, w, dims), (x, w)), bwd)
+    dot.defvjp(lambda x, w, dims: (jax.lax.dot_general(x, w, dims), (x, w)), bwd)
     return _patched(params, "_dot", dot)
 
 
@@ -98,7 +98,7 @@ def _w2_as_stored():
 
 def _plain_transpose():
     """Each weight gradient's transposed operand as XLA:CPU's own 2-D transpose (x.T)."""
-    from jaxformer.ops import layout
+    from jaxformer.platforms import cpu as layout
     return _patched(layout, "transpose", lambda x: x.T)
 
 
@@ -110,7 +110,7 @@ def _plain_softmax():
 
 @contextlib.contextmanager
 def _rolled_threefry():
-    from jaxformer.lowering import unrolled_threefry
+    from jaxformer.platforms.lowering import unrolled_threefry
     unrolled_threefry(False)
     try:
         yield
@@ -152,7 +152,7 @@ LEVERS = {
                          "it)", ("tiny", "gpt", "base"), _jax_weight_grad),
     "softmax_gemv": Lever("attention softmax backward's row sums as a GEMV (`ops.attention._softmax`)",
                           "jax.nn.softmax's own backward (a reduce)", ("tiny", "gpt", "base"), _plain_softmax),
-    "threefry_unrolled": Lever("dropout's threefry hash lowered unrolled on CPU (`jaxformer/lowering.py`)",
+    "threefry_unrolled": Lever("dropout's threefry hash lowered unrolled on CPU (`jaxformer/platforms/lowering.py`)",
                                "jax's CPU lowering, a 5-trip loop per draw", ("tiny", "base"), _rolled_threefry),
     "copy_insertion": Lever("the train step compiled with xla_cpu_copy_insertion_use_region_analysis "
                             "(`lowering.train_compiler_options`: fewer copies of loop-carried values)",
@@ -161,7 +161,7 @@ LEVERS = {
                               "(`nn.layers.FeedForward.lay_out_for_decoding`), read row by row",
                               "the weight as stored, [in,out]", ("base b1 c64", "base b1 c256", "tiny b1 c64"),
                               _w2_as_stored, decode=True),
-    "tiled_transpose": Lever("each weight gradient's transposed operand moved in 32×32 tiles (`ops.layout.transpose`)",
+    "tiled_transpose": Lever("each weight gradient's transposed operand moved in 32×32 tiles (`platforms.cpu.transpose`)",
                              "XLA:CPU's own 2-D transpose", ("tiny", "gpt", "base"), _plain_transpose),
     "remat_dots": Lever("model.remat='dots' for the char model (configs/shakespeare_char.py)",
                         "model.remat='none' (every activation stored)", ("gpt",), model_before={"remat": "none"}),
@@ -375,7 +375,7 @@ def write(stem: Path, res: dict) -> None:
     lines = ["# Speed levers, each against the program without it", "",
              f"{' then '.join(f'`{c}`' for c in commands(res))} on {res['machine']}, "
              f"with GLIBC_TUNABLES={res['glibc_tunables'] or '(unset)'} "
-             "(how `jaxformer` starts: jaxformer/launch.py).", "",
+             "(how `jaxformer` starts: jaxformer/platforms/launch.py).", "",
              __doc__.split("\n\n")[2].replace("\n", " ").strip(), "",
              "| lever | config | before ms | after ms | after / before [95% interval] | verdict | "
              "compile s before / after | loss (tokens) before / after |", "|---|---|---:|---:|---|---|---|---|"]
@@ -400,8 +400,8 @@ def write(stem: Path, res: dict) -> None:
 
 
 if __name__ == "__main__":
-    from jaxformer.launch import hugepage_malloc
-    hugepage_malloc()                  # the process environment `jaxformer` gives itself (jaxformer/launch.py)
+    from jaxformer.platforms.launch import hugepage_malloc
+    hugepage_malloc()                  # the process environment `jaxformer` gives itself (jaxformer/platforms/launch.py)
     try:
         main()
     except MergeError as e:

@@ -204,7 +204,7 @@ def _fused_transpose(base: dict) -> str:
             f"times at {f['[1024,2048]']:.1f}× the time of its parts run apart on a [1024,2048] array "
             f"({f['[768,512]']:.1f}× on a [768,512] one that fits in\ncache), so each weight gradient transposes the "
             "smaller of its two operands, materialized (`nn.params._weight_grad`,\nin 32×32 tiles, "
-            "`ops.layout.transpose`: the levers table below); "
+            "`platforms.cpu.transpose`: the levers table below); "
             f"{left['ms']:.0f} ms per base step of copies still carry fused work")
 
 
@@ -228,7 +228,7 @@ def _threefry(s: dict) -> str:
         return ""
     (tu, tr), (bu, br) = runs["tiny"], runs["base"]
     return ("Dropout's random bits: jax lowers its threefry hash on CPU as a 5-trip loop per draw, each trip "
-            "separate runtime ops;\n`jaxformer` lowers it unrolled, as jax does for GPUs (`jaxformer/lowering.py`, "
+            "separate runtime ops;\n`jaxformer` lowers it unrolled, as jax does for GPUs (`jaxformer/platforms/lowering.py`, "
             f"the same bits): the tiny step runs {tu['op_events_per_step']:,.0f}\nop events instead of "
             f"{tr['op_events_per_step']:,.0f} ({tu['step_ms']:.1f} vs {tr['step_ms']:.1f} ms), the base step "
             f"{bu['step_ms']:.0f} vs {br['step_ms']:.0f} ms{_within_noise(tu, tr, bu, br)}.\n")
@@ -269,7 +269,7 @@ def _malloc(base: dict) -> str:
     return (f"The base step's {ours['temp_mib']:.0f} MiB temporary block is allocated at every execution; with "
             f"glibc's malloc as it is,\nthat is a fresh mapping each step, faulted in page by page "
             f"({plain['faults_per_step']:,.0f} minor faults, {plain['step_ms']:.0f} ms per step), so `jaxformer` "
-            f"starts with glibc's\nhuge-page tunable (`jaxformer/launch.py`; {ours['faults_per_step']:,.0f} faults, "
+            f"starts with glibc's\nhuge-page tunable (`jaxformer/platforms/launch.py`; {ours['faults_per_step']:,.0f} faults, "
             f"{ours['step_ms']:.0f} ms; the char model's 28 MiB block is reused either way).\n")
 
 

@@ -20,10 +20,10 @@ Op times are summed over XLA:CPU's threads, so they can exceed the wall time; ti
 (a dot or YNNPACK fusion finishing its work in pool tasks after its event ends) is reported apart. Also timed (medians of 5 runs
 of --steps steps, state threaded through, blocking only at the end): the whole step and the forward pass
 alone (the jitted loss), hence backward+update / forward. Ours runs twice: in the environment `jaxformer`
-gives itself (glibc.malloc.hugetlb=1: jaxformer/launch.py; the profile is this run's) and with malloc as it is
+gives itself (glibc.malloc.hugetlb=1: jaxformer/platforms/launch.py; the profile is this run's) and with malloc as it is
 (JAXFORMER_MALLOC=default), each with the minor page faults of one block of steps; the dropout models (base,
 tiny) also with jax's own CPU lowering of the threefry hash (STEP_PROFILE_ROLLED_THREEFRY=1: a loop per draw,
-where jaxformer lowers it unrolled, `jaxformer/lowering.py`), with op events per step; the char model (gpt)
+where jaxformer lowers it unrolled, `jaxformer/platforms/lowering.py`), with op events per step; the char model (gpt)
 also a third time pinned to one core (STEP_PROFILE_ONE_CORE=1), where no op runs beside another, so no op's
 time includes waits for a worker (on two threads the shares over-count cheap ops).
 PyTorch: the same model as benchmarks/train_step.py, `torch.profiler` over --steps steps; self CPU time per
@@ -165,9 +165,9 @@ def jax_child(name: str, steps: int) -> dict:
     c = ts.CONFIGS[name]
     cfg = ts.jax_config(c)
     graphs, state = init_state(cfg)
-    step = make_train_step(graphs, cfg)                       # lowers jax's threefry unrolled (jaxformer.lowering)
+    step = make_train_step(graphs, cfg)                       # lowers jax's threefry unrolled (jaxformer.platforms.lowering)
     if os.environ.get("STEP_PROFILE_ROLLED_THREEFRY"):
-        from jaxformer.lowering import unrolled_threefry
+        from jaxformer.platforms.lowering import unrolled_threefry
         unrolled_threefry(False)                              # the A/B: jax's CPU default, a loop per draw
     batch, key = _jax_batch(c), jax.random.key(0)
 
@@ -308,7 +308,7 @@ def _against(r: dict, variant: str, field: str) -> tuple[dict, dict] | None:
 
 
 def _malloc_line(r: dict) -> list[str]:
-    """Ours with glibc's huge-page tunable (as `jaxformer` starts: jaxformer/launch.py) against malloc as it is."""
+    """Ours with glibc's huge-page tunable (as `jaxformer` starts: jaxformer/platforms/launch.py) against malloc as it is."""
     if (pair := _against(r, "jax_default_malloc", "faults_per_step")) is None:
         return []
     ours, plain = pair
@@ -329,11 +329,11 @@ def _no_op_line(ours: dict) -> list[str]:
 
 
 def _threefry_line(r: dict) -> list[str]:
-    """Ours as built (threefry lowered unrolled: jaxformer/lowering.py) against jax's CPU default lowering."""
+    """Ours as built (threefry lowered unrolled: jaxformer/platforms/lowering.py) against jax's CPU default lowering."""
     if (pair := _against(r, "jax_rolled_threefry", "op_events_per_step")) is None:
         return []
     ours, rolled = pair
-    return [f"Dropout bits: with threefry lowered unrolled (`jaxformer/lowering.py`, how the step is built) "
+    return [f"Dropout bits: with threefry lowered unrolled (`jaxformer/platforms/lowering.py`, how the step is built) "
             f"{ours['op_events_per_step']:,.0f} op events per step, step {ours['step_ms']:.1f} ms; with jax's CPU "
             f"default, a 5-trip loop per draw (STEP_PROFILE_ROLLED_THREEFRY=1), {rolled['op_events_per_step']:,.0f} "
             f"op events per step, step {rolled['step_ms']:.1f} ms (same bits).", ""]

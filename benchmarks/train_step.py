@@ -246,7 +246,7 @@ def matmul_child(framework: str, reps: int) -> dict:
 def run_child(framework: str, name: str, steps: int, script: str = __file__, env: dict | None = None) -> dict:
     """`script --child FRAMEWORK NAME STEPS` in a fresh process (the environment `jaxformer` gives itself, plus
     `env`) -> its last stdout line as JSON (or the error)."""
-    from jaxformer.launch import malloc_env
+    from jaxformer.platforms.launch import malloc_env
     cmd = [sys.executable, script, "--child", framework, name, str(steps)]
     out = subprocess.run(cmd, capture_output=True, text=True,
                          env=malloc_env(os.environ | {"PYTHONPATH": str(ROOT)} | (env or {})))
@@ -326,7 +326,7 @@ def main(argv=None) -> None:
 
 
 def write(a, argv, peaks, results) -> None:
-    from jaxformer.launch import malloc_env
+    from jaxformer.platforms.launch import malloc_env
     from jaxformer.report import machine
     cmd = shlex.join(["python", "benchmarks/train_step.py", *argv])
     tv = next((r.get("torch") for res in results.values() for r in res["runs"]["torch"] if "torch" in r), "?")
@@ -338,7 +338,7 @@ def write(a, argv, peaks, results) -> None:
              f"Machine: {machine()}", "", f"Command: `{cmd}` (PyTorch {tv}, eager, "
              f"{a.rounds} rounds, each framework in its own fresh process, alternating; both with the process "
              f"environment `jaxformer` gives itself: GLIBC_TUNABLES={malloc_env().get('GLIBC_TUNABLES', '(unset)')}, "
-             "jaxformer/launch.py).", "", "Configs:", ""]
+             "jaxformer/platforms/launch.py).", "", "Configs:", ""]
     lines += [f"- **{n}**: {describe(r['shapes'])}; {r['steps']} timed steps per process after {WARMUP} "
               "warm-up." for n, r in results.items()]
     lines += ["", f"Float32 matmul peak ({MATMUL_N}x{MATMUL_N}, median of {MATMUL_REPS}): jitted jnp.dot "

@@ -1,8 +1,8 @@
 """`python -m jaxformer ...` and the `jaxformer` script: the command line (jaxformer.cli), started through
-jaxformer.launch (malloc settings that need a fresh process) before anything heavy is imported."""
+jaxformer.platforms.launch (malloc settings that need a fresh process) before anything heavy is imported."""
 import sys
 
-from jaxformer.launch import hugepage_malloc
+from jaxformer.platforms.launch import hugepage_malloc
 from jaxformer.signals import hold_from_start
 
 

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-if __name__ == "__main__":            # `python -m jaxformer.cli`: the malloc settings first (jaxformer.launch)
-    from jaxformer.launch import hugepage_malloc
+if __name__ == "__main__":            # `python -m jaxformer.cli`: malloc settings first (jaxformer.platforms.launch)
+    from jaxformer.platforms.launch import hugepage_malloc
     from jaxformer.signals import hold_from_start
     hold_from_start()
     hugepage_malloc()
@@ -107,16 +107,15 @@ def cmd_eval(args) -> int:
         raise ConfigError(f"--stride {args.stride} needs --data FILE: the held-out set is scored in whole blocks "
                           f"(strided windows are for a text file)")
     if args.data:
+        from jaxformer.inference import load_model
         from jaxformer.inference.evaluate import evaluate_text
-        from jaxformer.train.weights import load_model
         run = load_model(args.workdir, args.which, quantize=args.quantize, weights=args.weights)
         out = evaluate_text(run, args.data, stride=args.stride)
         console.print(f"{args.data}: {out['tokens']:,} tokens ({out['bytes']:,} bytes of text), windows of "
                       f"{out['window']} every {out['stride']} ({run.which} checkpoint, step {run.step})")
         show_eval({k: out[k] for k in ("loss", "perplexity", "bits_per_byte")}, "text")
         return 0
-    from jaxformer.train.weights import load_model
-    out = evaluate_run(args.workdir, args.which, args.quantize, args.weights, load=load_model)
+    out = evaluate_run(args.workdir, args.which, args.quantize, args.weights)
     quant = f", weights {args.quantize}" if args.quantize else ""
     show_eval(out["eval"], f"held-out ({out['which']} checkpoint, step {out['step']}{quant})")
     show_examples(out["examples"])
@@ -125,8 +124,7 @@ def cmd_eval(args) -> int:
 
 def cmd_generate(args) -> int:
     from jaxformer.arch import adapter
-    from jaxformer.inference import default_prompts, generate_text
-    from jaxformer.train.weights import load_model
+    from jaxformer.inference import default_prompts, generate_text, load_model
     run = load_model(args.workdir, args.which, quantize=args.quantize, weights=args.weights)
     prompts = args.prompt or default_prompts(run)
     outs = generate_text(run, prompts, max_new=args.max_new, temperature=args.temperature, top_k=args.top_k,
@@ -145,7 +143,7 @@ def cmd_generate(args) -> int:
 
 def cmd_viz(args) -> int:
     from jaxformer.viz import write_heatmaps
-    paths = write_heatmaps(args.workdir, args.prompt, args.which, args.out)
+    paths = write_heatmaps(args.workdir, args.prompt, args.which, args.out, weights=args.weights)
     console.print(f"{len(paths)} attention heatmap(s) written:")
     for p in paths:
         console.print(str(p), markup=False, highlight=False)
@@ -249,8 +247,10 @@ def cmd_import_hf(args) -> int:
 
 def cmd_export_hf(args) -> int:
     from jaxformer.inference.export import export_run
-    written = export_run(args.workdir, args.out, which=args.which, dtype=args.dtype, family=args.family)
-    console.print(f"exported {args.workdir} ({args.which} checkpoint) to {args.out}: {written['model_type']}, "
+    written = export_run(args.workdir, args.out, which=args.which, dtype=args.dtype, family=args.family,
+                         weights=args.weights)
+    what = "" if args.weights == "trained" else f", its {args.weights} weights"
+    console.print(f"exported {args.workdir} ({args.which} checkpoint{what}) to {args.out}: {written['model_type']}, "
                   f"{args.dtype}", markup=False)
     return 0
 
@@ -323,6 +323,7 @@ def main(argv=None) -> int:
     v.add_argument("--prompt", action="append", help="an input (repeatable; one set of figures each). Default: the "
                    "run's first held-out inputs. An encoder-decoder run is shown decoding its own greedy answer")
     v.add_argument("--which", choices=("best", "latest"), default="best")
+    v.add_argument("--weights", choices=WEIGHTS, default="trained", help=WEIGHTS_HELP)
     v.add_argument("--out", help="output folder (default: RUN/viz/)")
     d = sub.add_parser("data", help="prepare corpora: a tokenizer and token shards (see `jaxformer data prepare -h`)")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
@@ -351,6 +352,7 @@ def main(argv=None) -> int:
     eh.add_argument("--workdir", required=True)
     eh.add_argument("--out", required=True)
     eh.add_argument("--which", choices=("best", "latest"), default="best")
+    eh.add_argument("--weights", choices=WEIGHTS, default="trained", help=WEIGHTS_HELP)
     eh.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     eh.add_argument("--family", choices=("llama", "qwen2", "qwen3", "mistral", "gpt2", "gemma"),
                     help="default: the one family whose config expresses the model")

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.errors import ConfigError
-from jaxformer.lowering import unrolled_threefry
+from jaxformer.platforms.lowering import unrolled_threefry
 from jaxformer.ops.masks import positions_from_segments
 from jaxformer.parallel import replicate
 
@@ -123,7 +123,7 @@ def generate_lm(model, prompts, *, max_new: int, key=None, temperature: float = 
     or, with segment_ids [B,P] (0 = padding, documents from 1), rows of packed documents, each row continuing its
     last document (which alone it attends to). kv_cache: "auto" (the model's) or "int8".
     -> [B,max_new] new tokens (pad after EOS). One compiled program: prefill + while_loop of cached steps."""
-    unrolled_threefry()                                            # sampling's bits: jaxformer.lowering
+    unrolled_threefry()                                            # sampling's bits: jaxformer.platforms.lowering
     prompts = jnp.asarray(prompts, jnp.int32)
     cache_len = cache_len or prompts.shape[1] + max_new
     _check_room(model.cfg, prompts.shape[1], max_new, cache_len)
@@ -157,7 +157,7 @@ def generate_seq2seq(model, src, *, max_new: int, bos_id: int, eos_id: int | Non
     """Encoder-decoder sampling. src [B,S] (pad = the model's pad id) -> [B,max_new] (pad after EOS).
     The encoder and the cross-attention k/v run once; the decoder runs cached steps in a while_loop."""
     _check_room(model.cfg, 0, max_new, None)                       # positions 0 .. max_new-1
-    unrolled_threefry()                                            # sampling's bits: jaxformer.lowering
+    unrolled_threefry()                                            # sampling's bits: jaxformer.platforms.lowering
     graphdef, state = nnx.split(model)
     key = jax.random.key(0) if key is None else key
     return _generate_seq2seq(graphdef, state, jnp.asarray(src, jnp.int32), key, max_new=max_new, bos_id=bos_id,

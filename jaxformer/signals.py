@@ -51,7 +51,7 @@ def hold_from_start() -> None:
 
 
 def block_for_exec() -> None:
-    """Before this process re-executes itself (jaxformer.launch): stop signals blocked, since the mask and any
+    """Before this process re-executes itself (jaxformer.platforms.launch): stop signals blocked, since the mask and any
     pending signal survive `execve`. A Ctrl-C while the new interpreter starts then waits for its
     `hold_from_start` instead of interrupting Python's own startup ("Fatal Python error: init_import_site"),
     and one already received is raised again, pending, so the new process acts on it. A no-op where signals

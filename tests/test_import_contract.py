@@ -35,6 +35,12 @@ RULES = (
          reason="train is imported only by train itself, cli and sweep"),
     Rule(TOP, unless=("jaxformer.cli", "jaxformer.__main__"), never=("jaxformer.cli",),
          reason="cli is the top: nothing in the package imports it"),
+    Rule(("jaxformer.ops",), never=("jaxformer.platforms",),
+         reason="ops is the same math on every platform: compiler levers live in the platform seam"),
+    Rule(("jaxformer.platforms",), only=("jaxformer.platforms", "jaxformer.errors", "jaxformer.signals"),
+         reason="the platform seam sits below the model: it knows compilers and processes, not models"),
+    Rule(("jaxformer.nn",), unless=("jaxformer.nn.params",), never=("jaxformer.platforms",),
+         reason="the model reaches the platform seam from one place (nn.params.lever)"),
     Rule(("jaxformer.nn", "jaxformer.ops", "jaxformer.decode"), never=("jaxformer.quantize",),
          reason="quantization sits above the math, the modules and decoding: they do not depend on it"),
 )

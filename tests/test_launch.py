@@ -1,4 +1,4 @@
-"""Process start (jaxformer/launch.py): the command line re-executes itself once with glibc's huge-page malloc
+"""Process start (jaxformer/platforms/launch.py): the command line re-executes itself once with glibc's huge-page malloc
 tunable, keeps a user's own tunables, can be turned off, and the tunable does what it is there for (a freed and
 re-allocated large block is not faulted in again page by page).
 
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from jaxformer import launch
+from jaxformer.platforms import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
-PROBE = ("from jaxformer.launch import hugepage_malloc; hugepage_malloc(); import os; "
+PROBE = ("from jaxformer.platforms.launch import hugepage_malloc; hugepage_malloc(); import os; "
          "print(os.environ.get('GLIBC_TUNABLES'))")
 
 

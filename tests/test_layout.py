@@ -1,4 +1,4 @@
-"""`ops.layout.materialize` (an identity that ends an XLA:CPU fusion) and the projections' backward that uses it
+"""`platforms.cpu.materialize` (an identity that ends an XLA:CPU fusion) and the projections' backward that uses it
 (`nn.params.contract`: the weight gradient's transposed operand materialized, `nn.params._weight_grad`).
 
 Wrong implementations these tests catch: a materialize that changes values (its false branch taken when the
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from jaxformer.nn.params import contract
-from jaxformer.ops import layout
-from jaxformer.ops.layout import materialize
+from jaxformer.platforms import cpu as layout
+from jaxformer.platforms.cpu import materialize
 
 EPS32 = float(np.finfo(np.float32).eps)
 

@@ -59,7 +59,7 @@ def _laid_out(name: str, which: str) -> str:
 @pytest.mark.slow                      # compiles 14 small train steps (~30 s): benchmark tooling, not the library
 @pytest.mark.parametrize("name", list(levers.LEVERS))
 def test_switching_a_lever_off_changes_the_program_and_nothing_leaks(name, monkeypatch):
-    from jaxformer.ops import layout
+    from jaxformer.platforms import cpu as layout
     monkeypatch.setattr(layout, "TILED_MIN", 0)           # the small configs' [32,32] matrices are tiled too
     lowered = _laid_out if levers.LEVERS[name].decode else _lowered
     before, after = lowered(name, "before"), lowered(name, "after")

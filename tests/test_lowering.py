@@ -1,4 +1,4 @@
-"""`jaxformer.lowering.unrolled_threefry`: jax's threefry2x32 lowered on CPU as straight-line code instead of a
+"""`jaxformer.platforms.lowering.unrolled_threefry`: jax's threefry2x32 lowered on CPU as straight-line code instead of a
 5-trip while loop, changing the compiled program but never its bits.
 
 Wrong implementations these tests catch: a rule registered for another platform or not at all (the loop stays
@@ -16,7 +16,7 @@ import pytest
 from helpers import tiny_reverse
 from jaxformer.data import build_task
 from jaxformer.config import resolve_vocab
-from jaxformer.lowering import threefry_is_unrolled, unrolled_threefry
+from jaxformer.platforms.lowering import threefry_is_unrolled, unrolled_threefry
 from jaxformer.train.step import init_state, make_train_step
 
 
@@ -109,7 +109,7 @@ def test_the_samplers_lower_unrolled_with_the_same_tokens(arch, monkeypatch):
 
 
 def test_train_compiler_options_only_on_cpu(monkeypatch):
-    from jaxformer import lowering
+    from jaxformer.platforms import lowering
     assert lowering.train_compiler_options() == lowering.TRAIN_CPU_OPTIONS    # the suite runs on CPU
     assert lowering.TRAIN_CPU_OPTIONS == {"xla_cpu_copy_insertion_use_region_analysis": True}
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
@@ -124,7 +124,7 @@ def _copies(hlo: str) -> int:
 def test_the_train_step_compiles_with_fewer_copies_and_the_same_result(monkeypatch):
     """make_train_step passes `train_compiler_options()` to jax.jit: its compiled program has fewer copies than
     the same step with XLA's default options, and its result is bit-identical."""
-    from jaxformer import lowering
+    from jaxformer.platforms import lowering
     cfg = tiny_reverse("data.batch_size=8")
     task = build_task(cfg.data)
     cfg = resolve_vocab(cfg, task.tokenizer.vocab_size)

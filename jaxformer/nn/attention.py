@@ -12,7 +12,7 @@ from jaxformer import ops
 from jaxformer.config import ModelConfig
 from jaxformer.nn.cache import HeadsMajorKV, LayerKV, heads_major
 from jaxformer.nn import init
-from jaxformer.nn.params import ones, param, project, zeros
+from jaxformer.nn.params import lever, ones, param, project, zeros
 from jaxformer.ops import norms, positional
 
 
@@ -65,7 +65,7 @@ class MultiHeadAttention(nnx.Module):
         batch 1 a step is three matrix-vector products otherwise, and XLA:CPU reads one wide weight faster than
         three narrow ones (benchmarks/decode.py). Weights that bring their own matmul (quantized) stay apart."""
         ws = (self.wq[...], self.wk[...], self.wv[...])
-        if self.self_attention and not any(hasattr(w, "project") for w in ws):
+        if self.self_attention and not any(hasattr(w, "project") for w in ws) and lever("decode_fused_qkv"):
             self.wqkv = nnx.data(jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1))
 
     def _project_qkv(self, x: jax.Array, positions: jax.Array | None) -> tuple[jax.Array, LayerKV]:
@@ -118,7 +118,7 @@ class MultiHeadAttention(nnx.Module):
             keys, values = source if isinstance(source, LayerKV) else self.project_kv(source)
         ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, weights,
                               "BKSH" if heads_first else "BSKH")
-        if "kv" in aux:
+        if "kv" in aux and lever("cache_write_order"):
             aux["kv"] = _after(aux["kv"], ctx)
         out = (project("BTNH,NHD->BTD", ctx, self.wo[...]) + self._bias("o")).astype(q.dtype)
         if weights:
@@ -138,7 +138,8 @@ class MultiHeadAttention(nnx.Module):
                                         scale=1.0 if cfg.attention_scale == "none" else None,
                                         mask_value=0.0 if cfg.ablation_mask_value == "zero" else None,
                                         backend=cfg.attention_backend, block_size=cfg.attention_block,
-                                        softcap=cfg.attention_softcap, kv_layout=kv_layout)
+                                        softcap=cfg.attention_softcap, kv_layout=kv_layout,
+                                        softmax_grad="gemv" if lever("softmax_gemv") else "jax")
         return res.out, res.weights
 
 

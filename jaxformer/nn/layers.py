@@ -21,7 +21,7 @@ from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.cache import LayerKV
 from jaxformer.nn.moe import MoEFeedForward
 from jaxformer.nn import init
-from jaxformer.nn.params import ones, param, project, zeros
+from jaxformer.nn.params import lever, ones, param, project, zeros
 from jaxformer.ops import activations, norms
 
 
@@ -109,7 +109,7 @@ class FeedForward(nnx.Module):
         instead of 13.6, and 24.3 instead of 16.9; the loop saves about 0.4 ms per token, so 14-19 tokens repay
         it). A weight that brings its own matmul (quantized) stays."""
         w = self.w2[...]
-        if batch == 1 and not hasattr(w, "project") and w.shape[0] > w.shape[1]:       # F > D: a tall weight
+        if batch == 1 and not hasattr(w, "project") and w.shape[0] > w.shape[1] and lever("decode_w2_out_in"):
             self.w2_out_in = nnx.data(jnp.transpose(w))
 
 

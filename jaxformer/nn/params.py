@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.ops import layout
+from jaxformer import platforms
+from jaxformer.platforms import cpu as layout
 
 Init = jax.nn.initializers.Initializer
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}   # model.dtype -> jnp
@@ -45,24 +46,27 @@ def contract(eq: str, x: jax.Array, w: jax.Array) -> jax.Array:
     whose contracting dimensions follow w's order. jnp.einsum may order them otherwise (here H before N), and
     XLA:CPU then copies w into that order at every call: the whole wo weight, per layer and step, forward and
     backward: at base size the copy of wo took 0.8 ms of each decoded token. An equation with batch letters goes
-    to jnp.einsum. Its backward takes the weight gradient as `_weight_grad` computes it."""
+    to jnp.einsum, and so does every equation where the "weight_order_dot" lever is off (`jaxformer.platforms`).
+    Its backward takes the weight gradient as `_weight_grad` computes it where the "weight_grad" lever is on."""
     ins, out = eq.split("->")
     xs, ws = ins.split(",")
     con = [c for c in ws if c in xs and c not in out]
-    if any(c in ws and c in out for c in xs):
+    if any(c in ws and c in out for c in xs) or not lever("weight_order_dot"):
         return jnp.einsum(eq, x, w)
     free = [c for c in xs if c not in con] + [c for c in ws if c not in con]
-    y = _dot(((tuple(xs.index(c) for c in con), tuple(ws.index(c) for c in con)), ((), ())), x, w)
+    dot = _dot if lever("weight_grad") else jax.lax.dot_general
+    y = dot(x, w, ((tuple(xs.index(c) for c in con), tuple(ws.index(c) for c in con)), ((), ())))
     return y if free == list(out) else jnp.transpose(y, [free.index(c) for c in out])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _dot(dims, x: jax.Array, w: jax.Array) -> jax.Array:
-    """jax.lax.dot_general(x, w, dims), whose backward takes the weight gradient from `_weight_grad`."""
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _dot(x: jax.Array, w: jax.Array, dims) -> jax.Array:
+    """jax.lax.dot_general(x, w, dims), whose backward takes the weight gradient from `_weight_grad` (the
+    "weight_grad" lever of `jaxformer.platforms`)."""
     return jax.lax.dot_general(x, w, dims)
 
 
-def _dot_fwd(dims, x, w):
+def _dot_fwd(x, w, dims):
     return jax.lax.dot_general(x, w, dims), (x, w)
 
 
@@ -81,7 +85,7 @@ def _weight_grad(dims, x: jax.Array, w: jax.Array, g: jax.Array) -> jax.Array:
     The sum over the tokens (x's free axes, M of them flattened) is one matmul in standard form [a,M]·[M,b] whose
     transposed operand is the smaller one: x's contracted axes moved first ([Kin,M], when w's input size Kin is at
     most its output size Kout), else g's ([Kout,M]; the [Kout,Kin] product is then transposed back, a weight-sized
-    copy). Each transpose is materialized (`ops.layout.materialize`), or XLA would fold it back into the dot.
+    copy). Each transpose is materialized (`platforms.cpu.materialize`), or XLA would fold it back into the dot.
     Left to itself (jax's transpose of the dot), XLA:CPU transposes g even where x is the smaller operand (the
     FFN's input projection: [M,F] rather than [M,D]) and runs a dot with both operands transposed, slower than
     the standard form. benchmarks/levers.py (`weight_grad`) measures the step against that form (g materialized
@@ -97,12 +101,23 @@ def _weight_grad(dims, x: jax.Array, w: jax.Array, g: jax.Array) -> jax.Array:
     g2 = g.reshape(m, k_out)                                         # g's axes: x's free axes, then w's free axes
     x2 = jnp.transpose(x, [*xf, *xc]).reshape(m, k_in)             # free when x's contracted axes are last
     if k_in <= k_out:
-        d = jnp.matmul(layout.materialize(layout.transpose(x2)), g2)                    # [Kin, Kout]
+        d = jnp.matmul(layout.materialize(_transpose(x2)), g2)                          # [Kin, Kout]
     else:
-        d = jnp.matmul(layout.materialize(layout.transpose(g2)), x2).T
+        d = jnp.matmul(layout.materialize(_transpose(g2)), x2).T
     d = d.reshape([w.shape[i] for i in wc] + [w.shape[i] for i in wf])             # axes wc then wf
     axes = [*wc, *wf]
     return jnp.transpose(d, [axes.index(i) for i in range(w.ndim)]).astype(w.dtype)
+
+
+def lever(name: str) -> bool:
+    """Whether the platform lever `name` is on where the model is being traced: the model's one door to
+    `jaxformer.platforms` (the other nn modules ask here)."""
+    return platforms.enabled(name)
+
+
+def _transpose(x: jax.Array) -> jax.Array:
+    """x [M,K] -> x.T, tile by tile where the "tiled_transpose" lever is on (`jaxformer.platforms`)."""
+    return layout.transpose(x) if lever("tiled_transpose") else x.T
 
 
 def dense(w) -> jax.Array:

@@ -97,7 +97,7 @@ def _check_mask(mask) -> None:
 def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: float | None = None,
                           return_weights: bool = False, return_lse: bool = False, backend: str = "reference",
                           mask_value: float | None = None, block_size: int = 512,
-                          softcap: float = 0.0, kv_layout: str = "BSKH") -> Attention:
+                          softcap: float = 0.0, kv_layout: str = "BSKH", softmax_grad: str = "jax") -> Attention:
     """softmax(cap(q·kᵀ·scale) + bias, masked) · v, cap(x) = softcap · tanh(x / softcap) when softcap > 0.
 
     Args:
@@ -126,6 +126,9 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
         [B,K,S,H], as a per-layer decoding cache is: `nn.cache.KVCache.unstacked`); "reference" contracts
         that layout as it is (a one-token query then reads each head's cache block contiguously), the other
         backends transpose it first.
+      softmax_grad: the "reference" softmax's backward: "jax" (jax.nn.softmax's own) or "gemv" (the same
+        gradient, its row sums Σ_s w·g taken as a matmul with a ones vector; the "softmax_gemv" lever of
+        `jaxformer.platforms`, which the model passes where it is on).
 
     Returns:
       `Attention(out [B,T,N,H] in q's dtype, weights [B,N,T,S] or None, lse [B,N,T] or None)`.
@@ -134,6 +137,8 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+    if softmax_grad not in ("jax", "gemv"):
+        raise ValueError(f"softmax_grad={softmax_grad!r} is not 'jax' or 'gemv'")
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout={kv_layout!r} is not one of {KV_LAYOUTS}")
     ks, vs = _segments(k, "k"), _segments(v, "v")
@@ -148,7 +153,7 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
         raise BackendError(f"attention soft-capping runs on the 'reference' and 'chunked' backends, not {backend!r}")
     if backend == "reference":
         out, weights, lse = _reference(q, ks, vs, dense_mask(mask), _dense_bias(bias), scale, mask_value,
-                                       return_weights or return_lse, softcap, heads_major)
+                                       return_weights or return_lse, softcap, heads_major, softmax_grad)
     else:
         if mask_value is not None:
             raise BackendError(f"mask_value (an ablation) exists only in the 'reference' backend, not {backend!r}")
@@ -199,8 +204,8 @@ def attention_weights(q: jax.Array, k, lse: jax.Array, *, mask=None, bias=None, 
 @jax.custom_vjp
 def _softmax(x: jax.Array) -> jax.Array:
     """jax.nn.softmax over the last axis, with a backward whose row sums Σ_s w·g are a matmul with a ones
-    vector: XLA:CPU's reduction of the same [B,K,G,T,S] product was the slowest op of a small model's train step
-    (benchmarks/results/step_profile.md)."""
+    vector (softmax_grad="gemv"): XLA:CPU's reduction of the same [B,K,G,T,S] product was the slowest op of a
+    small model's train step (benchmarks/results/step_profile.md)."""
     return jax.nn.softmax(x, axis=-1)
 
 
@@ -217,7 +222,8 @@ def _softmax_bwd(w, g):
 _softmax.defvjp(_softmax_fwd, _softmax_bwd)
 
 
-def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse, softcap=0.0, heads_major=False):
+def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse, softcap=0.0, heads_major=False,
+               softmax_grad="jax"):
     """The materialising backend: -> (out, weights [B,N,T,S], lse [B,N,T] or None)."""
     n, kh = q.shape[2], ks[0].shape[1 if heads_major else 2]
     b, t, _, h = q.shape
@@ -236,7 +242,7 @@ def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse, softcap=0.0, 
         mask = jnp.broadcast_to(mask, (b, n, t, s)).reshape(b, kh, g, t, s)
         fill = jnp.finfo(jnp.float32).min if mask_value is None else mask_value
         logits = jnp.where(mask, logits, jnp.float32(fill))
-    weights = _softmax(logits)
+    weights = _softmax(logits) if softmax_grad == "gemv" else jax.nn.softmax(logits, axis=-1)
     lse = None
     if want_lse:
         lse = jax.nn.logsumexp(logits, axis=-1)

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import jax
 
+from jaxformer.platforms import enabled
+
 TRAIN_CPU_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
 
 
 def train_compiler_options() -> dict | None:
     """`compiler_options` for the train step's jax.jit: TRAIN_CPU_OPTIONS when the default backend is the CPU,
     else None (XLA's defaults)."""
-    return dict(TRAIN_CPU_OPTIONS) if jax.default_backend() == "cpu" else None
+    return dict(TRAIN_CPU_OPTIONS) if jax.default_backend() == "cpu" and enabled("copy_insertion") else None
 
 
 def _hooks():
@@ -41,15 +43,17 @@ def _hooks():
     return mlir, tf
 
 
-def unrolled_threefry(enable: bool = True) -> bool:
-    """Lower threefry2x32 on CPU unrolled (enable=True; what `train.step.make_train_step` and the decoders call)
-    or as jax's CPU default, the rolled loop (enable=False; for A/B measurements). Affects programs lowered from
+def unrolled_threefry(enable: bool | None = None) -> bool:
+    """Lower threefry2x32 on CPU unrolled (enable=True) or as jax's CPU default, the rolled loop (enable=False);
+    None (what `train.step.make_train_step` and the decoders call): as the "threefry_unrolled" lever says
+    (`jaxformer.platforms`: on for CPU, overridable by name). Affects programs lowered from
     then on, in this process; idempotent. Returns whether the choice could be made (False: this jax has no such
     hook and its default stays)."""
     hooks = _hooks()
     if hooks is None:
         return False
     mlir, tf = hooks
+    enable = enabled("threefry_unrolled") if enable is None else enable
     rule = tf._threefry2x32_lowering_rule if enable else tf._threefry2x32_cpu_lowering_rule
     mlir.register_lowering(tf.threefry2x32_p, rule, platform="cpu")
     return True

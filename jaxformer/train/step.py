@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxformer.arch import adapter
 from jaxformer.config import Config, OptimConfig
-from jaxformer.lowering import train_compiler_options, unrolled_threefry
+from jaxformer.platforms.lowering import train_compiler_options, unrolled_threefry
 from jaxformer.nn import build_model
 from jaxformer.nn.params import matrix_mask, muon_dims
 from jaxformer.ops.losses import token_losses
@@ -236,8 +236,8 @@ def _metrics(s: dict, grads, moe: dict) -> dict:
 def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
     """train_step(state, batch, rng) -> (state, metrics); state {"model", "opt"} (see `init_state`), donated.
     Under a plan: in/out shardings from it (mode "jit"), or the shard_map data-parallel step. On CPU the
-    dropout bits' hash is lowered unrolled (`jaxformer.lowering.unrolled_threefry`: same bits, fewer ops), and
-    the step compiles with `jaxformer.lowering.train_compiler_options()` (fewer copies, same results)."""
+    dropout bits' hash is lowered unrolled (`jaxformer.platforms.lowering.unrolled_threefry`: same bits, fewer ops), and
+    the step compiles with `jaxformer.platforms.lowering.train_compiler_options()` (fewer copies, same results)."""
     unrolled_threefry()
     pad, ls, zl = cfg.model.pad_id, cfg.optim.label_smoothing, cfg.optim.z_loss
 
