@@ -60,10 +60,15 @@ def _patched(obj, name: str, value):
         put(name, old)
 
 
+def _lever_off(name: str):
+    """A lever of `jaxformer.platforms` switched off by name while the program is built and traced."""
+    from jaxformer import platforms
+    return platforms.override(**{name: False})
+
+
 def _default_copy_insertion():
     """The train step compiled with XLA's default options (no region analysis in copy insertion)."""
-    from jaxformer.platforms import lowering
-    return _patched(lowering, "TRAIN_CPU_OPTIONS", {})
+    return _lever_off("copy_insertion")
 
 
 def _erfc_gelu():
@@ -92,30 +97,20 @@ def _jax_weight_grad():
 
 def _w2_as_stored():
     """The one-row decoding layout without the FFN output weight in [out,in] order (w2 read as stored)."""
-    from jaxformer.nn import layers
-    return _patched(layers.FeedForward, "lay_out_for_decoding", lambda self, batch: None)
+    return _lever_off("decode_w2_out_in")
 
 
 def _plain_transpose():
     """Each weight gradient's transposed operand as XLA:CPU's own 2-D transpose (x.T)."""
-    from jaxformer.platforms import cpu as layout
-    return _patched(layout, "transpose", lambda x: x.T)
+    return _lever_off("tiled_transpose")
 
 
 def _plain_softmax():
-    import jax
-    from jaxformer.ops import attention
-    return _patched(attention, "_softmax", lambda x: jax.nn.softmax(x, axis=-1))
+    return _lever_off("softmax_gemv")
 
 
-@contextlib.contextmanager
 def _rolled_threefry():
-    from jaxformer.platforms.lowering import unrolled_threefry
-    unrolled_threefry(False)
-    try:
-        yield
-    finally:
-        unrolled_threefry(True)
+    return _lever_off("threefry_unrolled")
 
 
 @dataclass(frozen=True)
