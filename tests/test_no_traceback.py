@@ -188,8 +188,9 @@ def test_debug_shows_the_traceback_behind_a_named_error(capsys, monkeypatch):
 # `python -m jaxformer ARGS` with Ctrl-C's default action even where the test runner was started with it ignored.
 # Blocked across the exec: a Ctrl-C before Python runs jaxformer's first line is Python's own (its startup dies
 # of it, "Fatal Python error: init_import_site", on a slow machine at 0.2 s); held, it lands at hold_from_start.
+# "ready" once blocked: the test's delays count from there, not from this wrapper's own interpreter start.
 DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-                  "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT]); "
+                  "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT]); print('ready', flush=True); "
                   "os.execv(sys.executable, [sys.executable, '-m', 'jaxformer', *sys.argv[1:]])")
 
 
@@ -203,6 +204,7 @@ def test_sigint_during_setup_exits_130_without_a_traceback(tmp_path):
                *cli_args("configs/alice.py", TINY_LM + ["train.steps=100000"]), "--workdir", str(work),
                "--no-progress"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        assert proc.stdout.readline() == "ready\n"
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         out = proc.communicate(timeout=300)[0]
