@@ -44,16 +44,13 @@ from flax import nnx
 from jaxformer.config import ModelConfig
 from jaxformer.decode import generate_lm
 from jaxformer.nn import build_model
+from decode_sizes import SIZES, VOCAB  # benchmarks/decode_sizes.py (torch_decoder.py reads it too)
 from timing import against, median_ms, paired_ratio, paired_times_ms, times_ms  # benchmarks/timing.py
 
 try:
     import torch_decoder  # benchmarks/torch_decoder.py (needs torch; sets torch's threads to os.cpu_count())
 except ImportError:
     torch_decoder = None
-
-SIZES = {"tiny": dict(d_model=64, num_heads=4, d_ff=256, num_decoder_layers=2),
-         "base": dict(d_model=512, num_heads=8, d_ff=2048, num_decoder_layers=6)}
-VOCAB = 256
 
 
 def torch_forward(size):

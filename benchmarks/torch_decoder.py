@@ -1,8 +1,8 @@
 """A PyTorch decoder-only Transformer with a preallocated KV cache: the reference `benchmarks/decode.py` times
 our cached decoder against.
 
-Same structure and compute as the TransformerLM that decode.py builds from a decode.SIZES entry (decoder-only,
-pre-LN, LayerNorm eps 1e-5 and a final LayerNorm, RoPE (half-split, base 10000, on q and k after their
+Same structure and compute as the TransformerLM that decode.py builds from a decode_sizes.SIZES entry
+(decoder-only, pre-LN, LayerNorm eps 1e-5 and a final LayerNorm, RoPE (half-split, base 10000, on q and k after their
 biases), separate q/k/v/o projections with biases, 1/sqrt(H) attention scale, ReLU FFN with biases, token
 embedding scaled by sqrt(D), output head tied to the embedding (no bias), float32, every KV head its own).
 Weights are random (or copied from one of our models with `load_jax`, to check the two compute the same).
@@ -122,8 +122,8 @@ class TorchDecoder:
 
 
 def build(size: str, batch: int, max_len: int, seed: int = 0) -> TorchDecoder:
-    """The TorchDecoder for decode.SIZES[size] and decode.VOCAB."""
-    from decode import SIZES, VOCAB          # benchmarks/decode.py (this folder is on sys.path)
+    """The TorchDecoder for decode_sizes.SIZES[size] and decode_sizes.VOCAB."""
+    from decode_sizes import SIZES, VOCAB    # benchmarks/decode_sizes.py (this folder is on sys.path)
     return TorchDecoder(VOCAB, **SIZES[size], batch=batch, max_len=max_len, seed=seed)
 
 
@@ -150,7 +150,7 @@ def check_matches_jax(size: str = "tiny", batch: int = 2, context: int = 16) -> 
     """With our model's weights copied in, prefill's last logits equal our TransformerLM's (same structure).
     Returns the worst `_close` ratio; raises if it exceeds 1."""
     import jax
-    from decode import SIZES, VOCAB
+    from decode_sizes import SIZES, VOCAB
     from flax import nnx
 
     from jaxformer.config import ModelConfig

@@ -121,6 +121,28 @@ def room_cycles(root: Path) -> list[list[str]]:
     return sorted(list(g) for g in groups)
 
 
+def module_cycles(root: Path) -> list[list[str]]:
+    """Groups of modules that import each other in a circle (strongly connected), inside a folder or across
+    folders. A module importing its own package (its __init__, which re-exports it) is no circle."""
+    graph = import_graph(root)
+    packages = {n for n, (f, _) in graph.items() if f.name == "__init__.py"}
+    edges = {n: {t for t in ts if t in graph and t != n and not (t in packages and n.startswith(t + "."))}
+             for n, (_, ts) in graph.items()}
+
+    def reach(a: str) -> set[str]:
+        seen, todo = set(), [a]
+        while todo:
+            for b in edges[todo.pop()]:
+                if b not in seen:
+                    seen.add(b)
+                    todo.append(b)
+        return seen
+
+    r = {a: reach(a) for a in edges}
+    groups = {tuple(sorted({a} | {b for b in r[a] if a in r[b]})) for a in edges if a in r[a]}
+    return sorted(list(g) for g in groups)
+
+
 PACKAGE = Path(__file__).parents[1] / "jaxformer"
 
 
@@ -164,3 +186,20 @@ def test_checker_finds_planted_violations(tmp_path):
 def test_no_cycles_between_top_level_rooms():
     cycles = room_cycles(PACKAGE)
     assert not cycles, "rooms importing each other in a circle:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_no_cycles_between_modules_inside_a_folder():
+    """Before: data.tasks <-> data.tokens (build_task's lazy import), train.step <-> train.weights."""
+    cycles = module_cycles(PACKAGE)
+    assert not cycles, "modules importing each other in a circle:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_module_cycle_check_finds_a_planted_circle_and_allows_package_reexports(tmp_path):
+    files = {"__init__.py": "", "data/__init__.py": "from jaxformer.data.tasks import T\n",
+             "data/tasks.py": "T = 1\ndef f():\n    from jaxformer.data.tokens import U\n",
+             "data/tokens.py": "from jaxformer.data import tasks\nU = 2\n",
+             "data/text.py": "from jaxformer.data import T\n"}          # its own package: no circle
+    for rel, text in files.items():
+        (tmp_path / "jaxformer" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "jaxformer" / rel).write_text(text)
+    assert module_cycles(tmp_path / "jaxformer") == [["jaxformer.data.tasks", "jaxformer.data.tokens"]]

@@ -1,5 +1,6 @@
 """Data: tokenizers, text loading, tasks as grain pipelines."""
-from jaxformer.data.tasks import Task, build_task, pad_rows, resolve
+from jaxformer.data.build import build_task, resolve
+from jaxformer.data.tasks import Task, pad_rows
 from jaxformer.data.text import load_text
 from jaxformer.data.tokenizers import CharTokenizer, DataError, DigitTokenizer, load_tokenizer, save_tokenizer
 

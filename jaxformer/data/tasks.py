@@ -11,7 +11,7 @@ import hashlib
 import grain
 import numpy as np
 
-from jaxformer.config import Config, DataConfig, resolve_vocab
+from jaxformer.config import DataConfig
 from jaxformer.data.text import load_text
 from jaxformer.data.tokenizers import BOS, EOS, PAD, CharTokenizer, DataError, DigitTokenizer
 
@@ -125,20 +125,3 @@ def text_task(cfg: DataConfig, tokenizer: CharTokenizer | None = None) -> Task:
                         f"block of data.block_size={cfg.block_size} (+1)")
     return Task("lm", tok, lm_blocks(ids[:cut], cfg.block_size), lm_blocks(ids[cut:], cfg.block_size),
                 hashlib.sha256(text.encode("utf-8")).hexdigest())
-
-
-def build_task(cfg: DataConfig, tokenizer=None) -> Task:
-    """The task named by cfg.task. A saved tokenizer (resume, eval) is reused instead of rebuilt (for token
-    shards: checked to be the shards' own)."""
-    if cfg.task == "tokens":
-        from jaxformer.data.tokens import TokensTask
-        return TokensTask(cfg, tokenizer)
-    return text_task(cfg, tokenizer) if cfg.task == "text" else digit_task(cfg)
-
-
-def resolve(cfg: Config, tokenizer=None) -> tuple[Config, Task]:
-    """The one config resolution from data: the task of cfg.data (a saved tokenizer reused) and the config with
-    model.vocab_size taken from its tokenizer (0 = from the data), or checked against it; model.pad_id must be
-    the tokenizer's."""
-    task = build_task(cfg.data, tokenizer)
-    return resolve_vocab(cfg, task.tokenizer.vocab_size, task.tokenizer.pad_id), task
