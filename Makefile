@@ -38,6 +38,6 @@ bench: install
 	$(BIN)/python benchmarks/parallel.py --devices 8 --steps 5
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/levers.py
-	$(BIN)/python benchmarks/readme_tables.py
+	$(BIN)/python tools/readme_tables.py
 
 .PHONY: install run test test-slow test-all bench

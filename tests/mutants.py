@@ -104,7 +104,7 @@ MUTANTS = (
     Mutant("counts-compared", "more failures decided by comparing the counts, without a test", "jaxformer/verdicts.py",
            '    return ("holds" if p < 0.05 else "not resolved"), p', '    return "holds", p',
            ("tests/test_reports.py", "-k", "fisher")),
-    Mutant("stale-claims-figure", "a claims-table figure that ignores its results file", "benchmarks/claims_table.py",
+    Mutant("stale-claims-figure", "a claims-table figure that ignores its results file", "tools/claims_table.py",
            "({_times(r['speedup'])}), {_times(_decode_row('base', 1, 256)['speedup'])} at 256",
            "(2.9×), {_times(_decode_row('base', 1, 256)['speedup'])} at 256",
            ("tests/test_reports.py", "-k", "claims_table")),

@@ -14,6 +14,7 @@ import pytest
 from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tools"))
 import make_run  # noqa: E402
 import readme_tables  # noqa: E402
 

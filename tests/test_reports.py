@@ -87,9 +87,9 @@ def test_tail_mean_and_smoothed_crossing_ignore_one_lucky_batch():
 
 def test_readme_tables_are_the_rendering_of_the_results_files():
     """README figures rendered from benchmarks/results/*.json: a hand edit, or a results file rewritten
-    without re-rendering, fails here (`python benchmarks/readme_tables.py` re-renders)."""
+    without re-rendering, fails here (`python tools/readme_tables.py` re-renders)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "benchmarks" / "readme_tables.py")
+    spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "tools" / "readme_tables.py")
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
     text = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -106,7 +106,7 @@ def test_the_claims_table_figures_follow_their_results_files(tmp_path, monkeypat
     import shutil
     for d in ("docs", "benchmarks/results", "configs/sweeps"):
         shutil.copytree(ROOT / d, tmp_path / d)
-    spec = importlib.util.spec_from_file_location("claims_table", ROOT / "benchmarks" / "claims_table.py")
+    spec = importlib.util.spec_from_file_location("claims_table", ROOT / "tools" / "claims_table.py")
     ct = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ct)
     committed = ct.claims()

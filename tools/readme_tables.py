@@ -1,10 +1,10 @@
 """Render the README's tables from the committed results files, so that no figure in them can go stale: the
-performance table and `make run`'s phases (here), and the claims table (benchmarks/claims_table.py).
+performance table and `make run`'s phases (here), and the claims table (tools/claims_table.py).
 
-  python benchmarks/readme_tables.py          # rewrite README.md between the table markers
-  python benchmarks/readme_tables.py --check  # exit 1 if README.md differs from what the results give
+  python tools/readme_tables.py          # rewrite README.md between the table markers
+  python tools/readme_tables.py --check  # exit 1 if README.md differs from what the results give
 
-A block is `<!-- table:NAME (rendered by benchmarks/readme_tables.py from ...) -->` ... `<!-- /table:NAME -->`;
+A block is `<!-- table:NAME (rendered by tools/readme_tables.py from ...) -->` ... `<!-- /table:NAME -->`;
 tests/test_reports.py fails when a block and its results files disagree. `make bench` runs this last.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tools"))
 from claims_table import _margin, _signed, claims, difference, values  # noqa: E402
 from train_step import TARGETS, paired_ratio, target_verdict  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
@@ -379,7 +380,7 @@ def render(text: str) -> str:
     """`text` with every table block replaced by its rendering; ValueError names a block with no renderer."""
     def one(m):
         if m["name"] not in TABLES:
-            raise ValueError(f"README table block {m['name']!r} has no renderer in benchmarks/readme_tables.py")
+            raise ValueError(f"README table block {m['name']!r} has no renderer in tools/readme_tables.py")
         return m.group(1) + TABLES[m["name"]]() + m.group(3)
     return _BLOCK.sub(one, text)
 
@@ -393,7 +394,7 @@ def main(argv=None) -> int:
     new = render(old)
     if args.check:
         if new != old:
-            print("README.md's tables differ from benchmarks/results/: run python benchmarks/readme_tables.py")
+            print("README.md's tables differ from benchmarks/results/: run python tools/readme_tables.py")
             return 1
         return 0
     path.write_text(new, encoding="utf-8")

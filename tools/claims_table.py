@@ -2,7 +2,7 @@
 read from a report's CSV (docs/ablations/NAME_arms.csv, NAME_runs.csv, NAME_info.json), a benchmark's results
 file (benchmarks/results/*.json), docs/claims.json, or a table a committed script wrote (the norm-placement
 report's gradient norms, the heatmaps' attention masses); none is typed by hand. The claims, verdicts and
-commands are text. `benchmarks/readme_tables.py` puts the table between its markers and tests/test_reports.py
+commands are text. `tools/readme_tables.py` puts the table between its markers and tests/test_reports.py
 fails when the README and these files disagree.
 """
 from __future__ import annotations
