@@ -136,7 +136,7 @@ def test_named_errors_for_lm_beam_unknown_chars_and_missing_runs(lm_run, tmp_pat
 
 @pytest.mark.slow          # three CLI commands with quantized weights: ~8 s
 def test_cli_eval_and_generate_take_quantize(reversal_run, capsys):
-    from jaxformer.cli import QUANT
+    from jaxformer.cli_parser import QUANT
     from jaxformer.quantize import MODES
     assert QUANT == MODES
     assert cli_main(["eval", "--workdir", str(reversal_run), "--quantize", "int8"]) == 0
