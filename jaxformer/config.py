@@ -161,6 +161,13 @@ class ModelConfig(_Validated):
 
     def validate(self) -> None:
         check_types(self, "model")
+        self._check_sizes()
+        self._check_choices()
+        self._check_rope()
+        self._check_ffn_and_windows()
+
+    def _check_sizes(self) -> None:
+        """The architecture and its sizes: layers, heads, widths, dropout."""
         choice("model.arch", self.arch, ("encoder_decoder", "decoder_only"))
         if self.vocab_size < 0:
             raise ConfigError(f"model.vocab_size={self.vocab_size!r} must be a positive integer (or 0 = from data)")
@@ -185,6 +192,9 @@ class ModelConfig(_Validated):
             raise ConfigError(f"model.num_heads={self.num_heads} is not a multiple of model.num_kv_heads={kv!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout!r} must be in [0, 1)")
+
+    def _check_choices(self) -> None:
+        """The named choices (norms, positions, activation, dtype, attention backend) and soft-capping."""
         choice("model.norm_position", self.norm_position, ("pre", "post", "sandwich", "deepnorm", "rezero"))
         choice("model.norm_type", self.norm_type, tuple(norms.NORMS))        # registered norms
         choice("model.positional", self.positional, positional.KINDS)
@@ -209,6 +219,9 @@ class ModelConfig(_Validated):
         positive("model.norm_eps", self.norm_eps)
         positive("model.logit_softcap", self.logit_softcap, allow_zero=True)
         positive("model.attention_softcap", self.attention_softcap, allow_zero=True)
+
+    def _check_rope(self) -> None:
+        """Rope: its base, an even head dim, its frequency scaling."""
         positive("model.rope_base", self.rope_base)
         if self.positional == "rope" and self.head_size % 2:
             raise ConfigError(f"model.positional='rope' needs an even head dim; got H={self.head_size}")
@@ -223,6 +236,9 @@ class ModelConfig(_Validated):
         if self.rope_scaling != "none" and self.positional != "rope":
             raise ConfigError(f"model.rope_scaling={self.rope_scaling!r} needs model.positional='rope' "
                               f"(got {self.positional!r})")
+
+    def _check_ffn_and_windows(self) -> None:
+        """Biases, the moe ffn, sliding windows, the padding id."""
         if self.biases is not None:
             bad = [b for b in self.biases if b not in BIASES]
             if bad or len(set(self.biases)) != len(self.biases):
