@@ -203,3 +203,24 @@ def test_the_module_cycle_check_finds_a_planted_circle_and_allows_package_reexpo
         (tmp_path / "jaxformer" / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "jaxformer" / rel).write_text(text)
     assert module_cycles(tmp_path / "jaxformer") == [["jaxformer.data.tasks", "jaxformer.data.tokens"]]
+
+
+def test_the_layer_stack_has_one_spelling_and_it_is_the_models():
+    """`nn.stack.blocks_path` is where every stack's blocks sit in a model's state (encoder-decoder and decoder-
+    only), and no library file spells that path out again."""
+    from flax import nnx
+    from jaxformer.config import ModelConfig
+    from jaxformer.nn import build_model
+    from jaxformer.nn.stack import blocks_path
+    for arch, stacks in (("encoder_decoder", ("encoder", "decoder")), ("decoder_only", ("decoder",))):
+        cfg = ModelConfig(arch=arch, vocab_size=11, d_model=8, num_heads=2, d_ff=16, num_encoder_layers=2,
+                          num_decoder_layers=3, max_len=8)
+        state = nnx.to_pure_dict(nnx.eval_shape(lambda: nnx.state(build_model(cfg))))
+        for stack in stacks:
+            node = state
+            for key in blocks_path(stack):
+                node = node[key]
+            leading = {leaf.shape[0] for leaf in __import__("jax").tree.leaves(node)}
+            assert leading == {cfg.num_encoder_layers if stack == "encoder" else cfg.num_decoder_layers}
+    spelled = [f for f in PACKAGE.rglob("*.py") if '"layers", "blocks"' in f.read_text()]
+    assert spelled == [PACKAGE / "nn" / "stack.py"], spelled

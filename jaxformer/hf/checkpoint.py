@@ -18,6 +18,7 @@ from flax import nnx
 from jaxformer.hf.families import HFError, check_family, family_of, family_for, to_hf_config, to_model_config
 from jaxformer.hf.mapping import Tensor, canonical_name, tensors
 from jaxformer.nn import build_model
+from jaxformer.nn.stack import blocks_path
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
 
 INDEX = "model.safetensors.index.json"
@@ -115,7 +116,7 @@ def _plan_of(specs: list[Tensor], files: _Files, abstract: dict, family: str, ti
                 raise HFError(f"parameter {'/'.join(path)} layer {t.layer} is written twice")
             slot[t.layer] = (t, j)
     for path, leaf in abstract.items():
-        want = {None} if path[:3] != ("decoder", "layers", "blocks") else set(range(leaf.shape[0]))
+        want = {None} if path[:3] != blocks_path("decoder") else set(range(leaf.shape[0]))
         if set(fills.get(path, {})) != want:
             raise HFError(f"parameter {'/'.join(path)} is not written exactly once per layer by the mapping")
     unused = sorted('/'.join(p) for p in set(fills) - set(abstract))
@@ -190,7 +191,7 @@ def save_pretrained(model, path: str | Path, *, family: str | None = None, dtype
     state = {tuple(str(k) for k in p): v for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     specs = tensors(cfg, family)
     written = {(p, t.layer) for t in specs for p in t.ours}
-    need = {(p, i) for p, v in state.items() for i in ([None] if p[:3] != ("decoder", "layers", "blocks")
+    need = {(p, i) for p, v in state.items() for i in ([None] if p[:3] != blocks_path("decoder")
                                                          else range(v[...].shape[0]))}
     if written != need:
         raise HFError(f"the {family} mapping does not write every parameter exactly once: "

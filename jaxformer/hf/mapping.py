@@ -14,9 +14,10 @@ from typing import Callable
 import numpy as np
 
 from jaxformer.config import ModelConfig
+from jaxformer.nn.stack import blocks_path
 
 Path = tuple[str, ...]                       # a parameter's path in the model's state, without the layer index
-STACK = ("decoder", "layers", "blocks")
+STACK = blocks_path("decoder")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,6 +27,13 @@ REMAT = {"none": None, "full": None, "dots": jax.checkpoint_policies.dots_with_n
 Make = Callable[[nnx.Rngs], nnx.Module]
 
 
+def blocks_path(stack: str = "decoder") -> tuple[str, str, str]:
+    """Where a model's state keeps the blocks of its `stack` ("encoder" | "decoder"), parameters [L, ...]: the
+    model's stack module, its `layers` (a LayerStack), their `blocks`. The one spelling of that path (HF
+    mapping, per-layer gradient norms, diagnostics read it)."""
+    return (stack, "layers", "blocks")
+
+
 class LayerStack(nnx.Module):
     """`make(rngs) -> block` is called once under nnx.vmap, giving parameters [L, ...] (in `self.blocks`).
     With a sequence of n makers, layer i is made by make[i % n] (L a multiple of n); kind j's parameters are

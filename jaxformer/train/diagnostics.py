@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer.nn.stack import blocks_path
+
 
 def init_grad_norms(overrides: list[str], base: str = "configs/alice.py", seed: int = 0, rows: int = 32) -> dict:
     """Per-layer gradient norms at initialisation of `base` with `overrides`, on its first `rows` training rows:
@@ -30,7 +32,8 @@ def init_grad_norms(overrides: list[str], base: str = "configs/alice.py", seed: 
         t = token_losses(logits, targets, cfg.model.pad_id)
         return t["objective"] / t["count"]
     grads = nnx.jit(nnx.grad(loss))(model)
-    blocks = grads["decoder"]["layers"]["blocks"]
+    stack, layers, blocks = blocks_path("decoder")
+    blocks = grads[stack][layers][blocks]
     per_leaf = [jnp.sum(jnp.square(x[...]).reshape(depth, -1), axis=1) for x in jax.tree.leaves(blocks)]
     w2 = blocks["ffn"]["w2"][...]
     return {"w2": [float(v) for v in jnp.sqrt(jnp.sum(jnp.square(w2).reshape(depth, -1), axis=1))],

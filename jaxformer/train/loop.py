@@ -265,6 +265,35 @@ def _diverged(ckpt: Checkpoints, first_bad: int, what: str):
                         + (", or start it from this one with --set train.init_from=RUN" if good else ""))
 
 
+def _train_record(cfg: Config, m: dict, lr: float, tokens_per_s: float) -> dict:
+    """The "train" log record of a step's metrics `m`: loss, accuracy, gradient norms (also per layer:
+    grad_norm/decoder/0 .. L-1), the router's losses and load per expert (moe_load/0 .. E-1), lr, tokens/s."""
+    rec = {k: m[k] for k in ("loss", "token_accuracy", "grad_norm")}
+    if cfg.optim.z_loss:
+        rec["log_z2"] = m["log_z2"]
+    for stack in ("encoder", "decoder"):
+        if f"{stack}_grad_norm" in m:
+            rec.update({f"grad_norm/{stack}/{i}": v for i, v in enumerate(m[f"{stack}_grad_norm"])})
+    rec.update({k: v for k, v in m.items() if k.startswith("moe_") and k != "moe_load"})
+    if "moe_load" in m:
+        rec.update({f"moe_load/{e}": v for e, v in enumerate(m["moe_load"])})
+    rec.update(lr=lr, tokens_per_s=tokens_per_s)
+    return rec
+
+
+def _evaluate_views(p: Prepared, views: dict, step: int, eval_step, emit) -> dict:
+    """Evaluate each view of the weights (eval, eval_ema) on the held-out set and emit it; stop the run when one
+    gives a non-finite loss (those weights' own forward pass). -> the "eval" metrics."""
+    out = None
+    for split, weights in views.items():
+        metrics = evaluate(p.cfg, p.task, nnx.merge(p.graphs.model, weights), eval_step, p.plan)
+        emit(step, split, metrics)
+        out = metrics if split == "eval" else out
+        if not math.isfinite(metrics["loss"]):
+            _diverged(p.ckpt, step, f"held-out {split} loss is {metrics['loss']} at step {step}")
+    return out
+
+
 def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock: collections.Counter):
     """-> (state, last step done, signal name or None, last eval metrics or None). Adds its seconds to clock
     (first_step, steps, eval, checkpoint)."""
@@ -333,16 +362,7 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
                     check()
                 if step % tc.log_every == 0 or step == tc.steps:
                     now = time.perf_counter()
-                    rec = {k: m[k] for k in ("loss", "token_accuracy", "grad_norm")}
-                    if cfg.optim.z_loss:
-                        rec["log_z2"] = m["log_z2"]
-                    for stack in ("encoder", "decoder"):          # per layer: grad_norm/decoder/0 .. L-1
-                        if f"{stack}_grad_norm" in m:
-                            rec.update({f"grad_norm/{stack}/{i}": v for i, v in enumerate(m[f"{stack}_grad_norm"])})
-                    rec.update({k: v for k, v in m.items() if k.startswith("moe_") and k != "moe_load"})
-                    if "moe_load" in m:                   # per expert: moe_load/0 .. moe_load/E-1
-                        rec.update({f"moe_load/{e}": v for e, v in enumerate(m["moe_load"])})
-                    rec.update(lr=lr_at(step - 1), tokens_per_s=watch.take_tokens() / max(now - t_log, 1e-9))
+                    rec = _train_record(cfg, m, lr_at(step - 1), watch.take_tokens() / max(now - t_log, 1e-9))
                     rec["mfu"] = rec["tokens_per_s"] * fpt / peak
                     emit(step, "train", rec)
                     t_log = now
@@ -350,12 +370,7 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
                 if eval_now:
                     t = _clock()
                     views = evaluated(cfg.optim, p.graphs.model, state["model"], state["opt"])
-                    for split, weights in views.items():                      # eval, eval_ema
-                        metrics = evaluate(cfg, p.task, nnx.merge(p.graphs.model, weights), eval_step, plan)
-                        emit(step, split, metrics)
-                        last_eval = metrics if split == "eval" else last_eval
-                        if not math.isfinite(metrics["loss"]):      # these weights' own forward pass
-                            _diverged(ckpt, step, f"held-out {split} loss is {metrics['loss']} at step {step}")
+                    last_eval = _evaluate_views(p, views, step, eval_step, emit)
                     clock["eval"] += _clock() - t
                 if saving:
                     t = _clock()

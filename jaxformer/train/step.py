@@ -20,11 +20,12 @@ from jax.sharding import PartitionSpec as P
 
 from jaxformer.arch import adapter
 from jaxformer.config import Config, OptimConfig
-from jaxformer.platforms.lowering import train_compiler_options, unrolled_threefry
 from jaxformer.nn import build_model
 from jaxformer.nn.params import matrix_mask, muon_dims
+from jaxformer.nn.stack import blocks_path
 from jaxformer.ops.losses import token_losses
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
+from jaxformer.platforms.lowering import train_compiler_options, unrolled_threefry
 from jaxformer.train.weights import with_ema
 
 
@@ -216,7 +217,7 @@ def layer_grad_norms(grads) -> dict:
         kinds: dict = {}
         for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
             keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
-            if keys[:3] == [stack, "layers", "blocks"]:
+            if tuple(keys[:3]) == blocks_path(stack):
                 j = keys[3] if isinstance(keys[3], int) else 0
                 sq = jnp.sum(jnp.square(g.astype(jnp.float32)).reshape(g.shape[0], -1), axis=1)
                 kinds[j] = kinds.get(j, 0.0) + sq
