@@ -159,6 +159,13 @@ class ModelConfig(_Validated):
     ablation_mask_value: str = "min"       # masked logits: "min" = float32's most negative | "zero" = 0 (leaks)
     ablation_causal: str = "tril"          # decoder self-attention: "tril" = past | "triu" = future (a bug)
 
+    # The runtime fields: how the model runs, not what it is. They change neither its parameters nor the function
+    # they compute (dtype: its rounding), so `train.init_from`, restoring and a Hugging Face export compare models
+    # up to these (hf.families.function_of, inference.restore.pretrained_state).
+    RUNTIME: typing.ClassVar[tuple[str, ...]] = (
+        "dropout", "init", "dtype", "remat", "attention_backend", "attention_block", "kv_cache_dtype",
+        "moe_capacity_factor", "moe_dropless")
+
     def validate(self) -> None:
         check_types(self, "model")
         self._check_sizes()

@@ -224,9 +224,6 @@ def family_for(cfg: ModelConfig) -> str:
     raise HFError(f"biases {biases}: no family (Qwen2: q, k, v; Llama: attention and/or FFN)")
 
 
-# model fields that change neither the parameters nor the function they compute (how it runs, not what it is)
-FREE = ("dropout", "init", "dtype", "remat", "attention_backend", "attention_block", "kv_cache_dtype",
-        "moe_capacity_factor", "moe_dropless")
 _RESPELLED = ("pad_id", "use_bias", "biases", "num_kv_heads", "head_dim", "final_norm", "attention_windows")
 _ROPE_SCALING = {"none": (), "linear": ("rope_factor",),
                  "llama3": ("rope_factor", "rope_original_max_len", "rope_low_freq_factor", "rope_high_freq_factor")}
@@ -236,7 +233,7 @@ def function_of(cfg: ModelConfig) -> dict:
     """The fields of `cfg` that decide the function its model computes, each in one spelling: the projections
     with a bias, K and H, the final norm, each layer's window; RoPE's settings only where they apply, MoE's
     only for an MoE model. Two configs with equal function_of compute the same logits from the same weights."""
-    d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in FREE + _RESPELLED}
+    d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ModelConfig.RUNTIME + _RESPELLED}
     d.update(biases=tuple(b for b in ("q", "k", "v", "o", "ffn") if cfg.has_bias(b)), kv_heads=cfg.kv_heads,
              head_size=cfg.head_size, final_norm=cfg.use_final_norm, windows=cfg.layer_windows())
     rope = ("rope_base", "rope_scaling") + _ROPE_SCALING.get(cfg.rope_scaling, ())

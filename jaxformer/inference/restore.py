@@ -13,7 +13,6 @@ from flax import nnx
 
 from jaxformer.config import Config, ModelConfig, resolve_vocab
 from jaxformer.errors import CheckpointError, ConfigError
-from jaxformer.hf.families import FREE
 from jaxformer.inference.weights import evaluated, item_for
 from jaxformer.nn import build_model
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
@@ -112,7 +111,7 @@ def pretrained_state(source: str | Path, model: ModelConfig, plan: Plan | None =
                      tokenizer=None) -> nnx.State:
     """The model state to start a run from (train.init_from): a Hugging Face checkpoint folder (config.json with
     a model_type) or a jaxformer run directory (its best checkpoint), in the plan's shardings. ConfigError unless
-    its model is `model` up to the fields in FREE (naming those that differ), or when `tokenizer` (the new
+    its model is `model` up to its runtime fields (`ModelConfig.RUNTIME`; naming those that differ), or when `tokenizer` (the new
     run's) gives ids other meanings than the source's tokenizer does (a vocabulary of the same size is not
     enough: each id must stand for the same text)."""
     src = Path(source)
@@ -134,7 +133,7 @@ def pretrained_state(source: str | Path, model: ModelConfig, plan: Plan | None =
         loaded = from_pretrained(src, dtype=model.dtype, plan=plan)
     else:
         loaded = load_model(src, "best", plan).model
-    theirs = dataclasses.replace(loaded.cfg, **{f: getattr(model, f) for f in FREE})
+    theirs = dataclasses.replace(loaded.cfg, **{f: getattr(model, f) for f in ModelConfig.RUNTIME})
     if theirs != model:
         diffs = [f"model.{f.name}: {getattr(theirs, f.name)!r} there, {getattr(model, f.name)!r} here"
                  for f in dataclasses.fields(model) if getattr(theirs, f.name) != getattr(model, f.name)]
