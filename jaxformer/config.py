@@ -152,8 +152,6 @@ class ModelConfig(_Validated):
     moe_dropless: str = "ragged"           # how dropless MoE runs: ragged (grouped matmuls, M·k rows) | padded
                                            # (every expert over all M token slots: E/k× the work, plain matmuls)
     moe_every: int = 1                     # MoE on every layer (1) or every n-th (layers must be a multiple of n)
-    moe_balance_weight: float = 0.01       # α · Switch load-balancing loss, added to the objective
-    moe_z_weight: float = 0.001            # β · router z-loss (ST-MoE), added to the objective
     # Ablation switches: wrong on purpose, to measure what the seeds claim (docs/ablations/masking.md).
     # Training with either set to its non-default value prints a warning; nothing else should flip them.
     ablation_mask_value: str = "min"       # masked logits: "min" = float32's most negative | "zero" = 0 (leaks)
@@ -269,8 +267,6 @@ class ModelConfig(_Validated):
             raise ConfigError(f"model.attention_windows={self.attention_windows!r} needs the causal decoder "
                               f"(model.ablation_causal='tril'; got {self.ablation_causal!r})")
         choice("model.moe_dropless", self.moe_dropless, ("ragged", "padded"))
-        positive("model.moe_balance_weight", self.moe_balance_weight, allow_zero=True)
-        positive("model.moe_z_weight", self.moe_z_weight, allow_zero=True)
         if self.ffn == "moe":
             stacks = [("num_decoder_layers", self.num_decoder_layers)]
             if self.arch == "encoder_decoder":
@@ -400,6 +396,8 @@ class OptimConfig(_Validated):
     label_smoothing: float = 0.0
     z_loss: float = 0.0                    # PaLM's output z-loss: + z_loss · log(Z)² per token (1e-4 in PaLM);
                                            # mean log(Z)² is logged as log_z2 whenever it is set
+    moe_balance_weight: float = 0.01       # α · Switch load-balancing loss of an MoE model, added to the objective
+    moe_z_weight: float = 0.001            # β · router z-loss (ST-MoE) of an MoE model, added to the objective
     weight_decay_mask: str = "matrices"    # matrices: projection/FFN/output-head weights only | all parameters
     ema: float = 0.0                       # decay of an EMA of the weights, evaluated alongside (eval_ema/*);
                                            # 0 = none, e.g. 0.99
@@ -431,6 +429,8 @@ class OptimConfig(_Validated):
         for f in ("warmup_steps", "weight_decay", "clip_norm"):
             positive(f"optim.{f}", getattr(self, f), allow_zero=True)
         positive("optim.z_loss", self.z_loss, allow_zero=True)
+        positive("optim.moe_balance_weight", self.moe_balance_weight, allow_zero=True)
+        positive("optim.moe_z_weight", self.moe_z_weight, allow_zero=True)
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"optim.label_smoothing={self.label_smoothing!r} must be in [0, 1)")
 

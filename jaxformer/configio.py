@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import itertools
 import json
+import logging
 import sys
 import types
 import typing
@@ -17,12 +18,46 @@ from typing import Any
 from jaxformer.config import Config, _deferred_validation
 from jaxformer.errors import ConfigError, JaxformerError
 
+log = logging.getLogger("jaxformer")
+
+
+# Keys that moved to another section: read under their old names (run directories' config.json, --set) with a
+# one-line deprecation warning; a config file that passes the old name to its dataclass is a named error.
+MOVED = {"model.moe_balance_weight": "optim.moe_balance_weight", "model.moe_z_weight": "optim.moe_z_weight"}
+
+
+def _moved(key: str) -> str:
+    """The current name of config key `key` (warning once per read when it moved)."""
+    new = MOVED.get(key)
+    if new is not None:
+        log.warning("config key %s is now %s: read as %s (update the config)", key, new, new)
+    return new or key
+
+
+def _move_old_keys(d: dict) -> dict:
+    """A config dict with each moved key (MOVED) under its new name; both names with different values: an error."""
+    d = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+    for old, new in MOVED.items():
+        (osec, okey), (nsec, nkey) = old.split("."), new.split(".")
+        if isinstance(d.get(osec), dict) and okey in d[osec]:
+            value = d[osec].pop(okey)
+            _moved(old)
+            target = d.setdefault(nsec, {})
+            if isinstance(target, dict):
+                if nkey in target and target[nkey] != value:
+                    raise ConfigError(f"{old}={value!r} and {new}={target[nkey]!r}: {old} is the old name of "
+                                      f"{new}; keep one")
+                target.setdefault(nkey, value)
+    return d
+
 
 def from_dict(d: Any) -> Config:
     """Inverse of to_dict for a Config (a run's saved config.json). Missing keys take their defaults;
-    unknown keys and invalid values raise ConfigError naming them."""
+    unknown keys and invalid values raise ConfigError naming them; moved keys (MOVED) are read under their new
+    names."""
     if not isinstance(d, dict):
         raise ConfigError(f"a config must be a JSON object; got {type(d).__name__}")
+    d = _move_old_keys(d)
     hints = typing.get_type_hints(Config)
     unknown = sorted(set(d) - set(hints))
     if unknown:
@@ -126,7 +161,7 @@ def apply_overrides(cfg: Any, pairs: list[str]) -> Any:
             if "=" not in p:
                 raise ConfigError(f"override {p!r} must look like key=value")
             k, v = p.split("=", 1)
-            cfg = _set(cfg, k.strip(), v.strip())
+            cfg = _set(cfg, _moved(k.strip()), v.strip())
     cfg.validate()
     return cfg
 
@@ -181,7 +216,13 @@ def load_config_file(path: str | Path) -> Any:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ConfigError(f"config file {str(path)!r} is unreadable: {type(e).__name__}: {e}") from None
         return from_dict(d)
-    cfg = load_python(path, "get_config", "config file", ConfigError)
+    try:
+        cfg = load_python(path, "get_config", "config file", ConfigError)
+    except ConfigError as e:
+        for old, new in MOVED.items():      # ModelConfig(moe_balance_weight=...): name where it lives now
+            if f"unexpected keyword argument '{old.split('.')[1]}'" in str(e):
+                raise ConfigError(f"{e}; {old} is now {new}: set it in the {new.split('.')[0]} section") from None
+        raise
     if not isinstance(cfg, Config):
         raise ConfigError(f"config file {str(path)!r}: get_config() returned {type(cfg).__name__}, not a "
                           f"jaxformer.config.Config")

@@ -259,3 +259,37 @@ def test_config_file_that_is_a_directory_or_calls_sys_exit_is_a_config_error(tmp
     (tmp_path / "exits_late.py").write_text("import sys\ndef get_config():\n    sys.exit(0)\n")
     with pytest.raises(ConfigError, match="called sys.exit"):
         load_config_file(tmp_path / "exits_late.py")
+
+
+# ------------------------------------------------------------------------------- moved keys (issue 45, V.4)
+
+def test_moved_keys_are_read_under_their_old_names_with_one_warning(caplog, tmp_path):
+    """The router-loss weights moved from model to optim (with the output z-loss: the objective's weights in one
+    section). Old --set keys and old run directories' config.json still read, each with a one-line warning
+    naming the new key; both names with different values, and a config file passing the old name to
+    ModelConfig, are named errors. Wrong implementations: an old key silently ignored (the default used), read
+    without a warning, or the two names' conflict resolved silently."""
+    import json
+    from jaxformer.config import to_dict
+    from jaxformer.configio import from_dict, load_config_file
+    with caplog.at_level("WARNING", logger="jaxformer"):
+        cfg = apply_overrides(Config(), ["model.moe_balance_weight=0.5"])
+    assert cfg.optim.moe_balance_weight == 0.5
+    assert [r.getMessage() for r in caplog.records] == [
+        "config key model.moe_balance_weight is now optim.moe_balance_weight: read as optim.moe_balance_weight "
+        "(update the config)"]
+    old = to_dict(Config())
+    old["model"]["moe_z_weight"] = 0.25
+    del old["optim"]["moe_z_weight"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="jaxformer"):
+        assert from_dict(json.loads(json.dumps(old))).optim.moe_z_weight == 0.25
+    assert len(caplog.records) == 1 and "optim.moe_z_weight" in caplog.records[0].getMessage()
+    old["optim"]["moe_z_weight"] = 0.5
+    with pytest.raises(ConfigError, match="model.moe_z_weight=0.25 and optim.moe_z_weight=0.5"):
+        from_dict(old)
+    f = tmp_path / "old.py"
+    f.write_text("from jaxformer.config import Config, ModelConfig\n"
+                 "def get_config():\n    return Config(model=ModelConfig(moe_balance_weight=0.1))\n")
+    with pytest.raises(ConfigError, match="model.moe_balance_weight is now optim.moe_balance_weight"):
+        load_config_file(f)

@@ -126,14 +126,15 @@ def test_router_receives_gradient_from_the_balancing_loss_alone():
     """With the token loss's gradient cut off, the router still learns from α·balance (one layer, so no router
     sits above the experts)."""
     from jaxformer.train.step import moe_metrics, objective
-    c = cfg(ffn="moe", num_experts=4, moe_z_weight=0.0, num_decoder_layers=1)
+    from jaxformer.config import OptimConfig
+    c = cfg(ffn="moe", num_experts=4, num_decoder_layers=1)
     model = build_model(c, seed=0)
     x = tokens(np.random.default_rng(3))
 
     def loss(m):
         logits, aux = m.forward(x, rngs=nnx.Rngs(dropout=jax.random.key(0)))
         s = {"objective": jax.lax.stop_gradient(logits).sum() * 0, "count": jnp.float32(1)}
-        return objective(s, moe_metrics(aux), c)
+        return objective(s, moe_metrics(aux), OptimConfig(moe_z_weight=0.0))
 
     g = nnx.grad(loss)(model)
     router = g.decoder.layers.blocks.ffn.router[...]

@@ -198,8 +198,8 @@ def test_muon_leaves_norm_scales_and_embeddings_undecayed():
 # Dropless top-2 routing over 4 experts in both layers, no dropout, router-loss weights large enough that their
 # gradients are not lost in rounding; SGD at lr 1 without clipping: the step's update is minus the gradient.
 MOE_SGD = ["model.ffn=moe", "model.num_experts=4", "model.moe_top_k=2", "model.moe_capacity_factor=0",
-           "model.num_decoder_layers=2", "model.dropout=0.0", "model.moe_balance_weight=1.0",
-           "model.moe_z_weight=0.1", "optim.name=sgd", "optim.lr=1.0", "optim.schedule=constant",
+           "model.num_decoder_layers=2", "model.dropout=0.0", "optim.moe_balance_weight=1.0",
+           "optim.moe_z_weight=0.1", "optim.name=sgd", "optim.lr=1.0", "optim.schedule=constant",
            "optim.warmup_steps=0", "optim.clip_norm=0", "data.batch_size=8"]
 
 
@@ -216,7 +216,7 @@ def _moe_reference(cfg, graphs, model_state, groups: list[dict]):
             logits, targets, aux = forward(model, g, nnx.Rngs(dropout=jax.random.key(0)))
             tokens = tokens + token_losses(logits, targets, m.pad_id)["objective"]
             bal, z = jnp.mean(aux["moe"].balance), jnp.mean(aux["moe"].z)
-            router = router + m.moe_balance_weight * bal + m.moe_z_weight * z
+            router = router + cfg.optim.moe_balance_weight * bal + cfg.optim.moe_z_weight * z
             stats.append((bal, z))
         return tokens / total + router / len(groups), stats
 

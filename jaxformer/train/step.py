@@ -200,9 +200,10 @@ def moe_metrics(aux: dict) -> dict:
             "moe_load": st.load.mean(0)}
 
 
-def objective(s: dict, moe: dict, cfg, denominator=None, shards: int = 1):
-    """The training objective: token objective / tokens + α·balance + β·z (MoE; divided by `shards` in per-device
-    code, whose gradients are summed over devices). denominator: the global token count (per-device code)."""
+def objective(s: dict, moe: dict, cfg: OptimConfig, denominator=None, shards: int = 1):
+    """The training objective: token objective / tokens + α·balance + β·z (MoE, α and β from cfg, the optimizer
+    config; divided by `shards` in per-device code, whose gradients are summed over devices). denominator: the
+    global token count (per-device code)."""
     loss = s["objective"] / jnp.maximum(s["count"] if denominator is None else denominator, 1.0)
     if moe:
         loss = loss + (cfg.moe_balance_weight * moe["moe_balance"] + cfg.moe_z_weight * moe["moe_z"]) / shards
@@ -247,7 +248,7 @@ def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
         logits, targets, aux = forward(model, batch, nnx.Rngs(dropout=rng))
         s = token_losses(logits, targets, pad, ls, zl)
         moe = moe_metrics(aux)
-        return objective(s, moe, cfg.model, total, shards), (s, moe)
+        return objective(s, moe, cfg.optim, total, shards), (s, moe)
 
     k = cfg.optim.accumulate
 
