@@ -264,20 +264,7 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
             progress: bool = True) -> dict:
     """Prepare token shards (module docstring) -> the index written to OUT/index.json."""
     paths, out = [Path(p) for p in inputs], Path(out)
-    _check_inputs(paths)
-    if not 0 < eval_fraction < 1:
-        raise DataError(f"--eval-fraction {eval_fraction}: must be in (0, 1)")
-    if shard_tokens < 1:
-        raise DataError(f"--shard-tokens {shard_tokens}: must be positive")
-    if tokenizer in ("bpe", "unigram") and vocab_size > MAX_VOCAB:        # before any pass over the corpus
-        raise DataError(f"--vocab-size {vocab_size:,} is too large: at most {MAX_VOCAB:,} (2^24; the tokenizers "
-                        f"library allocates for the size asked, and aborts the process far above it)")
-    for p in paths:
-        _rule(docs, p)
-    if (out / "index.json").exists():
-        raise DataError(f"{out} already holds prepared shards (index.json); choose another --out or delete it")
-    if out.exists():
-        raise DataError(f"--out {out} exists and is not a finished output; choose another --out or delete it")
+    _check_request(paths, out, tokenizer, vocab_size, docs, eval_fraction, shard_tokens)
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         if not (tmp / MARK).is_file():
@@ -286,104 +273,17 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
         shutil.rmtree(tmp)              # an interrupted earlier run: start afresh
     t0 = time.perf_counter()
     total = sum(p.stat().st_size for p in paths)
-
-    # pass 1: documents and bytes, and the split
-    sizes = array.array("q")            # bytes per document (documents are numbered 0, 1, ... in order)
-    bar = _progress(total, "counting", progress)
-    for p in pieces(paths, docs, PIECE):
-        _stop_if_asked("nothing was written")
-        n = len(p.text.encode("utf-8"))
-        if p.doc == len(sizes):
-            sizes.append(0)
-        sizes[p.doc] += n
-        bar.update(n)
-    bar.close()
-    text_bytes = sum(sizes)
-    if text_bytes == 0:
-        raise DataError(f"the inputs hold no text ({', '.join(map(str, paths))[:300]})")
-    cut_bytes = (1 - eval_fraction) * text_bytes
-    first_eval = None                   # one document: cut at a newline past the cut (assigned() below)
-    if len(sizes) > 1:                  # held out: the last documents holding eval_fraction of the bytes
-        before = np.cumsum(np.asarray(sizes)) - np.asarray(sizes)        # bytes before each document
-        first_eval = int(np.clip(np.searchsorted(before, cut_bytes), 1, len(sizes) - 1))
-
-    def assigned(piece):
-        """(piece, split) for every piece. One document: its training part ends at the newline nearest the
-        cut (that piece is split in two; the training part becomes a document of its own)."""
-        seen, cut = 0, False
-        for p in pieces(paths, docs, piece):
-            if first_eval is not None:
-                yield p, ("eval" if p.doc >= first_eval else "train")
-                continue
-            n = len(p.text.encode("utf-8"))
-            if cut or seen + n < cut_bytes:
-                seen += n
-                yield p, ("eval" if cut else "train")
-                continue
-            cut = True
-            at = int((cut_bytes - seen) / max(n, 1) * len(p.text))         # about the cut, in characters
-            ends = [i + 1 for i in (p.text.rfind("\n", 0, at), p.text.find("\n", at))
-                    if 0 <= i < len(p.text) - 1]                            # after a newline, inside the piece
-            at = min(ends, key=lambda e: abs(e - at)) if ends else max(1, min(at, len(p.text) - 1))
-            yield Piece(p.doc, p.text[:at], True), "train"
-            if at < len(p.text) or not p.last:
-                yield Piece(p.doc, p.text[at:], p.last), "eval"
-            seen += n
-
-    # pass 2: the tokenizer, from the training split
-    if tokenizer == "byte":
-        tok = ByteTokenizer()
-    elif tokenizer == "char":
-        chars = set()
-        for p in pieces(paths, docs, PIECE):
-            chars.update(p.text)
-        tok = CharTokenizer(chars, eod=True)
-    elif tokenizer in ("bpe", "unigram"):
-        tok = train_tokenizer(tokenizer, (p.text for p, split in assigned(PIECE) if split == "train" and p.text),
-                              vocab_size)
-    else:
-        tok = load_tokenizer_file(Path(tokenizer))
-    if dtype == "auto":
-        dtype = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
-    if dtype not in ("uint16", "uint32"):
-        raise DataError(f"--dtype {dtype!r}: expected auto, uint16 or uint32")
-    if dtype == "uint16" and tok.vocab_size > 1 << 16:
-        raise DataError(f"the tokenizer's vocabulary of {tok.vocab_size:,} ids does not fit uint16 shards "
-                        f"(65,536 at most): use --dtype uint32 (or auto)")
-
-    # pass 3: encode into OUT.partial, then rename
-    try:
+    split = _Split(paths, docs, _document_sizes(paths, docs, total, progress), eval_fraction)     # pass 1
+    tok = _make_tokenizer(tokenizer, paths, docs, split, vocab_size)                             # pass 2
+    dtype = _shard_dtype(dtype, tok)
+    try:                                                                                          # pass 3
         tmp.mkdir(parents=True)
     except FileExistsError:             # made by someone else since the start: never removed
         raise DataError(f"{tmp} appeared while the corpus was read; it is left as it is: choose another "
                         f"--out") from None
     (tmp / MARK).write_text("unfinished output of jaxformer data prepare; removed by the next run\n")
-    writers = {s: _Writer(tmp, s, np.dtype(dtype), shard_tokens) for s in SPLITS}
-    bar = _progress(total, "encoding", progress)
-    batch: list[tuple[Piece, str]] = []
-
-    def drain():
-        texts = [p.text for p, _ in batch]
-        ids = tok.encode_batch(texts) if hasattr(tok, "encode_batch") else [tok.encode(t) for t in texts]
-        for (p, split), x in zip(batch, ids):
-            w = writers[split]
-            w.write(x)
-            w.text_bytes += len(p.text.encode("utf-8"))
-            if p.last:
-                w.write(np.asarray([tok.eod_id]))
-                w.end_document()
-        batch.clear()
-
     try:
-        for p, split in assigned(None if _marks_start(tok) else PIECE):
-            _stop_if_asked(f"{tmp} is left for the next run to clear")
-            batch.append((p, split))
-            bar.update(len(p.text.encode("utf-8")))
-            if len(batch) >= 64:
-                drain()
-        drain()
-        bar.close()
-        splits = {s: w.finish() for s, w in writers.items()}
+        splits = _encode(tok, split, tmp, dtype, shard_tokens, total, progress)
         for s, info in splits.items():
             if info["tokens"] == 0:
                 raise DataError(f"the {s} split is empty: the corpus is too small for --eval-fraction {eval_fraction}")
@@ -406,3 +306,131 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
     (tmp / MARK).unlink()
     os.replace(tmp, out)
     return index
+
+
+def _check_request(paths, out: Path, tokenizer: str, vocab_size: int, docs: str, eval_fraction: float,
+                   shard_tokens: int) -> None:
+    """Every argument and the output folder, checked before any pass over the corpus."""
+    _check_inputs(paths)
+    if not 0 < eval_fraction < 1:
+        raise DataError(f"--eval-fraction {eval_fraction}: must be in (0, 1)")
+    if shard_tokens < 1:
+        raise DataError(f"--shard-tokens {shard_tokens}: must be positive")
+    if tokenizer in ("bpe", "unigram") and vocab_size > MAX_VOCAB:
+        raise DataError(f"--vocab-size {vocab_size:,} is too large: at most {MAX_VOCAB:,} (2^24; the tokenizers "
+                        f"library allocates for the size asked, and aborts the process far above it)")
+    for p in paths:
+        _rule(docs, p)
+    if (out / "index.json").exists():
+        raise DataError(f"{out} already holds prepared shards (index.json); choose another --out or delete it")
+    if out.exists():
+        raise DataError(f"--out {out} exists and is not a finished output; choose another --out or delete it")
+
+
+def _document_sizes(paths, docs: str, total: int, progress: bool) -> array.array:
+    """Pass 1: bytes per document (documents are numbered 0, 1, ... in order)."""
+    sizes = array.array("q")
+    bar = _progress(total, "counting", progress)
+    for p in pieces(paths, docs, PIECE):
+        _stop_if_asked("nothing was written")
+        n = len(p.text.encode("utf-8"))
+        if p.doc == len(sizes):
+            sizes.append(0)
+        sizes[p.doc] += n
+        bar.update(n)
+    bar.close()
+    if sum(sizes) == 0:
+        raise DataError(f"the inputs hold no text ({', '.join(map(str, paths))[:300]})")
+    return sizes
+
+
+class _Split:
+    """The held-out split: the last documents holding eval_fraction of the bytes; one document is cut at the
+    newline nearest that fraction (`assigned`)."""
+
+    def __init__(self, paths, docs: str, sizes: array.array, eval_fraction: float):
+        self.paths, self.docs = paths, docs
+        self.cut_bytes = (1 - eval_fraction) * sum(sizes)
+        self.first_eval = None
+        if len(sizes) > 1:
+            before = np.cumsum(np.asarray(sizes)) - np.asarray(sizes)        # bytes before each document
+            self.first_eval = int(np.clip(np.searchsorted(before, self.cut_bytes), 1, len(sizes) - 1))
+
+    def assigned(self, piece: int | None) -> Iterator[tuple[Piece, str]]:
+        """(piece, split) for every piece. One document: its training part ends at the newline nearest the
+        cut (that piece is split in two; the training part becomes a document of its own)."""
+        seen, cut, cut_bytes = 0, False, self.cut_bytes
+        for p in pieces(self.paths, self.docs, piece):
+            if self.first_eval is not None:
+                yield p, ("eval" if p.doc >= self.first_eval else "train")
+                continue
+            n = len(p.text.encode("utf-8"))
+            if cut or seen + n < cut_bytes:
+                seen += n
+                yield p, ("eval" if cut else "train")
+                continue
+            cut = True
+            at = int((cut_bytes - seen) / max(n, 1) * len(p.text))         # about the cut, in characters
+            ends = [i + 1 for i in (p.text.rfind("\n", 0, at), p.text.find("\n", at))
+                    if 0 <= i < len(p.text) - 1]                            # after a newline, inside the piece
+            at = min(ends, key=lambda e: abs(e - at)) if ends else max(1, min(at, len(p.text) - 1))
+            yield Piece(p.doc, p.text[:at], True), "train"
+            if at < len(p.text) or not p.last:
+                yield Piece(p.doc, p.text[at:], p.last), "eval"
+            seen += n
+
+
+def _make_tokenizer(tokenizer: str, paths, docs: str, split: _Split, vocab_size: int):
+    """Pass 2: the tokenizer: byte, char (every character of the corpus), bpe/unigram trained on the training
+    split, or read from a file."""
+    if tokenizer == "byte":
+        return ByteTokenizer()
+    if tokenizer == "char":
+        chars = set()
+        for p in pieces(paths, docs, PIECE):
+            chars.update(p.text)
+        return CharTokenizer(chars, eod=True)
+    if tokenizer in ("bpe", "unigram"):
+        return train_tokenizer(tokenizer, (p.text for p, s in split.assigned(PIECE) if s == "train" and p.text),
+                               vocab_size)
+    return load_tokenizer_file(Path(tokenizer))
+
+
+def _shard_dtype(dtype: str, tok) -> str:
+    if dtype == "auto":
+        dtype = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
+    if dtype not in ("uint16", "uint32"):
+        raise DataError(f"--dtype {dtype!r}: expected auto, uint16 or uint32")
+    if dtype == "uint16" and tok.vocab_size > 1 << 16:
+        raise DataError(f"the tokenizer's vocabulary of {tok.vocab_size:,} ids does not fit uint16 shards "
+                        f"(65,536 at most): use --dtype uint32 (or auto)")
+    return dtype
+
+
+def _encode(tok, split: _Split, tmp: Path, dtype: str, shard_tokens: int, total: int, progress: bool) -> dict:
+    """Pass 3: every piece encoded into its split's shards in `tmp`, in batches. -> {split: shard info}."""
+    writers = {s: _Writer(tmp, s, np.dtype(dtype), shard_tokens) for s in SPLITS}
+    bar = _progress(total, "encoding", progress)
+    batch: list[tuple[Piece, str]] = []
+
+    def drain():
+        texts = [p.text for p, _ in batch]
+        ids = tok.encode_batch(texts) if hasattr(tok, "encode_batch") else [tok.encode(t) for t in texts]
+        for (p, s), x in zip(batch, ids):
+            w = writers[s]
+            w.write(x)
+            w.text_bytes += len(p.text.encode("utf-8"))
+            if p.last:
+                w.write(np.asarray([tok.eod_id]))
+                w.end_document()
+        batch.clear()
+
+    for p, s in split.assigned(None if _marks_start(tok) else PIECE):
+        _stop_if_asked(f"{tmp} is left for the next run to clear")
+        batch.append((p, s))
+        bar.update(len(p.text.encode("utf-8")))
+        if len(batch) >= 64:
+            drain()
+    drain()
+    bar.close()
+    return {s: w.finish() for s, w in writers.items()}
