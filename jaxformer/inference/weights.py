@@ -12,9 +12,6 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-VIEWS = {"eval": "schedule-free AdamW's averaged iterate x", "eval_ema": "the EMA of the parameters"}
-
-
 def item_for(optim, weights: str) -> str:
     """The checkpoint item with the weights asked for. optim: the run's OptimConfig; weights: "trained" (what
     the run's eval/* metrics are of) | "ema" (its eval_ema/*)."""
@@ -62,6 +59,6 @@ def evaluated(optim, graph: nnx.GraphDef, model_state: nnx.State, opt_state) -> 
 
 def checkpoint_items(optim, graph: nnx.GraphDef, state: dict, views: dict | None = None) -> dict:
     """The items a training checkpoint saves: the state {"model", "opt"}, plus each evaluated view that is not
-    the model itself (`VIEWS`). views: `evaluated`'s result when already computed."""
+    the model itself ("eval" of a schedule-free run, "eval_ema"). views: `evaluated`'s result when already computed."""
     views = evaluated(optim, graph, state["model"], state["opt"]) if views is None else views
     return {**state, **{k: v for k, v in views.items() if k != "eval" or optim.name == "schedule_free"}}
