@@ -160,7 +160,7 @@ def cmd_params(args) -> int:
     arch = adapter(cfg.model.arch)
     batch = arch.example_batch(2, 8)
     y = arch.forward(model, batch)[0]
-    console.print(f"forward pass: tokens {arch.inputs(batch).shape} -> logits {y.shape}, "
+    console.print(f"forward pass: tokens {arch.prompts(batch)[0].shape} -> logits {y.shape}, "
                   f"finite={bool(jax.numpy.isfinite(y).all())}")
     return 0
 

@@ -100,10 +100,10 @@ def _check_room(cfg, prompt_len: int, max_new: int, cache_len: int | None):
 def _generate_lm(graphdef, state, prompts, segment_ids, key, *, max_new, eos_id, sampling, cache_len, kv_cache):
     model = nnx.merge(graphdef, state).for_decoding(prompts.shape[0])
     pad = model.cfg.pad_id
-    if segment_ids is None:                                 # padding wherever a prompt token is the pad id
-        valid = prompts != pad
-        pos = jnp.maximum(jnp.cumsum(valid, 1) - 1, 0).astype(jnp.int32)
-    else:                                                   # packed: continue each row's last document
+    if segment_ids is None:                                 # every prompt token real: one document per row
+        valid = jnp.ones(prompts.shape, bool)
+        pos = jnp.broadcast_to(jnp.arange(prompts.shape[1], dtype=jnp.int32), prompts.shape)
+    else:                                                   # padding and packed documents: the last one continues
         valid = segment_ids != 0
         pos = positions_from_segments(segment_ids)
     cache = model.init_cache(prompts.shape[0], cache_len, dtype=kv_cache).unstacked()
@@ -119,9 +119,10 @@ def _generate_lm(graphdef, state, prompts, segment_ids, key, *, max_new, eos_id,
 def generate_lm(model, prompts, *, max_new: int, key=None, temperature: float = 0.0, top_k: int = 0,
                 top_p: float = 1.0, eos_id: int | None = None, cache_len: int | None = None,
                 segment_ids=None, kv_cache: str = "auto"):
-    """Decoder-only sampling. prompts [B,P] int, padded with the model's pad id anywhere (left, right or ragged);
-    or, with segment_ids [B,P] (0 = padding, documents from 1), rows of packed documents, each row continuing its
-    last document (which alone it attends to). kv_cache: "auto" (the model's) or "int8".
+    """Decoder-only sampling. prompts [B,P] int, every token real; or, with segment_ids [B,P] (0 = padding,
+    documents from 1), padded rows (left or right; `arch.prompt_batch` makes both) or rows of packed documents,
+    each row continuing its last document (which alone it attends to). The pad id only fills: which tokens are
+    real is said by segment_ids alone. kv_cache: "auto" (the model's) or "int8".
     -> [B,max_new] new tokens (pad after EOS). One compiled program: prefill + while_loop of cached steps."""
     unrolled_threefry()                                            # sampling's bits: jaxformer.platforms.lowering
     prompts = jnp.asarray(prompts, jnp.int32)
@@ -129,10 +130,13 @@ def generate_lm(model, prompts, *, max_new: int, key=None, temperature: float = 
     _check_room(model.cfg, prompts.shape[1], max_new, cache_len)
     graphdef, state = nnx.split(model)
     key = jax.random.key(0) if key is None else key
-    segment_ids = None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
-    return _generate_lm(graphdef, state, prompts, segment_ids, key, max_new=max_new, eos_id=eos_id,
+    return _generate_lm(graphdef, state, prompts, _ids(segment_ids), key, max_new=max_new, eos_id=eos_id,
                         sampling=_sampling(temperature, top_k, top_p, model.cfg.vocab_size), cache_len=cache_len,
                         kv_cache=kv_cache)
+
+
+def _ids(segment_ids):
+    return None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
 
 
 def _memory(model, src, segment_ids=None):
@@ -141,9 +145,9 @@ def _memory(model, src, segment_ids=None):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "bos_id", "eos_id", "sampling", "kv_cache"))
-def _generate_seq2seq(graphdef, state, src, key, *, max_new, bos_id, eos_id, sampling, kv_cache):
+def _generate_seq2seq(graphdef, state, src, segment_ids, key, *, max_new, bos_id, eos_id, sampling, kv_cache):
     model = nnx.merge(graphdef, state).for_decoding(src.shape[0])
-    memory = _memory(model, src)                                                       # once per call
+    memory = _memory(model, src, segment_ids)                                          # once per call
     b = src.shape[0]
     cache = model.init_cache(b, max_new, dtype=kv_cache).unstacked()
     step = lambda c, t, p: model.step(t, p, c, memory=memory)                         # noqa: E731
@@ -153,15 +157,17 @@ def _generate_seq2seq(graphdef, state, src, key, *, max_new, bos_id, eos_id, sam
 
 
 def generate_seq2seq(model, src, *, max_new: int, bos_id: int, eos_id: int | None, key=None,
-                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, kv_cache: str = "auto"):
-    """Encoder-decoder sampling. src [B,S] (pad = the model's pad id) -> [B,max_new] (pad after EOS).
-    The encoder and the cross-attention k/v run once; the decoder runs cached steps in a while_loop."""
+                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, kv_cache: str = "auto",
+                     segment_ids=None):
+    """Encoder-decoder sampling. src [B,S] (segment_ids [B,S]: 0 on padding; None = every token real) ->
+    [B,max_new] (pad after EOS). The encoder and the cross-attention k/v run once; the decoder runs cached steps
+    in a while_loop."""
     _check_room(model.cfg, 0, max_new, None)                       # positions 0 .. max_new-1
     unrolled_threefry()                                            # sampling's bits: jaxformer.platforms.lowering
     graphdef, state = nnx.split(model)
     key = jax.random.key(0) if key is None else key
-    return _generate_seq2seq(graphdef, state, jnp.asarray(src, jnp.int32), key, max_new=max_new, bos_id=bos_id,
-                             eos_id=eos_id, sampling=_sampling(temperature, top_k, top_p, model.cfg.vocab_size),
+    return _generate_seq2seq(graphdef, state, jnp.asarray(src, jnp.int32), _ids(segment_ids), key, max_new=max_new,
+                             bos_id=bos_id, eos_id=eos_id, sampling=_sampling(temperature, top_k, top_p, model.cfg.vocab_size),
                              kv_cache=kv_cache)
 
 
@@ -172,9 +178,9 @@ def finish_after_eos(tokens: jax.Array, eos_id: int, pad_id: int) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "bos_id", "eos_id", "pad_id"))
-def _greedy_naive(graphdef, state, src, *, max_new, bos_id, eos_id, pad_id):
+def _greedy_naive(graphdef, state, src, segment_ids, *, max_new, bos_id, eos_id, pad_id):
     model = nnx.merge(graphdef, state)
-    memory = model.encode(src)
+    memory = model.encode(src, segment_ids=segment_ids)
     b = src.shape[0]
     buf = jnp.full((b, max_new + 1), pad_id, jnp.int32).at[:, 0].set(bos_id)
 
@@ -187,19 +193,21 @@ def _greedy_naive(graphdef, state, src, *, max_new, bos_id, eos_id, pad_id):
     return replicate(finish_after_eos(buf[:, 1:], eos_id, pad_id))
 
 
-def greedy_naive(model, src: jax.Array, max_new: int, *, bos_id: int, eos_id: int) -> jax.Array:
-    """Encoder-decoder greedy decoding by full recomputation (no cache). src [B,S] -> [B,max_new]."""
+def greedy_naive(model, src: jax.Array, max_new: int, *, bos_id: int, eos_id: int, segment_ids=None) -> jax.Array:
+    """Encoder-decoder greedy decoding by full recomputation (no cache). src [B,S] (segment_ids as
+    `generate_seq2seq`) -> [B,max_new]."""
     graphdef, state = nnx.split(model)
-    return _greedy_naive(graphdef, state, jnp.asarray(src), max_new=max_new, bos_id=bos_id, eos_id=eos_id,
+    return _greedy_naive(graphdef, state, jnp.asarray(src), _ids(segment_ids), max_new=max_new, bos_id=bos_id, eos_id=eos_id,
                          pad_id=model.cfg.pad_id)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "bos_id", "eos_id", "beam", "length_penalty",
                                              "kv_cache"))
-def _beam_search(graphdef, state, src, *, max_new, bos_id, eos_id, beam, length_penalty, kv_cache):
+def _beam_search(graphdef, state, src, segment_ids, *, max_new, bos_id, eos_id, beam, length_penalty, kv_cache):
     model = nnx.merge(graphdef, state).for_decoding(src.shape[0] * beam)
     b, w, pad = src.shape[0], beam, model.cfg.pad_id
-    memory = _memory(model, jnp.repeat(src, w, axis=0))                                # [B*W, S, D]
+    seg = None if segment_ids is None else jnp.repeat(segment_ids, w, axis=0)
+    memory = _memory(model, jnp.repeat(src, w, axis=0), seg)                           # [B*W, S, D]
     cache = model.init_cache(b * w, max_new, dtype=kv_cache).unstacked()
     neg = jnp.finfo(jnp.float32).min / 4
     scores = jnp.where(jnp.arange(w) == 0, 0.0, neg)[None].repeat(b, 0)               # [B,W]: start from beam 0
@@ -237,13 +245,13 @@ def _beam_search(graphdef, state, src, *, max_new, bos_id, eos_id, beam, length_
 
 
 def beam_search(model, src, *, max_new: int, bos_id: int, eos_id: int | None, beam: int = 4,
-                length_penalty: float = 0.6, kv_cache: str = "auto"):
-    """Encoder-decoder beam search. src [B,S] -> best hypothesis [B,max_new] (pad after EOS), ranked by
+                length_penalty: float = 0.6, kv_cache: str = "auto", segment_ids=None):
+    """Encoder-decoder beam search. src [B,S] (segment_ids as `generate_seq2seq`) -> best hypothesis [B,max_new] (pad after EOS), ranked by
     log-probability / ((5 + length) / 6) ** length_penalty. beam=1 is greedy decoding. Stops as soon as every
     beam has finished."""
     if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1 or beam > model.cfg.vocab_size:
         raise ConfigError(f"beam={beam!r} must be an integer in [1, vocab_size={model.cfg.vocab_size}]")
     _check_room(model.cfg, 0, max_new, None)
     graphdef, state = nnx.split(model)
-    return _beam_search(graphdef, state, jnp.asarray(src, jnp.int32), max_new=max_new, bos_id=bos_id,
+    return _beam_search(graphdef, state, jnp.asarray(src, jnp.int32), _ids(segment_ids), max_new=max_new, bos_id=bos_id,
                         eos_id=eos_id, beam=beam, length_penalty=float(length_penalty), kv_cache=kv_cache)

@@ -78,8 +78,8 @@ def encode_prompt(run: LoadedModel, prompt: str) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
-def _weights(graphdef, state, *inputs):
-    return nnx.merge(graphdef, state).attention_weights(*inputs)
+def _weights(graphdef, state, args, kw):
+    return nnx.merge(graphdef, state).attention_weights(*args, **kw)
 
 
 def attention_maps(run: LoadedModel, prompts: list[str]) -> list[AttentionMaps]:
@@ -90,9 +90,9 @@ def attention_maps(run: LoadedModel, prompts: list[str]) -> list[AttentionMaps]:
     tok, cfg = run.tokenizer, run.cfg.model
     rows = [encode_prompt(run, p) for p in prompts]
     table = cfg.max_len if cfg.positional in ("sinusoidal", "learned") else None
-    inputs, axes, answers = adapter(cfg.arch).attention_inputs(run.model, tok, rows, cfg.pad_id, table)
+    (args, kw), axes, answers = adapter(cfg.arch).attention_inputs(run.model, tok, rows, cfg.pad_id, table)
     graphdef, state = nnx.split(run.model)
-    w = {k: np.asarray(v) for k, v in _weights(graphdef, state, *inputs).items()}        # kind: [L,B,N,T,S]
+    w = {k: np.asarray(v) for k, v in _weights(graphdef, state, args, kw).items()}      # kind: [L,B,N,T,S]
     label = lambda xs: [token_label(tok, x) for x in xs]                              # noqa: E731
     maps = []
     for b, (p, ax, ans) in enumerate(zip(prompts, axes, answers)):

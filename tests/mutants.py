@@ -401,6 +401,25 @@ MUTANTS = (
            "0.81 * (n ** 4 * m) ** (1 / 16), 0.87 * (n ** 4 * m) ** (-1 / 16)",
            "0.81 * (m ** 4 * n) ** (1 / 16), 0.87 * (m ** 4 * n) ** (-1 / 16)",
            ("tests/test_train_pins.py", "-k", "deepnorm")),
+    # V.5: masks from explicit inputs only
+    Mutant("model-infers-pad", "without segment ids the model still treats the pad id as padding",
+           "jaxformer/nn/models.py", "self.segments, self.valid = None, jnp.ones(tokens.shape, bool)",
+           "self.segments, self.valid = None, tokens != cfg.pad_id",
+           ("tests/test_explicit_masks.py", "-k", "never_reads")),
+    Mutant("adapter-drops-segments", "the encoder-decoder adapter passes positions but not segment ids",
+           "jaxformer/arch/seq2seq.py", 'for k in ("positions", "segment_ids")})', 'for k in ("positions",)})',
+           ("tests/test_explicit_masks.py", "-k", "digit_batch")),
+    Mutant("fill-segments-with-pad-id", "a padded batch's extra rows get segment ids of pad_id",
+           "jaxformer/data/tasks.py", 'value = 0 if k.endswith(("segment_ids", "positions")) else pad_id',
+           "value = pad_id", ("tests/test_explicit_masks.py", "-k", "fill")),
+    Mutant("padding-restarts-document", "a token after padding starts its document again at position 0",
+           "jaxformer/ops/masks.py",
+           "    prev = jnp.where(last >= 0, jnp.take_along_axis(segment_ids, jnp.maximum(last, 0), 1), -1)\n",
+           "    prev = jnp.pad(segment_ids[:, :-1], [(0, 0), (1, 0)], constant_values=-1)\n",
+           ("tests/test_explicit_masks.py", "-k", "restarts or host_positions")),
+    Mutant("prompt-segments-dropped", "generate pads the prompts but never passes their segment ids",
+           "jaxformer/arch/lm.py", "                                  segment_ids=segment_ids)",
+           "                                  segment_ids=None)", ("tests/test_explicit_masks.py", "-k", "adapters")),
 )
 
 

@@ -109,8 +109,8 @@ def test_cached_greedy_decoding_of_a_packed_row_continues_its_last_document_alon
 
 
 def test_a_token_equal_to_the_pad_id_attends_normally_with_segment_ids():
-    """Token id 0 (the pad id) inside a sequence: the default masks it as padding; with segment ids of 1 it is an
-    ordinary token, exactly as in the same model whose pad id is another token."""
+    """Token id 0 (the pad id) inside a sequence is an ordinary token, with segment ids of 1 and without any,
+    exactly as in the same model whose pad id is another token; only segment id 0 makes a token padding."""
     tokens = jnp.asarray([[3, 0, 5, 6, 0, 7]], jnp.int32)
     m = model(positional="rope")
     other_pad = build_model(cfg(positional="rope", pad_id=12), seed=1)
@@ -118,7 +118,9 @@ def test_a_token_equal_to_the_pad_id_attends_normally_with_segment_ids():
     want = run(other_pad, tokens)
     got = run(m, tokens, segment_ids=jnp.ones_like(tokens))
     assert np.abs(got - want).max() <= tol(want, 8)
-    assert np.abs(run(m, tokens) - want)[:, 2:].max() > 1e-3          # the default: 0 is padding, never seen
+    assert np.abs(run(m, tokens) - want).max() <= tol(want, 8)        # the default: every token is real
+    padded = run(m, tokens, segment_ids=jnp.asarray([[1, 0, 1, 1, 0, 1]]), positions=jnp.arange(6)[None])
+    assert np.abs(padded - want)[:, 2:].max() > 1e-3                  # segment 0: padding, never seen
 
 
 @pytest.mark.parametrize("backend", ["reference", "chunked"])

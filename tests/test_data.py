@@ -327,7 +327,8 @@ def test_train_dataset_state_round_trip():
     ds = task.train_dataset(8, seed=5)
     it = iter(ds)
     first = _batches(it, 3)
-    assert set(first[0]) == {"src", "tgt_in", "tgt_out"} and first[0]["src"].shape == (8, 7)
+    assert set(first[0]) == {"src", "tgt_in", "tgt_out", "src_segment_ids", "src_positions", "tgt_segment_ids",
+                             "tgt_positions"} and first[0]["src"].shape == (8, 7)
     state = it.get_state()
     after = _batches(it, 2)
     fresh = iter(task.train_dataset(8, seed=5))

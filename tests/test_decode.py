@@ -143,16 +143,18 @@ def test_prefill_flag_and_chunked_prefill_equal_the_generic_step(pe):
     pos = jnp.maximum(jnp.cumsum(valid, 1) - 1, 0)
     cache = m.init_cache(3, 10)
     assert cache.k.shape == (cfg.num_decoder_layers, 3, 10, cfg.kv_heads, cfg.head_size)
-    step = jax.jit(lambda m, t, p, c, prefill=False: m.step(t, p, c, prefill=prefill), static_argnames="prefill")
-    lg_a, c_a = step(m, prompts, pos, cache)
-    lg_b, c_b = step(m, prompts, pos, cache, prefill=True)
+    seg = valid.astype(jnp.int32)                                 # the padding, said explicitly
+    step = jax.jit(lambda m, t, p, c, s, prefill=False: m.step(t, p, c, segment_ids=s, prefill=prefill),
+                   static_argnames="prefill")
+    lg_a, c_a = step(m, prompts, pos, cache, seg)
+    lg_b, c_b = step(m, prompts, pos, cache, seg, prefill=True)
     # skipping the empty cache only drops exactly-zero terms: a few ulps at most
     np.testing.assert_allclose(np.asarray(lg_b), np.asarray(lg_a), rtol=0, atol=float32_tolerance(lg_a, ulps=8))
     for x, y in zip(c_a, c_b):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=float32_tolerance(x, ulps=8))
     tol = float32_tolerance(lg_a)
-    lg1, c = step(m, prompts[:, :4], pos[:, :4], cache, prefill=True)
-    lg2, c = step(m, prompts[:, 4:], pos[:, 4:], c)
+    lg1, c = step(m, prompts[:, :4], pos[:, :4], cache, seg[:, :4], prefill=True)
+    lg2, c = step(m, prompts[:, 4:], pos[:, 4:], c, seg[:, 4:])
     got = jnp.concatenate([lg1, lg2], 1)
     err = jnp.max(jnp.abs(jnp.where(valid[..., None], got - lg_a, 0.0)))
     assert float(err) <= tol
@@ -214,7 +216,9 @@ def test_ragged_batched_greedy_equals_each_prompt_alone(pe):
     done = reference(alone, lens, max_new)
     want = np.stack([done[r, lens[r]:lens[r] + max_new] for r in range(3)])
     for prompts in (left, right):
-        np.testing.assert_array_equal(np.asarray(generate_lm(model, prompts, max_new=max_new)), want)
+        seg = (prompts != 0).astype(np.int32)                  # the test's own padding, said explicitly
+        np.testing.assert_array_equal(np.asarray(generate_lm(model, prompts, max_new=max_new, segment_ids=seg)),
+                                      want)
     r = PE.index(pe) % 3
     np.testing.assert_array_equal(np.asarray(generate_lm(model, right[r:r + 1, :lens[r]], max_new=max_new))[0],
                                   want[r])

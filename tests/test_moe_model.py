@@ -42,6 +42,11 @@ def tokens(rng, b=3, t=10):
     return jnp.asarray(x)
 
 
+def segs(x):
+    """The padding of `tokens`, said explicitly (the model never infers it from a token id)."""
+    return (x != 0).astype(jnp.int32)
+
+
 @pytest.mark.slow            # the FFN-level equality is in the default suite (tests/test_moe.py)
 @pytest.mark.parametrize("activation", ["relu", "swiglu"])
 def test_one_expert_top1_equals_the_dense_model_in_training_and_inference(activation):
@@ -57,8 +62,9 @@ def test_one_expert_top1_equals_the_dense_model_in_training_and_inference(activa
     nnx.update(moe, m_state)
     x = tokens(np.random.default_rng(0))
     real = (x != 0)[..., None]                          # padding takes no expert: its rows differ, unused
-    close(jnp.where(real, compiled(moe, x), 0), jnp.where(real, compiled(dense, x), 0))   # inference: dropless
-    train_mode = lambda m: jnp.where(real, compiled(m, x, key=jax.random.key(0)), 0)
+    close(jnp.where(real, compiled(moe, x, segment_ids=segs(x)), 0),
+          jnp.where(real, compiled(dense, x, segment_ids=segs(x)), 0))                  # inference: dropless
+    train_mode = lambda m: jnp.where(real, compiled(m, x, key=jax.random.key(0), segment_ids=segs(x)), 0)
     close(train_mode(moe), train_mode(dense))                             # training: capacity mode, C = M
 
 
@@ -82,7 +88,7 @@ def test_moe_every_second_layer_equals_its_layers_applied_one_by_one():
 
     @nnx.jit
     def both(model, x):
-        logits, aux = model.forward(x)
+        logits, aux = model.forward(x, segment_ids=segs(x))
         pos, valid = default_positions(x), x != 0
         h, loads = model.embed(x, pos), []
         for i in range(4):
@@ -155,15 +161,16 @@ def test_moe_lm_cached_decoding_equals_the_full_forward():
     def cached(state):
         m = nnx.merge(graphdef, state)
         cache = m.init_cache(x.shape[0], x.shape[1])
-        first, cache = m.step(x[:, :4], pos[:, :4], cache, prefill=True)     # pad tokens: invalid slots
+        seg = segs(x)
+        first, cache = m.step(x[:, :4], pos[:, :4], cache, segment_ids=seg[:, :4], prefill=True)   # pad: invalid
 
         def step(cache, col):
-            lg, cache = m.step(col[0][:, None], col[1][:, None], cache)
+            lg, cache = m.step(col[0][:, None], col[1][:, None], cache, segment_ids=col[2][:, None])
             return cache, lg[:, 0]
-        _, rest = jax.lax.scan(step, cache, (x[:, 4:].T, pos[:, 4:].T))
+        _, rest = jax.lax.scan(step, cache, (x[:, 4:].T, pos[:, 4:].T, seg[:, 4:].T))
         return jnp.concatenate([first, jnp.swapaxes(rest, 0, 1)], 1)
 
-    want = compiled(model, x, positions=pos)
+    want = compiled(model, x, positions=pos, segment_ids=segs(x))
     close(jnp.where(valid[..., None], cached(state), 0), jnp.where(valid[..., None], want, 0))
 
 

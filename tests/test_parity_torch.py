@@ -402,8 +402,9 @@ def _tokens(rng, lens, length, vocab, pad):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_transformer_model_parity(norm_first):
-    """Transformer.__call__ (masks built from pad tokens, causal decoder) vs torch nn.Transformer fed our
-    embeddings; logits through our tied head on both sides."""
+    """Transformer.__call__ (masks built from each side's segment ids, causal decoder) vs torch nn.Transformer
+    fed our embeddings, its key padding masks from the same lengths; logits through our tied head on both sides,
+    at every real target (a padding query sees no key here, and every key but padding in torch)."""
     rng = seed(9)
     tr = _torch_transformer(norm_first, activation="gelu")
     cfg = make_cfg(norm_position="pre" if norm_first else "post", final_norm=True, activation="gelu")
@@ -412,15 +413,18 @@ def test_transformer_model_parity(norm_first):
 
     src = _tokens(rng, SRC_LENS, S, cfg.vocab_size, cfg.pad_id)
     tgt = _tokens(rng, TGT_LENS, T, cfg.vocab_size, cfg.pad_id)
-    logits = model(src, tgt)
+    s_seg, t_seg = (jnp.asarray(lens_valid(n, w), jnp.int32) for n, w in ((SRC_LENS, S), (TGT_LENS, T)))
+    logits = model(src, tgt, src_segment_ids=s_seg, tgt_segment_ids=t_seg)
 
     pos = lambda a: jnp.broadcast_to(jnp.arange(a.shape[1]), a.shape)  # noqa: E731
     xs, ys = (tt(np.asarray(model.embed(a, pos(a)))) for a in (src, tgt))
-    sv, tv = tt(np.asarray(src) != cfg.pad_id), tt(np.asarray(tgt) != cfg.pad_id)
+    sv, tv = tt(lens_valid(SRC_LENS, S)), tt(lens_valid(TGT_LENS, T))
     h = tr(xs, ys, tgt_mask=torch_causal(T), src_key_padding_mask=~sv, tgt_key_padding_mask=~tv,
            memory_key_padding_mask=~sv)
     ref = h @ tt(np.asarray(model.embed.tokens[...])).T
-    check(f"Transformer model[{'pre' if norm_first else 'post'},gelu] logits", logits, ref)
+    real = lens_valid(TGT_LENS, T)[..., None]
+    check(f"Transformer model[{'pre' if norm_first else 'post'},gelu] logits", np.where(real, logits, 0),
+          ref * tt(real))
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -439,11 +443,13 @@ def test_decoder_only_parity(norm_first):
         assert lm.decoder.final_norm is None
 
     tok = _tokens(rng, TGT_LENS, T, cfg.vocab_size, cfg.pad_id)
-    logits = lm(tok)
+    real = lens_valid(TGT_LENS, T)
+    logits = lm(tok, segment_ids=jnp.asarray(real, jnp.int32))
     x = tt(np.asarray(lm.embed(tok, jnp.broadcast_to(jnp.arange(T), tok.shape))))
-    h = te(x, mask=torch_causal(T), src_key_padding_mask=tt(np.asarray(tok) == cfg.pad_id))
+    h = te(x, mask=torch_causal(T), src_key_padding_mask=tt(~real))
     ref = h @ tt(np.asarray(lm.embed.tokens[...])).T
-    check(f"TransformerLM[{'pre' if norm_first else 'post'}] logits", logits, ref)
+    check(f"TransformerLM[{'pre' if norm_first else 'post'}] logits", np.where(real[..., None], logits, 0),
+          ref * tt(real[..., None]))
 
 
 # ----------------------------------------------------------------------------- 7. training loss

@@ -50,6 +50,17 @@ def positions_of(tokens):
     return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
 
 
+def segments(tokens):
+    """The drawn arrays' padding as segment ids (1 = a real token, 0 = id 0 here): what a batch carries."""
+    return (tokens != PAD).astype(jnp.int32)
+
+
+def explicit(src, tgt):
+    """An encoder-decoder call's attention inputs for drawn arrays: segment ids, positions 0..T-1."""
+    return {"src_segment_ids": segments(src), "tgt_segment_ids": segments(tgt), "src_positions": positions_of(src),
+            "tgt_positions": positions_of(tgt)}
+
+
 class LM:
     """A TransformerLM split into (graphdef, state) with two jitted pure functions over it: the forward pass, and
     one analysis program (logits as a function of the input embeddings, and their Jacobian) compiled once per
@@ -62,15 +73,15 @@ class LM:
         self.model = model
         gd, self.state = nnx.split(model)
 
-        def forward(state, tokens, positions):
-            return nnx.merge(gd, state)(tokens, positions=positions)
+        def forward(state, tokens, positions):        # the drawn arrays' padding (id 0), said explicitly
+            return nnx.merge(gd, state)(tokens, positions=positions, segment_ids=segments(tokens))
 
         def analyze(state, tokens, w):
             """-> (logits [B,T,V] as TransformerLM.__call__ but a function of the input embeddings x [B,T,D],
             J [B,T,B,T,D] = d (logits · w)[b, t] / d x[b', t', :])."""
             m = nnx.merge(gd, state)
-            pos = positions_of(tokens)
-            mask = ops.position_causal_mask(pos, pos, tokens != PAD)
+            pos, seg = positions_of(tokens), segments(tokens)
+            mask = ops.position_causal_mask(pos, pos, seg != 0, q_segments=seg, k_segments=seg)
             from_x = lambda x: m.embed.logits(m.decoder(x, Context(pos, mask))[0])  # noqa: E731
             x = m.embed(tokens, pos)
             return from_x(x), jax.jacrev(lambda x: from_x(x) @ w)(x)
@@ -101,20 +112,20 @@ class ED:
         gd, self.state = nnx.split(model)
 
         def forward(state, src, tgt):
-            return nnx.merge(gd, state)(src, tgt)
+            return nnx.merge(gd, state)(src, tgt, **explicit(src, tgt))
 
         def analyze(state, src, tgt, w, noise):
             """As Transformer.__call__, but a function of the source embeddings xs [B,S,D] and the decoder input
             embeddings y [B,T,D]. -> (logits [B,T,V], logits with xs replaced by `noise` at pad sources,
             d(logits·w)/dxs [B,T,B,S,D], d(logits·w)/dy [B,T,B,T,D])."""
             m = nnx.merge(gd, state)
-            ps, pt = positions_of(src), positions_of(tgt)
-            src_mask = ops.padding_mask(src, PAD)
-            tgt_mask = ops.combine_masks(ops.causal_mask(tgt.shape[1]), ops.padding_mask(tgt, PAD))
+            ps, pt, ss, st_ = positions_of(src), positions_of(tgt), segments(src), segments(tgt)
+            src_mask = ops.segment_mask(ss, ss)
+            tgt_mask = ops.position_causal_mask(pt, pt, st_ != 0, q_segments=st_, k_segments=st_)
 
             def from_xy(xs, y):
                 memory, _ = m.encoder(xs, Context(ps, src_mask))
-                out, _ = m.decoder(y, Context(pt, tgt_mask, memory=memory, memory_mask=src_mask))
+                out, _ = m.decoder(y, Context(pt, tgt_mask, memory=memory, memory_mask=ops.segment_mask(st_, ss)))
                 return m.embed.logits(out)
 
             xs, y = m.embed(src, ps), m.embed(tgt, pt)
@@ -151,12 +162,14 @@ def token_arrays(shape, pad_weight=True):
 
 def assert_causal_gradient_pattern(mag, toks):
     """mag [B,T,B,T]: |d out[b,t] / d in[b2,t2]|. Zero across rows, from the future and from earlier pads;
-    positive on the residual path (t2 == t) and from every visible (non-pad, earlier) token."""
+    positive on the residual path (t2 == t) and from every visible (non-pad, earlier) token. A padding query
+    (segment 0) sees no key: only its own residual path."""
     for b in range(B):
         for t in range(T):
             for b2 in range(B):
                 for t2 in range(T):
-                    if b2 != b or t2 > t or (t2 < t and toks[b, t2] == PAD):
+                    hidden = t2 < t and (toks[b, t2] == PAD or toks[b, t] == PAD)
+                    if b2 != b or t2 > t or hidden:
                         assert mag[b, t, b2, t2] == 0, (b, t, b2, t2)
                     else:
                         assert mag[b, t, b2, t2] > 0, (b, t, b2, t2)
@@ -260,7 +273,8 @@ def right_padded_sources(draw):
 @given(src=token_arrays((B, S)), tgt=token_arrays((B, T)), seed=st.integers(0, 2 ** 16))
 def test_ed_source_pad_positions_never_influence_logits(name, src, tgt, seed):
     """Whatever vector sits at a padded source position (the pad embedding or arbitrary noise), the logits are
-    unchanged, and their gradient with respect to it is exactly zero."""
+    unchanged, and their gradient with respect to it is exactly zero. A real target sees every real source
+    token; a padding target (segment 0) sees none."""
     m = ed(name)
     noise = 30.0 * np.random.default_rng(seed).standard_normal((B, S, D)).astype(np.float32)
     base, perturbed, jac, _ = m.analyze(src, tgt, readout(seed), noise)
@@ -271,10 +285,11 @@ def test_ed_source_pad_positions_never_influence_logits(name, src, tgt, seed):
     for b in range(B):
         for b2 in range(B):
             for s in range(S):
+                real_t = tgt[b] != PAD
                 if b2 != b or src[b2, s] == PAD:
                     assert (mag[b, :, b2, s] == 0).all(), (b, b2, s)
                 else:
-                    assert (mag[b, :, b2, s] > 0).all(), (b, b2, s)
+                    assert (mag[b, real_t, b2, s] > 0).all() and (mag[b, ~real_t, b2, s] == 0).all(), (b, b2, s)
 
 
 @pytest.mark.parametrize("name", list(ED_CONFIGS))
@@ -466,7 +481,8 @@ def test_lm_all_pad_rows_give_finite_logits_and_grads(name):
 def test_lm_jit_equals_eager(tokens):
     m = lm("rope-pre")
     with jax.disable_jit():
-        eager = np.asarray(m.model(jnp.asarray(tokens)))
+        x = jnp.asarray(tokens)
+        eager = np.asarray(m.model(x, positions=positions_of(x), segment_ids=segments(x)))
     np.testing.assert_allclose(m(tokens), eager, rtol=1e-5, atol=1e-5)
     assert np.isfinite(eager).all()
 
@@ -480,6 +496,7 @@ def test_ed_jit_equals_eager():
     tgt[1, -3:] = PAD
     m = ed("ed-sinusoidal-post")
     with jax.disable_jit():
-        eager = np.asarray(m.model(jnp.asarray(src), jnp.asarray(tgt)))
+        eager = np.asarray(m.model(jnp.asarray(src), jnp.asarray(tgt), **explicit(jnp.asarray(src),
+                                                                                 jnp.asarray(tgt))))
     assert np.isfinite(eager).all()
     np.testing.assert_allclose(m(src, tgt), eager, rtol=1e-5, atol=1e-5)

@@ -193,7 +193,9 @@ def test_strided_windows_score_every_token_once_with_enough_context(n, window, d
     from jaxformer.inference.evaluate import strided_windows
     stride = data.draw(st.integers(1, window))
     ids = np.arange(1, n + 1, dtype=np.int32)              # ids are their own positions (1..n), 0 = pad
-    x, y = strided_windows(ids, window, stride, 0)
+    rows = strided_windows(ids, window, stride, 0)
+    x, y = rows["inputs"], rows["targets"]
+    np.testing.assert_array_equal(rows["segment_ids"] != 0, x != 0)  # segment 0 exactly on the last window's padding
     scored = y[y != 0]
     np.testing.assert_array_equal(scored, ids[1:])           # each token after the first, once, in order
     for r, c in zip(*np.nonzero(y)):

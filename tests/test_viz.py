@@ -19,6 +19,8 @@ TOL = 128 * float(jnp.finfo(jnp.float32).eps)     # float32 rounding of a few ma
 SRC = np.array([[4, 5, 6, 7, 2, 0, 0], [8, 9, 2, 0, 0, 0, 0]], np.int32)          # digits + EOS, right-padded
 TGT = np.array([[1, 7, 6, 5, 4, 0], [1, 9, 8, 0, 0, 0]], np.int32)                # BOS + answer, right-padded
 TOKENS = np.array([[3, 4, 5, 6, 0, 0], [3, 4, 5, 6, 7, 8]], np.int32)
+SRC_SEG, TGT_SEG, SEG = ((a != 0).astype(np.int32) for a in (SRC, TGT, TOKENS))   # their padding, said explicitly
+S2S_KW = {"src_segment_ids": SRC_SEG, "tgt_segment_ids": TGT_SEG}
 
 
 @pytest.fixture(scope="module")
@@ -36,21 +38,23 @@ def visible(mask, shape):
 
 def test_weights_are_distributions_over_the_visible_keys(models):
     s2s, lm = models
-    w = {k: np.asarray(v) for k, v in s2s.attention_weights(SRC, TGT).items()}
+    w = {k: np.asarray(v) for k, v in s2s.attention_weights(SRC, TGT, **S2S_KW).items()}
     b, s, t = *SRC.shape, TGT.shape[1]
     assert {k: v.shape for k, v in w.items()} == {"encoder_self": (2, b, 4, s, s), "decoder_self": (2, b, 4, t, t),
                                                   "decoder_cross": (2, b, 4, t, s)}
-    src_keys = (SRC != 0)[None, :, None, None, :]
+    keys = lambda a: (a != 0)[None, :, None, None, :]                   # noqa: E731   [1,B,1,1,S]
+    queries = lambda a: (a != 0)[None, :, None, :, None]                # noqa: E731   [1,B,1,T,1]
     tpos = np.arange(t)
-    causal = (tpos[None, :] <= tpos[:, None])[None, None, None] & (TGT != 0)[None, :, None, None, :]
-    lw = np.asarray(lm.attention_weights(TOKENS)["self"])
+    causal = (tpos[None, :] <= tpos[:, None])[None, None, None] & keys(TGT) & queries(TGT)
+    lw = np.asarray(lm.attention_weights(TOKENS, segment_ids=SEG)["self"])
     n = TOKENS.shape[1]
-    lm_causal = (np.arange(n)[None, :] <= np.arange(n)[:, None])[None, None, None] & (TOKENS != 0)[None, :, None, None]
-    for x, ok in [(w["encoder_self"], src_keys), (w["decoder_cross"], src_keys), (w["decoder_self"], causal),
-                  (lw, lm_causal)]:
+    lm_causal = (np.arange(n)[None, :] <= np.arange(n)[:, None])[None, None, None] & keys(TOKENS) & queries(TOKENS)
+    for x, ok, q in [(w["encoder_self"], keys(SRC) & queries(SRC), SRC), (w["decoder_cross"], keys(SRC) &
+                     queries(TGT), TGT), (w["decoder_self"], causal, TGT), (lw, lm_causal, TOKENS)]:
         assert x.dtype == np.float32 and (x >= 0).all()
-        np.testing.assert_allclose(x.sum(-1), 1.0, atol=TOL)            # every query sees at least one key
-        assert (x[~visible(ok, x.shape)] == 0).all()                    # masked / padded / future keys: exactly 0
+        real = np.broadcast_to(queries(q)[..., 0], x.shape[:-1])
+        np.testing.assert_allclose(x.sum(-1)[real], 1.0, atol=TOL)      # every real query sees at least one key
+        assert (x[~visible(ok, x.shape)] == 0).all()    # masked / padded / future keys, padding queries: exactly 0
     assert (np.triu(lw[..., :, :], 1) == 0).all()                     # causal: nothing above the diagonal
 
 
@@ -73,8 +77,8 @@ def _pre(residual, x):
 
 def test_each_layers_weights_are_that_layers_own_attention(models):
     s2s, lm = models
-    cfg, got = s2s.cfg, s2s.attention_weights(SRC, TGT)
-    src_mask, pos = ops.padding_mask(jnp.asarray(SRC), cfg.pad_id), default_positions(SRC)
+    cfg, got = s2s.cfg, s2s.attention_weights(SRC, TGT, **S2S_KW)
+    src_mask, pos = ops.segment_mask(jnp.asarray(SRC_SEG), jnp.asarray(SRC_SEG)), default_positions(SRC)
     x = s2s.embed(jnp.asarray(SRC), pos)
     for i in range(cfg.num_encoder_layers):
         blk = s2s.encoder.layers.layer(i)
@@ -83,20 +87,22 @@ def test_each_layers_weights_are_that_layers_own_attention(models):
         x = blk(x, Context(pos, src_mask))[0]
     memory = s2s.encoder.final_norm(x) if s2s.encoder.final_norm is not None else x
     tpos = default_positions(TGT)
-    mask = decoder_self_mask(cfg, tpos, tpos, jnp.asarray(TGT) != cfg.pad_id)
+    ts = jnp.asarray(TGT_SEG)
+    mask = decoder_self_mask(cfg, tpos, tpos, ts != 0, ts, ts)
+    cross_mask = ops.segment_mask(ts, jnp.asarray(SRC_SEG))
     h = s2s.embed(jnp.asarray(TGT), tpos)
     for i in range(cfg.num_decoder_layers):
         blk = s2s.decoder.layers.layer(i)
         ws = blk.self_attn(_pre(blk.res_self, h), mask=mask, positions=tpos, weights=True)[1]["weights"]
         h1, _ = blk.res_self(h, lambda y: blk.self_attn(y, mask=mask, positions=tpos), None)
-        wc = blk.cross_attn(_pre(blk.res_cross, h1), memory, mask=src_mask, weights=True)[1]["weights"]
+        wc = blk.cross_attn(_pre(blk.res_cross, h1), memory, mask=cross_mask, weights=True)[1]["weights"]
         np.testing.assert_allclose(np.asarray(got["decoder_self"][i]), np.asarray(ws), atol=TOL)
         np.testing.assert_allclose(np.asarray(got["decoder_cross"][i]), np.asarray(wc), atol=TOL)
-        h = blk(h, Context(tpos, mask, memory=memory, memory_mask=src_mask))[0]
+        h = blk(h, Context(tpos, mask, memory=memory, memory_mask=cross_mask))[0]
 
-    got = lm.attention_weights(TOKENS)["self"]
-    pos = default_positions(TOKENS)
-    mask = decoder_self_mask(lm.cfg, pos, pos, jnp.asarray(TOKENS) != lm.cfg.pad_id)
+    got = lm.attention_weights(TOKENS, segment_ids=SEG)["self"]
+    pos, seg = default_positions(TOKENS), jnp.asarray(SEG)
+    mask = decoder_self_mask(lm.cfg, pos, pos, seg != 0, seg, seg)
     h = lm.embed(jnp.asarray(TOKENS), pos)
     for i in range(lm.cfg.num_decoder_layers):
         blk = lm.decoder.layers.layer(i)

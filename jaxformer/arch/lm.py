@@ -1,5 +1,6 @@
-"""The decoder-only adapter: batches {"inputs", "targets"}, prompts continued (left-padded, so every row's last
-token is its last column), next-token predictions as decoded examples."""
+"""The decoder-only adapter: batches {"inputs", "targets", "segment_ids", "positions"}, prompts continued
+(left-padded, so every row's last token is its last column; their segment ids say which tokens are real),
+next-token predictions as decoded examples."""
 from __future__ import annotations
 
 import jax
@@ -7,7 +8,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import decode
-from jaxformer.data import pad_rows
+from jaxformer.data import attention_fields, pad_rows
 from jaxformer.errors import ConfigError
 from jaxformer.parallel import replicate
 
@@ -18,38 +19,44 @@ class LanguageModel:
     exact_match = False
 
     def forward(self, model, batch: dict, rngs=None):
-        """-> (logits [B,T,V], targets [B,T], aux)."""
-        logits, aux = model.forward(batch["inputs"], segment_ids=batch.get("segment_ids"), rngs=rngs)
+        """-> (logits [B,T,V], targets [B,T], aux). A batch without segment ids and positions is one document
+        per row, every token real."""
+        logits, aux = model.forward(batch["inputs"], positions=batch.get("positions"),
+                                    segment_ids=batch.get("segment_ids"), rngs=rngs)
         return logits, batch["targets"], aux
 
     def example_batch(self, rows: int, length: int) -> dict:
         """A batch of ones [rows, length] (a forward pass to check a config)."""
         ones = np.ones((rows, length), np.int32)
-        return {"inputs": ones, "targets": ones}
+        return {"inputs": ones, "targets": ones, **attention_fields(ones)}
 
     def targets(self, batch: dict):
         return batch["targets"]
 
-    def inputs(self, batch: dict):
-        return batch["inputs"]
+    def prompts(self, batch: dict):
+        """What generation starts from: (tokens [B,T], segment ids [B,T] or None)."""
+        return batch["inputs"], batch.get("segment_ids")
 
     def prompt_row(self, tokenizer, ids: np.ndarray) -> np.ndarray:
         """A prompt's ids, after the tokenizer's BOS when it has one (a pretrained model's)."""
         bos = getattr(tokenizer, "bos_id", None)
         return np.asarray(([bos] if bos is not None else []) + list(ids), np.int32)
 
-    def prompt_batch(self, rows: list[np.ndarray], pad_id: int) -> np.ndarray:
+    def prompt_batch(self, rows: list[np.ndarray], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """-> (prompts [B,P] left-padded, segment ids [B,P]: 1 on each prompt's tokens, 0 on its padding)."""
         return pad_rows(rows, pad_id, left=True)
 
-    def generate(self, model, tokenizer, prompts, *, max_new: int | None = None, key=None, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, beam: int = 1, kv_cache: str = "auto"):
-        """prompts [B,P] -> continuations [B,max_new] (default: up to 200 tokens, within model.max_len)."""
+    def generate(self, model, tokenizer, prompts, segment_ids=None, *, max_new: int | None = None, key=None,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, beam: int = 1, kv_cache: str = "auto"):
+        """prompts [B,P] (segment ids [B,P]: 0 on padding; None = every token real) -> continuations [B,max_new]
+        (default: up to 200 tokens, within model.max_len)."""
         if beam > 1:
             raise ConfigError(f"beam={beam}: beam search is implemented for encoder-decoder runs only")
         cfg = model.cfg
         max_new = max(1, min(200, cfg.max_len - prompts.shape[1])) if max_new is None else max_new
         return decode.generate_lm(model, prompts, max_new=max_new, key=key, temperature=temperature, top_k=top_k,
-                                  top_p=top_p, kv_cache=kv_cache, eos_id=getattr(tokenizer, "eod_id", None))
+                                  top_p=top_p, kv_cache=kv_cache, eos_id=getattr(tokenizer, "eod_id", None),
+                                  segment_ids=segment_ids)
 
     def default_prompts(self, task) -> list[str]:
         """The first half of three held-out blocks."""
@@ -59,10 +66,12 @@ class LanguageModel:
         """k held-out (input, target, next-token predictions) id rows."""
         ev = {a: b[:k] for a, b in task.eval.items()}
         graph, state = nnx.split(model)
-        best = jax.jit(lambda st, x: replicate(nnx.merge(graph, st)(x).argmax(-1)))(state, ev["inputs"])
+        best = jax.jit(lambda st, b: replicate(self.forward(nnx.merge(graph, st), b)[0].argmax(-1)))(state, ev)
         return list(zip(ev["inputs"], ev["targets"], np.asarray(best)))
 
     def attention_inputs(self, model, tokenizer, rows: list[np.ndarray], pad_id: int, max_len: int | None):
         """What heatmaps show: the causal self-attention over each prompt (right-padded: padding changes no
-        visible row). -> (model inputs, per prompt {kind: (query ids, key ids)}, answers: None each)."""
-        return (pad_rows(rows, pad_id, left=False),), [{"self": (r, r)} for r in rows], [None] * len(rows)
+        visible row). -> ((model arguments, keywords), per prompt {kind: (query ids, key ids)}, answers: None
+        each)."""
+        tokens, seg = pad_rows(rows, pad_id, left=False)
+        return ((tokens,), {"segment_ids": seg}), [{"self": (r, r)} for r in rows], [None] * len(rows)

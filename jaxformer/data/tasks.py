@@ -1,7 +1,11 @@
 """Datasets as grain pipelines with checkpointable iterators.
 
-seq2seq batches: src [B,S], tgt_in [B,T] (BOS + answer), tgt_out [B,T] (answer + EOS), pad 0.
-LM batches: inputs [B,T], targets [B,T] (inputs shifted by one).
+seq2seq batches: src [B,S], tgt_in [B,T] (BOS + answer), tgt_out [B,T] (answer + EOS), pad 0; and what each
+side attends by: src_segment_ids, src_positions [B,S], tgt_segment_ids, tgt_positions [B,T].
+LM batches: inputs [B,T], targets [B,T] (inputs shifted by one), segment_ids and positions [B,T].
+
+Segment ids (0 = padding, documents numbered from 1) and positions are made where the data is laid out, from the
+lengths the data has (`attention_fields`): the model builds every mask from them alone, and pad_id only fills.
 """
 from __future__ import annotations
 
@@ -42,14 +46,47 @@ class Task:
         n = len(next(iter(self.eval.values())))
         for i in range(0, n, batch_size):
             b = {k: v[i:i + batch_size] for k, v in self.eval.items()}
-            if pad_id is not None and len(next(iter(b.values()))) < batch_size:
-                b = {k: np.concatenate([v, np.full((batch_size - len(v), *v.shape[1:]), pad_id, v.dtype)])
-                     for k, v in b.items()}
-            yield b
+            yield b if pad_id is None else pad_batch(b, batch_size, pad_id)
 
 
-def pad_rows(rows: list[np.ndarray], pad_id: int, left: bool) -> np.ndarray:
-    """Rows of ids -> one [B, longest] int32 batch, padded on the left (LM prompts) or the right."""
+def pad_batch(batch: dict[str, np.ndarray], rows: int, pad_id: int) -> dict[str, np.ndarray]:
+    """A batch grown to `rows` rows with all-padding rows: tokens pad_id, segment ids and positions 0."""
+    def fill(k, v):
+        value = 0 if k.endswith(("segment_ids", "positions")) else pad_id
+        return np.concatenate([v, np.full((rows - len(v), *v.shape[1:]), value, v.dtype)])
+    return batch if len(next(iter(batch.values()))) >= rows else {k: fill(k, v) for k, v in batch.items()}
+
+
+# ----------------------------------------------------------------------------- attention inputs
+
+def positions_of(segment_ids: np.ndarray) -> np.ndarray:
+    """Host twin of `ops.positions_from_segments` (its rule, in NumPy for the data pipeline): segment_ids [N,T]
+    int (0 = padding) -> positions [N,T] int32, 0 at each document's first token; padding gets 0."""
+    seg = np.asarray(segment_ids)
+    idx = np.broadcast_to(np.arange(seg.shape[1], dtype=np.int32), seg.shape)
+    last = np.maximum.accumulate(np.where(seg != 0, idx, -1), axis=1)
+    last = np.pad(last[:, :-1], [(0, 0), (1, 0)], constant_values=-1)
+    prev = np.where(last >= 0, np.take_along_axis(seg, np.maximum(last, 0), 1), -1)
+    start = np.maximum.accumulate(np.where((seg != 0) & (seg != prev), idx, 0), axis=1)
+    return np.where(seg != 0, idx - start, 0).astype(np.int32)
+
+
+def attention_fields(segment_ids: np.ndarray, prefix: str = "") -> dict[str, np.ndarray]:
+    """What a batch carries for attention: {prefix+"segment_ids", prefix+"positions"}, both [N,T] int32."""
+    seg = np.asarray(segment_ids, np.int32)
+    return {f"{prefix}segment_ids": seg, f"{prefix}positions": positions_of(seg)}
+
+
+def length_segments(lengths, width: int, left: bool = False) -> np.ndarray:
+    """Row lengths [N] -> segment ids [N,width] int32: 1 on each row's tokens (its first `length` columns, or
+    its last with left), 0 on the padding."""
+    cols, n = np.arange(width), np.asarray(lengths)[:, None]
+    return ((cols >= width - n) if left else (cols < n)).astype(np.int32)
+
+
+def pad_rows(rows: list[np.ndarray], pad_id: int, left: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ids -> (tokens, segment ids), each [B, longest] int32: the rows padded with pad_id on the left
+    (LM prompts) or the right; segment id 1 on every row's tokens, 0 on its padding."""
     width = max(len(r) for r in rows)
     out = np.full((len(rows), width), pad_id, np.int32)
     for i, r in enumerate(rows):
@@ -57,7 +94,7 @@ def pad_rows(rows: list[np.ndarray], pad_id: int, left: bool) -> np.ndarray:
             out[i, width - len(r):] = r
         else:
             out[i, : len(r)] = r
-    return out
+    return out, length_segments([len(r) for r in rows], width, left)
 
 
 # ----------------------------------------------------------------------------- digits (seed 004)
@@ -77,7 +114,8 @@ def _unique_digit_strings(rng: np.random.Generator, count: int, lo: int, hi: int
 
 
 def encode_digit_pairs(strings: list[tuple], reverse: bool, width: int) -> dict[str, np.ndarray]:
-    """Digit strings -> padded src (digits + EOS), tgt_in (BOS + answer), tgt_out (answer + EOS), each [N,width]."""
+    """Digit strings -> padded src (digits + EOS), tgt_in (BOS + answer), tgt_out (answer + EOS), each [N,width],
+    with each side's segment ids and positions (`attention_fields`)."""
     tok = DigitTokenizer()
     src = np.full((len(strings), width), PAD, np.int32)
     tgt_in, tgt_out = src.copy(), src.copy()
@@ -87,7 +125,9 @@ def encode_digit_pairs(strings: list[tuple], reverse: bool, width: int) -> dict[
         src[i, : len(x) + 1] = np.append(x, EOS)
         tgt_in[i, : len(y) + 1] = np.append(BOS, y)
         tgt_out[i, : len(y) + 1] = np.append(y, EOS)
-    return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out}
+    seg = length_segments([len(s) + 1 for s in strings], width)                # digits + EOS; BOS + answer
+    return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, **attention_fields(seg, "src_"),
+            **attention_fields(seg, "tgt_")}
 
 
 def digit_task(cfg: DataConfig) -> Task:
@@ -103,10 +143,11 @@ def digit_task(cfg: DataConfig) -> Task:
 # ----------------------------------------------------------------------------- text (seed 000)
 
 def lm_blocks(ids: np.ndarray, block_size: int) -> dict[str, np.ndarray]:
-    """Non-overlapping windows of block_size+1 ids -> inputs/targets [n, block_size] (seed 000's layout)."""
+    """Non-overlapping windows of block_size+1 ids -> inputs/targets [n, block_size] (seed 000's layout), each
+    window one document (segment ids 1, positions 0..block_size-1)."""
     n = len(ids) // (block_size + 1)
     w = ids[: n * (block_size + 1)].reshape(n, block_size + 1)
-    return {"inputs": w[:, :-1], "targets": w[:, 1:]}
+    return {"inputs": w[:, :-1], "targets": w[:, 1:], **attention_fields(np.ones((n, block_size), np.int32))}
 
 
 def text_task(cfg: DataConfig, tokenizer: CharTokenizer | None = None) -> Task:

@@ -23,18 +23,29 @@ import numpy as np
 
 from jaxformer.config import DataConfig
 from jaxformer.data.shards import TokenShards
-from jaxformer.data.tasks import Task
+from jaxformer.data.tasks import Task, attention_fields, length_segments, pad_batch
 from jaxformer.data.tokenizers import PAD
 from jaxformer.errors import DataError
 
 
-def packed(rows: np.ndarray, eod: int) -> dict[str, np.ndarray]:
-    """Rows [B, T+1] of tokens -> {inputs, targets, segment_ids} [B, T]: segment ids count documents from 1
-    (a new one after each end-of-document token), and a target in another document than its input is pad."""
+def packed(rows: np.ndarray, eod: int, lengths=None) -> dict[str, np.ndarray]:
+    """Rows [B, T+1] of tokens -> {inputs, targets, segment_ids, positions} [B, T]: segment ids count documents
+    from 1 (a new one after each end-of-document token), and a target in another document than its input is
+    pad. lengths [B]: each row's real tokens (the rest is padding: segment 0); None = all real."""
     inputs, targets = rows[:, :-1], rows[:, 1:]
     seg = 1 + np.cumsum(np.concatenate([np.zeros_like(rows[:, :1]), (rows[:, :-1] == eod)], 1), 1, dtype=np.int32)
+    if lengths is not None:
+        seg = seg * length_segments(lengths, rows.shape[1])
     return {"inputs": inputs, "targets": np.where(seg[:, 1:] == seg[:, :-1], targets, PAD).astype(np.int32),
-            "segment_ids": seg[:, :-1]}
+            **attention_fields(seg[:, :-1])}
+
+
+def window_rows(rows: np.ndarray, lengths=None) -> dict[str, np.ndarray]:
+    """Rows [B, T+1] of tokens -> {inputs, targets, segment_ids, positions} [B, T], each row one segment
+    (attention crosses document boundaries); lengths as `packed`."""
+    n = rows.shape[1] if lengths is None else lengths
+    seg = length_segments(np.broadcast_to(n, rows.shape[:1]), rows.shape[1])
+    return {"inputs": rows[:, :-1], "targets": rows[:, 1:], **attention_fields(seg[:, :-1])}
 
 
 class _EvalWindows:
@@ -52,12 +63,13 @@ class _EvalWindows:
     def rows(self, lo: int, hi: int) -> dict[str, np.ndarray]:
         t = self.block
         out = np.full((hi - lo, t + 1), PAD, np.int32)
+        lengths = np.zeros(hi - lo, np.int32)
         for r, i in enumerate(range(lo, hi)):
             w = self.shards.window("eval", i * t, min(t + 1, self.total - i * t))
-            out[r, : len(w)] = w
+            out[r, : len(w)], lengths[r] = w, len(w)
         if self.packing == "documents":
-            return packed(out, self.eod)
-        return {"inputs": out[:, :-1], "targets": out[:, 1:]}
+            return packed(out, self.eod, lengths)
+        return window_rows(out, lengths)
 
     def __getitem__(self, idx):
         if not isinstance(idx, slice):
@@ -84,7 +96,7 @@ class TokensTask(Task):
             raise DataError(f"{cfg.path}: {n:,} training and {self.shards.tokens('eval'):,} held-out tokens are "
                             f"too few for data.block_size={self.block} (two windows of training tokens and two "
                             f"held-out tokens at least)")
-        fields = ("inputs", "targets") + (("segment_ids",) if self.packing == "documents" else ())
+        fields = ("inputs", "targets", "segment_ids", "positions")
         ev = {f: _EvalWindows(self.shards, self.block, f, self.eod, self.packing, cfg.eval_tokens) for f in fields}
         index = (self.shards.root / "index.json").read_bytes()
         super().__init__("lm", tok, {}, ev, hashlib.sha256(index).hexdigest())
@@ -103,7 +115,7 @@ class TokensTask(Task):
 
         def gather(starts):
             out = np.stack([shards.window("train", int(s), t + 1) for s in starts[rows]])
-            return packed(out, eod) if docs else {"inputs": out[:, :-1], "targets": out[:, 1:]}
+            return packed(out, eod) if docs else window_rows(out)
         return (grain.MapDataset.range(n).shuffle(seed=seed).repeat().map_with_index(start)
                 .batch(batch_size, drop_remainder=True).map(gather))
 
@@ -112,7 +124,4 @@ class TokensTask(Task):
         first = next(iter(self.eval.values()))
         for lo in range(0, len(first), batch_size):
             b = first.rows(lo, min(lo + batch_size, len(first)))
-            if pad_id is not None and len(b["inputs"]) < batch_size:
-                b = {k: np.concatenate([v, np.full((batch_size - len(v), v.shape[1]), 0 if k == "segment_ids"
-                                                   else pad_id, v.dtype)]) for k, v in b.items()}
-            yield b
+            yield b if pad_id is None else pad_batch(b, batch_size, pad_id)

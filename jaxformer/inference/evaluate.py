@@ -19,7 +19,8 @@ from flax import nnx
 
 from jaxformer.arch import adapter
 from jaxformer.config import Config
-from jaxformer.data import Task, build_task
+from jaxformer.data import Task, attention_fields, build_task
+from jaxformer.data.tasks import length_segments, pad_batch
 from jaxformer.inference.restore import load_model
 from jaxformer.ops.losses import token_losses
 from jaxformer.parallel import Plan
@@ -70,7 +71,7 @@ def evaluate(cfg: Config, task: Task, model: nnx.Module, eval_step=None, plan: P
             tot[k] += float(s[k])
         if arch.exact_match:           # decoded tokens come back replicated: every process reads them whole
             want = arch.targets(host)
-            pred = np.asarray(arch.predict(model, task.tokenizer, arch.inputs(batch), want.shape[1]))
+            pred = np.asarray(arch.predict(model, task.tokenizer, *arch.prompts(batch), want.shape[1]))
             real = (want != pad).any(1)
             exact += int((real & (pred == want).all(1)).sum())
             n += int(real.sum())
@@ -105,9 +106,9 @@ def evaluate_run(workdir: str | Path, which: str = "best", quantize: str | None 
             "examples": examples(task, loaded.model, loaded.cfg.train.num_examples)}
 
 
-def strided_windows(ids: np.ndarray, window: int, stride: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sliding-window scoring of a token sequence ids [N]: -> (inputs, targets) [n, window], pad where nothing is
-    scored. Window k reads ids[k·stride : k·stride + window] and predicts the next token at each position; it
+def strided_windows(ids: np.ndarray, window: int, stride: int, pad_id: int) -> dict[str, np.ndarray]:
+    """Sliding-window scoring of a token sequence ids [N]: -> a batch {inputs, targets, segment_ids, positions}
+    [n, window], targets pad where nothing is scored, segment 0 on the last window's padding. Window k reads ids[k·stride : k·stride + window] and predicts the next token at each position; it
     scores only the targets no earlier window scored, so every token after the first is scored exactly once,
     each with at least window − stride tokens of context (all of them in the first window)."""
     if not 0 < stride <= window:
@@ -115,17 +116,17 @@ def strided_windows(ids: np.ndarray, window: int, stride: int, pad_id: int) -> t
     n = len(ids)
     starts = list(range(0, max(n - 1 - window, 0) + stride, stride)) if n > 1 else []
     inputs = np.full((len(starts), window), pad_id, np.int32)
-    targets = inputs.copy()
+    targets, lengths = inputs.copy(), np.zeros(len(starts), np.int32)
     done = 0                                   # targets ids[1 .. done] are scored
     for r, s in enumerate(starts):
         x = ids[s: s + window]
         y = ids[s + 1: s + window + 1]
-        inputs[r, : len(x)] = x
+        inputs[r, : len(x)], lengths[r] = x, len(x)
         first = max(done + 1, s + 1)            # the first target index this window scores
         keep = np.arange(s + 1, s + 1 + len(y)) >= first
         targets[r, : len(y)] = np.where(keep, y, pad_id)
         done = max(done, s + len(y))
-    return inputs, targets
+    return {"inputs": inputs, "targets": targets, **attention_fields(length_segments(lengths, window))}
 
 
 def evaluate_text(run, path: str | Path, *, stride: int | None = None, batch_size: int = 32) -> dict:
@@ -150,16 +151,13 @@ def evaluate_text(run, path: str | Path, *, stride: int | None = None, batch_siz
     stride = max(1, window // 2) if stride is None else stride
     if not 0 < stride <= window:
         raise ConfigError(f"--stride {stride} must be in [1, {window}] (the run's window, data.block_size)")
-    inputs, targets = strided_windows(ids, window, stride, cfg.model.pad_id)
+    rows = strided_windows(ids, window, stride, cfg.model.pad_id)
     graph, state = nnx.split(run.model)
     step = make_eval_step(graph, cfg, None, tok.token_bytes())
     tot = {}
-    for i in range(0, len(inputs), batch_size):
-        b = {"inputs": inputs[i:i + batch_size], "targets": targets[i:i + batch_size]}
-        if len(b["inputs"]) < batch_size:          # one compiled shape: all-pad rows count nowhere
-            fill = np.full((batch_size - len(b["inputs"]), window), cfg.model.pad_id, np.int32)
-            b = {k: np.concatenate([v, fill]) for k, v in b.items()}
-        for k, v in step(state, b).items():
+    for i in range(0, len(rows["inputs"]), batch_size):
+        b = pad_batch({k: v[i:i + batch_size] for k, v in rows.items()}, batch_size, cfg.model.pad_id)
+        for k, v in step(state, b).items():      # one compiled shape: all-pad rows count nowhere
             tot[k] = tot.get(k, 0.0) + float(v)
     loss = tot["nll"] / tot["count"]
     return {"loss": loss, "perplexity": math.exp(loss), "bits_per_byte": tot["text_nll"] / (math.log(2) * tot["bytes"])

@@ -44,7 +44,7 @@ def generate_text(run: LoadedModel, prompts: list[str], *, max_new: int | None =
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
         raise ConfigError(f"seed={seed!r} must be an integer in [0, 2**32)")
     tok, arch = run.tokenizer, adapter(run.cfg.model.arch)
-    batch = arch.prompt_batch([arch.prompt_row(tok, prompt_ids(tok, p)) for p in prompts], run.cfg.model.pad_id)
-    out = arch.generate(run.model, tok, batch, max_new=max_new, key=jax.random.key(seed), temperature=temperature,
+    batch, seg = arch.prompt_batch([arch.prompt_row(tok, prompt_ids(tok, p)) for p in prompts], run.cfg.model.pad_id)
+    out = arch.generate(run.model, tok, batch, seg, max_new=max_new, key=jax.random.key(seed), temperature=temperature,
                         top_k=top_k, top_p=top_p, beam=beam, kv_cache=kv_cache)
     return [tok.decode(r) for r in np.asarray(out)]

@@ -10,8 +10,8 @@ layer's attention weights, [L,B,N,T,S]) when asked with weights=True.
 Attention inputs are explicit: `positions` and `segment_ids` (int [B,T]: 0 = padding, documents numbered from 1;
 for the encoder-decoder one of each per side). A query sees only keys of its own document (causally in a
 decoder), and positions default to restarting at each document, so a row of packed documents gives each the
-logits it has alone. When segment_ids are not given, keys whose token is model.pad_id are padding and positions
-are 0..T-1.
+logits it has alone. Without segment_ids every token is real (one document per row) and positions are 0..T-1:
+the pad id only fills, it never says what attends (the data's batches carry the segment ids of their padding).
 """
 from __future__ import annotations
 
@@ -65,8 +65,8 @@ class _Tokens:
         for name, a in (("positions", positions), ("segment_ids", segment_ids)):
             if a is not None and a.shape != tokens.shape:
                 raise ValueError(f"{name} must be [B,T] like the tokens {tokens.shape}; got {a.shape}")
-        if segment_ids is None:
-            self.segments, self.valid = None, tokens != cfg.pad_id
+        if segment_ids is None:                         # one document per row, every token real
+            self.segments, self.valid = None, jnp.ones(tokens.shape, bool)
             self.positions = default_positions(tokens) if positions is None else positions
         else:
             self.segments, self.valid = segment_ids.astype(jnp.int32), segment_ids != 0
@@ -350,9 +350,9 @@ class TransformerLM(_Model):
     def step(self, tokens: jax.Array, positions: jax.Array, cache: KVCache, *, memory: None = None,
              segment_ids: jax.Array | None = None, prefill: bool = False) -> tuple[jax.Array, KVCache]:
         """One cached call: tokens, positions [B,T] -> (logits [B,T,V], the cache with the T new keys/values
-        written at slots [index, index+T)). Without segment_ids, tokens equal to model.pad_id are padding (their
-        slots are never attended); with them, each query sees only its own document's slots (pass them to every
-        step of a packed row). prefill=True declares the cache empty (its slots are skipped)."""
+        written at slots [index, index+T)). Without segment_ids every token is real; with them (0 = padding,
+        whose slots are never attended), each query sees only its own document's slots (pass them to every step
+        of a packed row). prefill=True declares the cache empty (its slots are skipped)."""
         if memory is not None:
             raise ValueError("a decoder-only model attends over no memory")
         return self._step(tokens, positions, cache, None, segment_ids, prefill)

@@ -56,12 +56,16 @@ def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
 
 
 def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
-    """segment_ids [B,T] int (0 = padding) -> positions [B,T] int32 restarting at 0 where each document starts
-    (a new id, or the first token after padding); padding gets 0."""
+    """segment_ids [B,T] int (0 = padding) -> positions [B,T] int32: a token's column less its document's first
+    column, where a document starts at a token whose id differs from the last non-padding id before it (padding
+    inside a document does not restart it, so positions never run backwards within an id: causality by position
+    stays causality by column); padding gets 0."""
     t = segment_ids.shape[1]
     idx = jnp.arange(t, dtype=jnp.int32)
-    prev = jnp.pad(segment_ids[:, :-1], [(0, 0), (1, 0)], constant_values=-1)
-    start = jnp.where(segment_ids != prev, idx, 0)
+    last = jax.lax.cummax(jnp.where(segment_ids != 0, idx, -1), axis=1)           # last real column so far
+    last = jnp.pad(last[:, :-1], [(0, 0), (1, 0)], constant_values=-1)              # ... before this one
+    prev = jnp.where(last >= 0, jnp.take_along_axis(segment_ids, jnp.maximum(last, 0), 1), -1)
+    start = jnp.where((segment_ids != 0) & (segment_ids != prev), idx, 0)
     pos = idx - jax.lax.cummax(start, axis=1)
     return jnp.where(segment_ids != 0, pos, 0).astype(jnp.int32)
 
