@@ -75,15 +75,28 @@ def torch_forward(size):
     return f
 
 
-def cached_loop(graphdef, steps):
-    """jit of (state, cache, tok [B,1], pos [B,1]) -> (cache, tok, pos): `steps` greedy model.steps in a
-    fori_loop, the cache donated (returned, so donation aliases it), as inside generate_lm."""
+def laid_out(graphdef, state, batch):
+    """A model and its decoding layout for `batch` rows (`model.decoding_layout`, what generate_lm makes inside
+    its program), split: -> (graphs, states), each a (model, layout) pair, as jitted programs take them."""
+    lgraph, lstate = nnx.split(nnx.merge(graphdef, state).decoding_layout(batch))
+    return (graphdef, lgraph), (state, lstate)
+
+
+def merged(graphs, states):
+    """(model, layout) back from `laid_out`'s pairs."""
+    return nnx.merge(graphs[0], states[0]), nnx.merge(graphs[1], states[1])
+
+
+def cached_loop(graphs, steps):
+    """jit of (states, cache, tok [B,1], pos [B,1]) -> (cache, tok, pos): `steps` greedy model.steps over the
+    decoding layout (`laid_out`'s graphs and states) in a fori_loop, the cache donated (returned, so donation
+    aliases it), as inside generate_lm."""
     def run_steps(s, cache, tok, pos):
-        m = nnx.merge(graphdef, s).for_decoding()     # laid out already (bench_contexts): per-layer weights
+        m, layout = merged(graphs, s)
 
         def body(_, c):
             cache, tok, pos = c
-            logits, cache = m.step(tok, pos, cache)
+            logits, cache = m.step(tok, pos, cache, layout=layout)
             return cache, jnp.argmax(logits, -1).astype(jnp.int32), pos + 1
         return jax.lax.fori_loop(0, steps, body, (cache, tok, pos))
     return jax.jit(run_steps, donate_argnums=1)
@@ -95,11 +108,15 @@ def bench_contexts(size, batch, contexts, reps, steps):
     graphdef, state = nnx.split(build_model(cfg))
     fwd = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t)[:, -1])
     # generate_lm lays the model out for decoding once per call (per-layer weight copies); timed alone here
-    layout = jax.jit(lambda s: nnx.split(nnx.merge(graphdef, s).for_decoding(batch))[1])
+    layout = jax.jit(lambda s: nnx.split(nnx.merge(graphdef, s).decoding_layout(batch))[1])
     layout_ms = median_ms(lambda: layout(state), reps)
     weight_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(state))
-    dgraph, dstate = nnx.split(nnx.merge(graphdef, state).for_decoding(batch))
-    prefill = jax.jit(lambda s, c, t, p: nnx.merge(dgraph, s).step(t, p, c, prefill=True))
+    dgraph, dstate = laid_out(graphdef, state, batch)
+
+    def prefill(s, c, t, p):
+        m, lay = merged(dgraph, s)
+        return m.step(t, p, c, prefill=True, layout=lay)
+    prefill = jax.jit(prefill)
     loop = cached_loop(dgraph, steps)
     tf = torch_forward(size)
     td = (torch_decoder.TorchDecoder(VOCAB, **SIZES[size], batch=batch, max_len=max(contexts) + steps + 1)
@@ -108,7 +125,7 @@ def bench_contexts(size, batch, contexts, reps, steps):
     for c in contexts:
         toks = jax.random.randint(jax.random.key(c), (batch, c), 1, VOCAB)
         pos = jnp.broadcast_to(jnp.arange(c), (batch, c))
-        cache = nnx.merge(dgraph, dstate).init_cache(batch, c + steps).unstacked()
+        cache = nnx.merge(graphdef, state).init_cache(batch, c + steps).unstacked()
         np_toks = np.asarray(toks).astype(np.int64)
         naive = median_ms(lambda: fwd(state, toks), reps)
         ttft = median_ms(lambda: prefill(dstate, cache, toks, pos), reps)
@@ -308,7 +325,7 @@ def main():
              + "; over 256 MiB, beyond any cache, the fastest reads at "
              f"{max(dram.values()) / 1e9:.1f} GB/s. It is the least a step that reads every weight once can take; "
              "+ cache = the same with the cache's bytes (every slot, as attention reads them) added; "
-             "layout = `model.for_decoding` (each layer's weights copied out of the stacked arrays), which "
+             "layout = `model.decoding_layout` (each layer's weights copied out of the stacked arrays), which "
              "generate_lm runs once per call, before its token loop (not in cached ms).", "",
              "| size | batch | context | naive ms | torch naive ms | cached ms | torch cached ms | naive/cached | "
              "torch cached / ours cached | cached / floor | cached / floor + cache | TTFT ms | layout ms |",

@@ -153,7 +153,7 @@ LEVERS = {
                             "(`lowering.train_compiler_options`: fewer copies of loop-carried values)",
                             "XLA:CPU's default copy insertion", ("tiny", "gpt", "base"), _default_copy_insertion),
     "decode_w2_out_in": Lever("decoding at batch 1: the FFN's output weight laid out [out,in] for the token loop "
-                              "(`nn.layers.FeedForward.lay_out_for_decoding`), read row by row",
+                              "(`nn.layers.FeedForward.output_out_in`), read row by row",
                               "the weight as stored, [in,out]", ("base b1 c64", "base b1 c256", "tiny b1 c64"),
                               _w2_as_stored, decode=True),
     "tiled_transpose": Lever("each weight gradient's transposed operand moved in 32×32 tiles (`platforms.cpu.transpose`)",
@@ -263,10 +263,13 @@ def measure_decode(name: str, lever: Lever, config: str, blocks: int) -> dict:
     progs = {}
     for which in ("after", "before"):
         with lever.switch_off() if which == "before" else contextlib.nullcontext():
-            dgraph, dstate = nnx.split(nnx.merge(graphdef, state).for_decoding(batch))
-        model = nnx.merge(dgraph, dstate)
-        _, cache = jax.jit(lambda s, c, t, p, g=dgraph: nnx.merge(g, s).step(t, p, c, prefill=True))(
-            dstate, model.init_cache(batch, context + steps).unstacked(), tokens, pos)
+            dgraph, dstate = dec.laid_out(graphdef, state, batch)
+
+        def prefill(s, c, t, p, g=dgraph):
+            m, layout = dec.merged(g, s)
+            return m.step(t, p, c, prefill=True, layout=layout)
+        _, cache = jax.jit(prefill)(dstate, nnx.merge(graphdef, state).init_cache(batch, context + steps).unstacked(),
+                                    tokens, pos)
         loop = dec.cached_loop(dgraph, steps)
         t = time.perf_counter()
         out = jax.block_until_ready(loop(dstate, cache, *start))

@@ -2,9 +2,10 @@
 searches; the model owns its cache and its step (`model.init_cache`, `model.step`, and for an encoder-decoder
 `model.encode` + `model.prepare_memory`, which computes the memory's cross-attention keys/values once).
 
-Each program first lays its model out for decoding (`model.for_decoding`: every layer's weights copied out of
-the stacked arrays once, the layers unrolled) with a per-layer cache (`KVCache.unstacked`), so that no token of
-the loop slices weights or cache out of stacked arrays. A prompt batch is prefilled in one pass (the plain
+Each program first lays its model out for decoding, as a value (`model.decoding_layout`: every layer's weights
+copied out of the stacked arrays once, the layers unrolled; the model is unchanged) with the per-layer cache it
+reads (`model.init_cache(..., layout=)`), so that no token of the loop slices weights or cache out of stacked
+arrays. A prompt batch is prefilled in one pass (the plain
 forward pass), then cached steps run in a `lax.while_loop` that stops when every row has emitted EOS (beam
 search: when every beam has finished). Each step reads every layer's cache once, as the first of two attention
 segments (cache, new keys) that are never concatenated, and writes only its new slots, in place: per-token time
@@ -98,21 +99,21 @@ def _check_room(cfg, prompt_len: int, max_new: int, cache_len: int | None):
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "eos_id", "sampling", "cache_len", "kv_cache"))
 def _generate_lm(graphdef, state, prompts, segment_ids, key, *, max_new, eos_id, sampling, cache_len, kv_cache):
-    model = nnx.merge(graphdef, state).for_decoding(prompts.shape[0])
-    pad = model.cfg.pad_id
+    model = nnx.merge(graphdef, state)
+    layout, pad = model.decoding_layout(prompts.shape[0]), model.cfg.pad_id
     if segment_ids is None:                                 # every prompt token real: one document per row
         valid = jnp.ones(prompts.shape, bool)
         pos = jnp.broadcast_to(jnp.arange(prompts.shape[1], dtype=jnp.int32), prompts.shape)
     else:                                                   # padding and packed documents: the last one continues
         valid = segment_ids != 0
         pos = positions_from_segments(segment_ids)
-    cache = model.init_cache(prompts.shape[0], cache_len, dtype=kv_cache).unstacked()
-    logits, cache = model.step(prompts, pos, cache, segment_ids=segment_ids, prefill=True)   # one plain pass
+    cache = model.init_cache(prompts.shape[0], cache_len, dtype=kv_cache, layout=layout)
+    logits, cache = model.step(prompts, pos, cache, segment_ids=segment_ids, prefill=True, layout=layout)  # plain
     last = jnp.argmax(jnp.where(valid, jnp.arange(prompts.shape[1]), -1), 1)               # last real token
     first = jnp.take_along_axis(logits, last[:, None, None], 1)[:, 0]
     start = jnp.take_along_axis(pos, last[:, None], 1)[:, 0] + 1
     seg = None if segment_ids is None else jnp.take_along_axis(segment_ids, last[:, None], 1)
-    step = lambda c, t, p: model.step(t, p, c, segment_ids=seg)                           # noqa: E731
+    step = lambda c, t, p: model.step(t, p, c, segment_ids=seg, layout=layout)            # noqa: E731
     return replicate(_loop(step, first, start, cache, key, max_new, eos_id, pad, sampling))
 
 
@@ -139,18 +140,19 @@ def _ids(segment_ids):
     return None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
 
 
-def _memory(model, src, segment_ids=None):
-    """The encoder memory of src [B,S], its cross-attention keys/values computed once."""
-    return model.prepare_memory(model.encode(src, segment_ids=segment_ids))
+def _memory(model, src, segment_ids, layout):
+    """The encoder memory of src [B,S], its cross-attention keys/values computed once (for `layout`)."""
+    return model.prepare_memory(model.encode(src, segment_ids=segment_ids), layout=layout)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "bos_id", "eos_id", "sampling", "kv_cache"))
 def _generate_seq2seq(graphdef, state, src, segment_ids, key, *, max_new, bos_id, eos_id, sampling, kv_cache):
-    model = nnx.merge(graphdef, state).for_decoding(src.shape[0])
-    memory = _memory(model, src, segment_ids)                                          # once per call
+    model = nnx.merge(graphdef, state)
+    layout = model.decoding_layout(src.shape[0])
+    memory = _memory(model, src, segment_ids, layout)                                  # once per call
     b = src.shape[0]
-    cache = model.init_cache(b, max_new, dtype=kv_cache).unstacked()
-    step = lambda c, t, p: model.step(t, p, c, memory=memory)                         # noqa: E731
+    cache = model.init_cache(b, max_new, dtype=kv_cache, layout=layout)
+    step = lambda c, t, p: model.step(t, p, c, memory=memory, layout=layout)          # noqa: E731
     logits, cache = step(cache, jnp.full((b, 1), bos_id, jnp.int32), jnp.zeros((b, 1), jnp.int32))
     return replicate(_loop(step, logits[:, 0], jnp.ones((b,), jnp.int32), cache, key, max_new, eos_id,
                            model.cfg.pad_id, sampling))
@@ -204,11 +206,12 @@ def greedy_naive(model, src: jax.Array, max_new: int, *, bos_id: int, eos_id: in
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "bos_id", "eos_id", "beam", "length_penalty",
                                              "kv_cache"))
 def _beam_search(graphdef, state, src, segment_ids, *, max_new, bos_id, eos_id, beam, length_penalty, kv_cache):
-    model = nnx.merge(graphdef, state).for_decoding(src.shape[0] * beam)
+    model = nnx.merge(graphdef, state)
+    layout = model.decoding_layout(src.shape[0] * beam)
     b, w, pad = src.shape[0], beam, model.cfg.pad_id
     seg = None if segment_ids is None else jnp.repeat(segment_ids, w, axis=0)
-    memory = _memory(model, jnp.repeat(src, w, axis=0), seg)                           # [B*W, S, D]
-    cache = model.init_cache(b * w, max_new, dtype=kv_cache).unstacked()
+    memory = _memory(model, jnp.repeat(src, w, axis=0), seg, layout)                   # [B*W, S, D]
+    cache = model.init_cache(b * w, max_new, dtype=kv_cache, layout=layout)
     neg = jnp.finfo(jnp.float32).min / 4
     scores = jnp.where(jnp.arange(w) == 0, 0.0, neg)[None].repeat(b, 0)               # [B,W]: start from beam 0
     seqs = jnp.full((b, w, max_new), pad, jnp.int32)
@@ -222,7 +225,7 @@ def _beam_search(graphdef, state, src, segment_ids, *, max_new, bos_id, eos_id, 
 
     def body(c):
         i, tok, cache, scores, seqs, finished, lengths = c
-        logits, cache = model.step(tok, jnp.full((b * w, 1), i, jnp.int32), cache, memory=memory)
+        logits, cache = model.step(tok, jnp.full((b * w, 1), i, jnp.int32), cache, memory=memory, layout=layout)
         logp = jax.nn.log_softmax(logits[:, 0], -1).reshape(b, w, -1)
         v = logp.shape[-1]
         only_pad = jnp.where(jnp.arange(v) == pad, 0.0, neg)

@@ -420,6 +420,22 @@ MUTANTS = (
     Mutant("prompt-segments-dropped", "generate pads the prompts but never passes their segment ids",
            "jaxformer/arch/lm.py", "                                  segment_ids=segment_ids)",
            "                                  segment_ids=None)", ("tests/test_explicit_masks.py", "-k", "adapters")),
+    # V.2: the decoding layout as a value, typed caches
+    Mutant("layerwise-take-wrong-axis", "a per-layer cache reorders its rows on the slot axis's neighbour",
+           "jaxformer/nn/cache.py", "jax.tree.map(lambda a: jnp.take(a, rows, axis=0), x) for x in t)",
+           "jax.tree.map(lambda a: jnp.take(a, rows, axis=1), x) for x in t)",
+           ("tests/test_decode_layout.py", "-k", "take_and_cut")),
+    Mutant("layout-fused-qkv-unused", "the layout's fused q/k/v matrix never reaches the attention",
+           "jaxformer/nn/layers.py", "weights=ctx.weights, wqkv=decode.wqkv), rngs)",
+           "weights=ctx.weights, wqkv=None), rngs)", ("tests/test_decode_layout.py", "-k", "one_matmul")),
+    Mutant("layout-w2-unused", "the layout's [out,in] FFN weight never reaches the FFN", "jaxformer/nn/layers.py",
+           "                                                  w2_out_in=decode.w2_out_in), rngs)",
+           "                                                  w2_out_in=None), rngs)",
+           ("tests/test_decode_layout.py", "-k", "row_by_row")),
+    Mutant("token-loop-without-layout", "generate_lm's token loop steps the scanned stack",
+           "jaxformer/decode.py", "    step = lambda c, t, p: model.step(t, p, c, segment_ids=seg, layout=layout)",
+           "    step = lambda c, t, p: model.step(t, p, c, segment_ids=seg, layout=None)",
+           ("tests/test_decode_layout.py", "-k", "slices_no_stacked")),
 )
 
 

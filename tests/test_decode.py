@@ -385,8 +385,8 @@ def s2s_next_logp():
         m = nnx.merge(graphdef, state)
         memory = m.encode(src)
         pos = jnp.broadcast_to(jnp.arange(tgt.shape[1]), tgt.shape)
-        y, _ = m.decoder(m.embed(tgt, pos), Context(pos, ops.causal_mask(tgt.shape[1]), memory=memory.x,
-                                                    memory_mask=memory.valid[:, None, None, :]))
+        y = m.decoder(m.embed(tgt, pos), Context(pos, ops.causal_mask(tgt.shape[1]), memory=memory.x,
+                                                 memory_mask=memory.valid[:, None, None, :])).x
         return jax.nn.log_softmax(m.embed.logits(y), -1)
 
     return lambda src, tgt: np.asarray(f(state, jnp.asarray(src), jnp.asarray(tgt)), np.float64)

@@ -1,16 +1,18 @@
-"""The decoding layout (`model.for_decoding` + `KVCache.unstacked`) computes what the stacked, scanned step
-computes; the compiled token loop slices no stacked weight; projections contract in the weight's own order.
+"""The decoding layout (`model.decoding_layout`, a value, + the `LayerwiseKVCache` made for it) computes what the
+stacked, scanned step computes, and leaves the model as it was; the compiled token loop slices no stacked weight;
+projections contract in the weight's own order.
 
 Wrong implementations these tests catch: a per-layer block given another layer's weights or cache (layer order
-lost in `unstack` / `_layer`); a per-layer cache written at the wrong axis (the stacked one's), not written at
+lost in `lay_out` / `_layer`); a per-layer cache written at the wrong axis (the stacked one's), not written at
 all, or not stored heads-major [B,K,S,H]; `take` / `without_slots` on the wrong axis of a per-layer cache; a
 decode program that forgets to lay its model out (the loop then slices every layer's weights per token);
 `contract` ordering contracting dimensions as jnp.einsum does (H before N: XLA then copies wo at every call) or
-dropping the output permutation; the fused q/k/v matrix of the layout (`lay_out_for_decoding`) split at the wrong
+dropping the output permutation; the fused q/k/v matrix of the layout (`fused_qkv`) split at the wrong
 offsets (GQA: K < N heads), in the wrong order (k and v swapped), without its biases or QK-norm, or never used
 by the step (three matmuls again), or built from quantized weights, which bring their own matmul; the
-one-row layout's FFN output weight (`FeedForward.lay_out_for_decoding`) not transposed, never used by the step, laid out for
-a batch of more rows too (where it is slower), or built from quantized weights.
+one-row layout's FFN output weight (`FeedForward.output_out_in`) not transposed, never used by the step, laid out for
+a batch of more rows too (where it is slower), or built from quantized weights; a layout that changes the model
+it was made from (attributes added to its modules, as `for_decoding` once did).
 """
 import jax
 import jax.numpy as jnp
@@ -21,7 +23,7 @@ from flax import nnx
 from jaxformer import decode
 from jaxformer.config import ModelConfig
 from jaxformer.nn import build_model
-from jaxformer.nn.cache import KVCache, heads_major, per_layer
+from jaxformer.nn.cache import KVCache, LayerwiseKVCache, heads_major
 from jaxformer.nn.params import contract
 
 V = 19
@@ -42,20 +44,23 @@ def _cfg(**kw):
     return ModelConfig(**{**base, **kw})
 
 
+def per_layer(t) -> list:
+    """A stacked cache tensor (leaves [L,...]) -> its L layers."""
+    return [jax.tree.map(lambda a: a[j], t) for j in range(jax.tree.leaves(t)[0].shape[0])]
+
+
 def _run(graphdef, state, tokens, laid_out: bool, steps: int = 3):
     """Prefill tokens [B,P] then `steps` greedy cached steps -> (logits [steps+1,B,V], the final cache)."""
     model = nnx.merge(graphdef, state)
     b, p = tokens.shape
-    if laid_out:
-        model = model.for_decoding(b)
-    cache = model.init_cache(b, p + steps)
-    cache = cache.unstacked() if laid_out else cache
+    layout = model.decoding_layout(b) if laid_out else None
+    cache = model.init_cache(b, p + steps, layout=layout)
     pos = jnp.broadcast_to(jnp.arange(p), (b, p))
-    logits, cache = model.step(tokens, pos, cache, prefill=True)
+    logits, cache = model.step(tokens, pos, cache, prefill=True, layout=layout)
     out, last = [logits[:, -1]], logits[:, -1]
     for i in range(steps):
         tok = jnp.argmax(last, -1)[:, None].astype(jnp.int32)
-        logits, cache = model.step(tok, jnp.full((b, 1), p + i, jnp.int32), cache)
+        logits, cache = model.step(tok, jnp.full((b, 1), p + i, jnp.int32), cache, layout=layout)
         out.append(logits[:, 0])
         last = logits[:, 0]
     return jnp.stack(out), cache
@@ -69,7 +74,8 @@ def test_laid_out_decoding_equals_the_stacked_step(case):
     run = jax.jit(_run, static_argnums=(0, 3))
     ref, ref_cache = run(graphdef, state, tokens, False)
     got, got_cache = run(graphdef, state, tokens, True)
-    assert isinstance(got_cache.k, list) and len(got_cache.k) == cfg.num_decoder_layers
+    assert isinstance(got_cache, LayerwiseKVCache) and len(got_cache.k) == cfg.num_decoder_layers
+    assert type(ref_cache) is KVCache
     scale = float(jnp.max(jnp.abs(ref)))
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=0, atol=64 * EPS32 * scale)
     # the per-layer cache holds, layer by layer, what the stacked one holds (int8 values included)
@@ -97,7 +103,8 @@ def test_per_layer_cache_take_and_cut_match_the_stacked_ones():
         for a, b in zip(got.k + got.v, [heads_major(x) for x in per_layer(want.k) + per_layer(want.v)]):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         np.testing.assert_array_equal(np.asarray(got.positions), np.asarray(want.positions))
-    assert c.unstacked().unstacked().k is not None and isinstance(c.unstacked().k, list)
+    assert c.unstacked().unstacked() is not None and isinstance(c.unstacked(), LayerwiseKVCache)
+    assert isinstance(c.unstacked().k, tuple) and len(c.unstacked().k) == 3
 
 
 def _eqns(jaxpr):
@@ -183,40 +190,59 @@ def test_the_token_loop_updates_each_cache_buffer_in_place(monkeypatch):
     assert _cache_copies(build_model(_cfg(num_decoder_layers=2, max_len=300, d_ff=56)), 257) > 0
 
 
-def test_a_stack_laid_out_for_decoding_refuses_to_train():
-    model = build_model(_cfg(num_decoder_layers=2, dropout=0.1)).for_decoding()
-    with pytest.raises(ValueError, match="laid out for decoding"):
-        model(jnp.ones((1, 3), jnp.int32), rngs=nnx.Rngs(dropout=0))
+def test_a_decoding_layout_refuses_to_train_and_leaves_its_model_as_it_was():
+    model = build_model(_cfg(num_decoder_layers=2, dropout=0.1))
+    before = jax.tree.map(np.asarray, nnx.state(model))
+    graph_before = nnx.graphdef(model)
+    layout = model.decoding_layout(1)
+    from jaxformer.nn.layers import Context
+    x, pos = jnp.ones((1, 3, 32)), jnp.broadcast_to(jnp.arange(3), (1, 3))
+    with pytest.raises(ValueError, match="cannot train"):
+        model.decoder(x, Context(pos, None), layout=layout, rngs=nnx.Rngs(dropout=0))
+    after = nnx.state(model)
+    assert nnx.graphdef(model) == graph_before                           # no attribute added to any module
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    assert not hasattr(model.decoder.layers, "unstacked")
 
 
 def test_the_laid_out_step_projects_q_k_v_in_one_matmul():
     cfg = _cfg(num_kv_heads=2, num_decoder_layers=2)
     n, k, h, d = cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.d_model
-    model = build_model(cfg).for_decoding()
-    assert all(b.self_attn.wqkv.shape == (d, (n + 2 * k) * h) for b in model.decoder.layers.unstacked)
+    model = build_model(cfg)
+    assert all(w.wqkv.shape == (d, (n + 2 * k) * h) for w in model.decoding_layout().weights)
     graphdef, state = nnx.split(model)
     cache = model.init_cache(1, 4).unstacked()
     tok = jnp.ones((1, 1), jnp.int32)
-    jaxpr = jax.make_jaxpr(lambda s, c: nnx.merge(graphdef, s).step(tok, tok, c))(state, cache).jaxpr
+
+    def step(s, c):
+        m = nnx.merge(graphdef, s)
+        return m.step(tok, tok, c, layout=m.decoding_layout())
+    jaxpr = jax.make_jaxpr(step)(state, cache).jaxpr
     widths = [e.outvars[0].aval.shape[-1] for e in _eqns(jaxpr) if e.primitive.name == "dot_general"
               and e.invars[1].aval.shape[0] == d and e.invars[0].aval.shape[-1] == d]
     assert widths.count((n + 2 * k) * h) == cfg.num_decoder_layers      # one q/k/v matmul per layer
     assert widths.count(n * h) == 0 and widths.count(k * h) == 0          # and no separate q, k or v one
     # quantized weights bring their own matmul: they stay apart (and the step still runs)
     from jaxformer.quantize import quantize_model
-    q = quantize_model(build_model(cfg), "int8").for_decoding()
-    assert not any(hasattr(blk.self_attn, "wqkv") for blk in q.decoder.layers.unstacked)
-    logits, _ = q.step(tok, tok, q.init_cache(1, 4).unstacked())
+    q = quantize_model(build_model(cfg), "int8")
+    layout = q.decoding_layout()
+    assert all(w.wqkv is None for w in layout.weights)
+    logits, _ = q.step(tok, tok, q.init_cache(1, 4, layout=layout), layout=layout)
     assert bool(jnp.all(jnp.isfinite(logits)))
 
 
-def _ffn_out_dots(model, batch: int) -> list[tuple]:
-    """(rhs shape, rhs contracting dims) of the cached step's dots whose weight is an FFN output weight."""
+def _ffn_out_dots(model, layout_batch, batch: int) -> list[tuple]:
+    """(rhs shape, rhs contracting dims) of the cached step's dots whose weight is an FFN output weight, the
+    model laid out for `layout_batch` rows, stepping `batch` rows."""
     cfg = model.cfg
     graphdef, state = nnx.split(model)
     tok = jnp.ones((batch, 1), jnp.int32)
-    jaxpr = jax.make_jaxpr(lambda s, c: nnx.merge(graphdef, s).step(tok, tok, c))(
-        state, model.init_cache(batch, 4).unstacked()).jaxpr
+
+    def step(s, c):
+        m = nnx.merge(graphdef, s)
+        return m.step(tok, tok, c, layout=m.decoding_layout(layout_batch))
+    jaxpr = jax.make_jaxpr(step)(state, model.init_cache(batch, 4).unstacked()).jaxpr
     return [(e.invars[1].aval.shape, tuple(e.params["dimension_numbers"][0][1])) for e in _eqns(jaxpr)
             if e.primitive.name == "dot_general"
             and sorted(e.invars[1].aval.shape) == sorted((cfg.d_model, cfg.d_ff))
@@ -226,25 +252,25 @@ def _ffn_out_dots(model, batch: int) -> list[tuple]:
 def test_a_one_row_layout_reads_the_ffn_output_weight_row_by_row():
     cfg = _cfg(num_decoder_layers=2)
     d, f = cfg.d_model, cfg.d_ff
-    one = build_model(cfg).for_decoding(1)
-    assert all(b.ffn.w2_out_in.shape == (d, f) for b in one.decoder.layers.unstacked)
-    np.testing.assert_array_equal(np.asarray(one.decoder.layers.unstacked[1].ffn.w2_out_in),
-                                  np.asarray(one.decoder.layers.blocks.ffn.w2[...][1]).T)
-    assert _ffn_out_dots(one, 1) == [((d, f), (1,))] * 2         # [D,F] contracted on F, one per layer
+    model = build_model(cfg)
+    one = model.decoding_layout(1)
+    assert all(w.w2_out_in.shape == (d, f) for w in one.weights)
+    np.testing.assert_array_equal(np.asarray(one.weights[1].w2_out_in),
+                                  np.asarray(model.decoder.layers.blocks.ffn.w2[...][1]).T)
+    assert _ffn_out_dots(model, 1, 1) == [((d, f), (1,))] * 2         # [D,F] contracted on F, one per layer
     for batch in (None, 2):                                         # more rows, or not known: w2 as it is
-        many = build_model(cfg).for_decoding(batch)
-        assert not any(hasattr(b.ffn, "w2_out_in") for b in many.decoder.layers.unstacked)
-        assert _ffn_out_dots(many, 2) == [((f, d), (0,))] * 2
+        assert all(w.w2_out_in is None for w in model.decoding_layout(batch).weights)
+        assert _ffn_out_dots(model, batch, 2) == [((f, d), (0,))] * 2
     from jaxformer.quantize import quantize_model                  # quantized weights bring their own matmul
-    q = quantize_model(build_model(cfg), "int8").for_decoding(1)
-    assert not any(hasattr(b.ffn, "w2_out_in") for b in q.decoder.layers.unstacked)
-    wide = build_model(_cfg(num_decoder_layers=1, d_ff=24)).for_decoding(1)       # F <= D: w2 is no tall weight
-    assert not hasattr(wide.decoder.layers.unstacked[0].ffn, "w2_out_in")
+    q = quantize_model(build_model(cfg), "int8").decoding_layout(1)
+    assert all(w.w2_out_in is None for w in q.weights)
+    wide = build_model(_cfg(num_decoder_layers=1, d_ff=24)).decoding_layout(1)    # F <= D: w2 is no tall weight
+    assert wide.weights[0].w2_out_in is None
 
 
 @pytest.mark.parametrize("batch", [1, 2])
 def test_generate_lays_its_model_out_for_its_own_batch(batch):
-    """generate_lm passes its rows to for_decoding: one row reads the FFN's w2 as [D,F], two rows as [F,D]."""
+    """generate_lm passes its rows to decoding_layout: one row reads the FFN's w2 as [D,F], two rows as [F,D]."""
     cfg = _cfg(num_decoder_layers=1)
     graphdef, state = nnx.split(build_model(cfg))
     traced = decode._generate_lm.trace(graphdef, state, jnp.ones((batch, 4), jnp.int32), None, jax.random.key(0),

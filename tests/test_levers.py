@@ -48,12 +48,14 @@ def _laid_out(name: str, which: str) -> str:
     batch = int(lever.configs[0].split()[1][1:])
     cfg = ModelConfig(arch="decoder_only", vocab_size=11, d_model=16, num_heads=2, d_ff=40, num_decoder_layers=1,
                       positional="rope", norm_position="pre", dropout=0.0, max_len=8)
+    model = build_model(cfg)
     with lever.switch_off() if which == "before" else levers.contextlib.nullcontext():
-        model = build_model(cfg).for_decoding(batch)
+        layout = model.decoding_layout(batch)
     graphdef, state = nnx.split(model)
+    lgraph, lstate = nnx.split(layout)
     tok = jnp.ones((batch, 1), jnp.int32)
-    return jax.jit(lambda s, c: nnx.merge(graphdef, s).step(tok, tok, c)).lower(
-        state, model.init_cache(batch, 4).unstacked()).as_text()
+    return jax.jit(lambda s, ls, c: nnx.merge(graphdef, s).step(tok, tok, c, layout=nnx.merge(lgraph, ls))).lower(
+        state, lstate, model.init_cache(batch, 4, layout=layout)).as_text()
 
 
 @pytest.mark.slow                      # compiles 14 small train steps (~30 s): benchmark tooling, not the library

@@ -92,7 +92,7 @@ def test_moe_every_second_layer_equals_its_layers_applied_one_by_one():
         pos, valid = default_positions(x), x != 0
         h, loads = model.embed(x, pos), []
         for i in range(4):
-            h, extras = model.decoder.layers.layer(i)(h, Context(pos, decoder_self_mask(c, pos, pos, valid),
+            h, extras, _ = model.decoder.layers.layer(i)(h, Context(pos, decoder_self_mask(c, pos, pos, valid),
                                                                  valid=valid))
             assert ("moe" in extras) == (i % 2 == 1)
             loads += [extras["moe"].load] if "moe" in extras else []

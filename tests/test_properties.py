@@ -124,9 +124,9 @@ class ED:
             tgt_mask = ops.position_causal_mask(pt, pt, st_ != 0, q_segments=st_, k_segments=st_)
 
             def from_xy(xs, y):
-                memory, _ = m.encoder(xs, Context(ps, src_mask))
-                out, _ = m.decoder(y, Context(pt, tgt_mask, memory=memory, memory_mask=ops.segment_mask(st_, ss)))
-                return m.embed.logits(out)
+                memory = m.encoder(xs, Context(ps, src_mask)).x
+                out = m.decoder(y, Context(pt, tgt_mask, memory=memory, memory_mask=ops.segment_mask(st_, ss)))
+                return m.embed.logits(out.x)
 
             xs, y = m.embed(src, ps), m.embed(tgt, pt)
             jxs, jy = jax.jacrev(lambda xs, y: from_xy(xs, y) @ w, argnums=(0, 1))(xs, y)

@@ -58,21 +58,23 @@ class MultiHeadAttention(nnx.Module):
         q = project("BTD,DNH->BTNH", x, self.wq[...]) + self._bias("q")
         return self._rope(q.astype(x.dtype), positions, "q_norm")
 
-    def lay_out_for_decoding(self, batch: int | None) -> None:
-        """The decoding layout of a self-attention (`nn.stack.LayerStack.unstack` calls it on each layer's copy;
-        the same at any batch): wq, wk and wv as one matrix `wqkv` [D,(N+2K)·H], so that a step projects q, k
-        and v in one matmul. At
-        batch 1 a step is three matrix-vector products otherwise, and XLA:CPU reads one wide weight faster than
-        three narrow ones (benchmarks/decode.py). Weights that bring their own matmul (quantized) stay apart."""
+    def fused_qkv(self) -> jax.Array | None:
+        """The decoding layout of a self-attention (`nn.stack.LayerStack.lay_out` asks each layer; the same at any
+        batch): wq, wk and wv as one matrix wqkv [D,(N+2K)·H] (a new array; the module is unchanged), so that a
+        step projects q, k and v in one matmul: lever `decode_fused_qkv` (`jaxformer.platforms`; its results row
+        in benchmarks/results/levers.md). None where it does not apply: cross-attention, the lever off on this
+        platform, or weights that bring their own matmul (quantized)."""
         ws = (self.wq[...], self.wk[...], self.wv[...])
         if self.self_attention and not any(hasattr(w, "project") for w in ws) and lever("decode_fused_qkv"):
-            self.wqkv = nnx.data(jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1))
+            return jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1)
+        return None
 
-    def _project_qkv(self, x: jax.Array, positions: jax.Array | None) -> tuple[jax.Array, LayerKV]:
-        """project_q and project_kv of the same x [B,T,D], as one matmul over `wqkv` -> (q [B,T,N,H], LayerKV)."""
+    def _project_qkv(self, x: jax.Array, positions: jax.Array | None, wqkv: jax.Array) -> tuple[jax.Array, LayerKV]:
+        """project_q and project_kv of the same x [B,T,D], as one matmul over wqkv (`fused_qkv`) -> (q [B,T,N,H],
+        LayerKV)."""
         cfg = self.cfg
         n, k, h = cfg.num_heads, cfg.kv_heads, cfg.head_size
-        y = project("BTD,DE->BTE", x, self.wqkv)
+        y = project("BTD,DE->BTE", x, wqkv)
         q, kk, v = jnp.split(y, [n * h, (n + k) * h], axis=-1)
         heads = lambda a, m, name: (a.reshape(*a.shape[:-1], m, h) + self._bias(name)).astype(x.dtype)  # noqa: E731
         return (self._rope(heads(q, n, "q"), positions, "q_norm"),
@@ -86,21 +88,23 @@ class MultiHeadAttention(nnx.Module):
 
     def __call__(self, x: jax.Array, source: jax.Array | LayerKV | None = None, *, mask=None,
                  positions: jax.Array | None = None, kv_positions: jax.Array | None = None,
-                 cache: LayerKV | None = None, weights: bool = False) -> tuple[jax.Array, dict]:
+                 cache: LayerKV | None = None, weights: bool = False,
+                 wqkv: jax.Array | None = None) -> tuple[jax.Array, dict]:
         """x [B,T,D] queries at positions [B,T].
 
         source: None (self-attention over x), or the keys/values' source for cross-attention: an array [B,S,D],
         or its keys/values already projected (a LayerKV [B,S,K,H], `project_kv`, computed once for decoding; or a
-        HeadsMajorKV [B,K,S,H] after `for_decoding`).
+        HeadsMajorKV [B,K,S,H] in a decoding layout).
         cache: self-attention only: this layer's cached keys/values [B,S,K,H] (a `HeadsMajorKV` [B,K,S,H] when
         laid out for decoding); the queries attend over the S cached slots followed by this call's T new keys, as
         two segments (the cache is never copied);
         kv_positions [B,S+T] and mask (broadcastable to [B,N,T,S+T], or an ops.masks.CausalMask) decide what is
-        visible. Without a cache, kv_positions defaults to positions. -> (out [B,T,D], aux)."""
+        visible. Without a cache, kv_positions defaults to positions. wqkv: the decoding layout's fused q/k/v
+        weight (`fused_qkv`), used for a self-attention's projections when given. -> (out [B,T,D], aux)."""
         aux = {}
         heads_first = isinstance(cache if source is None else source, HeadsMajorKV)   # [B,K,S,H]: a laid-out cache
-        if source is None and getattr(self, "wqkv", None) is not None:              # laid out for decoding
-            q, new = self._project_qkv(x, positions)
+        if source is None and wqkv is not None:                                    # laid out for decoding
+            q, new = self._project_qkv(x, positions, wqkv)
         else:
             q = self.project_q(x, positions)
             new = self.project_kv(x, positions) if source is None else None

@@ -5,10 +5,12 @@ Axis legend: L decoder layers, B batch, S cache slots (or source length), T new 
 
 The cache: k, v [L,B,S,K,H] (int8 values with a float32 scale per slot and kv head when its dtype is "int8"),
 per-slot absolute positions [B,S] and segment ids [B,S] (0 = empty or padding: never attended), and the next
-write slot. A decoding program lays k and v out per layer (`KVCache.unstacked`: a list of L tensors, each stored
-heads-major [B,K,S,H]), so that each layer of its token loop reads and writes its own buffer in place, with no slice
-of a stacked one, and a one-token query reads each head's S·H block contiguously (benchmarks/cache_layout.md);
-`layer_kv` gives layer i (a `HeadsMajorKV`), which attention contracts in that layout.
+write slot. A decoding program lays k and v out per layer (`KVCache.unstacked` -> `LayerwiseKVCache`: tuples of
+L tensors, each stored heads-major [B,K,S,H]), so that each layer of its token loop reads and writes its own
+buffer in place, with no slice of a stacked one, and a one-token query reads each head's S·H block contiguously
+(benchmarks/cache_layout.md); `LayerwiseKV.layer(i)` gives layer i (a `HeadsMajorKV`), which attention contracts
+in that layout. Each cache type writes the new keys/values in the form the layer stack returns for it
+(`LayerKV.collect`: stacked, or per layer), so no code asks which layout it holds.
 Attention over the cache is causal over *positions* and skips empty slots, so left-, right- or
 un-padded prompt batches decode exactly as each prompt alone; with explicit segment ids, a query also sees only
 its own document's slots.
@@ -48,8 +50,8 @@ def quantize_kv(x: jax.Array) -> QuantizedKV:
 
 
 class LayerKV(NamedTuple):
-    """One attention layer's keys and values: k, v [B,S,K,H] (a stack of them [L,B,S,K,H] when scanned), float
-    or `QuantizedKV`."""
+    """Keys and values of attention layers, stacked: k, v [B,S,K,H] for one layer, [L,B,S,K,H] for a stack (float
+    or `QuantizedKV`)."""
     k: jax.Array
     v: jax.Array
 
@@ -57,11 +59,33 @@ class LayerKV(NamedTuple):
         """As float arrays of `dtype` (an int8 cache is dequantized)."""
         return type(self)(_readable(self.k, dtype), _readable(self.v, dtype))
 
+    def layer(self, i: int) -> "LayerKV":
+        """Layer i of a stack [L,...] -> [B,S,K,H]."""
+        return jax.tree.map(lambda a: a[i], self)
+
+    @classmethod
+    def collect(cls, parts: list["LayerKV"]) -> "LayerKV":
+        """L layers' new keys/values [B,T,K,H] -> the stack [L,B,T,K,H] (what a stacked cache writes)."""
+        return cls(*(jax.tree.map(lambda *a: jnp.stack(a), *[getattr(p, f) for p in parts]) for f in cls._fields))
+
 
 class HeadsMajorKV(LayerKV):
     """One layer's keys and values stored heads-major: k, v [B,K,S,H] (float or `QuantizedKV`): a layer of a
-    cache laid out for decoding (`KVCache.unstacked`, `layer_kv`). Attention contracts them in this layout
+    cache laid out for decoding (`LayerwiseKV.layer`). Attention contracts them in this layout
     (ops.dot_product_attention's kv_layout="BKSH")."""
+
+
+class LayerwiseKV(LayerKV):
+    """Keys and values of L layers kept apart: k, v tuples of L arrays, each stored heads-major [B,K,S,H] (float or
+    `QuantizedKV`); what a token loop reads (`LayerwiseKVCache.layers`, `model.prepare_memory` with a layout)."""
+
+    def layer(self, i: int) -> HeadsMajorKV:
+        return HeadsMajorKV(self.k[i], self.v[i])
+
+    @classmethod
+    def collect(cls, parts: list[LayerKV]) -> "LayerwiseKV":
+        """L layers' new keys/values [B,T,K,H], kept per layer (a `LayerwiseKVCache` writes each in place)."""
+        return cls(tuple(p.k for p in parts), tuple(p.v for p in parts))
 
 
 def _readable(a, dtype):
@@ -69,7 +93,8 @@ def _readable(a, dtype):
 
 
 class KVCache(NamedTuple):
-    """A decoder's KV cache (see the module docstring)."""
+    """A decoder's KV cache (see the module docstring), its keys and values stacked: k, v [L,B,S,K,H] (or
+    QuantizedKV), read by the scanned layer stack. `unstacked()` gives the same cache laid out per layer."""
     k: jax.Array          # [L,B,S,K,H] (or a QuantizedKV)
     v: jax.Array          # [L,B,S,K,H] (likewise)
     positions: jax.Array  # [B,S] int32 absolute position of the token in each slot
@@ -83,39 +108,63 @@ class KVCache(NamedTuple):
 
     @property
     def layers(self) -> LayerKV:
-        """The per-layer keys/values as the layer stack reads them: stacked [L,B,S,K,H], or lists of L [B,K,S,H]."""
+        """The per-layer keys/values as the layer stack reads them: stacked [L,B,S,K,H]."""
         return LayerKV(self.k, self.v)
 
-    def unstacked(self) -> "KVCache":
-        """The same cache with k and v laid out per layer: lists of L tensors stored heads-major [B,K,S,H] (one
-        copy, made once, before a token loop; a cache already laid out so is returned as it is)."""
-        lay = lambda t: t if isinstance(t, list) else [heads_major(x) for x in per_layer(t)]   # noqa: E731
-        return KVCache(lay(self.k), lay(self.v), self.positions, self.segments, self.index)
+    def unstacked(self) -> "LayerwiseKVCache":
+        """The same cache with k and v laid out per layer: tuples of L tensors stored heads-major [B,K,S,H] (one
+        copy, made once, before a token loop)."""
+        lay = lambda t: tuple(heads_major(jax.tree.map(lambda a: a[j], t)) for j in range(_depth(t)))  # noqa: E731
+        return LayerwiseKVCache(lay(self.k), lay(self.v), self.positions, self.segments, self.index)
 
     def without_slots(self) -> "KVCache":
         """The same cache with no slots (S = 0): what a prefill into an empty cache attends over."""
         cut = lambda t: jax.tree.map(lambda a: jax.lax.slice_in_dim(a, 0, 0, axis=SLOT_AXIS), t)   # noqa: E731
-        return KVCache(cut(self.k), cut(self.v), self.positions[:, :0], self.segments[:, :0], self.index)
+        return type(self)(cut(self.k), cut(self.v), self.positions[:, :0], self.segments[:, :0], self.index)
 
     def write(self, new: LayerKV, positions: jax.Array, segments: jax.Array) -> "KVCache":
-        """Write T new entries (new k/v [L,B,T,K,H] or lists of L [B,T,K,H], float: rounded here for an int8
-        cache; positions and segments [B,T]) at slots [index, index+T), in place."""
+        """Write T new entries (new k/v as the layer stack returns them for this cache: [L,B,T,K,H] here, float:
+        rounded here for an int8 cache; positions and segments [B,T]) at slots [index, index+T), in place."""
         i = self.index
-
-        def put_kv(buf, x):
-            if not isinstance(buf, list):
-                x = jnp.stack(x) if isinstance(x, list) else x
-                return jax.tree.map(lambda a: constrain(a, CACHE), _put(buf, x, i))
-            return [jax.tree.map(lambda a: constrain(a, _LAYER), _put(b, x[j], i, heads_first=True))
-                    for j, b in enumerate(buf)]
         put = lambda b, n: jax.lax.dynamic_update_slice_in_dim(b, n.astype(b.dtype), i, axis=1)  # noqa: E731
-        return KVCache(put_kv(self.k, new.k), put_kv(self.v, new.v), put(self.positions, positions),
-                       put(self.segments, segments), i + positions.shape[1])
+        return type(self)(self._put_kv(self.k, new.k, i), self._put_kv(self.v, new.v, i),
+                          put(self.positions, positions), put(self.segments, segments), i + positions.shape[1])
 
     def take(self, rows: jax.Array) -> "KVCache":
         """The cache with its batch rows reordered / repeated: rows [B'] int (e.g. beam search's surviving beams)."""
-        kv = lambda t: _on_layers(t, lambda a, ax: jnp.take(a, rows, axis=ax))    # noqa: E731
-        return KVCache(kv(self.k), kv(self.v), self.positions[rows], self.segments[rows], self.index)
+        return type(self)(self._take_kv(self.k, rows), self._take_kv(self.v, rows), self.positions[rows],
+                          self.segments[rows], self.index)
+
+    @staticmethod
+    def _put_kv(buf, new, i):
+        return jax.tree.map(lambda a: constrain(a, CACHE), _put(buf, new, i))
+
+    @staticmethod
+    def _take_kv(t, rows):
+        return jax.tree.map(lambda a: jnp.take(a, rows, axis=1), t)
+
+
+class LayerwiseKVCache(KVCache):
+    """The cache laid out for a token loop: k, v tuples of L tensors, each stored heads-major [B,K,S,H] (or
+    QuantizedKV), so that each layer reads and writes its own buffer in place, with no slice of a stacked one
+    (`KVCache.unstacked`; `model.init_cache(..., layout=...)`). Positions, segments and index as `KVCache`."""
+
+    @property
+    def layers(self) -> LayerwiseKV:
+        """The per-layer keys/values as a laid-out layer stack reads them: tuples of L heads-major [B,K,S,H]."""
+        return LayerwiseKV(self.k, self.v)
+
+    def unstacked(self) -> "LayerwiseKVCache":
+        return self
+
+    @staticmethod
+    def _put_kv(buf, new, i):
+        return tuple(jax.tree.map(lambda a: constrain(a, _LAYER), _put(b, n, i, heads_first=True))
+                     for b, n in zip(buf, new))
+
+    @staticmethod
+    def _take_kv(t, rows):
+        return tuple(jax.tree.map(lambda a: jnp.take(a, rows, axis=0), x) for x in t)
 
 
 _LAYER = (CACHE[1], CACHE[3], CACHE[2], CACHE[4])          # one layer's buffer, heads-major [B,K,S,H]
@@ -126,10 +175,9 @@ def heads_major(x):
     return jax.tree.map(lambda a: jnp.swapaxes(a, 1, 2), x)
 
 
-def layer_kv(kv: LayerKV, i: int) -> HeadsMajorKV:
-    """Layer i of a per-layer LayerKV (lists of L heads-major [B,K,S,H]: `KVCache.unstacked`,
-    `prepare_memory` after `for_decoding`)."""
-    return HeadsMajorKV(kv.k[i], kv.v[i])
+def _depth(t) -> int:
+    """L of a stacked cache tensor (an array or QuantizedKV, leaves [L,...])."""
+    return jax.tree.leaves(t)[0].shape[0]
 
 
 def _put(buf, new, index, heads_first: bool = False):
@@ -141,22 +189,6 @@ def _put(buf, new, index, heads_first: bool = False):
         new = heads_major(new)
     put = lambda b, n: jax.lax.dynamic_update_slice_in_dim(b, n.astype(b.dtype), index, axis=SLOT_AXIS)  # noqa: E731
     return jax.tree.map(put, buf, new)
-
-
-def per_layer(x) -> list:
-    """A stacked per-layer pytree (leaves [L,...]; e.g. a cache tensor, a LayerKV) -> a list of L pytrees
-    (leaves [...]); a list is returned as it is."""
-    if isinstance(x, list):
-        return x
-    return [jax.tree.map(lambda a: a[j], x) for j in range(jax.tree.leaves(x)[0].shape[0])]
-
-
-def _on_layers(t, fn):
-    """fn(array, batch_axis) over each array of a cache tensor: stacked [L,B,...] (batch axis 1) or a per-layer
-    list of [B,...] (batch axis 0)."""
-    if isinstance(t, list):
-        return [jax.tree.map(lambda a: fn(a, 0), x) for x in t]
-    return jax.tree.map(lambda a: fn(a, 1), t)
 
 
 def init_cache(num_layers: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype) -> KVCache:

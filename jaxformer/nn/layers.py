@@ -3,10 +3,11 @@
 Axis legend: B batch, T target length, S source length, D model width, F FFN width.
 Norm placement: "post" = LN(x + Sublayer(x)) (2017 paper, seed 000); "pre" = x + Sublayer(LN(x)).
 
-Return convention: every sublayer, block and stack returns (y, aux), aux a dict that may be empty:
-"self" / "cross" attention weights [B,N,T,S] (when ctx.weights), "moe" router statistics (a MoE FFN), "kv" the
-layer's new keys/values (a LayerKV [B,T,K,H], when a cache slice was passed in). Leaf layers (Norm) return
-their one array.
+Return convention: every sublayer returns (y, aux), aux a dict that may be empty: "self" / "cross" attention
+weights [B,N,T,S] (when ctx.weights), "moe" router statistics (a MoE FFN) (an attention sublayer given a cache
+also puts its new keys/values under "kv", which its block takes out). Blocks and stacks return a typed
+`nn.stack.BlockOut(x, aux, kv)`: kv the new keys/values (a LayerKV [B,T,K,H]) when a cache slice was passed in,
+else None. Leaf layers (Norm) return their one array.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from jaxformer.nn.cache import LayerKV
 from jaxformer.nn.moe import MoEFeedForward
 from jaxformer.nn import init
 from jaxformer.nn.params import lever, ones, param, project, zeros
+from jaxformer.nn.stack import BlockOut
 from jaxformer.ops import activations, norms
 
 
@@ -84,8 +86,10 @@ class FeedForward(nnx.Module):
             if self.activation in activations.GATED:
                 self.bg = param(rngs, init.bias(cfg, "ffn_in"), (f,), ("mlp",))
 
-    def __call__(self, x: jax.Array, valid: jax.Array | None = None, *, train: bool = False):
-        """[B,T,D] -> ([B,T,D], {}). (valid and train: the FFN interface a MoE FFN shares; unused here.)"""
+    def __call__(self, x: jax.Array, valid: jax.Array | None = None, *, train: bool = False,
+                 w2_out_in: jax.Array | None = None):
+        """[B,T,D] -> ([B,T,D], {}). (valid and train: the FFN interface a MoE FFN shares; unused here.)
+        w2_out_in: the decoding layout's output weight [D,F] (`output_out_in`), contracted instead of w2."""
         def dense(w, b, y, eq):
             out = project(eq, y, w[...])
             return (out + b[...]).astype(y.dtype) if self.use_bias else out
@@ -94,23 +98,21 @@ class FeedForward(nnx.Module):
             h = activations.GATED[self.activation](dense(self.wg, getattr(self, "bg", None), x, "BTD,DF->BTF"), h)
         else:
             h = activations.UNGATED[self.activation](h)
-        if getattr(self, "w2_out_in", None) is not None:                      # laid out for one row
-            return dense(self.w2_out_in, getattr(self, "b2", None), h, "BTF,DF->BTD"), {}
+        if w2_out_in is not None:                                             # laid out for one row
+            return dense(w2_out_in, getattr(self, "b2", None), h, "BTF,DF->BTD"), {}
         return dense(self.w2, getattr(self, "b2", None), h, "BTF,FD->BTD"), {}
 
-    def lay_out_for_decoding(self, batch: int | None) -> None:
-        """The decoding layout of a token loop (`nn.stack.LayerStack.unstack` calls it on each layer's copy): over
-        one row (batch 1), w2 [F,D] also stored as `w2_out_in` [D,F], which the call then contracts on its last
-        axis. With one row a projection is a matrix-vector product, and XLA:CPU reads a weight whose input is
-        wider than its output (F > D) faster in that order, each output a dot product over a contiguous row:
-        benchmarks/levers.py `decode_w2_out_in`; for more rows it is slower (a matmul with a transposed operand),
-        so a layout for a batch (or batch None: not known) keeps w2 as it is, and so does F <= D. The transposing
-        copy is made once per decoding call (at base size, 2-core AMD EPYC, two readings: the layout takes 19.2 ms
-        instead of 13.6, and 24.3 instead of 16.9; the loop saves about 0.4 ms per token, so 14-19 tokens repay
-        it). A weight that brings its own matmul (quantized) stays."""
+    def output_out_in(self, batch: int | None) -> jax.Array | None:
+        """The decoding layout of a token loop's FFN (`nn.stack.LayerStack.lay_out` asks each layer): over one row
+        (batch 1), w2 [F,D] as a new [D,F] array (the module is unchanged), which the call then contracts on its
+        last axis: a matrix-vector product reads a weight whose input is wider than its output (F > D) faster in
+        that order on XLA:CPU (lever `decode_w2_out_in`, `jaxformer.platforms`; its results row in
+        benchmarks/results/levers.md). None otherwise: more rows (or batch None: not known), where it is slower,
+        F <= D, the lever off on this platform, or a weight that brings its own matmul (quantized)."""
         w = self.w2[...]
         if batch == 1 and not hasattr(w, "project") and w.shape[0] > w.shape[1] and lever("decode_w2_out_in"):
-            self.w2_out_in = nnx.data(jnp.transpose(w))
+            return jnp.transpose(w)
+        return None
 
 
 class Residual(nnx.Module):
@@ -168,12 +170,13 @@ class EncoderBlock(nnx.Module):
         self.res_attn = Residual(cfg, stack="encoder", rngs=rngs)
         self.res_ffn = Residual(cfg, stack="encoder", rngs=rngs)
 
-    def __call__(self, x: jax.Array, ctx: Context, *, rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
-        """x [B,S,D] -> ([B,S,D], aux): "self" weights [B,N,S,S] with ctx.weights, "moe" from a MoE FFN."""
+    def __call__(self, x: jax.Array, ctx: Context, *, rngs: nnx.Rngs | None = None) -> BlockOut:
+        """x [B,S,D] -> BlockOut([B,S,D], aux, None): aux "self" weights [B,N,S,S] with ctx.weights, "moe" from
+        a MoE FFN."""
         x, a = self.res_attn(x, lambda y: self.self_attn(y, mask=ctx.mask, positions=ctx.positions,
                                                          weights=ctx.weights), rngs)
         x, f = self.res_ffn(x, lambda y: self.ffn(y, ctx.valid, train=rngs is not None), rngs)
-        return x, {**_renamed(a, "self"), **f}
+        return BlockOut(x, {**_renamed(a, "self"), **f})
 
 
 class DecoderBlock(nnx.Module):
@@ -193,26 +196,45 @@ class DecoderBlock(nnx.Module):
 
     def __call__(self, x: jax.Array, ctx: Context, *, cache: LayerKV | None = None,
                  memory_kv: LayerKV | None = None, window: jax.Array | None = None,
-                 rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
-        """x [B,T,D] -> ([B,T,D], aux).
+                 decode: DecodeWeights | None = None, rngs: nnx.Rngs | None = None) -> BlockOut:
+        """x [B,T,D] -> BlockOut([B,T,D], aux, kv).
 
         cache: this layer's cached keys/values [B,S,K,H]: the self-attention attends over them followed by the T
-        new keys (ctx.mask and ctx.kv_positions cover S+T keys), and aux["kv"] holds the new keys/values
-        [B,T,K,H] for the caller to write into its cache. memory_kv: this layer's cross-attention keys/values of
+        new keys (ctx.mask and ctx.kv_positions cover S+T keys), and kv holds the new keys/values [B,T,K,H] for
+        the caller to write into its cache (None without a cache). memory_kv: this layer's cross-attention keys/values of
         the encoder memory [B,S,K,H] (else they are projected from ctx.memory). window: this layer's sliding
-        window (an int scalar, 0 = global) applied to ctx.mask (a lazy ops.masks.CausalMask). aux also holds
+        window (an int scalar, 0 = global) applied to ctx.mask (a lazy ops.masks.CausalMask). decode: this layer's
+        decoding-layout weights (`decode_weights`: a token loop's, from `nn.stack.LayerStack.lay_out`). aux holds
         "self" [B,N,T,S] and "cross" [B,N,T,S_src] weights with ctx.weights (uncached passes), "moe" statistics."""
         if ctx.weights and cache is not None:
             raise ValueError("attention weights are for uncached passes (cache=None)")
         mask = ctx.mask if window is None else ctx.mask._replace(window=window)
+        decode = DecodeWeights() if decode is None else decode
         x, a = self.res_self(x, lambda y: self.self_attn(y, mask=mask, positions=ctx.positions,
                                                          kv_positions=ctx.kv_positions, cache=cache,
-                                                         weights=ctx.weights), rngs)
+                                                         weights=ctx.weights, wqkv=decode.wqkv), rngs)
+        kv = a.pop("kv", None)
         aux = _renamed(a, "self")
         if self.cross:
             source = memory_kv if memory_kv is not None else ctx.memory
             x, c = self.res_cross(x, lambda y: self.cross_attn(y, source, mask=ctx.memory_mask,
                                                                weights=ctx.weights), rngs)
             aux.update(_renamed(c, "cross"))
-        x, f = self.res_ffn(x, lambda y: self.ffn(y, ctx.valid, train=rngs is not None), rngs)
-        return x, {**aux, **f}
+        x, f = self.res_ffn(x, lambda y: self.ffn(y, ctx.valid, train=rngs is not None,
+                                                  w2_out_in=decode.w2_out_in), rngs)
+        return BlockOut(x, {**aux, **f}, kv)
+
+    def decode_weights(self, batch: int | None) -> DecodeWeights:
+        """This block's decoding layout for a token loop over `batch` rows (None: not known): the arrays its
+        levers ask for (`MultiHeadAttention.fused_qkv`, `FeedForward.output_out_in`; a MoE FFN has none), new
+        arrays made from its parameters (the block is unchanged)."""
+        return DecodeWeights(self.self_attn.fused_qkv(), self.ffn.output_out_in(batch))
+
+
+class DecodeWeights(NamedTuple):
+    """One decoder layer's decoding-layout weights (new arrays made from its parameters; None = not used):
+    wqkv [D,(N+2K)·H] the self-attention's q/k/v as one matrix, w2_out_in [D,F] the FFN's output weight in
+    [out,in] order (one row)."""
+    wqkv: jax.Array | None = None
+    w2_out_in: jax.Array | None = None
+

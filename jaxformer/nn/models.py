@@ -28,10 +28,10 @@ from jaxformer.axes import ACTIVATION, LOGITS
 from jaxformer.config import ConfigError, ModelConfig
 from jaxformer.errors import BackendError
 from jaxformer.nn import init
-from jaxformer.nn.cache import KVCache, LayerKV, Memory, heads_major, init_cache
+from jaxformer.nn.cache import KVCache, LayerKV, LayerwiseKV, Memory, heads_major, init_cache
 from jaxformer.nn.layers import Context, DecoderBlock, EncoderBlock, Norm, dropout
 from jaxformer.nn.params import DTYPES, param
-from jaxformer.nn.stack import LayerStack
+from jaxformer.nn.stack import BlockOut, DecodingLayers, LayerStack
 from jaxformer.ops import positional
 from jaxformer.parallel import check_model_size, constrain
 
@@ -160,10 +160,10 @@ class Encoder(nnx.Module):
                                  remat=cfg.remat, rngs=rngs)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
 
-    def __call__(self, x, ctx: Context, *, rngs=None) -> tuple[jax.Array, dict]:
-        """x [B,S,D] -> (memory [B,S,D], aux stacked over layers: "self" weights [L,B,N,S,S], "moe")."""
-        x, aux = self.layers(x, ctx, rngs=rngs)
-        return (self.final_norm(x) if self.final_norm is not None else x), aux
+    def __call__(self, x, ctx: Context, *, rngs=None) -> BlockOut:
+        """x [B,S,D] -> BlockOut(memory [B,S,D], aux stacked over layers: "self" weights [L,B,N,S,S], "moe")."""
+        out = self.layers(x, ctx, rngs=rngs)
+        return out._replace(x=self.final_norm(out.x)) if self.final_norm is not None else out
 
 
 class Decoder(nnx.Module):
@@ -176,13 +176,15 @@ class Decoder(nnx.Module):
         self.windows = cfg.layer_windows() if any(cfg.attention_windows) else None    # static, per layer
 
     def __call__(self, x, ctx: Context, *, cache: LayerKV | None = None, memory_kv: LayerKV | None = None,
-                 rngs=None) -> tuple[jax.Array, dict]:
-        """x [B,T,D] -> (x [B,T,D], aux stacked over layers [L,...]: "kv" new keys/values when cached, "self" /
-        "cross" weights, "moe"). Layers with a sliding window (model.attention_windows) see only that many
-        recent positions."""
+                 layout: DecodingLayers | None = None, rngs=None) -> BlockOut:
+        """x [B,T,D] -> BlockOut(x [B,T,D], aux stacked over layers [L,...]: "self" / "cross" weights, "moe";
+        kv: the new keys/values when cached). Layers with a sliding window (model.attention_windows) see only
+        that many recent positions. layout: the stack laid out for a token loop (`_Model.decoding_layout`),
+        applied instead of the scanned stack."""
         window = None if self.windows is None else jnp.asarray(self.windows, jnp.int32)
-        x, aux = self.layers(x, ctx, cache=cache, memory_kv=memory_kv, window=window, rngs=rngs)
-        return (self.final_norm(x) if self.final_norm is not None else x), aux
+        stack = self.layers if layout is None else layout
+        out = stack(x, ctx, cache=cache, memory_kv=memory_kv, window=window, rngs=rngs)
+        return out._replace(x=self.final_norm(out.x)) if self.final_norm is not None else out
 
 
 def _moe_aux(*auxes: dict) -> dict:
@@ -196,28 +198,30 @@ def _moe_aux(*auxes: dict) -> dict:
 class _Model(nnx.Module):
     """What both architectures share: the decoder pass (uncached, or one cached step) and the cache."""
 
-    def init_cache(self, batch: int, length: int, *, dtype: str = "auto") -> KVCache:
+    def init_cache(self, batch: int, length: int, *, dtype: str = "auto",
+                   layout: DecodingLayers | None = None) -> KVCache:
         """An empty decoder KV cache of `length` slots for `batch` rows: k, v [L,B,S,K,H] in the compute dtype
         (dtype="auto", or model.kv_cache_dtype when set) or int8 with a float32 scale per slot and kv head
-        (dtype="int8")."""
+        (dtype="int8"). With a decoding layout, the cache type it reads: a `LayerwiseKVCache` (L heads-major
+        [B,K,S,H] tensors)."""
         cfg = self.cfg
         dtype = cfg.kv_cache_dtype if dtype == "auto" else dtype
         if dtype not in ("auto", "int8"):
             raise ConfigError(f"KV cache dtype={dtype!r} is not one of ('auto', 'int8')")
-        return init_cache(cfg.num_decoder_layers, batch, length, cfg.kv_heads, cfg.head_size,
-                          "int8" if dtype == "int8" else DTYPES[cfg.dtype])
+        cache = init_cache(cfg.num_decoder_layers, batch, length, cfg.kv_heads, cfg.head_size,
+                           "int8" if dtype == "int8" else DTYPES[cfg.dtype])
+        return cache if layout is None else cache.unstacked()
 
-    def for_decoding(self, batch: int | None = None) -> "_Model":
-        """Lay the decoder out for a token loop (`nn.stack.LayerStack.unstack`: each layer's weights copied out
-        of the stacked arrays once, its blocks unrolled) and return self. For a compiled decoding program, on the
-        model merged inside it, before its loop; pair it with a per-layer cache (`KVCache.unstacked`). batch: the
-        loop's rows (each step one token per row), when known; batch 1 also orders the FFN's output weight for a
-        matrix-vector product. A model laid out already stays as it is."""
-        self.decoder.layers.unstack(batch)
-        return self
+    def decoding_layout(self, batch: int | None = None) -> DecodingLayers:
+        """The decoder laid out for a token loop, as a value (`nn.stack.LayerStack.lay_out`; the model is
+        unchanged): each layer's weights copied out of the stacked arrays once, with the decoding-layout arrays
+        its platform's levers ask for. Pass it to `init_cache`, `step` (and `prepare_memory`) of a compiled
+        decoding program, made inside it before its loop. batch: the loop's rows (each step one token per row),
+        when known; batch 1 also orders the FFN's output weight for a matrix-vector product."""
+        return self.decoder.layers.lay_out(batch)
 
     def _decoder_pass(self, tokens, side: _Tokens, *, memory: Memory | None = None, cache: KVCache | None = None,
-                      prefill: bool = False, rngs=None, weights: bool = False):
+                      prefill: bool = False, rngs=None, weights: bool = False, layout=None):
         """The forward pass, written once: embed -> decoder stack -> logits. Uncached (cache=None), or over a
         cache: the T new tokens attend over the cache's slots then themselves, and their keys/values are written
         at slots [index, index+T). -> (logits [B,T,V] float32, aux, the new cache or None)."""
@@ -235,17 +239,16 @@ class _Model(nnx.Module):
                       memory=None if memory is None or memory.kv is not None else memory.x,
                       memory_mask=None if memory is None else side.cross_mask(memory))
         x = self.embed(tokens, pos, rngs)
-        x, aux = self.decoder(x, ctx, cache=None if past is None else past.layers,
-                              memory_kv=None if memory is None else memory.kv, rngs=rngs)
-        new_cache = None
-        if cache is not None:
-            new_cache = cache.write(aux.pop("kv"), pos, side.slot_segments)
-        return self.embed.logits(x), aux, new_cache
+        out = self.decoder(x, ctx, cache=None if past is None else past.layers,
+                           memory_kv=None if memory is None else memory.kv, layout=layout, rngs=rngs)
+        new_cache = None if cache is None else cache.write(out.kv, pos, side.slot_segments)
+        return self.embed.logits(out.x), out.aux, new_cache
 
-    def _step(self, tokens, positions, cache: KVCache, memory, segment_ids, prefill):
+    def _step(self, tokens, positions, cache: KVCache, memory, segment_ids, prefill, layout):
         tokens = jnp.asarray(tokens)
         side = _Tokens(self.cfg, tokens, positions, segment_ids)
-        logits, _, cache = self._decoder_pass(tokens, side, memory=memory, cache=cache, prefill=prefill)
+        logits, _, cache = self._decoder_pass(tokens, side, memory=memory, cache=cache, prefill=prefill,
+                                              layout=layout)
         return logits, cache
 
 
@@ -263,8 +266,8 @@ class Transformer(_Model):
     def _encode(self, src, positions, segment_ids, rngs, weights):
         side = _Tokens(self.cfg, src, positions, segment_ids)
         ctx = Context(side.positions, side.self_mask(), valid=side.valid, weights=weights)
-        x, aux = self.encoder(self.embed(src, side.positions, rngs), ctx, rngs=rngs)
-        return Memory(x, side.valid, side.segments), aux
+        out = self.encoder(self.embed(src, side.positions, rngs), ctx, rngs=rngs)
+        return Memory(out.x, side.valid, side.segments), out.aux
 
     def encode(self, src: jax.Array, *, positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
                rngs: nnx.Rngs | None = None) -> Memory:
@@ -272,13 +275,14 @@ class Transformer(_Model):
         segment ids)."""
         return self._encode(src, positions, segment_ids, rngs, False)[0]
 
-    def prepare_memory(self, memory: Memory) -> Memory:
+    def prepare_memory(self, memory: Memory, *, layout: DecodingLayers | None = None) -> Memory:
         """The memory with each decoder layer's cross-attention keys/values computed once (kv [L,B,S,K,H], or
-        lists of L heads-major [B,K,S,H] after `for_decoding`), as cached decoding reads them at every step."""
+        with a decoding layout a LayerwiseKV of L heads-major [B,K,S,H]), as cached decoding reads them at every
+        step."""
+        if layout is not None:                     # a token loop's: L layers, heads-major [B,K,S,H]
+            kv = [heads_major(blk.cross_attn.project_kv(memory.x)) for blk in layout.blocks]
+            return memory._replace(kv=LayerwiseKV.collect(kv))
         layers = self.decoder.layers
-        if layers.unstacked is not None:           # laid out for a token loop: lists of L, heads-major [B,K,S,H]
-            kv = [heads_major(blk.cross_attn.project_kv(memory.x)) for blk in layers.unstacked]
-            return memory._replace(kv=LayerKV([a.k for a in kv], [a.v for a in kv]))
         return memory._replace(kv=LayerKV(*layers.map(lambda blk: blk.cross_attn.project_kv(memory.x))))
 
     def decode(self, tgt: jax.Array, memory: Memory, *, positions: jax.Array | None = None,
@@ -307,11 +311,13 @@ class Transformer(_Model):
         return self.forward(src, tgt, **kw)[0]
 
     def step(self, tokens: jax.Array, positions: jax.Array, cache: KVCache, *, memory: Memory,
-             segment_ids: jax.Array | None = None, prefill: bool = False) -> tuple[jax.Array, KVCache]:
+             segment_ids: jax.Array | None = None, prefill: bool = False,
+             layout: DecodingLayers | None = None) -> tuple[jax.Array, KVCache]:
         """One cached decoder call: tokens, positions [B,T] over an encoder memory (`prepare_memory` computes its
         keys/values once) -> (logits [B,T,V], the cache with the T new keys/values written). prefill=True declares
-        the cache empty (its slots are skipped: the first pass costs a plain forward pass)."""
-        return self._step(tokens, positions, cache, memory, segment_ids, prefill)
+        the cache empty (its slots are skipped: the first pass costs a plain forward pass). layout: the decoder
+        laid out for a token loop (`decoding_layout`), with the cache and memory made for it."""
+        return self._step(tokens, positions, cache, memory, segment_ids, prefill, layout)
 
     def attention_weights(self, src: jax.Array, tgt: jax.Array, **kw) -> dict[str, jax.Array]:
         """Every layer's attention weights (float32, a distribution over the visible keys; 0 on masked ones) for
@@ -348,14 +354,16 @@ class TransformerLM(_Model):
         return self.forward(tokens, **kw)[0]
 
     def step(self, tokens: jax.Array, positions: jax.Array, cache: KVCache, *, memory: None = None,
-             segment_ids: jax.Array | None = None, prefill: bool = False) -> tuple[jax.Array, KVCache]:
+             segment_ids: jax.Array | None = None, prefill: bool = False,
+             layout: DecodingLayers | None = None) -> tuple[jax.Array, KVCache]:
         """One cached call: tokens, positions [B,T] -> (logits [B,T,V], the cache with the T new keys/values
         written at slots [index, index+T)). Without segment_ids every token is real; with them (0 = padding,
         whose slots are never attended), each query sees only its own document's slots (pass them to every step
-        of a packed row). prefill=True declares the cache empty (its slots are skipped)."""
+        of a packed row). prefill=True declares the cache empty (its slots are skipped). layout: the decoder laid
+        out for a token loop (`decoding_layout`), with the cache made for it (`init_cache(..., layout=)`)."""
         if memory is not None:
             raise ValueError("a decoder-only model attends over no memory")
-        return self._step(tokens, positions, cache, None, segment_ids, prefill)
+        return self._step(tokens, positions, cache, None, segment_ids, prefill, layout)
 
     def attention_weights(self, tokens: jax.Array, **kw) -> dict[str, jax.Array]:
         """Every layer's causal self-attention weights for tokens [B,T] (float32, a distribution over the

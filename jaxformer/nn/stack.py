@@ -1,30 +1,40 @@
 """A stack of L blocks whose parameters are stacked on a leading "layers" axis and applied with jax.lax.scan:
 one compiled body whatever L is (training, evaluation, prefill).
 
-A decoding program lays the stack out for its token loop first (`unstack`): each layer's parameters copied out
-once, the loop's body applying the L blocks one after another with a per-layer KV cache (`KVCache.unstacked`).
-Scanned, each decoded token would slice every layer's weights and cache out of the stacked arrays again: at
-base size, batch 1, context 64, those slices took 6.0 ms of op time per token against 2.5 ms of matmuls
-(benchmarks/decode_profile.py profiles the laid-out loop).
+A decoding program lays the stack out for its token loop first (`lay_out` -> a `DecodingLayers` value; the
+stack is unchanged): each layer's parameters copied out once, with the decoding-layout arrays its levers ask for,
+the loop's body applying the L blocks one after another with a per-layer KV cache (`LayerwiseKVCache`).
+Scanned, each decoded token would slice every layer's weights and cache out of the stacked arrays again
+(benchmarks/decode_profile.py profiles the laid-out loop; results/decode_profile.md).
 
 A stack may repeat a pattern of n block kinds (e.g. n-1 dense blocks then one Mixture-of-Experts block): each
 kind is stacked separately over its L/n layers and one scan step applies one group of n blocks in order.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.axes import ACTIVATION
-from jaxformer.nn.cache import LayerKV, layer_kv
+from jaxformer.nn.cache import LayerKV
 from jaxformer.parallel import constrain
 
 REMAT = {"none": None, "full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 Make = Callable[[nnx.Rngs], nnx.Module]
+
+
+class BlockOut(NamedTuple):
+    """What a block, a layer stack and an encoder/decoder return: x [B,T,D]; aux a dict that may be empty (each
+    key's leaves stacked over the layers that returned it, for a stack); kv the new keys/values of a cached call
+    (a LayerKV: [B,T,K,H] from a block; from a stack, in the form its cache writes, `LayerKV.collect`), else
+    None."""
+    x: jax.Array
+    aux: dict
+    kv: LayerKV | None = None
 
 
 def blocks_path(stack: str = "decoder") -> tuple[str, str, str]:
@@ -64,42 +74,29 @@ class LayerStack(nnx.Module):
         self.remat = remat
         self.pattern = len(makes)
         self.blocks = stacked(makes[0]) if len(makes) == 1 else nnx.List([stacked(m) for m in makes])
-        self.unstacked = nnx.data(None)
 
-    def unstack(self, batch: int | None = None) -> None:
-        """Lay the stack out for a token loop: `self.unstacked` = the L blocks, each with its own copy of its
-        parameters (the stacked ones stay), each of their modules then laid out by its own
-        `lay_out_for_decoding(batch)` where it has one (a self-attention's q/k/v weights as one matrix; with
-        batch=1, the loop's rows, an FFN's output weight in [out,in] order; batch None: not known). Called inside
-        a compiled decoding program, before its loop, on the model merged there; from then on a call applies the
-        blocks one by one (unrolled), reading per-layer inputs laid out per layer (`KVCache.unstacked`) without a
-        copy. Inference only: a call with a dropout stream (training) raises, since gradients would reach the
-        copies, not the stacked parameters."""
-        if self.unstacked is None:
-            blocks = [self.layer(i) for i in range(self.num_layers)]
-            mods = [m for b in blocks for _, m in nnx.iter_graph(b) if hasattr(m, "lay_out_for_decoding")]
-            for m in mods:                                         # listed first: laying out adds attributes
-                m.lay_out_for_decoding(batch)
-            self.unstacked = nnx.data(nnx.List(blocks))
+    def lay_out(self, batch: int | None = None) -> "DecodingLayers":
+        """The stack laid out for a token loop over `batch` rows (None: not known), as a new value (this stack
+        is unchanged): the L blocks, each with its own copy of its parameters, and each block's decoding-layout
+        arrays (`DecoderBlock.decode_weights`: a self-attention's q/k/v weights as one matrix; with batch=1 an
+        FFN's output weight in [out,in] order). Made inside a compiled decoding program, before its loop."""
+        blocks = [self.layer(i) for i in range(self.num_layers)]
+        return DecodingLayers(blocks, [b.decode_weights(batch) for b in blocks])
 
     def _kinds(self) -> list[nnx.Module]:
         return [self.blocks] if self.pattern == 1 else list(self.blocks)
 
     def __call__(self, x: jax.Array, ctx, *, cache: LayerKV | None = None, memory_kv: LayerKV | None = None,
-                 window: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
-        """Apply the L blocks in order: block(x, ctx, ...) -> (x, aux). x [B,T,D] -> (x [B,T,D], aux).
+                 window: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> BlockOut:
+        """Apply the L blocks in order: block(x, ctx, ...) -> BlockOut. x [B,T,D] -> BlockOut(x [B,T,D], aux, kv).
 
         ctx: what every block reads (`nn.layers.Context`). cache, memory_kv, window: per-layer inputs, leaves with
         a leading axis L (the decoder's cached keys/values; the cross-attention keys/values of the memory; each
         layer's sliding window, int [L]), sliced per layer and passed to block i under the same names.
         aux: each key's leaves stacked on a leading axis over the layers that returned it, in layer order (L for
-        all layers). rngs: a dropout stream (training); each layer gets its own key.
+        all layers). kv: with a cache, every layer's new keys/values, stacked [L,B,T,K,H] (kept per layer by a
+        laid-out stack over a per-layer cache). rngs: a dropout stream (training); each layer gets its own key.
         """
-        if self.unstacked is not None:
-            if rngs is not None:
-                raise ValueError("this layer stack is laid out for decoding (for_decoding): its per-layer weights "
-                                 "are copies, so it cannot train; train the model as built or restored")
-            return self._unrolled(x, ctx, {"cache": cache, "memory_kv": memory_kv, "window": window})
         n, groups = self.pattern, self.num_layers // self.pattern
         graphdefs, states = zip(*(nnx.split(k) for k in self._kinds()))
         keys = None
@@ -112,37 +109,23 @@ class LayerStack(nnx.Module):
 
         def body(h, xs):
             layer_states, key, extra = xs
-            auxes = []
+            outs = []
             for j in range(n):
                 h = constrain(h, ACTIVATION)               # block boundary: sharded by the active plan's rules
                 block = nnx.merge(graphdefs[j], layer_states[j])
                 r = nnx.Rngs(dropout=key[j]) if key is not None else None
-                h, aux = block(h, ctx, rngs=r, **jax.tree.map(lambda a: a[j], extra))
-                auxes.append(aux)
-            return h, tuple(auxes)
+                out = block(h, ctx, rngs=r, **jax.tree.map(lambda a: a[j], extra))
+                h = out.x
+                outs.append({"aux": out.aux, "kv": out.kv})
+            return h, tuple(outs)
 
         if self.remat != "none":
             body = jax.checkpoint(body, policy=REMAT[self.remat], prevent_cse=False)
-        x, auxes = jax.lax.scan(body, x, (tuple(states), keys, per_layer))
+        x, outs = jax.lax.scan(body, x, (tuple(states), keys, per_layer))
         x = constrain(x, ACTIVATION)
-        return x, _interleave(auxes)
+        return BlockOut(x, _interleave(tuple(o["aux"] for o in outs)),
+                        None if cache is None else LayerKV(*_interleave(tuple({"kv": o["kv"]} for o in outs))["kv"]))
 
-    def _unrolled(self, x, ctx, per_layer: dict) -> tuple[jax.Array, dict]:
-        """The L blocks of `self.unstacked` one after another; per-layer inputs are laid out per layer (read as
-        they are) or stacked [L,...] (sliced). aux as __call__'s, but "kv" (keys/values for a per-layer cache)
-        as a LayerKV of lists of L."""
-        auxes = []
-        for i, block in enumerate(self.unstacked):
-            extra = {name: _layer(v, i) for name, v in per_layer.items() if v is not None}
-            x = constrain(x, ACTIVATION)
-            x, aux = block(x, ctx, **extra)
-            auxes.append(aux)
-        out = {}
-        for name in dict.fromkeys(k for a in auxes for k in a):
-            parts = [a[name] for a in auxes if name in a]
-            out[name] = (LayerKV([p.k for p in parts], [p.v for p in parts]) if name == "kv"    # per layer, as
-                         else jax.tree.map(lambda *a: jnp.stack(a), *parts))             # the cache it goes to
-        return constrain(x, ACTIVATION), out
 
     def map(self, fn):
         """Stacked results of fn(block) over the L blocks, in layer order (e.g. each layer's cross k/v)."""
@@ -158,11 +141,41 @@ class LayerStack(nnx.Module):
         return nnx.merge(graphdef, jax.tree.map(lambda a: a[i // self.pattern], state))
 
 
+class DecodingLayers(nnx.Module):
+    """A decoder stack laid out for a token loop (`LayerStack.lay_out`): `blocks`, the L blocks each with its own
+    copy of its parameters, and `weights`, each block's decoding-layout arrays (`DecodeWeights`). Called like the
+    stack (same arguments, same BlockOut), it applies the blocks one after another, unrolled, reading per-layer
+    inputs laid out per layer (`LayerwiseKVCache`) without a copy. Inference only: a dropout stream (training)
+    raises, since gradients would reach the copies, not the stacked parameters."""
+
+    def __init__(self, blocks: list, weights: list):
+        self.blocks = nnx.List(blocks)
+        self.weights = nnx.data(tuple(weights))
+
+    def __call__(self, x: jax.Array, ctx, *, cache: LayerKV | None = None, memory_kv: LayerKV | None = None,
+                 window: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> BlockOut:
+        """As `LayerStack.__call__`; kv collected in the form of the cache it goes to (`LayerKV.collect`: per
+        layer for a LayerwiseKV, else stacked)."""
+        if rngs is not None:
+            raise ValueError("a decoding layout (model.decoding_layout) holds copies of the weights, so it cannot "
+                             "train; train the model as built or restored")
+        per_layer = {"cache": cache, "memory_kv": memory_kv, "window": window}
+        auxes, kvs = [], []
+        for i, block in enumerate(self.blocks):
+            extra = {name: _layer(v, i) for name, v in per_layer.items() if v is not None}
+            out = block(constrain(x, ACTIVATION), ctx, decode=self.weights[i], **extra)
+            x = out.x
+            auxes.append(out.aux)
+            kvs.append(out.kv)
+        aux = {name: jax.tree.map(lambda *a: jnp.stack(a), *[a[name] for a in auxes if name in a])
+               for name in dict.fromkeys(k for a in auxes for k in a)}
+        return BlockOut(constrain(x, ACTIVATION), aux, None if cache is None else type(cache).collect(kvs))
+
+
 def _layer(x, i: int):
-    """Layer i of a per-layer input: a LayerKV of lists of L (`KVCache.unstacked`) or a stacked pytree [L,...]."""
-    if isinstance(x, LayerKV) and isinstance(x.k, list):
-        return layer_kv(x, i)
-    return jax.tree.map(lambda a: a[i], x)
+    """Layer i of a per-layer input: keys/values (`LayerKV.layer`: sliced from a stack, or a LayerwiseKV's own
+    layer, heads-major) or a stacked array [L,...] (the windows)."""
+    return x.layer(i) if isinstance(x, LayerKV) else x[i]
 
 
 def _interleave(ys: tuple[dict, ...]) -> dict:
