@@ -44,7 +44,7 @@ MUTANTS = (
     Mutant("cache-forgets-documents", "the KV cache stores every slot as document 1", "jaxformer/nn/cache.py",
            "put(self.segments, segments), i", "put(self.segments, jnp.ones_like(segments)), i",
            ("tests/test_attention_inputs.py", "-k", "cached")),
-    Mutant("cross-attention-leaks", "cross-attention sees every packed source", "jaxformer/nn/models.py",
+    Mutant("cross-attention-leaks", "cross-attention sees every packed source", "jaxformer/nn/inputs.py",
            "        return ops.segment_mask(self.segments, memory.segments)\n",
            "        return memory.valid[:, None, None, :]\n", ("tests/test_attention_inputs.py", "-k", "seq2seq")),
     Mutant("pallas-drops-segments", "the Pallas kernel gets key padding instead of segment ids",
@@ -403,7 +403,7 @@ MUTANTS = (
            ("tests/test_train_pins.py", "-k", "deepnorm")),
     # V.5: masks from explicit inputs only
     Mutant("model-infers-pad", "without segment ids the model still treats the pad id as padding",
-           "jaxformer/nn/models.py", "self.segments, self.valid = None, jnp.ones(tokens.shape, bool)",
+           "jaxformer/nn/inputs.py", "self.segments, self.valid = None, jnp.ones(tokens.shape, bool)",
            "self.segments, self.valid = None, tokens != cfg.pad_id",
            ("tests/test_explicit_masks.py", "-k", "never_reads")),
     Mutant("adapter-drops-segments", "the encoder-decoder adapter passes positions but not segment ids",

@@ -29,67 +29,12 @@ from jaxformer.config import ConfigError, ModelConfig
 from jaxformer.errors import BackendError
 from jaxformer.nn import init
 from jaxformer.nn.cache import KVCache, LayerKV, LayerwiseKV, Memory, heads_major, init_cache
+from jaxformer.nn.inputs import AttentionInputs, decoder_self_mask, default_positions  # noqa: F401 (re-exported)
 from jaxformer.nn.layers import Context, DecoderBlock, EncoderBlock, Norm, dropout
 from jaxformer.nn.params import DTYPES, param
 from jaxformer.nn.stack import BlockOut, DecodingLayers, LayerStack
 from jaxformer.ops import positional
 from jaxformer.parallel import check_model_size, constrain
-
-
-def default_positions(tokens: jax.Array) -> jax.Array:
-    """tokens [B,T] -> positions [B,T] = 0..T-1 for every row."""
-    return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-
-
-def decoder_self_mask(cfg: ModelConfig, q_positions: jax.Array, k_positions: jax.Array,
-                      k_valid: jax.Array | None = None, q_segments: jax.Array | None = None,
-                      k_segments: jax.Array | None = None):
-    """The decoder's self-attention mask: causal over positions, valid keys only (and, with segment ids, keys of
-    the query's own document). [B,T], [B,S], [B,S] (, [B,T], [B,S]) -> a lazy ops.masks.CausalMask ([B,1,T,S] by
-    its .dense()). With the ablation switch model.ablation_causal='triu' a query sees itself and the future (a
-    dense [B,1,T,S] array)."""
-    if cfg.ablation_causal == "triu":
-        m = (k_positions[:, None, :] >= q_positions[:, :, None])[:, None]
-        if q_segments is not None:
-            m = m & (q_segments[:, :, None] == k_segments[:, None, :])[:, None]
-        return m if k_valid is None else m & k_valid[:, None, None, :]
-    return ops.masks.CausalMask(q_positions, k_positions, k_valid, q_segments, k_segments)
-
-
-class _Tokens:
-    """One side's attention inputs, resolved once: positions, validity and (explicit only) segment ids [B,T]."""
-
-    def __init__(self, cfg: ModelConfig, tokens, positions=None, segment_ids=None):
-        if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-            raise ValueError(f"tokens must be an integer [B,T] array; got {tokens.shape} {tokens.dtype}")
-        for name, a in (("positions", positions), ("segment_ids", segment_ids)):
-            if a is not None and a.shape != tokens.shape:
-                raise ValueError(f"{name} must be [B,T] like the tokens {tokens.shape}; got {a.shape}")
-        if segment_ids is None:                         # one document per row, every token real
-            self.segments, self.valid = None, jnp.ones(tokens.shape, bool)
-            self.positions = default_positions(tokens) if positions is None else positions
-        else:
-            self.segments, self.valid = segment_ids.astype(jnp.int32), segment_ids != 0
-            self.positions = ops.positions_from_segments(segment_ids) if positions is None else positions
-        self.positions = self.positions.astype(jnp.int32)
-
-    @property
-    def slot_segments(self) -> jax.Array:
-        """Segment ids as a cache stores them: the explicit ones, else 1 for a real token, 0 for padding."""
-        return self.segments if self.segments is not None else self.valid.astype(jnp.int32)
-
-    def self_mask(self):
-        """Non-causal self-attention (the encoder): [B,1,1,S] key padding, or [B,1,S,S] within documents."""
-        if self.segments is None:
-            return self.valid[:, None, None, :]
-        return ops.segment_mask(self.segments, self.segments)
-
-    def cross_mask(self, memory: Memory):
-        """Cross-attention of these queries over the memory: its key padding [B,1,1,S], or [B,1,T,S] within
-        documents when both sides have segment ids."""
-        if self.segments is None or memory.segments is None:
-            return memory.valid[:, None, None, :]
-        return ops.segment_mask(self.segments, memory.segments)
 
 
 class Embedder(nnx.Module):
@@ -220,8 +165,9 @@ class _Model(nnx.Module):
         when known; batch 1 also orders the FFN's output weight for a matrix-vector product."""
         return self.decoder.layers.lay_out(batch)
 
-    def _decoder_pass(self, tokens, side: _Tokens, *, memory: Memory | None = None, cache: KVCache | None = None,
-                      prefill: bool = False, rngs=None, weights: bool = False, layout=None):
+    def _decoder_pass(self, tokens, side: AttentionInputs, *, memory: Memory | None = None,
+                      cache: KVCache | None = None, prefill: bool = False, rngs=None, weights: bool = False,
+                      layout=None):
         """The forward pass, written once: embed -> decoder stack -> logits. Uncached (cache=None), or over a
         cache: the T new tokens attend over the cache's slots then themselves, and their keys/values are written
         at slots [index, index+T). -> (logits [B,T,V] float32, aux, the new cache or None)."""
@@ -246,7 +192,7 @@ class _Model(nnx.Module):
 
     def _step(self, tokens, positions, cache: KVCache, memory, segment_ids, prefill, layout):
         tokens = jnp.asarray(tokens)
-        side = _Tokens(self.cfg, tokens, positions, segment_ids)
+        side = AttentionInputs(self.cfg, tokens, positions, segment_ids)
         logits, _, cache = self._decoder_pass(tokens, side, memory=memory, cache=cache, prefill=prefill,
                                               layout=layout)
         return logits, cache
@@ -264,7 +210,7 @@ class Transformer(_Model):
         self.decoder = Decoder(cfg, cross=True, rngs=rngs)
 
     def _encode(self, src, positions, segment_ids, rngs, weights):
-        side = _Tokens(self.cfg, src, positions, segment_ids)
+        side = AttentionInputs(self.cfg, src, positions, segment_ids)
         ctx = Context(side.positions, side.self_mask(), valid=side.valid, weights=weights)
         out = self.encoder(self.embed(src, side.positions, rngs), ctx, rngs=rngs)
         return Memory(out.x, side.valid, side.segments), out.aux
@@ -289,7 +235,7 @@ class Transformer(_Model):
                segment_ids: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> jax.Array:
         """tgt [B,T] decoder input tokens over an encoder memory -> logits [B,T,V] (float32), teacher forced:
         causal self-attention (within documents when segment ids are given)."""
-        side = _Tokens(self.cfg, tgt, positions, segment_ids)
+        side = AttentionInputs(self.cfg, tgt, positions, segment_ids)
         return self._decoder_pass(tgt, side, memory=memory, rngs=rngs)[0]
 
     def forward(self, src: jax.Array, tgt: jax.Array, *, src_positions=None, tgt_positions=None,
@@ -299,7 +245,7 @@ class Transformer(_Model):
         with weights=True "weights": {"encoder_self": [L,B,N,S,S], "decoder_self": [L,B,N,T,T],
         "decoder_cross": [L,B,N,T,S]}."""
         memory, enc = self._encode(src, src_positions, src_segment_ids, rngs, weights)
-        side = _Tokens(self.cfg, tgt, tgt_positions, tgt_segment_ids)
+        side = AttentionInputs(self.cfg, tgt, tgt_positions, tgt_segment_ids)
         logits, dec, _ = self._decoder_pass(tgt, side, memory=memory, rngs=rngs, weights=weights)
         aux = _moe_aux(enc, dec)
         if weights:
@@ -342,7 +288,7 @@ class TransformerLM(_Model):
         """tokens [B,T] -> (logits [B,T,V] float32, aux): "moe" for a MoE model; with weights=True "weights":
         {"self": [L,B,N,T,T]}. The mask is causal over positions (and within documents with segment_ids), so
         left-padded rows with shifted positions work unchanged."""
-        side = _Tokens(self.cfg, tokens, positions, segment_ids)
+        side = AttentionInputs(self.cfg, tokens, positions, segment_ids)
         logits, aux, _ = self._decoder_pass(tokens, side, rngs=rngs, weights=weights)
         out = _moe_aux(aux)
         if weights:

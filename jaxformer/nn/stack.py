@@ -94,8 +94,8 @@ class LayerStack(nnx.Module):
         a leading axis L (the decoder's cached keys/values; the cross-attention keys/values of the memory; each
         layer's sliding window, int [L]), sliced per layer and passed to block i under the same names.
         aux: each key's leaves stacked on a leading axis over the layers that returned it, in layer order (L for
-        all layers). kv: with a cache, every layer's new keys/values, stacked [L,B,T,K,H] (kept per layer by a
-        laid-out stack over a per-layer cache). rngs: a dropout stream (training); each layer gets its own key.
+        all layers). kv: with a cache, every layer's new keys/values, stacked [L,B,T,K,H] (a `DecodingLayers`
+        keeps them per layer for a per-layer cache). rngs: a dropout stream (training); each layer gets its own key.
         """
         n, groups = self.pattern, self.num_layers // self.pattern
         graphdefs, states = zip(*(nnx.split(k) for k in self._kinds()))
@@ -123,9 +123,9 @@ class LayerStack(nnx.Module):
             body = jax.checkpoint(body, policy=REMAT[self.remat], prevent_cse=False)
         x, outs = jax.lax.scan(body, x, (tuple(states), keys, per_layer))
         x = constrain(x, ACTIVATION)
-        return BlockOut(x, _interleave(tuple(o["aux"] for o in outs)),
-                        None if cache is None else LayerKV(*_interleave(tuple({"kv": o["kv"]} for o in outs))["kv"]))
-
+        aux = _interleave(tuple(o["aux"] for o in outs))
+        kv = None if cache is None else _interleave(tuple({"kv": o["kv"]} for o in outs))["kv"]
+        return BlockOut(x, aux, kv)
 
     def map(self, fn):
         """Stacked results of fn(block) over the L blocks, in layer order (e.g. each layer's cross k/v)."""

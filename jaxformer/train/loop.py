@@ -294,47 +294,65 @@ def _evaluate_views(p: Prepared, views: dict, step: int, eval_step, emit) -> dic
     return out
 
 
+class _Emitter:
+    """Where metrics go: the run's JSONL log, TensorBoard and the progress bar (the primary process only)."""
+
+    def __init__(self, run: RunDir, p: Prepared, progress: str):
+        self.primary = is_primary()
+        self.log = run.metrics_log() if self.primary else None
+        self.tb = run.board(purge_step=p.start or None) if self.primary else None
+        self.bar = _Progress(progress if self.primary else "none", p.cfg.train.steps, p.start)
+
+    def __call__(self, step: int, split: str, metrics: dict) -> None:
+        rec = {k: float(v) for k, v in metrics.items()}
+        if not self.primary:
+            return
+        self.log.write(step, split, rec)
+        for k, v in rec.items():
+            self.tb.add_scalar(f"{split}/{k}", v, step)
+        self.bar.log(step, split, rec)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.primary:
+            self.log.close()
+            self.tb.close()     # neither raises: a failed write was reported (or raised) where it happened
+
+
+def _check(watch: _Watch, ckpt) -> None:
+    """The one host read of the hot loop (at log, eval and checkpoint steps): stop naming the first step whose
+    loss or gradient norm was not finite, before any checkpoint could hold its state (a non-finite gradient
+    poisons that step's parameters even while its loss is finite). That step's loss was computed with the
+    previous step's weights, so those weights are not good either."""
+    bad, loss, gnorm = watch.first_bad()
+    if bad is not None:
+        what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {gnorm} (loss {loss:.4g})"
+        _diverged(ckpt, bad - 1, f"{what} at step {bad}")
+
+
+def _data_stream(p: Prepared, rows: int):
+    """The training batches' iterator, resumed at the checkpoint's data state."""
+    data_iter = iter(p.task.train_dataset(rows, p.cfg.train.seed, p.plan.local_rows(rows)))
+    if p.data_state is not None:
+        data_iter.set_state(p.data_state)
+    return data_iter
+
+
 def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock: collections.Counter):
     """-> (state, last step done, signal name or None, last eval metrics or None). Adds its seconds to clock
     (first_step, steps, eval, checkpoint)."""
     cfg, tc, ckpt, plan = p.cfg, p.cfg.train, p.ckpt, p.plan
     rows = cfg.data.batch_size
-    data_iter = iter(p.task.train_dataset(rows, tc.seed, plan.local_rows(rows)))
-    if p.data_state is not None:
-        data_iter.set_state(p.data_state)
+    data_iter = _data_stream(p, rows)
     train_step = make_train_step(p.graphs, cfg, plan)
     bytes_of = getattr(p.task.tokenizer, "token_bytes", None)
     eval_step = make_eval_step(p.graphs.model, cfg, plan, bytes_of() if bytes_of else None)
     lr_at, base_key = schedule(cfg.optim, tc.steps), jax.random.key(tc.seed)
-    primary = is_primary()
-    log = run.metrics_log() if primary else None
-    tb = run.board(purge_step=p.start or None) if primary else None
-    bar = _Progress(progress if primary else "none", tc.steps, p.start)
-
-    def emit(step, split, metrics):
-        rec = {k: float(v) for k, v in metrics.items()}
-        if not primary:
-            return
-        log.write(step, split, rec)
-        for k, v in rec.items():
-            tb.add_scalar(f"{split}/{k}", v, step)
-        bar.log(step, split, rec)
-
+    emit = _Emitter(run, p, progress)
     state, step, last_eval = p.state, p.start, None
     t_log, watch = time.perf_counter(), _Watch()
     params = count_params(nnx.merge(p.graphs.model, state["model"]))["total"]
     fpt, peak = flops_per_token(cfg, params), (tc.peak_flops or measure_peak_flops()) * jax.device_count()
-
-    def check():
-        """The one host read of the hot loop (at log, eval and checkpoint steps): stop naming the first step
-        whose loss or gradient norm was not finite, before any checkpoint could hold its state (a non-finite
-        gradient poisons that step's parameters even while its loss is finite). That step's loss was computed
-        with the previous step's weights, so those weights are not good either."""
-        bad, loss, gnorm = watch.first_bad()
-        if bad is not None:
-            what = (f"loss is {loss}" if not math.isfinite(loss) else
-                    f"gradient norm is {gnorm} (loss {loss:.4g})")
-            _diverged(ckpt, bad - 1, f"{what} at step {bad}")
 
     # The loop never waits for the device between those reads: the next batch is fetched and put on the
     # device while the current step runs (the data state saved with a checkpoint is the one of its step).
@@ -351,7 +369,7 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
                 data_state = data_iter.get_state()
                 if step < tc.steps:
                     batch = plan.global_batch(next(data_iter), rows)
-                bar.step()
+                emit.bar.step()
                 eval_now = step % tc.eval_every == 0 or step == tc.steps
                 if STDOUT_CLOSED and sig.received is None:
                     sig.received = "SIGPIPE"                 # stdout closed: stop as on SIGTERM
@@ -359,7 +377,7 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
                 stopping = sig.received or (stop_after is not None and step >= stop_after)
                 saving = eval_now or step % tc.checkpoint_every == 0 or stopping
                 if step % tc.log_every == 0 or step == tc.steps or saving:
-                    check()
+                    _check(watch, ckpt)
                 if step % tc.log_every == 0 or step == tc.steps:
                     now = time.perf_counter()
                     rec = _train_record(cfg, m, lr_at(step - 1), watch.take_tokens() / max(now - t_log, 1e-9))
@@ -381,8 +399,5 @@ def _loop(p: Prepared, run: RunDir, stop_after: int | None, progress: str, clock
     finally:
         clock["steps"] += (_clock() - t_loop - clock["first_step"] - clock["eval"]
                            - clock["checkpoint"])
-        bar.close()
-        if primary:
-            log.close()
-            tb.close()          # neither raises: a failed write was reported (or raised) where it happened
+        emit.close()
     return state, step, None, last_eval
