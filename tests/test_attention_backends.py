@@ -232,12 +232,13 @@ def test_cached_decoding_equals_full_forward_chunked():
     from jaxformer import decode
     model = build_model(dataclasses.replace(LM, attention_backend="chunked"), seed=0)
     prompt = jnp.asarray([[5, 6, 7, 8], [0, 0, 9, 4]], jnp.int32)            # row 1 left-padded
-    out = decode.generate_lm(model, prompt, max_new=6)
+    out = decode.generate_lm(model, prompt, max_new=6, segment_ids=(prompt != 0).astype(jnp.int32))
     # greedy by full recomputation with the same backend, over one fixed-size buffer (one compiled forward; the
-    # causal mask keeps the not-yet-written slots out of every position read)
+    # not-yet-written slots have segment id 0, so no position reads them; the test's padding, said explicitly)
     full = jnp.concatenate([prompt, jnp.zeros((2, 6), jnp.int32)], axis=1)
     graphdef, state = nnx.split(model)
-    forward = jax.jit(lambda s, t, p: nnx.merge(graphdef, s)(t, positions=p))
+    forward = jax.jit(lambda s, t, p: nnx.merge(graphdef, s)(t, positions=p,
+                                                              segment_ids=(t != 0).astype(jnp.int32)))
     for i in range(4, 10):
         pos = jnp.maximum(jnp.cumsum(full != 0, axis=1) - 1, 0)
         full = full.at[:, i].set(jnp.argmax(forward(state, full, pos)[:, i - 1], -1).astype(jnp.int32))
