@@ -96,13 +96,13 @@ def child(kind: str, backend: str, length: int, heads: int, reps: int) -> dict:
 
 
 def train_step_program(backend: str, remat: str):
-    """The GPT-style char model's jitted train step at D512 L6 T1024 B4 with model.remat=remat."""
-    from jaxformer.config import Config, DataConfig, ModelConfig, OptimConfig, TrainConfig
+    """The GPT-style char model's jitted train step at D512 L6 T1024 B4 with model.runtime.remat=remat."""
+    from jaxformer.config import Config, DataConfig, ModelConfig, OptimConfig, TrainConfig, replaced
     from jaxformer.train.step import init_state, make_train_step
-    cfg = Config(model=ModelConfig(arch="decoder_only", vocab_size=256, d_model=512, num_heads=8, d_ff=2048,
-                                   num_decoder_layers=6, max_len=1024, dropout=0.0, norm_position="pre",
-                                   positional="learned", activation="gelu", remat=remat,
-                                   attention_backend=backend),
+    cfg = Config(model=replaced(ModelConfig(), arch="decoder_only", vocab_size=256, d_model=512, num_heads=8, d_ff=2048,
+                                   num_decoder_layers=6, max_len=1024, runtime__dropout=0.0, norm__position="pre",
+                                   positional="learned", activation="gelu", runtime__remat=remat,
+                                   runtime__attention_backend=backend),
                  data=DataConfig(task="text", path="builtin:alice", block_size=1024, batch_size=4),
                  optim=OptimConfig(), train=TrainConfig(steps=10, best_metric="loss"))
     graphs, state = init_state(cfg)

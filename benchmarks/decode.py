@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer.config import ModelConfig
+from jaxformer.config import ModelConfig, replaced
 from jaxformer.decode import generate_lm
 from jaxformer.nn import build_model
 from decode_sizes import SIZES, VOCAB  # benchmarks/decode_sizes.py (torch_decoder.py reads it too)
@@ -103,8 +103,8 @@ def cached_loop(graphs, steps):
 
 
 def bench_contexts(size, batch, contexts, reps, steps):
-    cfg = ModelConfig(arch="decoder_only", vocab_size=VOCAB, max_len=max(contexts) + steps + 1,
-                      positional="rope", norm_position="pre", dropout=0.0, **SIZES[size])
+    cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=VOCAB, max_len=max(contexts) + steps + 1,
+                      positional="rope", norm__position="pre", runtime__dropout=0.0, **SIZES[size])
     graphdef, state = nnx.split(build_model(cfg))
     fwd = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t)[:, -1])
     # generate_lm lays the model out for decoding once per call (per-layer weight copies); timed alone here
@@ -156,8 +156,8 @@ def bench_contexts(size, batch, contexts, reps, steps):
 
 
 def bench_end_to_end(size, batch, prompt, new, reps):
-    cfg = ModelConfig(arch="decoder_only", vocab_size=VOCAB, max_len=prompt + new, positional="rope",
-                      norm_position="pre", dropout=0.0, **SIZES[size])
+    cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=VOCAB, max_len=prompt + new, positional="rope",
+                      norm__position="pre", runtime__dropout=0.0, **SIZES[size])
     model = build_model(cfg)
     graphdef, state = nnx.split(model)
     toks = jax.random.randint(jax.random.key(1), (batch, prompt), 1, VOCAB).astype(jnp.int32)
@@ -223,8 +223,9 @@ def floor_target(rows):
 
 def weight_bytes(size: str) -> int:
     """Bytes of the model's float32 weights at `size` (abstract: nothing is allocated)."""
-    cfg = ModelConfig(arch="decoder_only", vocab_size=VOCAB, max_len=64, positional="rope", norm_position="pre",
-                      dropout=0.0, **SIZES[size])
+    cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=VOCAB, max_len=64, positional="rope",
+                   norm__position="pre",
+                      runtime__dropout=0.0, **SIZES[size])
     state = nnx.state(nnx.eval_shape(lambda: build_model(cfg)))
     return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(state))
 

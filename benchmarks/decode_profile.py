@@ -36,7 +36,7 @@ from flax import nnx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jaxformer.config import ModelConfig  # noqa: E402
+from jaxformer.config import ModelConfig, replaced  # noqa: E402
 from jaxformer.nn import build_model  # noqa: E402
 from decode import SIZES, cached_loop, laid_out, stream_bandwidth, weight_bytes  # noqa: E402  (benchmarks/decode.py)
 from step_profile import classify_hlo, fused_bodies, op_events, self_times  # noqa: E402
@@ -122,8 +122,8 @@ def kernels_alone(keys: list[str], nbytes: int, reps: int = 15) -> dict[str, dic
 
 
 def profile(batch: int, context: int, steps: int) -> dict:
-    cfg = ModelConfig(arch="decoder_only", vocab_size=256, max_len=context + steps + 1, positional="rope",
-                      norm_position="pre", dropout=0.0, **SIZES["base"])
+    cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=256, max_len=context + steps + 1, positional="rope",
+                      norm__position="pre", runtime__dropout=0.0, **SIZES["base"])
     graphdef, state = laid_out(*nnx.split(build_model(cfg)), batch)
     loop = cached_loop(graphdef, steps)
     slots = context + steps

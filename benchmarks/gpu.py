@@ -20,7 +20,7 @@
    A warm-up call (compiles), then --reps calls: tokens/s = B·new / s, ms/step = s / new (prefill included).
 3. reversal. configs/reverse.py loaded as the CLI does, its `init_state` / `make_train_step` under its Plan, over
    real batches and dropout keys drawn before timing (the loop's data, logging, eval are not timed): target
-   tokens/s = non-pad target tokens / s, as the training log counts them; float32, then bf16 (model.dtype only).
+   tokens/s = non-pad target tokens / s, as the training log counts them; float32, then bf16 (model.runtime.dtype only).
 Each section has a time budget; what would pass it is skipped, and the report says so. Values: median and
 min–max over repetitions. STEM.md and STEM.json (default benchmarks/results/gpu; --dry: a temp folder unless
 --out) are rewritten after each section.
@@ -46,7 +46,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from jaxformer.config import Config, DataConfig, ModelConfig, OptimConfig, TrainConfig  # noqa: E402
+from jaxformer.config import Config, DataConfig, ModelConfig, OptimConfig, TrainConfig, replaced  # noqa: E402
 from jaxformer.configio import apply_overrides, load_config_file  # noqa: E402
 from jaxformer.data import resolve  # noqa: E402
 from jaxformer.decode import generate_lm  # noqa: E402
@@ -140,11 +140,13 @@ def short(e: BaseException) -> str:
 
 
 def lm_config(s: dict, backend: str, remat: str) -> Config:
-    model = ModelConfig(arch="decoder_only", vocab_size=s["vocab"], d_model=s["d_model"], num_heads=s["num_heads"],
+    model = replaced(ModelConfig(), arch="decoder_only", vocab_size=s["vocab"], d_model=s["d_model"],
+                     num_heads=s["num_heads"],
                         d_ff=s["d_ff"], num_decoder_layers=s["layers"], max_len=max(s["seq"], s["prompt"] + s["new"]),
-                        dropout=0.0, norm_position="pre", norm_type="rmsnorm", positional="rope", activation="gelu",
-                        use_bias=False, tie_embeddings=True, scale_embeddings=False, dtype="bfloat16",
-                        attention_backend=backend, remat=remat)
+                        runtime__dropout=0.0, norm__position="pre", norm__type="rmsnorm", positional="rope",
+                        activation="gelu",
+                        use_bias=False, tie_embeddings=True, scale_embeddings=False, runtime__dtype="bfloat16",
+                        runtime__attention_backend=backend, runtime__remat=remat)
     data = DataConfig(task="text", path="builtin:alice", block_size=s["seq"], batch_size=s["batch"])   # shapes only
     return Config(model=model, data=data, optim=OptimConfig(lr=1e-4, schedule="constant", warmup_steps=0),
                   train=TrainConfig(best_metric="loss"))
@@ -240,7 +242,7 @@ def bench_reversal(s: dict, a, budget: Budget, rec: dict) -> dict:
            "distinct_batches": len(host), "target_tokens_per_rep": tokens, "variants": {}}
     state = None
     for dtype in budget.parts(s["rev_dtypes"], "reversal"):
-        c = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
+        c = dataclasses.replace(cfg, model=replaced(cfg.model, runtime__dtype=dtype))
         with plan.use():
             batches = [plan.global_batch(h, rows) for h in host]
             keys = list(jax.random.split(jax.random.key(c.train.seed), len(host)))

@@ -23,7 +23,7 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import train_step as ts  # noqa: E402
-from jaxformer.config import ModelConfig  # noqa: E402
+from jaxformer.config import ModelConfig, replaced  # noqa: E402
 from jaxformer.nn import build_model  # noqa: E402
 from jaxformer.train.step import init_state, make_train_step  # noqa: E402
 
@@ -50,8 +50,9 @@ def programs():
         batch = ({"inputs": ones(c["T"]), "targets": ones(c["T"])} if c["arch"] == "decoder_only" else
                  {"src": ones(c["S"]), "tgt_in": ones(c["T"]), "tgt_out": ones(c["T"])})
         yield f"train step {name}", make_train_step(graphs, cfg).lower(state, batch, jax.random.key(0))
-    cfg = ModelConfig(arch="decoder_only", vocab_size=1000, max_len=300, positional="rope", norm_position="pre",
-                      dropout=0.0, d_model=512, num_heads=8, d_ff=2048, num_decoder_layers=6)
+    cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=1000, max_len=300, positional="rope",
+                   norm__position="pre",
+                      runtime__dropout=0.0, d_model=512, num_heads=8, d_ff=2048, num_decoder_layers=6)
     model = build_model(cfg)
     graphdef, state = nnx.split(model)
     tok = jnp.ones((8, 1), jnp.int32)

@@ -119,7 +119,7 @@ class Lever:
     before: str                                     # what the program did without it
     configs: tuple[str, ...]                        # train_step.CONFIGS it applies to
     switch_off: Callable = contextlib.nullcontext   # -> context manager in force while "before" is traced
-    model_before: dict = field(default_factory=dict)  # ModelConfig fields of "before", when a config value
+    model_before: dict = field(default_factory=dict)  # replaced() keywords of "before", when a config value
     op: Callable | None = None                      # -> (label, before fn, after fn, args): the op alone
     decode: bool = False                            # configs are "SIZE bB cC" of the cached decoding loop
 
@@ -158,8 +158,9 @@ LEVERS = {
                               _w2_as_stored, decode=True),
     "tiled_transpose": Lever("each weight gradient's transposed operand moved in 32×32 tiles (`platforms.cpu.transpose`)",
                              "XLA:CPU's own 2-D transpose", ("tiny", "gpt", "base"), _plain_transpose),
-    "remat_dots": Lever("model.remat='dots' for the char model (configs/shakespeare_char.py)",
-                        "model.remat='none' (every activation stored)", ("gpt",), model_before={"remat": "none"}),
+    "remat_dots": Lever("model.runtime.remat='dots' for the char model (configs/shakespeare_char.py)",
+                        "model.runtime.remat='none' (every activation stored)", ("gpt",),
+                        model_before={"runtime__remat": "none"}),
 }
 
 
@@ -172,10 +173,11 @@ def build(c: dict, lever: Lever, which: str):
     import jax
     import train_step as ts
     from step_profile import _jax_batch
+    from jaxformer.config import replaced
     from jaxformer.train.step import init_state, make_train_step
     cfg = ts.jax_config(c)
     if which == "before" and lever.model_before:
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **lever.model_before))
+        cfg = dataclasses.replace(cfg, model=replaced(cfg.model, **lever.model_before))
     graphs, state = init_state(cfg)
     with lever.switch_off() if which == "before" else contextlib.nullcontext():   # jit options are set here
         step = make_train_step(graphs, cfg)
@@ -250,12 +252,13 @@ def measure_decode(name: str, lever: Lever, config: str, blocks: int) -> dict:
     import jax.numpy as jnp
     from flax import nnx
     import decode as dec
-    from jaxformer.config import ModelConfig
+    from jaxformer.config import ModelConfig, replaced
     from jaxformer.nn import build_model
     size, b, c = config.split()
     batch, context, steps = int(b[1:]), int(c[1:]), DECODE_TOKENS
-    cfg = ModelConfig(arch="decoder_only", vocab_size=dec.VOCAB, max_len=context + steps + 1, positional="rope",
-                      norm_position="pre", dropout=0.0, **dec.SIZES[size])
+    cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=dec.VOCAB, max_len=context + steps + 1,
+                   positional="rope",
+                      norm__position="pre", runtime__dropout=0.0, **dec.SIZES[size])
     graphdef, state = nnx.split(build_model(cfg))
     tokens = jax.random.randint(jax.random.key(context), (batch, context), 1, dec.VOCAB)
     pos = jnp.broadcast_to(jnp.arange(context), (batch, context))

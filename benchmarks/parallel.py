@@ -52,7 +52,8 @@ STRATEGIES = {
 }
 TINY = ["model.d_model=32", "model.d_ff=64", "model.num_heads=4", "model.num_encoder_layers=1",
         "model.num_decoder_layers=1", "data.num_train=128", "data.num_eval=32", "data.batch_size=16",
-        "model.vocab_size=16", "model.dropout=0.0", "optim.schedule=constant", "optim.lr=0.01", "optim.warmup_steps=0"]
+        "model.vocab_size=16", "model.runtime.dropout=0.0", "optim.schedule=constant", "optim.lr=0.01",
+        "optim.warmup_steps=0"]
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
@@ -76,7 +77,8 @@ def losses(overrides: list[str]) -> list[float]:
 
 
 def memory(overrides: list[str]) -> dict:
-    cfg = apply_overrides(load_config_file(ROOT / "configs/base.py"), ["data.batch_size=32", "model.dropout=0.0"]
+    cfg = apply_overrides(load_config_file(ROOT / "configs/base.py"), ["data.batch_size=32",
+                                                                       "model.runtime.dropout=0.0"]
                           + overrides)
     cfg = resolve_vocab(cfg, 13)
     plan = plan_for(cfg)

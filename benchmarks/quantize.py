@@ -15,7 +15,7 @@ and what the compiler does with a quantized weight.
    mode. --rounds rounds over all modes in turn; each a median of --reps timed loops; the median over rounds.
 4. The compiled decode loop's HLO per mode: instructions that turn int8/int4 weight values into a float32 array of
    a whole weight's shape (the weight dequantized before its matmul), and dots that take int8 operands.
-5. The int8 KV cache (model.kv_cache_dtype=int8) against the float32 cache, float32 weights: cache bytes and
+5. The int8 KV cache (model.runtime.kv_cache_dtype=int8) against the float32 cache, float32 weights: cache bytes and
    cached ms/token at batch 1 and 8, contexts --context and 1024.
 Writes quantize.md and quantize.json in --out.
 """
@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.config import ModelConfig
+from jaxformer.config import ModelConfig, replaced
 from jaxformer.configio import load_config_file
 from jaxformer.data import build_task
 from jaxformer.nn import build_model
@@ -48,7 +48,7 @@ from timing import median_ms  # benchmarks/timing.py
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = dict(arch="decoder_only", vocab_size=256, d_model=512, num_heads=8, d_ff=2048, num_decoder_layers=6,
-            positional="rope", norm_position="pre", dropout=0.0, max_len=256)
+            positional="rope", norm__position="pre", runtime__dropout=0.0, max_len=256)
 ALL = (None,) + MODES
 label = lambda m: m or "float32"  # noqa: E731
 
@@ -81,7 +81,7 @@ def accuracy(runs: Path) -> dict:
 
 
 def model_for(mode):
-    m = build_model(ModelConfig(**BASE), seed=0)
+    m = build_model(replaced(ModelConfig(), **BASE), seed=0)
     return quantize_model(m, mode) if mode else m
 
 
@@ -281,7 +281,7 @@ def markdown(r: dict) -> str:
           "| batch | mode | ms/token | min | max | speed-up vs float32 |", "|---|---|---:|---:|---:|---:|"]
     L += [f"| {x['batch']} | {x['mode']} | {x['ms_per_token']:.3f} | {x['min']:.3f} | {x['max']:.3f} | "
           f"{x['speedup_vs_float32']:.2f}× |" for x in rows]
-    L += ["", "## int8 KV cache (model.kv_cache_dtype=int8; float32 weights)", "",
+    L += ["", "## int8 KV cache (model.runtime.kv_cache_dtype=int8; float32 weights)", "",
           "Keys and values are rounded to int8 with a float32 scale per slot and kv head when written, and "
           "dequantized when attended.", "",
           "| batch | context | cache | cache MB | ms/token | speed-up vs float32 cache |", "|---|---|---|---:|---:|---:|"]

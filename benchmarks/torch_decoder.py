@@ -153,10 +153,10 @@ def check_matches_jax(size: str = "tiny", batch: int = 2, context: int = 16) -> 
     from decode_sizes import SIZES, VOCAB
     from flax import nnx
 
-    from jaxformer.config import ModelConfig
+    from jaxformer.config import ModelConfig, replaced
     from jaxformer.nn import build_model
-    cfg = ModelConfig(arch="decoder_only", vocab_size=VOCAB, max_len=context, positional="rope",
-                      norm_position="pre", dropout=0.0, **SIZES[size])
+    cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=VOCAB, max_len=context, positional="rope",
+                      norm__position="pre", runtime__dropout=0.0, **SIZES[size])
     model = build_model(cfg)
     toks = np.array(jax.random.randint(jax.random.key(2), (batch, context), 1, VOCAB))
     ours = torch.from_numpy(np.array(model(toks)[:, -1]))

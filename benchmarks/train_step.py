@@ -8,8 +8,8 @@ Configs (float32, AdamW lr 1e-3 constant, no gradient clipping, tied input/outpu
   base  encoder-decoder D512, 8 heads, F2048, 6+6 layers, B16, S=T=64, V1000, otherwise as tiny;
   gpt   configs/shakespeare_char.py with V65: decoder-only D128, 4 layers, 4 heads, F512, T=64, B12, dropout 0,
         pre-LN + final LN, GELU (exact), learned positions, betas (0.9, 0.99), weight decay 0.1; ours with the
-        recipe's model.remat="dots" (each block keeps only its matmul outputs for the backward pass);
-  gpt-noremat  gpt with model.remat="none" (every activation stored): what the remat setting buys.
+        recipe's model.runtime.remat="dots" (each block keeps only its matmul outputs for the backward pass);
+  gpt-noremat  gpt with model.runtime.remat="none" (every activation stored): what the remat setting buys.
 Weight decay on weight matrices only on both sides (ours: optim.weight_decay_mask="matrices"; PyTorch: a param
 group of the >=2-d weights other than the embedding and positions). Dropout on both sides sits where ours puts it:
 after the embedding and on each residual branch (PyTorch's attention-probability and inner-FFN dropout are off).
@@ -75,12 +75,13 @@ def describe(c: dict) -> str:
 
 # ---------------------------------------------------------------------------------------------- our side (JAX)
 def jax_config(c: dict):
-    from jaxformer.config import Config, DataConfig, ModelConfig, OptimConfig, TrainConfig
+    from jaxformer.config import Config, DataConfig, ModelConfig, OptimConfig, TrainConfig, replaced
     lm = c["arch"] == "decoder_only"
-    model = ModelConfig(arch=c["arch"], vocab_size=c["V"], d_model=c["D"], num_heads=c["N"], d_ff=c["F"],
+    model = replaced(ModelConfig(), arch=c["arch"], vocab_size=c["V"], d_model=c["D"], num_heads=c["N"], d_ff=c["F"],
                         num_encoder_layers=c["Le"], num_decoder_layers=c["Ld"], max_len=max(c["S"], c["T"]),
-                        dropout=c["dropout"], norm_position=c["norm"], positional=c["pos"], activation=c["act"],
-                        remat=c.get("remat", "none"))
+                        runtime__dropout=c["dropout"], norm__position=c["norm"], positional=c["pos"],
+                        activation=c["act"],
+                        runtime__remat=c.get("remat", "none"))
     data = (DataConfig(task="text", path="builtin:alice", block_size=c["T"], batch_size=c["B"]) if lm
             else DataConfig(task="reverse", batch_size=c["B"]))
     optim = OptimConfig(name="adamw", lr=LR, schedule="constant", warmup_steps=0, b1=B1, b2=c["b2"],

@@ -83,7 +83,7 @@ def main() -> int:
           + (f"; training took {train_s:.0f} s." if trained else "."), "Do not edit by hand; rerun the command "
           "(without --workdir it trains configs/reverse.py afresh, about a minute on 2 CPU cores).", "",
           f"Model: configs/reverse.py ({m.num_encoder_layers}+{m.num_decoder_layers} layers, {m.num_heads} heads, "
-          f"D={m.d_model}, {m.norm_position}-LN), its {run.which} checkpoint (step {run.step}"
+          f"D={m.d_model}, {m.norm.position}-LN), its {run.which} checkpoint (step {run.step}"
           + (f", held-out exact match {100 * evals[-1]['exact_match']:.1f}%" if evals and "exact_match" in evals[-1]
              else "") + f"). Greedy answers on all {len(held_out)} held-out inputs here: {100 * exact:.1f}% exact.", "",
           "Each figure: one layer and attention kind, one subplot per head, rows = queries, columns = keys. "

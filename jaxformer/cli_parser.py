@@ -113,7 +113,7 @@ def _data(sub) -> None:
     ih.add_argument("--data", help="prepared shards to fine-tune and evaluate on (made with `jaxformer data "
                     "prepare INPUT --tokenizer DIR`); default: the built-in corpus, prepared into RUN/data")
     ih.add_argument("--set", action="append", metavar="KEY=VALUE", help="override the run's config (data, optim, "
-                    "train; model fields that change no weight, e.g. model.dropout)")
+                    "train; model.runtime.*, e.g. model.runtime.dropout)")
     eh = sub.add_parser("export-hf", help="a run's best (or latest) checkpoint -> a Hugging Face checkpoint folder")
     eh.add_argument("--workdir", required=True)
     eh.add_argument("--out", required=True)

@@ -4,6 +4,7 @@ Each path validates once, after everything is applied, so the order of overrides
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 import itertools
@@ -15,15 +16,16 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from jaxformer.config import Config, _deferred_validation
+from jaxformer.config import SECTIONED, Config, _deferred_validation
 from jaxformer.errors import ConfigError, JaxformerError
 
 log = logging.getLogger("jaxformer")
 
 
-# Keys that moved to another section: read under their old names (run directories' config.json, --set) with a
-# one-line deprecation warning; a config file that passes the old name to its dataclass is a named error.
-MOVED = {"model.moe_balance_weight": "optim.moe_balance_weight", "model.moe_z_weight": "optim.moe_z_weight"}
+# Keys that moved: read under their old names (run directories' config.json, --set) with a one-line deprecation
+# warning; a config file that passes an old name to its dataclass is a named error naming the new key.
+MOVED = {"model.moe_balance_weight": "optim.moe_balance_weight", "model.moe_z_weight": "optim.moe_z_weight",
+         **{f"model.{old}": f"model.{new}" for old, new in SECTIONED.items()}}
 
 
 def _moved(key: str) -> str:
@@ -35,19 +37,35 @@ def _moved(key: str) -> str:
 
 
 def _move_old_keys(d: dict) -> dict:
-    """A config dict with each moved key (MOVED) under its new name; both names with different values: an error."""
-    d = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+    """A config dict (a copy) with each moved key (MOVED) under its new dotted path; both names with different
+    values: an error."""
+    d = copy.deepcopy(d)
     for old, new in MOVED.items():
-        (osec, okey), (nsec, nkey) = old.split("."), new.split(".")
-        if isinstance(d.get(osec), dict) and okey in d[osec]:
-            value = d[osec].pop(okey)
-            _moved(old)
-            target = d.setdefault(nsec, {})
-            if isinstance(target, dict):
-                if nkey in target and target[nkey] != value:
-                    raise ConfigError(f"{old}={value!r} and {new}={target[nkey]!r}: {old} is the old name of "
-                                      f"{new}; keep one")
-                target.setdefault(nkey, value)
+        *opath, okey = old.split(".")
+        parent = _walk(d, opath, create=False)
+        if not isinstance(parent, dict) or okey not in parent:
+            continue
+        value = parent.pop(okey)
+        _moved(old)
+        *npath, nkey = new.split(".")
+        target = _walk(d, npath, create=True)
+        if not isinstance(target, dict):
+            continue                            # a section that is not an object: from_dict names it
+        if nkey in target and target[nkey] != value:
+            raise ConfigError(f"{old}={value!r} and {new}={target[nkey]!r}: {old} is the old name of {new}; "
+                              f"keep one")
+        target.setdefault(nkey, value)
+    return d
+
+
+def _walk(d: Any, path: list[str], create: bool) -> Any:
+    """The dict at `path` inside `d` (created when `create`), or None where the path does not lead to one."""
+    for name in path:
+        if not isinstance(d, dict):
+            return None
+        if name not in d and not create:
+            return None
+        d = d.setdefault(name, {})
     return d
 
 
@@ -57,29 +75,30 @@ def from_dict(d: Any) -> Config:
     names."""
     if not isinstance(d, dict):
         raise ConfigError(f"a config must be a JSON object; got {type(d).__name__}")
-    d = _move_old_keys(d)
-    hints = typing.get_type_hints(Config)
-    unknown = sorted(set(d) - set(hints))
-    if unknown:
-        raise ConfigError(f"unknown config section(s) {unknown} (known: {sorted(hints)})")
-    kw = {}
-    for name, sub in d.items():
-        cls = hints[name]
-        if not isinstance(sub, dict):
-            raise ConfigError(f"config section {name!r} must be an object; got {sub!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        bad = sorted(set(sub) - known)
-        if bad:
-            raise ConfigError(f"unknown config key(s) {[f'{name}.{k}' for k in bad]}")
-        fields = typing.get_type_hints(cls)
-        sub = {k: tuple(v) if _is_tuple(fields[k]) and isinstance(v, list) else v
-               for k, v in sub.items()}                           # JSON lists back to the declared tuples
-        with _deferred_validation():
-            kw[name] = cls(**sub)
     with _deferred_validation():
-        cfg = Config(**kw)
+        cfg = _build(Config, _move_old_keys(d), "")
     cfg.validate()
     return cfg
+
+
+def _build(cls: type, d: dict, prefix: str) -> Any:
+    """Section `cls` from its JSON object `d` (sections nest; lists become the declared tuples), unvalidated."""
+    fields = typing.get_type_hints(cls)
+    unknown = sorted(set(d) - set(fields))
+    if unknown:
+        what = f"config section(s) {unknown}" if not prefix else f"config key(s) {[prefix + k for k in unknown]}"
+        raise ConfigError(f"unknown {what} (known in {prefix.rstrip('.') or 'the root'}: {sorted(fields)})")
+    kw = {}
+    for k, v in d.items():
+        typ = fields[k]
+        if dataclasses.is_dataclass(typ):
+            if not isinstance(v, dict):
+                raise ConfigError(f"config section {prefix + k!r} must be an object; got {v!r}")
+            v = _build(typ, v, f"{prefix}{k}.")
+        elif _is_tuple(typ) and isinstance(v, list):
+            v = tuple(v)                                         # JSON lists back to the declared tuples
+        kw[k] = v
+    return cls(**kw)
 
 
 def _is_tuple(typ: Any) -> bool:
@@ -207,6 +226,19 @@ def load_python(path: str | Path, function: str, what: str, error: type[Jaxforme
             sys.modules.pop(modname, None)
 
 
+def _spelling(key: str) -> str:
+    """How a config file sets dotted key `key`: model.norm.position -> ModelConfig(norm=NormConfig(position=...))."""
+    *path, last = key.split(".")
+    cls, call = Config, f"{last}=..."
+    types_ = []
+    for name in path:
+        cls = typing.get_type_hints(cls)[name]
+        types_.append((name, cls.__name__))
+    for name, cls_name in reversed(types_[1:]):
+        call = f"{name}={cls_name}({call})"
+    return f"{types_[0][1]}({call})"
+
+
 def load_config_file(path: str | Path) -> Any:
     """Import a configs/*.py file and return its get_config(), which must return a Config; or read a run's
     config.json (a resolved config, as `jaxformer.runs` writes it)."""
@@ -219,9 +251,9 @@ def load_config_file(path: str | Path) -> Any:
     try:
         cfg = load_python(path, "get_config", "config file", ConfigError)
     except ConfigError as e:
-        for old, new in MOVED.items():      # ModelConfig(moe_balance_weight=...): name where it lives now
+        for old, new in MOVED.items():      # ModelConfig(norm_position=...): name where it lives now
             if f"unexpected keyword argument '{old.split('.')[1]}'" in str(e):
-                raise ConfigError(f"{e}; {old} is now {new}: set it in the {new.split('.')[0]} section") from None
+                raise ConfigError(f"{e}; {old} is now {new}: {_spelling(new)}") from None
         raise
     if not isinstance(cfg, Config):
         raise ConfigError(f"config file {str(path)!r}: get_config() returned {type(cfg).__name__}, not a "

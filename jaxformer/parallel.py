@@ -257,9 +257,9 @@ def min_param_bytes(cfg) -> tuple[int, int]:
     d, n, k, h, f, v = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.d_ff, cfg.vocab_size
     attn = 2 * d * n * h + 2 * d * k * h
     ffn = (3 if cfg.activation in ("swiglu", "geglu", "geglu_tanh") else 2) * d * f
-    moe_layers = cfg.num_decoder_layers // cfg.moe_every if cfg.ffn == "moe" else 0
+    moe_layers = cfg.num_decoder_layers // cfg.moe.every if cfg.ffn == "moe" else 0
     dec = cfg.num_decoder_layers * attn + (cfg.num_decoder_layers - moe_layers) * ffn \
-        + moe_layers * cfg.num_experts * ffn
+        + moe_layers * cfg.moe.num_experts * ffn
     enc = cfg.num_encoder_layers * (attn + ffn) if cfg.arch == "encoder_decoder" else 0
     cross = cfg.num_decoder_layers * attn if cfg.arch == "encoder_decoder" else 0
     table = cfg.max_len * d if cfg.positional == "learned" else 0

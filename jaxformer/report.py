@@ -32,7 +32,7 @@ from pathlib import Path
 
 from jaxformer.errors import SweepError
 from jaxformer.runs import read_metrics
-from jaxformer.sweep import Arm, Run, Sweep, finished, read_status, runs
+from jaxformer.sweep import Arm, Run, Sweep, finished, read_status, runs, short_name
 
 _SPEC = re.compile(r"^(?P<split>[A-Za-z_]+)/(?P<key>[A-Za-z_0-9.]+)(?:(?P<op>[<>])(?P<x>[-+0-9.eE]+)(?:~(?P<w>\d+))?"
                    r"|@(?P<at>first|min|max|median|tail:(?P<n>\d+)))?$")
@@ -159,9 +159,10 @@ class Report:
         return stat(self.values(label, arm), len(self.runs_of(arm)))
 
     def select(self, **short) -> list[Arm]:
-        """Arms whose values match, keys by their last component: select(norm_position="pre")."""
+        """Arms whose values match, keys as arm names spell them (`sweep.short_name`):
+        select(norm_position="pre", num_decoder_layers=6)."""
         def ok(arm):
-            vals = {k.split(".")[-1]: v for k, v in arm.values.items()}
+            vals = {short_name(k): v for k, v in arm.values.items()}
             return all(vals.get(k) == v for k, v in short.items())
         return [a for a in self.arms if ok(a)]
 

@@ -5,7 +5,7 @@ A sweep file is a Python file with `get_sweep() -> Sweep` (configs/sweeps/ has t
     from jaxformer.sweep import Sweep
     def get_sweep():
         return Sweep(name="norm", base="configs/alice.py", set=("train.steps=300",),
-                     grid={"model.norm_position": ("post", "pre"), "model.num_decoder_layers": (2, 6)},
+                     grid={"model.norm.position": ("post", "pre"), "model.num_decoder_layers": (2, 6)},
                      seeds=(0, 1, 2), metrics={"held-out loss": "eval/loss"})
 
 Runs live in ROOT/NAME/ARM/seed-S (ROOT default runs/sweeps). Each is `jaxformer train BASE --set ...
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from jaxformer.config import Config
+from jaxformer.config import SECTIONED, Config
 from jaxformer.configio import apply_overrides, load_config_file, load_python
 from jaxformer.errors import ConfigError, JaxformerError, NonFiniteLoss, SweepError
 from jaxformer.runs import RunDir
@@ -109,6 +109,16 @@ def _fmt(v) -> str:
     return json.dumps(v) if isinstance(v, (tuple, list, dict)) or v is None else str(v)
 
 
+_FLAT = {f"model.{new}": old for old, new in SECTIONED.items()}
+
+
+def short_name(key: str) -> str:
+    """An override key as arm names spell it: its last component (optim.lr -> lr), a model section's field by
+    its flat name (model.norm.position -> norm_position, model.runtime.init -> init): unambiguous within the
+    model, and the name recorded runs carry."""
+    return _FLAT.get(key, key.split(".")[-1])
+
+
 def arms(sweep: Sweep) -> list[Arm]:
     """Every arm of the sweep, in order (explicit arms outermost, then the grid in key order)."""
     explicit = [dict(a) for a in sweep.arms] or [{}]
@@ -117,8 +127,8 @@ def arms(sweep: Sweep) -> list[Arm]:
     for a in explicit:
         for combo in itertools.product(*(sweep.grid[k] for k in keys)):
             values = {k: v for k, v in a.items() if k != "name"} | dict(zip(keys, combo))
-            parts = ([a["name"]] if "name" in a else [f"{k.split('.')[-1]}={_fmt(v)}" for k, v in a.items()])
-            parts += [f"{k.split('.')[-1]}={_fmt(v)}" for k, v in zip(keys, combo)]
+            parts = ([a["name"]] if "name" in a else [f"{short_name(k)}={_fmt(v)}" for k, v in a.items()])
+            parts += [f"{short_name(k)}={_fmt(v)}" for k, v in zip(keys, combo)]
             out.append(Arm(", ".join(parts) or "base", values))
     names = [a.name for a in out]
     if len(set(names)) != len(names):

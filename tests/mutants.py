@@ -73,7 +73,7 @@ MUTANTS = (
     Mutant("no-clipping", "optim.clip_norm is ignored", "jaxformer/train/step.py",
            "tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx) if cfg.clip_norm > 0 else tx", "pass",
            ("tests/test_train.py", "-k", "clipping")),
-    Mutant("pad-id-unchecked", "model.pad_id may disagree with the tokenizer", "jaxformer/config.py",
+    Mutant("pad-id-unchecked", "model.pad_id may disagree with the tokenizer", "jaxformer/config/run.py",
            "    if pad_id is not None and cfg.model.pad_id != pad_id:\n", "    if False:\n",
            ("tests/test_bad_inputs.py", "-k", "nonsense")),
     Mutant("beam-never-finishes", "beam search keeps extending finished beams", "jaxformer/decode.py",
@@ -111,20 +111,34 @@ MUTANTS = (
     Mutant("gemma-norm-plain", "Gemma's (1 + w) norm weights read as plain scales", "jaxformer/hf/mapping.py",
            'one = 1.0 if family == "gemma" else 0.0', "one = 0.0", ("tests/test_hf.py", "-k", "gemma")),
     Mutant("rope-scaling-ignored", "RoPE scaling read from the config but not applied", "jaxformer/nn/attention.py",
-           "positional.apply_rope(x, positions, self.cfg.rope_base, self.cfg.rope())",
-           "positional.apply_rope(x, positions, self.cfg.rope_base)", ("tests/test_hf.py", "-k", "llama")),
+           "positional.apply_rope(x, positions, self.cfg.rope.base, self.cfg.rope.frequency_scaling())",
+           "positional.apply_rope(x, positions, self.cfg.rope.base)", ("tests/test_hf.py", "-k", "llama")),
     Mutant("qk-norm-after-rope", "QK-norm applied after RoPE", "jaxformer/nn/attention.py",
-           "            return positional.apply_rope(x, positions, self.cfg.rope_base, self.cfg.rope())\n        return x",
-           "            x = positional.apply_rope(x, positions, self.cfg.rope_base, self.cfg.rope())\n"
-           "        return norms.rms_norm(x, getattr(self, norm)[...], self.cfg.norm_eps) if self.cfg.qk_norm else x",
+           "            return positional.apply_rope(x, positions, self.cfg.rope.base, "
+           "self.cfg.rope.frequency_scaling())\n        return x",
+           "            x = positional.apply_rope(x, positions, self.cfg.rope.base, self.cfg.rope.frequency_scaling())\n"
+           "        return norms.rms_norm(x, getattr(self, norm)[...], self.cfg.norm.eps) "
+           "if self.cfg.attention.qk_norm else x",
            ("tests/test_hf.py", "-k", "qwen3")),
     Mutant("kv-heads-interleaved", "k/v projections split into heads the wrong way round (H, K)",
            "jaxformer/hf/mapping.py", "lambda a: (a.T.reshape(d_in, *out_shape),)",
            "lambda a: (a.T.reshape(d_in, *out_shape[::-1]).swapaxes(-1, -2) if len(out_shape) == 2 else "
            "a.T.reshape(d_in, *out_shape),)", ("tests/test_hf.py", "-k", "imported")),
     Mutant("sliding-window-dropped", "Mistral's sliding_window read but not set", "jaxformer/hf/families.py",
-           '            kw["attention_windows"] = (int(r("sliding_window")),)', "            pass",
+           '        attention["windows"] = (int(r("sliding_window")),)', "        pass",
            ("tests/test_hf.py", "-k", "mistral and imported")),
+    Mutant("runtime-in-the-function", "init_from and restore compare the runtime section too (a bf16 or remat "
+           "run of the same model refused)", "jaxformer/config/model.py",
+           "        return dataclasses.replace(self, runtime=RuntimeConfig())", "        return self",
+           ("tests/test_config_sections.py", "-k", "function")),
+    Mutant("old-key-dropped", "an old flat key in a run's config.json is dropped (its default used)",
+           "jaxformer/configio.py", "        target.setdefault(nkey, value)\n", "        pass\n",
+           ("tests/test_config_sections.py", "-k", "old_flat_key")),
+    Mutant("sections-unvalidated", "the model does not validate its sections (a bad value set by --set is kept)",
+           "jaxformer/config/model.py",
+           "        for section in (self.norm, self.rope, self.attention, self.moe, self.ablation, self.runtime):\n"
+           "            section.validate()\n", "",
+           ("tests/test_config.py", "-k", "invalid_fields")),
     Mutant("init-from-ignored", "train.init_from read but the run starts from a random init", "jaxformer/train/loop.py",
            "            if cfg.train.init_from:                         # fine-tuning", "            if False:  #",
            ("tests/test_train.py", "-k", "init_from")),
@@ -232,15 +246,15 @@ MUTANTS = (
            'lambda v: True, "hidden_act is', ("tests/test_hf_formats.py", "-k", "hidden_activation_other")),
     # killed by test_export_of_a_model_built_here_writes_its_own_settings[llama_own_eps_theta_head_dim]
     Mutant("export-rms-eps-default", "export writes the family's default rms_norm_eps, not the model's norm_eps",
-           "jaxformer/hf/families.py", '"rms_norm_eps": cfg.norm_eps,', '"rms_norm_eps": 1e-6,',
+           "jaxformer/hf/families.py", '"rms_norm_eps": cfg.norm.eps,', '"rms_norm_eps": 1e-6,',
            ("tests/test_hf_formats.py", "-k", "built_here")),
     # killed by test_export_of_a_model_built_here_writes_its_own_settings[gpt2_own_eps_tied]
     Mutant("export-gpt2-eps-default", "export writes GPT-2's default layer_norm_epsilon, not the model's norm_eps",
-           "jaxformer/hf/families.py", '"layer_norm_epsilon": cfg.norm_eps,', '"layer_norm_epsilon": 1e-5,',
+           "jaxformer/hf/families.py", '"layer_norm_epsilon": cfg.norm.eps,', '"layer_norm_epsilon": 1e-5,',
            ("tests/test_hf_formats.py", "-k", "built_here")),
     # killed by test_export_of_a_model_built_here_writes_its_own_settings[llama_own_eps_theta_head_dim]
     Mutant("export-rope-theta-default", "export writes rope_theta 10000, not the model's rope_base",
-           "jaxformer/hf/families.py", 'rope = {"rope_theta": cfg.rope_base,', 'rope = {"rope_theta": 10000.0,',
+           "jaxformer/hf/families.py", 'rope = {"rope_theta": cfg.rope.base,', 'rope = {"rope_theta": 10000.0,',
            ("tests/test_hf_formats.py", "-k", "built_here")),
     # killed by test_a_gpt2_file_as_published_imports[no_prefix_with_mask_buffers]
     Mutant("gpt2-prefix-not-added", "GPT-2 tensor names without `transformer.` are taken as they are",

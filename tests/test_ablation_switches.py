@@ -36,7 +36,7 @@ def test_mask_value_zero_leaks_and_default_does_not():
 
 
 def test_triu_decoder_mask_sees_the_future_only():
-    cfg = tiny_lm("model.ablation_causal=triu").model
+    cfg = tiny_lm("model.ablation.causal=triu").model
     pos = jnp.arange(4)[None]
     m = decoder_self_mask(cfg, pos, pos, jnp.array([[True, True, True, False]]))[0, 0]
     expect = (np.arange(4)[None, :] >= np.arange(4)[:, None]) & np.array([True, True, True, False])
@@ -47,19 +47,19 @@ def test_triu_decoder_mask_sees_the_future_only():
 
 def test_switches_change_the_model_and_are_off_by_default():
     base = tiny_reverse()
-    assert base.model.ablations == [] and base.model.attention_scale == "rsqrt"
+    assert base.model.ablations == [] and base.model.attention.scale == "rsqrt"
     src = jnp.array([[4, 5, 6, 2, 0]])
     tgt = jnp.array([[1, 6, 5, 4, 2]])
     ref = build_model(base.model)(src, tgt)
-    for ov in ("model.ablation_mask_value=zero", "model.ablation_causal=triu", "model.attention_scale=none"):
+    for ov in ("model.ablation.mask_value=zero", "model.ablation.causal=triu", "model.attention.scale=none"):
         cfg = tiny_reverse(ov)
         out = build_model(cfg.model)(src, tgt)                       # same seed, same parameters
         assert out.shape == ref.shape and not np.allclose(out, ref, atol=1e-4), ov
-    assert tiny_reverse("model.ablation_causal=triu").model.ablations == ["model.ablation_causal='triu'"]
+    assert tiny_reverse("model.ablation.causal=triu").model.ablations == ["model.ablation.causal='triu'"]
 
 
-@pytest.mark.parametrize("key,value", [("model.ablation_mask_value", "inf"), ("model.ablation_causal", "full"),
-                                       ("model.attention_scale", "sqrt")])
+@pytest.mark.parametrize("key,value", [("model.ablation.mask_value", "inf"), ("model.ablation.causal", "full"),
+                                       ("model.attention.scale", "sqrt")])
 def test_bad_switch_values_are_named(key, value):
     from jaxformer.errors import ConfigError
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

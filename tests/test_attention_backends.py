@@ -6,7 +6,6 @@ Tolerances are relative to the reference's own magnitude at float32 (1e-5), so t
 """
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +14,7 @@ import pytest
 from flax import nnx
 
 from jaxformer import ops
-from jaxformer.config import ConfigError, ModelConfig
+from jaxformer.config import ConfigError, ModelConfig, replaced
 from jaxformer.errors import BackendError
 from jaxformer.nn import build_model
 from jaxformer.ops import fused, positional
@@ -168,26 +167,27 @@ def test_named_refusals():
     with pytest.raises(ValueError, match="backend"):
         ops.dot_product_attention(q, k, v, backend="flash").out
     base = dict(arch="decoder_only", vocab_size=8, d_model=16, num_heads=2, d_ff=32)
-    with pytest.raises(ConfigError, match="model.attention_backend"):
-        ModelConfig(**base, attention_backend="cudnn")              # float32 activations
-    with pytest.raises(ConfigError, match="model.attention_backend"):
-        ModelConfig(**base, attention_backend="pallas", positional="alibi")
-    with pytest.raises(ConfigError, match="model.remat"):
-        ModelConfig(**base, remat="some")
-    with pytest.raises(ConfigError, match="ablation_mask_value"):
-        ModelConfig(**base, attention_backend="chunked", ablation_mask_value="zero")
+    with pytest.raises(ConfigError, match="model.runtime.attention_backend"):
+        replaced(ModelConfig(), **base, runtime__attention_backend="cudnn")              # float32 activations
+    with pytest.raises(ConfigError, match="model.runtime.attention_backend"):
+        replaced(ModelConfig(), **base, runtime__attention_backend="pallas", positional="alibi")
+    with pytest.raises(ConfigError, match="model.runtime.remat"):
+        replaced(ModelConfig(), **base, runtime__remat="some")
+    with pytest.raises(ConfigError, match="model.ablation.mask_value"):
+        replaced(ModelConfig(), **base, runtime__attention_backend="chunked", ablation__mask_value="zero")
     if ops.fused.platform() != "gpu":
         with pytest.raises(BackendError, match="needs an NVIDIA GPU"):
-            build_model(ModelConfig(**base, attention_backend="cudnn", dtype="bfloat16"))
+            build_model(replaced(ModelConfig(), **base, runtime__attention_backend="cudnn", runtime__dtype="bfloat16"))
 
 
 # ---- the whole model with each backend ----
 
-LM = ModelConfig(arch="decoder_only", vocab_size=23, d_model=32, num_heads=4, num_kv_heads=2, d_ff=64,
-                 num_decoder_layers=2, max_len=64, dropout=0.0, norm_position="pre", positional="rope",
-                 attention_block=8)
-SEQ = ModelConfig(vocab_size=23, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=1, num_decoder_layers=2,
-                  max_len=64, dropout=0.0, positional="alibi", attention_block=8)
+LM = replaced(ModelConfig(), arch="decoder_only", vocab_size=23, d_model=32, num_heads=4, num_kv_heads=2, d_ff=64,
+                 num_decoder_layers=2, max_len=64, runtime__dropout=0.0, norm__position="pre", positional="rope",
+                 runtime__attention_block=8)
+SEQ = replaced(ModelConfig(), vocab_size=23, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=1,
+               num_decoder_layers=2,
+                  max_len=64, runtime__dropout=0.0, positional="alibi", runtime__attention_block=8)
 
 
 def lm_batch():
@@ -217,20 +217,20 @@ def assert_same(a, b):
 def test_lm_loss_and_grads_per_backend(backend):
     tokens = lm_batch()
     want = loss_and_grads(LM, tokens)
-    assert_same(loss_and_grads(dataclasses.replace(LM, attention_backend=backend), tokens), want)
+    assert_same(loss_and_grads(replaced(LM, runtime__attention_backend=backend), tokens), want)
 
 
 @pytest.mark.slow          # the encoder-decoder through the chunked backend with ALiBi: ~8 s
 def test_seq2seq_with_alibi_chunked():
     tokens, src = lm_batch(), lm_batch()[::-1, 3:]
-    assert_same(loss_and_grads(dataclasses.replace(SEQ, attention_backend="chunked"), tokens, src),
+    assert_same(loss_and_grads(replaced(SEQ, runtime__attention_backend="chunked"), tokens, src),
                 loss_and_grads(SEQ, tokens, src))
 
 
 @pytest.mark.slow          # ~8 s; the chunked backend's cached decoding is also in tests/test_attention_inputs.py
 def test_cached_decoding_equals_full_forward_chunked():
     from jaxformer import decode
-    model = build_model(dataclasses.replace(LM, attention_backend="chunked"), seed=0)
+    model = build_model(replaced(LM, runtime__attention_backend="chunked"), seed=0)
     prompt = jnp.asarray([[5, 6, 7, 8], [0, 0, 9, 4]], jnp.int32)            # row 1 left-padded
     out = decode.generate_lm(model, prompt, max_new=6, segment_ids=(prompt != 0).astype(jnp.int32))
     # greedy by full recomputation with the same backend, over one fixed-size buffer (one compiled forward; the
@@ -243,7 +243,7 @@ def test_cached_decoding_equals_full_forward_chunked():
         pos = jnp.maximum(jnp.cumsum(full != 0, axis=1) - 1, 0)
         full = full.at[:, i].set(jnp.argmax(forward(state, full, pos)[:, i - 1], -1).astype(jnp.int32))
     np.testing.assert_array_equal(np.asarray(out), np.asarray(full)[:, 4:])
-    seq = build_model(dataclasses.replace(SEQ, attention_backend="chunked"), seed=0)
+    seq = build_model(replaced(SEQ, runtime__attention_backend="chunked"), seed=0)
     src = lm_batch()[:, :9]
     np.testing.assert_array_equal(np.asarray(decode.generate_seq2seq(seq, src, max_new=6, bos_id=1, eos_id=None)),
                                   np.asarray(decode.greedy_naive(seq, src, 6, bos_id=1, eos_id=2))[:, :6])
@@ -251,7 +251,7 @@ def test_cached_decoding_equals_full_forward_chunked():
 
 def test_pallas_refuses_the_decode_path_by_name():
     from jaxformer import decode
-    model = build_model(dataclasses.replace(LM, attention_backend="pallas"), seed=0)
+    model = build_model(replaced(LM, runtime__attention_backend="pallas"), seed=0)
     with pytest.raises(BackendError, match="pallas"):
         decode.generate_lm(model, jnp.asarray([[5, 6, 7, 8]], jnp.int32), max_new=2)
 
@@ -259,7 +259,7 @@ def test_pallas_refuses_the_decode_path_by_name():
 def test_heatmaps_with_the_chunked_backend_are_its_own():
     tokens = lm_batch()
     want = build_model(LM, seed=0).attention_weights(tokens)["self"]
-    got = build_model(dataclasses.replace(LM, attention_backend="chunked"), seed=0).attention_weights(tokens)
+    got = build_model(replaced(LM, runtime__attention_backend="chunked"), seed=0).attention_weights(tokens)
     close(got["self"], want, "heatmaps")
 
 
@@ -268,14 +268,14 @@ def test_heatmaps_with_the_chunked_backend_are_its_own():
 @pytest.mark.parametrize("policy", ["full", "dots"])
 def test_remat_gives_the_same_loss_and_gradients(policy):
     tokens = lm_batch()
-    model = build_model(dataclasses.replace(LM, remat=policy), seed=0)
+    model = build_model(replaced(LM, runtime__remat=policy), seed=0)
     assert "remat" in str(jax.make_jaxpr(lambda m: nnx.grad(lambda m: m(tokens).sum())(m))(model))
-    assert_same(loss_and_grads(dataclasses.replace(LM, remat=policy), tokens), loss_and_grads(LM, tokens))
+    assert_same(loss_and_grads(replaced(LM, runtime__remat=policy), tokens), loss_and_grads(LM, tokens))
 
 
 def test_bf16_policy_dtypes():
     """Parameters float32; activations bfloat16; attention logits, norms and output logits float32."""
-    cfg = dataclasses.replace(LM, dtype="bfloat16")
+    cfg = replaced(LM, runtime__dtype="bfloat16")
     model = build_model(cfg, seed=0)
     assert {x.dtype for x in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype(jnp.float32)}
     jaxpr = str(jax.make_jaxpr(lambda t: nnx.merge(*nnx.split(model))(t))(lm_batch()))
@@ -294,7 +294,7 @@ def test_bf16_policy_trains_reversal_to_the_same_accuracy(tmp_path):
     exact = {}
     for dtype in ("float32", "bfloat16"):
         cfg = apply_overrides(load_config_file(ROOT / "configs/reverse.py"),
-                              [f"model.dtype={dtype}", "train.steps=600", "train.eval_every=600"])
+                              [f"model.runtime.dtype={dtype}", "train.steps=600", "train.eval_every=600"])
         exact[dtype] = train(cfg, tmp_path / dtype, progress="none")["eval"]["exact_match"]
     assert exact["float32"] >= 0.9, exact
     assert exact["bfloat16"] >= exact["float32"] - 0.02, exact

@@ -17,7 +17,7 @@ from flax import nnx
 from helpers import cached_and_full
 
 from jaxformer import ops
-from jaxformer.config import ModelConfig
+from jaxformer.config import ModelConfig, replaced
 from jaxformer.decode import generate_lm
 from jaxformer.nn import build_model
 
@@ -30,8 +30,8 @@ ROW = np.concatenate(DOCS)[None].astype(np.int32)
 
 def cfg(arch="decoder_only", **kw):
     base = dict(arch=arch, vocab_size=V, d_model=32, num_heads=4, num_kv_heads=2, d_ff=48, num_encoder_layers=1,
-                num_decoder_layers=2, dropout=0.0, max_len=32, norm_position="pre")
-    return ModelConfig(**(base | kw))
+                num_decoder_layers=2, runtime__dropout=0.0, max_len=32, norm__position="pre")
+    return replaced(ModelConfig(), **(base | kw))
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,7 +53,7 @@ def run(m, *args, **kw):
 @pytest.mark.parametrize("pe,backend", [(pe, "reference") for pe in ("sinusoidal", "learned", "rope", "alibi")]
                          + [("learned", "chunked"), ("alibi", "chunked")])     # absolute and bias-based on tiles
 def test_packed_row_equals_each_document_alone(pe, backend):
-    m = model(positional=pe, attention_backend=backend, attention_block=4)
+    m = model(positional=pe, runtime__attention_backend=backend, runtime__attention_block=4)
     packed = run(m, jnp.asarray(ROW), segment_ids=jnp.asarray(SEG))
     alone = np.concatenate([run(m, jnp.asarray([d], jnp.int32)) for d in DOCS], 1)
     assert np.abs(packed - alone).max() <= tol(alone)
@@ -74,7 +74,7 @@ def test_positions_restart_per_document_unless_given():
 
 def test_pallas_packed_documents_in_interpret_mode():
     """The Pallas GPU kernel (interpret mode on CPU) takes the segment ids as its own."""
-    m = model(positional="rope", attention_backend="pallas")
+    m = model(positional="rope", runtime__attention_backend="pallas")
     row, seg = np.pad(ROW, [(0, 0), (0, 4)]), np.pad(SEG, [(0, 0), (0, 4)])   # 16: the kernel's tile
     packed = run(m, jnp.asarray(row), segment_ids=jnp.asarray(seg))[:, :ROW.shape[1]]
     alone = np.concatenate([run(model(positional="rope"), jnp.asarray([d], jnp.int32)) for d in DOCS], 1)
@@ -83,7 +83,7 @@ def test_pallas_packed_documents_in_interpret_mode():
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN flash attention needs an NVIDIA GPU")
 def test_cudnn_packed_documents():
-    m = model(positional="rope", attention_backend="cudnn", dtype="bfloat16")
+    m = model(positional="rope", runtime__attention_backend="cudnn", runtime__dtype="bfloat16")
     packed = run(m, jnp.asarray(ROW), segment_ids=jnp.asarray(SEG))
     alone = np.concatenate([run(m, jnp.asarray([d], jnp.int32)) for d in DOCS], 1)
     assert np.abs(packed - alone).max() <= 64 * float(jnp.finfo(jnp.bfloat16).eps) * np.abs(alone).max()
@@ -91,7 +91,7 @@ def test_cudnn_packed_documents():
 
 @pytest.mark.parametrize("backend", ["reference", pytest.param("chunked", marks=pytest.mark.slow)])
 def test_cached_greedy_decoding_of_a_packed_row_continues_its_last_document_alone(backend):
-    m = model(positional="rope", attention_backend=backend, attention_block=4)
+    m = model(positional="rope", runtime__attention_backend=backend, runtime__attention_block=4)
     other = np.array([[5, 6, 7, 8, 9, 10, 3, 4, 11, 12, 4, 4]], np.int32)                    # one document
     prompts = np.concatenate([ROW, other])
     segs = np.concatenate([SEG, np.ones_like(other)])
@@ -126,7 +126,8 @@ def test_a_token_equal_to_the_pad_id_attends_normally_with_segment_ids():
 @pytest.mark.parametrize("backend", ["reference", "chunked"])
 def test_packed_seq2seq_pairs_equal_each_pair_alone(backend):
     """Three (source, target) pairs packed in one row each side: cross-attention stays within its pair."""
-    m = model(arch="encoder_decoder", positional="sinusoidal", attention_backend=backend, attention_block=4)
+    m = model(arch="encoder_decoder", positional="sinusoidal", runtime__attention_backend=backend,
+              runtime__attention_block=4)
     srcs, tgts = ([3, 4, 2], [5, 6, 7, 2], [8, 2]), ([1, 4, 3], [1, 7, 6, 5], [1, 8])
     seg = lambda parts: np.concatenate([np.full(len(p), i + 1) for i, p in enumerate(parts)])[None]  # noqa: E731
     row = lambda parts: np.concatenate(parts)[None].astype(np.int32)                              # noqa: E731
@@ -152,17 +153,19 @@ def test_window_mask_matches_a_numpy_reference():
 def test_windowed_layers_see_exactly_their_receptive_field(backend):
     """Two layers of window 3: position t depends on positions t-4 .. t and on nothing earlier; a pattern (3, 0)
     makes the second layer global again."""
-    m = model(positional="rope", attention_windows=(3,), attention_backend=backend, attention_block=4)
+    m = model(positional="rope", attention__windows=(3,), runtime__attention_backend=backend,
+              runtime__attention_block=4)
     x = jnp.asarray([[3, 4, 5, 6, 7, 8, 9, 10, 1, 2]], jnp.int32)
     moved = np.abs(run(m, x.at[0, 0].set(11)) - run(m, x)).max(-1)[0]
     assert (moved[:5] > 0).all() and (moved[5:] == 0).all(), moved
-    mixed = model(positional="rope", attention_windows=(3, 0))
+    mixed = model(positional="rope", attention__windows=(3, 0))
     assert (np.abs(run(mixed, x.at[0, 0].set(11)) - run(mixed, x)).max(-1)[0] > 0).all()
 
 
 @pytest.mark.parametrize("backend", ["reference", "chunked"])
 def test_windowed_cached_decoding_equals_the_full_forward(backend):
-    m = model(positional="alibi", attention_windows=(2, 0), attention_backend=backend, attention_block=4)
+    m = model(positional="alibi", attention__windows=(2, 0), runtime__attention_backend=backend,
+              runtime__attention_block=4)
     x = jnp.asarray(np.random.default_rng(1).integers(1, V, (2, 11)), jnp.int32)
     got, want, _ = cached_and_full(m, x, 4)
     assert np.abs(np.asarray(got) - np.asarray(want)).max() <= tol(want)
@@ -170,9 +173,9 @@ def test_windowed_cached_decoding_equals_the_full_forward(backend):
 
 def test_windows_are_validated_and_pallas_refuses_them():
     from jaxformer.errors import ConfigError
-    with pytest.raises(ConfigError, match="model.attention_windows"):
-        cfg(attention_windows=(3, 0, 1))                      # 3 does not divide 2 layers
-    with pytest.raises(ConfigError, match="model.attention_windows"):
-        cfg(attention_windows=(-1,))
+    with pytest.raises(ConfigError, match="model.attention.windows"):
+        cfg(attention__windows=(3, 0, 1))                      # 3 does not divide 2 layers
+    with pytest.raises(ConfigError, match="model.attention.windows"):
+        cfg(attention__windows=(-1,))
     with pytest.raises(ConfigError, match="sliding window"):
-        cfg(attention_windows=(4,), attention_backend="pallas")
+        cfg(attention__windows=(4,), runtime__attention_backend="pallas")

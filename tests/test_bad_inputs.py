@@ -79,7 +79,7 @@ def test_the_checkpoint_named_good_after_divergence_evaluates_and_fine_tunes(tmp
     from it (train.init_from) diverged at its first step. The named checkpoint's own forward pass was finite."""
     from jaxformer.inference import evaluate_run
     steps = ["optim.clip_norm=0", "optim.schedule=constant", "train.steps=60", "train.checkpoint_every=1",
-             "train.eval_every=1000", "model.dropout=0.0"]
+             "train.eval_every=1000", "model.runtime.dropout=0.0"]
     with pytest.raises(NonFiniteLoss, match=r"at step (\d+)") as e:
         train(tiny_lm("optim.lr=1e3", *steps), tmp_path / "a", progress="none")
     named = int(re.search(r"last good checkpoint: step (\d+)", str(e.value)).group(1))
@@ -97,7 +97,7 @@ def test_the_checkpoint_named_good_is_finite_in_use_for_every_optimizer(tmp_path
     """The issue saw the same bad naming with EMA and accumulation, and with lion/muon a NaN next gradient."""
     from jaxformer.inference import evaluate_run
     steps = ["optim.lr=1e3", "optim.clip_norm=0", "optim.schedule=constant", "train.steps=60",
-             "train.checkpoint_every=1", "train.eval_every=1000", "model.dropout=0.0", *extra]
+             "train.checkpoint_every=1", "train.eval_every=1000", "model.runtime.dropout=0.0", *extra]
     with pytest.raises(NonFiniteLoss) as e:
         train(tiny_lm(*steps), tmp_path, progress="none")
     m = re.search(r"last good checkpoint: step (\d+)", str(e.value))

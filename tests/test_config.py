@@ -8,16 +8,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.config import Config, ConfigError, DataConfig, ModelConfig
+from jaxformer.config import Config, ConfigError, DataConfig, ModelConfig, replaced
 from jaxformer.configio import apply_overrides, override
 from jaxformer.nn import build_model
 
 TINY = dict(vocab_size=11, d_model=16, num_heads=4, d_ff=32, num_encoder_layers=1, num_decoder_layers=1,
-            max_len=8, dropout=0.0)
+            max_len=8, runtime__dropout=0.0)
 
 
 def tiny(**kw) -> ModelConfig:
-    return ModelConfig(**{**TINY, **kw})
+    return replaced(ModelConfig(), **{**TINY, **kw})
 
 
 def raises_naming(*needles):
@@ -53,22 +53,22 @@ def test_num_heads_not_multiple_of_num_kv_heads(num_heads, num_kv_heads):
 
 @pytest.mark.parametrize("field,value", [
     ("positional", "rotary"), ("positional", "Sinusoidal"), ("activation", "silu"), ("activation", "tanh"),
-    ("norm_position", "middle"), ("norm_type", "batchnorm"), ("arch", "encoder_only"), ("dtype", "float64"),
+    ("norm__position", "middle"), ("norm__type", "batchnorm"), ("arch", "encoder_only"), ("runtime__dtype", "float64"),
 ])
 def test_unknown_names_are_rejected(field, value):
-    with raises_naming(f"model.{field}", repr(value)):
+    with raises_naming(f"model.{field.replace('__', '.')}", repr(value)):
         tiny(**{field: value})
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.0, 1.5])
 def test_dropout_out_of_range(value):
-    with raises_naming("model.dropout", value):
-        tiny(dropout=value)
+    with raises_naming("model.runtime.dropout", value):
+        tiny(runtime__dropout=value)
 
 
 @pytest.mark.parametrize("value", [0.0, 0.5, 0.99])
 def test_dropout_in_range_is_accepted(value):
-    assert tiny(dropout=value).dropout == value
+    assert tiny(runtime__dropout=value).runtime.dropout == value
 
 
 @pytest.mark.parametrize("pad_id", [11, 100, -2])
@@ -92,8 +92,8 @@ def test_non_positive_or_non_integer_sizes(field, value):
     (dict(num_decoder_layers=0), ["model.num_decoder_layers"]),
     (dict(num_encoder_layers=0), ["model.num_encoder_layers", "encoder_decoder"]),
     (dict(num_encoder_layers=-1), ["model.num_encoder_layers", "-1"]),
-    (dict(norm_eps=0.0), ["model.norm_eps", "0.0"]),
-    (dict(rope_base=-1.0), ["model.rope_base", "-1.0"]),
+    (dict(norm__eps=0.0), ["model.norm.eps", "0.0"]),
+    (dict(rope__base=-1.0), ["model.rope.base", "-1.0"]),
     (dict(positional="rope", d_model=12, num_heads=4), ["model.positional", "rope", "3"]),
 ])
 def test_other_invalid_fields(kw, needles):
@@ -156,7 +156,7 @@ def test_override_parses_and_validates():
     cfg = tiny()
     new = override(cfg, "d_model", "64")
     assert new.d_model == 64 and isinstance(new.d_model, int) and cfg.d_model == 16   # a copy; cfg frozen
-    assert override(cfg, "dropout", "0.25").dropout == 0.25
+    assert override(cfg, "runtime.dropout", "0.25").runtime.dropout == 0.25
     assert override(cfg, "tie_embeddings", "false").tie_embeddings is False
     assert override(cfg, "num_kv_heads", "2").num_kv_heads == 2
     assert override(cfg, "num_kv_heads", "none").num_kv_heads is None
@@ -165,7 +165,7 @@ def test_override_parses_and_validates():
     assert (new.d_model, new.num_heads) == (32, 8)
 
 
-@pytest.mark.parametrize("key,raw", [("d_model", "abc"), ("d_model", "1.5"), ("dropout", "lots"),
+@pytest.mark.parametrize("key,raw", [("d_model", "abc"), ("d_model", "1.5"), ("runtime.dropout", "lots"),
                                      ("tie_embeddings", "maybe"), ("num_kv_heads", "two")])
 def test_override_wrong_type_names_the_key(key, raw):
     with raises_naming(key, repr(raw)):
@@ -180,7 +180,7 @@ def test_override_unknown_key_names_it(key):
 
 @pytest.mark.parametrize("key,raw,needles", [
     ("d_model", "30", ["model.d_model=30", "model.num_heads=4"]),
-    ("dropout", "1.5", ["model.dropout", "1.5"]),
+    ("runtime.dropout", "1.5", ["model.runtime.dropout", "1.5"]),
     ("positional", "rotary", ["model.positional", "rotary"]),
     ("pad_id", "11", ["model.pad_id=11"]),
 ])
@@ -198,8 +198,8 @@ def test_dotted_overrides_on_the_full_config():
     cfg = Config()
     new = override(cfg, "model.d_model", "64")
     assert new.model.d_model == 64 and cfg.model.d_model == 512 and new.data == cfg.data
-    new = apply_overrides(cfg, ["model.dropout=0.0", "model.num_kv_heads=2"])
-    assert (new.model.dropout, new.model.kv_heads) == (0.0, 2)
+    new = apply_overrides(cfg, ["model.runtime.dropout=0.0", "model.num_kv_heads=2"])
+    assert (new.model.runtime.dropout, new.model.kv_heads) == (0.0, 2)
 
 
 @pytest.mark.parametrize("key,raw,needles", [
@@ -221,21 +221,21 @@ def test_full_config_checks_data_lengths_against_model_max_len():
         Config(model=model, data=DataConfig(task="reverse", min_len=3, max_len=6))   # 6 + 1 tokens
 
 
-@pytest.mark.parametrize("field", ["norm_eps", "rope_base"])
+@pytest.mark.parametrize("field", ["norm.eps", "rope.base"])
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_nan_and_inf_positive_floats_are_rejected(field, value):
     """NaN compares False with everything, so a plain `value <= 0` check would let it through."""
     with raises_naming(f"model.{field}", value):
-        tiny(**{field: float(value)})
+        tiny(**{field.replace(".", "__"): float(value)})
     with raises_naming(f"model.{field}", value):
         override(Config(), f"model.{field}", value)
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: tiny(dropout="0.1"), "model.dropout='0.1' must be of type float"),
+    (lambda: tiny(runtime__dropout="0.1"), "model.runtime.dropout='0.1' must be of type float"),
     (lambda: tiny(num_decoder_layers=True), "model.num_decoder_layers=True must be of type int"),
     (lambda: tiny(d_model=16.0), "model.d_model=16.0 must be of type int"),
-    (lambda: tiny(final_norm=1), "model.final_norm=1 must be of type bool | None"),
+    (lambda: tiny(norm__final=1), "model.norm.final=1 must be of type bool | None"),
     (lambda: DataConfig(gutenberg="no"), "data.gutenberg='no' must be of type bool"),
     (lambda: DataConfig(num_chars=1e4), "data.num_chars=10000.0 must be of type int | None"),
 ])
@@ -245,7 +245,7 @@ def test_wrong_types_are_config_errors_naming_field_value_and_type(make, message
 
 
 def test_ints_are_accepted_where_floats_are_declared():
-    assert tiny(rope_base=10000, norm_eps=1).rope_base == 10000
+    assert tiny(rope__base=10000, norm__eps=1).rope.base == 10000
 
 
 def test_config_file_that_is_a_directory_or_calls_sys_exit_is_a_config_error(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from jaxformer import ops
-from jaxformer.config import ConfigError, ModelConfig
+from jaxformer.config import ConfigError, ModelConfig, replaced
 from jaxformer.decode import beam_search, generate_lm, generate_seq2seq, greedy_naive, sample_logits
 from jaxformer.nn import build_model
 from jaxformer.nn.layers import Context
@@ -33,9 +33,9 @@ EPS32 = float(np.finfo(np.float32).eps)   # 2^-23
 
 
 def cfg_for(arch, pe, norm):
-    return ModelConfig(arch=arch, vocab_size=V, d_model=32, num_heads=4, num_kv_heads=2, d_ff=48,
-                       num_encoder_layers=1, num_decoder_layers=2, positional=pe, norm_position=norm,
-                       dropout=0.0, max_len=32)
+    return replaced(ModelConfig(), arch=arch, vocab_size=V, d_model=32, num_heads=4, num_kv_heads=2, d_ff=48,
+                       num_encoder_layers=1, num_decoder_layers=2, positional=pe, norm__position=norm,
+                       runtime__dropout=0.0, max_len=32)
 
 
 @functools.lru_cache(maxsize=None)

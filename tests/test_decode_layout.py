@@ -21,7 +21,7 @@ import pytest
 from flax import nnx
 
 from jaxformer import decode
-from jaxformer.config import ModelConfig
+from jaxformer.config import ModelConfig, replaced
 from jaxformer.nn import build_model
 from jaxformer.nn.cache import KVCache, LayerwiseKVCache, heads_major
 from jaxformer.nn.params import contract
@@ -30,18 +30,18 @@ V = 19
 EPS32 = float(np.finfo(np.float32).eps)
 CASES = {                                   # batch 1: the layout for one row (the FFN's w2 as [D,F])
     "mha-rope-batch1": dict(positional="rope", num_decoder_layers=3),
-    "gqa-moe-window": dict(positional="rope", num_kv_heads=2, num_decoder_layers=4, ffn="moe", moe_every=2,
-                           num_experts=4, attention_windows=(3, 0)),
-    "int8-alibi": dict(positional="alibi", num_decoder_layers=2, kv_cache_dtype="int8"),
+    "gqa-moe-window": dict(positional="rope", num_kv_heads=2, num_decoder_layers=4, ffn="moe", moe__every=2,
+                           moe__num_experts=4, attention__windows=(3, 0)),
+    "int8-alibi": dict(positional="alibi", num_decoder_layers=2, runtime__kv_cache_dtype="int8"),
     "gqa-bias-qknorm-swiglu-batch1": dict(positional="rope", num_kv_heads=2, num_decoder_layers=2,
-                                   biases=("q", "k", "v", "ffn"), qk_norm=True, activation="swiglu"),
+                                   biases=("q", "k", "v", "ffn"), attention__qk_norm=True, activation="swiglu"),
 }
 
 
 def _cfg(**kw):
-    base = dict(arch="decoder_only", vocab_size=V, d_model=32, num_heads=4, d_ff=48, norm_position="pre",
-                dropout=0.0, max_len=32)
-    return ModelConfig(**{**base, **kw})
+    base = dict(arch="decoder_only", vocab_size=V, d_model=32, num_heads=4, d_ff=48, norm__position="pre",
+                runtime__dropout=0.0, max_len=32)
+    return replaced(ModelConfig(), **{**base, **kw})
 
 
 def per_layer(t) -> list:
@@ -191,7 +191,7 @@ def test_the_token_loop_updates_each_cache_buffer_in_place(monkeypatch):
 
 
 def test_a_decoding_layout_refuses_to_train_and_leaves_its_model_as_it_was():
-    model = build_model(_cfg(num_decoder_layers=2, dropout=0.1))
+    model = build_model(_cfg(num_decoder_layers=2, runtime__dropout=0.1))
     before = jax.tree.map(np.asarray, nnx.state(model))
     graph_before = nnx.graphdef(model)
     layout = model.decoding_layout(1)

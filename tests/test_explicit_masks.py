@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from jaxformer import ops
 from jaxformer.arch import adapter
-from jaxformer.config import DataConfig, ModelConfig
+from jaxformer.config import DataConfig, ModelConfig, replaced
 from jaxformer.data import build_task, pad_rows
 from jaxformer.data.tasks import pad_batch, positions_of
 from jaxformer.data.tokenizers import PAD
@@ -24,13 +24,13 @@ from jaxformer.decode import generate_lm, generate_seq2seq
 from jaxformer.nn import build_model
 
 SMALL = dict(vocab_size=13, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=2,
-             max_len=32, dtype="float32")
+             max_len=32, runtime__dtype="float32")
 FIELDS = {"seq2seq": ("src_segment_ids", "src_positions", "tgt_segment_ids", "tgt_positions"),
           "lm": ("segment_ids", "positions")}
 
 
 def _model(arch="encoder_decoder", **kw):
-    return build_model(ModelConfig(arch=arch, **{**SMALL, **kw}), seed=1)
+    return build_model(replaced(ModelConfig(), arch=arch, **{**SMALL, **kw}), seed=1)
 
 
 @given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=9), min_size=1, max_size=4))

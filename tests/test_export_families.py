@@ -16,28 +16,28 @@ from flax import nnx
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from jaxformer.config import ModelConfig  # noqa: E402
+from jaxformer.config import ModelConfig, replaced  # noqa: E402
 from jaxformer.hf import FAMILIES, HFError, save_pretrained  # noqa: E402
 from jaxformer.hf.families import expresses, family_for  # noqa: E402
 from jaxformer.nn import build_model  # noqa: E402
 
 V = 61
-BASE = ModelConfig(arch="decoder_only", vocab_size=V, d_model=32, num_heads=4, num_kv_heads=2, d_ff=48,
-                   num_encoder_layers=0, num_decoder_layers=2, max_len=64, dropout=0.0, norm_position="pre",
-                   norm_type="rmsnorm", positional="rope", activation="swiglu", use_bias=False, tie_embeddings=False,
+BASE = replaced(ModelConfig(), arch="decoder_only", vocab_size=V, d_model=32, num_heads=4, num_kv_heads=2, d_ff=48,
+                   num_encoder_layers=0, num_decoder_layers=2, max_len=64, runtime__dropout=0.0, norm__position="pre",
+                   norm__type="rmsnorm", positional="rope", activation="swiglu", use_bias=False, tie_embeddings=False,
                    scale_embeddings=False, pad_id=-1)
 SHAPES = {   # shape -> (its config, the families that express it)
     "llama": (BASE, {"llama", "mistral"}),
     "llama_biases": (dataclasses.replace(BASE, biases=("q", "k", "v", "o", "ffn")), {"llama"}),
-    "llama3_rope": (dataclasses.replace(BASE, rope_scaling="llama3", rope_factor=8.0, rope_original_max_len=16),
+    "llama3_rope": (replaced(BASE, rope__scaling="llama3", rope__factor=8.0, rope__original_max_len=16),
                     {"llama", "mistral"}),
     "qwen2": (dataclasses.replace(BASE, biases=("q", "k", "v")), {"qwen2"}),
-    "qwen3": (dataclasses.replace(BASE, qk_norm=True, head_dim=16), {"qwen3"}),
-    "mistral": (dataclasses.replace(BASE, attention_windows=(4,)), {"mistral"}),
-    "windows_4_0": (dataclasses.replace(BASE, attention_windows=(4, 0)), set()),
+    "qwen3": (replaced(BASE, attention__qk_norm=True, head_dim=16), {"qwen3"}),
+    "mistral": (replaced(BASE, attention__windows=(4,)), {"mistral"}),
+    "windows_4_0": (replaced(BASE, attention__windows=(4, 0)), set()),
     "gemma": (dataclasses.replace(BASE, activation="geglu_tanh", scale_embeddings=True, head_dim=16,
                                   tie_embeddings=True), {"gemma"}),
-    "gpt2": (dataclasses.replace(BASE, positional="learned", norm_type="layernorm", activation="gelu_tanh",
+    "gpt2": (replaced(BASE, positional="learned", norm__type="layernorm", activation="gelu_tanh",
                                  use_bias=True, tie_embeddings=True, num_kv_heads=None), {"gpt2"}),
 }
 
@@ -90,7 +90,8 @@ def test_the_automatic_family_is_held_to_the_same_check():
 
 def test_the_refusal_names_the_field_and_the_families_that_can(tmp_path):
     cfg = SHAPES["qwen3"][0]
-    with pytest.raises(HFError, match=r"model.qk_norm=True \(a llama config gives False\).*families that can: "
+    with pytest.raises(HFError,
+                       match=r"model.attention.qk_norm=True \(a llama config gives False\).*families that can: "
                                       r"qwen3"):
         save_pretrained(random_model(cfg), tmp_path / "x", family="llama")
     with pytest.raises(HFError, match=r"model.windows=\(4, 0\).*no family can"):

@@ -128,7 +128,7 @@ def test_a_bfloat16_checkpoint_loads(tmp_path):
                                                             attn_implementation="eager").eval()
     ids = np.random.default_rng(3).integers(0, V, (2, 9))
     assert rel(ours(jnp.asarray(ids)), hf_logits(ref, ids)) < TOL            # the bf16 weights, computed in f32
-    assert from_pretrained(tmp_path / "bf16", dtype="bfloat16").cfg.dtype == "bfloat16"
+    assert from_pretrained(tmp_path / "bf16", dtype="bfloat16").cfg.runtime.dtype == "bfloat16"
 
 
 def test_the_families_differ_where_the_mapping_says(saved):
@@ -136,11 +136,11 @@ def test_the_families_differ_where_the_mapping_says(saved):
     cfgs = {f: to_model_config(json.loads((d / "config.json").read_text())) for f, (_, d) in saved.items()}
     assert cfgs["qwen2"].biases == ("q", "k", "v") and cfgs["llama"].biases == ()
     assert cfgs["llama_linear"].biases == ("q", "k", "v", "o", "ffn") and cfgs["llama_linear"].tie_embeddings
-    assert cfgs["qwen3"].qk_norm and cfgs["qwen3"].head_dim == 16 and cfgs["gemma"].head_dim == 16
-    assert cfgs["mistral"].attention_windows == (5,) and cfgs["llama"].rope_scaling == "llama3"
+    assert cfgs["qwen3"].attention.qk_norm and cfgs["qwen3"].head_dim == 16 and cfgs["gemma"].head_dim == 16
+    assert cfgs["mistral"].attention.windows == (5,) and cfgs["llama"].rope.scaling == "llama3"
     assert (cfgs["gemma"].activation, cfgs["gemma"].scale_embeddings, cfgs["gemma"].tie_embeddings) == \
         ("geglu_tanh", True, True)
-    assert (cfgs["gpt2"].positional, cfgs["gpt2"].activation, cfgs["gpt2"].norm_type) == \
+    assert (cfgs["gpt2"].positional, cfgs["gpt2"].activation, cfgs["gpt2"].norm.type) == \
         ("learned", "gelu_tanh", "layernorm")
     assert all(c.pad_id == -1 for c in cfgs.values())                # no token id is padding
 
@@ -205,8 +205,8 @@ def test_the_mapping_must_write_every_parameter_exactly_once(saved, monkeypatch)
 def test_models_no_family_expresses_are_refused_on_export(tmp_path):
     from helpers import tiny_lm
     from jaxformer.nn import build_model
-    for extra, message in ((("model.norm_position=post",), "norm_position='post'"),
-                           (("model.norm_position=pre", "model.positional=alibi"), "positional=.alibi.")):
+    for extra, message in ((("model.norm.position=post",), "norm.position='post'"),
+                           (("model.norm.position=pre", "model.positional=alibi"), "positional=.alibi.")):
         cfg = tiny_lm(*extra)
         with pytest.raises(HFError, match=message):
             save_pretrained(build_model(cfg.model), tmp_path / "x")

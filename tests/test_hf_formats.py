@@ -14,7 +14,6 @@ built here from a config with random weights; nothing is downloaded):
 Each test was seen to fail on a plausible one-line wrong implementation (tests/mutants.py lists them)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 
@@ -28,7 +27,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from helpers import edited_config  # noqa: E402
-from jaxformer.config import ModelConfig  # noqa: E402
+from jaxformer.config import ModelConfig, flat_items, replaced  # noqa: E402
 from jaxformer.hf import HFError, from_pretrained, save_pretrained, to_model_config  # noqa: E402
 from jaxformer.nn import build_model  # noqa: E402
 
@@ -82,13 +81,13 @@ def llama(tmp_path_factory):
 LLAMA3_OLD = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
               "original_max_position_embeddings": 16}
 OLD_ROPE = {   # case -> (the older keys config.json holds, the ModelConfig fields they mean)
-    "rope_theta": (dict(rope_theta=500.0), dict(rope_base=500.0, rope_scaling="none")),
+    "rope_theta": (dict(rope_theta=500.0), dict(rope__base=500.0, rope__scaling="none")),
     "rope_scaling_type_linear": (dict(rope_theta=500.0, rope_scaling={"type": "linear", "factor": 4.0}),
-                                 dict(rope_base=500.0, rope_scaling="linear", rope_factor=4.0)),
+                                 dict(rope__base=500.0, rope__scaling="linear", rope__factor=4.0)),
     "rope_scaling_rope_type_llama3": (dict(rope_theta=500.0, rope_scaling=LLAMA3_OLD),
-                                      dict(rope_base=500.0, rope_scaling="llama3", rope_factor=8.0,
-                                           rope_original_max_len=16, rope_low_freq_factor=1.0,
-                                           rope_high_freq_factor=4.0)),
+                                      dict(rope__base=500.0, rope__scaling="llama3", rope__factor=8.0,
+                                           rope__original_max_len=16, rope__low_freq_factor=1.0,
+                                           rope__high_freq_factor=4.0)),
 }
 
 
@@ -102,7 +101,7 @@ def test_older_rope_keys_import_with_transformers_logits(llama, tmp_path, case):
     theirs = hf_logits(hf_load(src))
     assert rel(theirs, hf_logits(m)) > 1e-3                          # the older keys do change the function
     cfg = to_model_config(read(src))
-    assert {k: getattr(cfg, k) for k in fields} == fields
+    assert {k: flat_items(cfg)[k.replace("__", ".")] for k in fields} == fields
     assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
 
 
@@ -192,20 +191,20 @@ def test_a_gpt2_file_as_published_imports(tmp_path, variant):
     assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
 
 
-BASE = ModelConfig(arch="decoder_only", vocab_size=V, d_model=32, num_heads=4, num_kv_heads=2, d_ff=48,
-                   num_encoder_layers=0, num_decoder_layers=2, max_len=64, dropout=0.0, norm_position="pre",
-                   norm_type="rmsnorm", positional="rope", activation="swiglu", use_bias=False, tie_embeddings=False,
+BASE = replaced(ModelConfig(), arch="decoder_only", vocab_size=V, d_model=32, num_heads=4, num_kv_heads=2, d_ff=48,
+                   num_encoder_layers=0, num_decoder_layers=2, max_len=64, runtime__dropout=0.0, norm__position="pre",
+                   norm__type="rmsnorm", positional="rope", activation="swiglu", use_bias=False, tie_embeddings=False,
                    scale_embeddings=False, pad_id=-1)
-GPT2_SHAPE = dataclasses.replace(BASE, positional="learned", norm_type="layernorm", activation="gelu_tanh",
+GPT2_SHAPE = replaced(BASE, positional="learned", norm__type="layernorm", activation="gelu_tanh",
                                  use_bias=True, tie_embeddings=True, num_kv_heads=None)
 BUILT = {   # a model built here -> (its config, the config.json entries it must write, the family's defaults)
     "llama_own_eps_theta_head_dim": (
-        dataclasses.replace(BASE, norm_eps=1e-3, rope_base=500.0, head_dim=16),
+        replaced(BASE, norm__eps=1e-3, rope__base=500.0, head_dim=16),
         dict(model_type="llama", rms_norm_eps=1e-3, head_dim=16, tie_word_embeddings=False),
-        dict(norm_eps=1e-6, rope_base=10000.0)),
-    "gpt2_own_eps_tied": (dataclasses.replace(GPT2_SHAPE, norm_eps=1e-3),
+        dict(norm__eps=1e-6, rope__base=10000.0)),
+    "gpt2_own_eps_tied": (replaced(GPT2_SHAPE, norm__eps=1e-3),
                           dict(model_type="gpt2", layer_norm_epsilon=1e-3, tie_word_embeddings=True),
-                          dict(norm_eps=1e-5)),
+                          dict(norm__eps=1e-5)),
 }
 
 
@@ -227,12 +226,12 @@ def test_export_of_a_model_built_here_writes_its_own_settings(tmp_path, shape):
     model = random_model(cfg)
     ours = np.asarray(model(jnp.asarray(IDS)))
     for field, default in defaults.items():               # the same weights with the default: other logits
-        assert rel(random_model(dataclasses.replace(cfg, **{field: default}))(jnp.asarray(IDS)), ours) > 1e-3
+        assert rel(random_model(replaced(cfg, **{field: default}))(jnp.asarray(IDS)), ours) > 1e-3
     written = save_pretrained(model, tmp_path / "out")
     assert read(tmp_path / "out") == written
     assert {k: written[k] for k in entries} == entries
     if cfg.positional == "rope":
-        assert written["rope_parameters"]["rope_theta"] == cfg.rope_base
+        assert written["rope_parameters"]["rope_theta"] == cfg.rope.base
     theirs = hf_load(tmp_path / "out")
     assert rel(hf_logits(theirs), ours) < TOL
 

@@ -10,7 +10,7 @@ from flax import nnx
 from helpers import tiny_lm, tiny_reverse
 
 from jaxformer.cli import main as cli_main
-from jaxformer.config import ConfigError
+from jaxformer.config import ConfigError, replaced
 from jaxformer.data import DataError
 from jaxformer.decode import generate_seq2seq, greedy_naive
 from jaxformer.inference import generate_text
@@ -180,8 +180,8 @@ def test_evaluation_never_applies_dropout():
     from jaxformer.data import resolve
     from jaxformer.inference import evaluate
     from jaxformer.nn import build_model
-    cfg, task = resolve(tiny_lm("model.dropout=0.5"))
-    off = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dropout=0.0))
+    cfg, task = resolve(tiny_lm("model.runtime.dropout=0.5"))
+    off = dataclasses.replace(cfg, model=replaced(cfg.model, runtime__dropout=0.0))
     model, same = build_model(cfg.model), build_model(off.model)
     nnx.update(same, nnx.state(model, nnx.Param))
     first, again, without = evaluate(cfg, task, model), evaluate(cfg, task, model), evaluate(off, task, same)

@@ -1,9 +1,8 @@
-"""Initialisation schemes (model.init) against the modules they name: PyTorch's own nn.MultiheadAttention,
+"""Initialisation schemes (model.runtime.init) against the modules they name: PyTorch's own nn.MultiheadAttention,
 nn.Linear and nn.Embedding initialised here (sample standard deviations and bounds agree), GPT-2's N(0, 0.02)
 with 1/√(2L) residual outputs, and today's Glorot scheme unchanged bit for bit."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
@@ -12,7 +11,7 @@ import pytest
 from flax import nnx
 
 from helpers import tiny_lm
-from jaxformer.config import ConfigError
+from jaxformer.config import ConfigError, replaced
 from jaxformer.nn import build_model
 
 torch = pytest.importorskip("torch")
@@ -21,8 +20,8 @@ D, N, F, L = 256, 8, 512, 3
 
 
 def _params(scheme: str, **kw) -> dict:
-    cfg = dataclasses.replace(tiny_lm("model.norm_position=pre").model, vocab_size=300, d_model=D, num_heads=N,
-                              d_ff=F, num_decoder_layers=L, init=scheme, **kw)
+    cfg = replaced(tiny_lm("model.norm.position=pre").model, vocab_size=300, d_model=D, num_heads=N,
+                              d_ff=F, num_decoder_layers=L, runtime__init=scheme, **kw)
     flat = nnx.to_flat_state(nnx.state(build_model(cfg, seed=0), nnx.Param))
     return {"/".join(str(p) for p in path if not isinstance(p, int)): np.asarray(v[...]) for path, v in flat}
 
@@ -67,12 +66,12 @@ def test_glorot_is_the_default_and_the_schemes_differ():
     wq = default["decoder/layers/blocks/self_attn/wq"]
     assert np.abs(wq).max() <= math.sqrt(6 / (D + D)) and abs(wq.std() / math.sqrt(2 / (D + D)) - 1) < 0.03
     assert abs(_params("pytorch")["embed/tokens"].std() / default["embed/tokens"].std() - math.sqrt(D)) < 1.0
-    with pytest.raises(ConfigError, match="model.init='lecun'"):
-        tiny_lm("model.init=lecun")
+    with pytest.raises(ConfigError, match="model.runtime.init='lecun'"):
+        tiny_lm("model.runtime.init=lecun")
 
 
 def test_moe_experts_follow_the_scheme():
-    p = _params("pytorch", ffn="moe", num_experts=4)
+    p = _params("pytorch", ffn="moe", moe__num_experts=4)
     w1 = p["decoder/layers/blocks/ffn/w1"]
     assert np.abs(w1).max() <= 1 / math.sqrt(D) and abs(w1.std() / (1 / math.sqrt(3 * D)) - 1) < 0.03
     assert jax.tree.leaves(p)

@@ -42,12 +42,13 @@ def _laid_out(name: str, which: str) -> str:
     import jax
     import jax.numpy as jnp
     from flax import nnx
-    from jaxformer.config import ModelConfig
+    from jaxformer.config import ModelConfig, replaced
     from jaxformer.nn import build_model
     lever = levers.LEVERS[name]
     batch = int(lever.configs[0].split()[1][1:])
-    cfg = ModelConfig(arch="decoder_only", vocab_size=11, d_model=16, num_heads=2, d_ff=40, num_decoder_layers=1,
-                      positional="rope", norm_position="pre", dropout=0.0, max_len=8)
+    cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=11, d_model=16, num_heads=2, d_ff=40,
+                   num_decoder_layers=1,
+                      positional="rope", norm__position="pre", runtime__dropout=0.0, max_len=8)
     model = build_model(cfg)
     with lever.switch_off() if which == "before" else levers.contextlib.nullcontext():
         layout = model.decoding_layout(batch)

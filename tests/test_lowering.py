@@ -15,7 +15,7 @@ import pytest
 
 from helpers import tiny_reverse
 from jaxformer.data import build_task
-from jaxformer.config import resolve_vocab
+from jaxformer.config import resolve_vocab, replaced
 from jaxformer.platforms.lowering import threefry_is_unrolled, unrolled_threefry
 from jaxformer.train.step import init_state, make_train_step
 
@@ -63,7 +63,7 @@ def _one_step(graphs, cfg, state, batch, enable: bool | None):
 
 @pytest.mark.slow          # two train steps compiled (~13 s cold); the primitive's bits: the test above
 def test_the_train_step_is_built_unrolled_with_the_same_result():
-    cfg = tiny_reverse("model.dropout=0.3", "data.batch_size=8")
+    cfg = tiny_reverse("model.runtime.dropout=0.3", "data.batch_size=8")
     task = build_task(cfg.data)
     cfg = resolve_vocab(cfg, task.tokenizer.vocab_size)
     graphs, state = init_state(cfg)
@@ -85,8 +85,8 @@ def test_the_samplers_lower_unrolled_with_the_same_tokens(arch, monkeypatch):
     from jaxformer import decode
     from jaxformer.config import ModelConfig
     from jaxformer.nn import build_model
-    cfg = ModelConfig(arch=arch, vocab_size=17, d_model=32, num_heads=4, num_kv_heads=2, d_ff=48,
-                      num_encoder_layers=1, num_decoder_layers=1, dropout=0.0, max_len=16)
+    cfg = replaced(ModelConfig(), arch=arch, vocab_size=17, d_model=32, num_heads=4, num_kv_heads=2, d_ff=48,
+                      num_encoder_layers=1, num_decoder_layers=1, runtime__dropout=0.0, max_len=16)
     model = build_model(cfg, seed=0)
     prompts = jnp.arange(2, 8, dtype=jnp.int32).reshape(2, 3)
     if arch == "decoder_only":

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from helpers import compiled, tiny_lm
-from jaxformer.config import ConfigError, ModelConfig
+from jaxformer.config import ConfigError, ModelConfig, replaced
 from jaxformer.decode import beam_search, generate_seq2seq
 from jaxformer.nn import build_model, count_params
 from jaxformer.nn.layers import Context, DecoderBlock
@@ -26,8 +26,8 @@ EPS32 = float(np.finfo(np.float32).eps)
 
 def cfg(**kw):
     base = dict(arch="decoder_only", vocab_size=V, d_model=32, num_heads=4, d_ff=48, num_decoder_layers=2,
-                num_encoder_layers=1, norm_position="pre", positional="rope", dropout=0.0, max_len=32)
-    return ModelConfig(**{**base, **kw})
+                num_encoder_layers=1, norm__position="pre", positional="rope", runtime__dropout=0.0, max_len=32)
+    return replaced(ModelConfig(), **{**base, **kw})
 
 
 def close(got, want, ulps=64):
@@ -51,7 +51,8 @@ def segs(x):
 @pytest.mark.parametrize("activation", ["relu", "swiglu"])
 def test_one_expert_top1_equals_the_dense_model_in_training_and_inference(activation):
     dense = build_model(cfg(activation=activation), seed=0)
-    moe = build_model(cfg(activation=activation, ffn="moe", num_experts=1, moe_capacity_factor=1.0), seed=1)
+    moe = build_model(cfg(activation=activation, ffn="moe", moe__num_experts=1, runtime__moe_capacity_factor=1.0),
+                      seed=1)
     d_state, m_state = nnx.state(dense, nnx.Param), nnx.state(moe, nnx.Param)
     flat = dict(nnx.to_flat_state(d_state))
     for path, v in nnx.to_flat_state(m_state):
@@ -69,7 +70,7 @@ def test_one_expert_top1_equals_the_dense_model_in_training_and_inference(activa
 
 
 def test_tokens_dropped_for_capacity_pass_through_the_residual_unchanged():
-    c = cfg(ffn="moe", num_experts=2, moe_capacity_factor=0.25)
+    c = cfg(ffn="moe", moe__num_experts=2, runtime__moe_capacity_factor=0.25)
     block = DecoderBlock(c, cross=False, moe=True, rngs=nnx.Rngs(params=0))
     x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 8, 32)), jnp.float32)
     y, aux = nnx.jit(lambda b, x: b.res_ffn(x, lambda h: b.ffn(h, None, train=True), None))(block, x)
@@ -80,7 +81,7 @@ def test_tokens_dropped_for_capacity_pass_through_the_residual_unchanged():
 
 
 def test_moe_every_second_layer_equals_its_layers_applied_one_by_one():
-    c = cfg(ffn="moe", num_experts=4, moe_top_k=2, moe_every=2, num_decoder_layers=4)
+    c = cfg(ffn="moe", moe__num_experts=4, moe__top_k=2, moe__every=2, num_decoder_layers=4)
     model = build_model(c, seed=3)
     kinds = model.decoder.layers.blocks
     assert kinds[0].ffn.w1[...].shape == (2, 32, 48) and kinds[1].ffn.w1[...].shape == (2, 4, 32, 48)
@@ -111,8 +112,9 @@ def test_moe_every_second_layer_equals_its_layers_applied_one_by_one():
 
 @pytest.mark.slow            # the train step's MoE metrics are checked in the default suite by tests/test_parallel.py
 def test_moe_training_logs_load_and_drops_and_its_checkpoint_restores(tmp_path):
-    c = tiny_lm("model.ffn=moe", "model.num_experts=4", "model.moe_top_k=2", "model.moe_capacity_factor=0.5",
-                "model.num_decoder_layers=2", "model.moe_every=2", "train.steps=4", "train.log_every=2",
+    c = tiny_lm("model.ffn=moe", "model.moe.num_experts=4", "model.moe.top_k=2",
+                "model.runtime.moe_capacity_factor=0.5",
+                "model.num_decoder_layers=2", "model.moe.every=2", "train.steps=4", "train.log_every=2",
                 "train.eval_every=4", "train.checkpoint_every=4", "train.num_examples=0")
     train(c, tmp_path / "run", progress="none")
     run = load_model(tmp_path / "run", "latest")                      # a patterned stack (dense, MoE) restores
@@ -133,7 +135,7 @@ def test_router_receives_gradient_from_the_balancing_loss_alone():
     sits above the experts)."""
     from jaxformer.train.step import moe_metrics, objective
     from jaxformer.config import OptimConfig
-    c = cfg(ffn="moe", num_experts=4, num_decoder_layers=1)
+    c = cfg(ffn="moe", moe__num_experts=4, num_decoder_layers=1)
     model = build_model(c, seed=0)
     x = tokens(np.random.default_rng(3))
 
@@ -150,7 +152,7 @@ def test_router_receives_gradient_from_the_balancing_loss_alone():
 
 
 def test_moe_lm_cached_decoding_equals_the_full_forward():
-    c = cfg(ffn="moe", num_experts=4, moe_top_k=2, moe_every=2, num_decoder_layers=2)
+    c = cfg(ffn="moe", moe__num_experts=4, moe__top_k=2, moe__every=2, num_decoder_layers=2)
     model = build_model(c, seed=5)
     x = tokens(np.random.default_rng(4), t=9)
     valid = x != 0
@@ -177,7 +179,7 @@ def test_moe_lm_cached_decoding_equals_the_full_forward():
 @pytest.mark.slow          # int8 weights, MoE encoder-decoder, beam search: ~8 s of compiling
 def test_moe_seq2seq_quantized_beam_of_one_is_greedy_decoding():
     """Beam search and greedy decoding through MoE layers (int8-quantized: one model covers both features)."""
-    c = cfg(arch="encoder_decoder", ffn="moe", num_experts=4, moe_top_k=2, positional="sinusoidal")
+    c = cfg(arch="encoder_decoder", ffn="moe", moe__num_experts=4, moe__top_k=2, positional="sinusoidal")
     model = quantize_model(build_model(c, seed=6), "int8")
     src = jnp.asarray(np.random.default_rng(5).integers(3, V, (4, 6)), jnp.int32)
     greedy = generate_seq2seq(model, src, max_new=6, bos_id=1, eos_id=2)
@@ -187,10 +189,10 @@ def test_moe_seq2seq_quantized_beam_of_one_is_greedy_decoding():
 
 
 @pytest.mark.parametrize("kw,field", [
-    (dict(ffn="moe", num_decoder_layers=3, moe_every=2), "model.moe_every=2"),
-    (dict(ffn="moe", num_experts=1, moe_top_k=2), "model.moe_top_k=2"),
-    (dict(moe_top_k=3), "model.moe_top_k=3"),
-    (dict(moe_capacity_factor=-1.0), "model.moe_capacity_factor=-1.0"),
+    (dict(ffn="moe", num_decoder_layers=3, moe__every=2), "model.moe.every=2"),
+    (dict(ffn="moe", moe__num_experts=1, moe__top_k=2), "model.moe.top_k=2"),
+    (dict(moe__top_k=3), "model.moe.top_k=3"),
+    (dict(runtime__moe_capacity_factor=-1.0), "model.runtime.moe_capacity_factor=-1.0"),
     (dict(ffn="sparse"), "model.ffn='sparse'"),
 ])
 def test_bad_moe_settings_name_the_field(kw, field):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxformer.config import ModelConfig
+from jaxformer.config import ModelConfig, replaced
 from jaxformer.configio import apply_overrides
 from jaxformer.errors import ConfigError
 from jaxformer.nn import Norm
@@ -16,8 +16,8 @@ from jaxformer.ops import norms
 
 def tiny(**kw) -> ModelConfig:
     base = dict(arch="decoder_only", vocab_size=11, d_model=8, num_heads=2, d_ff=16, num_decoder_layers=1,
-                dropout=0.0)
-    return ModelConfig(**{**base, **kw})
+                runtime__dropout=0.0)
+    return replaced(ModelConfig(), **{**base, **kw})
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_builtin_norms_are_registered():
 
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
 def test_norm_module_dispatches_builtins(kind):
-    m = Norm(tiny(norm_type=kind), rngs=nnx.Rngs(0))
+    m = Norm(tiny(norm__type=kind), rngs=nnx.Rngs(0))
     assert hasattr(m, "bias") == (kind == "layernorm")
     x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, 8)), jnp.float32)
     want = (norms.layer_norm(x, m.scale[...], m.bias[...], 1e-5) if kind == "layernorm"
@@ -74,10 +74,10 @@ def test_register_rejects_bad_arguments(registry, name, fn, bias, err):
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_registered_norm_is_validated_built_and_called(registry, bias):
-    with pytest.raises(ConfigError, match="model.norm_type='centre'"):         # checked when validation runs
-        tiny(norm_type="centre")
+    with pytest.raises(ConfigError, match="model.norm.type='centre'"):         # checked when validation runs
+        tiny(norm__type="centre")
     assert registry.register_norm("centre", centre, bias=bias) is centre
-    cfg = apply_overrides(tiny(), ["norm_type=centre"])
+    cfg = apply_overrides(tiny(), ["norm.type=centre"])
     m = Norm(cfg, rngs=nnx.Rngs(0))
     assert hasattr(m, "bias") == bias
     if bias:
@@ -90,6 +90,6 @@ def test_registered_norm_is_validated_built_and_called(registry, bias):
 def test_unknown_norm_type_names_the_field_and_the_registered_names(registry):
     registry.register_norm("centre", centre, bias=False)
     with pytest.raises(ConfigError) as e:
-        tiny(norm_type="batchnorm")
+        tiny(norm__type="batchnorm")
     msg = str(e.value)
-    assert "model.norm_type='batchnorm'" in msg and all(f"'{n}'" in msg for n in ("layernorm", "rmsnorm", "centre"))
+    assert "model.norm.type='batchnorm'" in msg and all(f"'{n}'" in msg for n in ("layernorm", "rmsnorm", "centre"))

@@ -26,7 +26,7 @@ ARMS = {"schedule_free": ["optim.name=schedule_free", "optim.schedule=constant",
                           "optim.warmup_steps=2"],
         "ema": ["optim.ema=0.9", "optim.lr=1e-2"],
         "adamw": []}
-LLAMA = ["model.norm_position=pre", "model.norm_type=rmsnorm", "model.positional=rope", "model.activation=swiglu",
+LLAMA = ["model.norm.position=pre", "model.norm.type=rmsnorm", "model.positional=rope", "model.activation=swiglu",
          "model.use_bias=false", "model.scale_embeddings=false"]             # a shape export-hf writes (Llama)
 STEPS = ["train.steps=4", "train.eval_every=4", "train.log_every=4", "train.checkpoint_every=2",
          "train.num_examples=0", "train.peak_flops=1e9"]

@@ -15,7 +15,7 @@ from flax import nnx
 from jax.test_util import check_grads
 
 from jaxformer import ops
-from jaxformer.config import ModelConfig
+from jaxformer.config import ModelConfig, replaced
 from jaxformer.nn import EncoderBlock
 from jaxformer.nn.layers import Context
 from jaxformer.ops import activations, norms, positional
@@ -590,8 +590,8 @@ def test_activations_match_numpy():
 
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
 def test_check_grads_encoder_block_wrt_input(norm_position):
-    cfg = ModelConfig(arch="decoder_only", vocab_size=11, d_model=16, num_heads=4, num_kv_heads=2, d_ff=32,
-                      num_decoder_layers=1, max_len=8, dropout=0.0, norm_position=norm_position,
+    cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=11, d_model=16, num_heads=4, num_kv_heads=2, d_ff=32,
+                      num_decoder_layers=1, max_len=8, runtime__dropout=0.0, norm__position=norm_position,
                       positional="rope", activation="gelu")
     block = EncoderBlock(cfg, rngs=nnx.Rngs(params=0))
     x = jnp.asarray(rand(161, (1, 4, 16)))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from helpers import tiny_lm, tiny_reverse
-from jaxformer.config import ConfigError, OptimConfig, resolve_vocab
+from jaxformer.config import ConfigError, OptimConfig, resolve_vocab, replaced
 from jaxformer.data import build_task
 from jaxformer.nn import build_model
 from jaxformer.nn.params import muon_dims
@@ -27,7 +27,7 @@ def test_accumulated_micro_batches_equal_one_batch():
     averaging their mean losses (equal weights) would differ from the batch; summing token-weighted does not."""
     steps = {}
     for k in (1, 2):                                                # k = 4: the slow lane's test below
-        cfg, task, graphs, state = prepared(tiny_reverse("model.dropout=0.0", "data.batch_size=8",
+        cfg, task, graphs, state = prepared(tiny_reverse("model.runtime.dropout=0.0", "data.batch_size=8",
                                                          f"optim.accumulate={k}", "data.min_len=1", "data.max_len=9"))
         batch = {name: jnp.asarray(v[:8]) for name, v in task.train.items()}
         new, m = make_train_step(graphs, cfg)(state, batch, jax.random.key(0))
@@ -46,7 +46,7 @@ def test_accumulated_micro_batches_equal_one_batch():
                                            ("schedule_free", "constant")])
 def test_each_optimizer_overfits_a_tiny_batch(name, schedule):
     lr = {"lion": "3e-4", "muon": "2e-2", "adamw": "3e-3", "schedule_free": "3e-3"}[name]
-    cfg, task, graphs, state = prepared(tiny_reverse("model.dropout=0.0", f"optim.name={name}",
+    cfg, task, graphs, state = prepared(tiny_reverse("model.runtime.dropout=0.0", f"optim.name={name}",
                                                      f"optim.schedule={schedule}", f"optim.lr={lr}",
                                                      "optim.warmup_steps=10", "train.steps=150"))
     step = make_train_step(graphs, cfg)
@@ -115,8 +115,8 @@ def test_layer_gradient_norms_are_each_layers_own_and_add_up_to_the_global_norm(
     import optax
     from flax import nnx
     from jaxformer.train.step import layer_grad_norms
-    cfg = dataclasses.replace(tiny_lm().model, vocab_size=20, num_decoder_layers=4, ffn="moe", num_experts=2,
-                              moe_every=2)
+    cfg = replaced(tiny_lm().model, vocab_size=20, num_decoder_layers=4, ffn="moe", moe__num_experts=2,
+                              moe__every=2)
     model = build_model(cfg, seed=0)
     tokens = jnp.asarray(np.random.default_rng(0).integers(1, 20, (2, 6)))
     grads = nnx.jit(nnx.grad(lambda m: (m(tokens) ** 2).mean()))(model)
@@ -136,9 +136,10 @@ def test_layer_gradient_norms_are_each_layers_own_and_add_up_to_the_global_norm(
 
 @pytest.mark.slow          # three more compiled steps (~10 s)
 def test_four_accumulated_micro_batches_equal_one_batch():
-    cfg, task, graphs, state = prepared(tiny_reverse("model.dropout=0.0", "data.batch_size=8", "optim.accumulate=4",
+    cfg, task, graphs, state = prepared(tiny_reverse("model.runtime.dropout=0.0", "data.batch_size=8",
+                                                     "optim.accumulate=4",
                                                      "data.min_len=1", "data.max_len=9"))
-    one_cfg, _, one_graphs, one_state = prepared(tiny_reverse("model.dropout=0.0", "data.batch_size=8",
+    one_cfg, _, one_graphs, one_state = prepared(tiny_reverse("model.runtime.dropout=0.0", "data.batch_size=8",
                                                               "data.min_len=1", "data.max_len=9"))
     batch = {name: jnp.asarray(v[:8]) for name, v in task.train.items()}
     a, ma = make_train_step(graphs, cfg)(state, batch, jax.random.key(0))

@@ -29,7 +29,7 @@ from jaxformer.parallel import RULES, rules_table
 RTOL = 2 ** 7 * float(np.finfo(np.float32).eps)
 # heads and vocab that split 4 ways; a constant, large learning rate, so that 5 steps move the losses and 20
 # give a model whose decoded tokens vary (a near-initial model decodes one token everywhere)
-SMALL = ["model.num_heads=4", "model.vocab_size=16", "model.dropout=0.0", "optim.schedule=constant",
+SMALL = ["model.num_heads=4", "model.vocab_size=16", "model.runtime.dropout=0.0", "optim.schedule=constant",
          "optim.lr=0.01", "optim.warmup_steps=0"]
 STRATEGIES = {
     "data parallel": ["parallel.data=8"],
@@ -39,7 +39,7 @@ STRATEGIES = {
     "shard_map": ["parallel.mode=shard_map", "parallel.data=8"],
 }
 # a MoE reversal model whose 8 experts split over the expert axis (top-2, capacity that drops some tokens)
-MOE = SMALL + ["model.ffn=moe", "model.num_experts=8", "model.moe_top_k=2", "model.moe_capacity_factor=1.0"]
+MOE = SMALL + ["model.ffn=moe", "model.moe.num_experts=8", "model.moe.top_k=2", "model.runtime.moe_capacity_factor=1.0"]
 MOE_MESHES = {"one device": ["parallel.data=1"], "expert 8": ["parallel.data=1", "parallel.expert=8"]}
 REFUSED = {
     "sizes that do not multiply to 8": (["parallel.data=3"], "needs 3 devices; 8 are available"),

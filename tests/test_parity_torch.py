@@ -32,7 +32,7 @@ import torch.nn.functional as F  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from jaxformer import ops  # noqa: E402
-from jaxformer.config import ModelConfig  # noqa: E402
+from jaxformer.config import ModelConfig, replaced  # noqa: E402
 from jaxformer.nn.layers import Context  # noqa: E402
 from jaxformer.nn import (Decoder, DecoderBlock, Encoder, EncoderBlock, MultiHeadAttention,  # noqa: E402
                           Transformer, TransformerLM)
@@ -115,9 +115,9 @@ def torch_causal(t: int, s: int | None = None) -> torch.Tensor:
 
 def make_cfg(**kw) -> ModelConfig:
     base = dict(vocab_size=13, d_model=D, num_heads=N, d_ff=FF, num_encoder_layers=2, num_decoder_layers=2,
-                dropout=0.0, max_len=64)
+                runtime__dropout=0.0, max_len=64)
     base.update(kw)
-    return ModelConfig(**base)
+    return replaced(ModelConfig(), **base)
 
 
 # --- torch -> ours parameter trees (nested dicts of numpy arrays, keyed like our module attributes)
@@ -295,7 +295,7 @@ def test_encoder_block_parity(norm_first, activation):
     rng = seed(5)
     tl = perturb_(nn.TransformerEncoderLayer(D, N, FF, dropout=0.0, activation=activation, batch_first=True,
                                              norm_first=norm_first))
-    cfg = make_cfg(norm_position="pre" if norm_first else "post", activation=activation)
+    cfg = make_cfg(norm__position="pre" if norm_first else "post", activation=activation)
     ours = EncoderBlock(cfg, rngs=nnx.Rngs(0))
     load(ours, encoder_block_params(tl, N))
 
@@ -316,7 +316,7 @@ def test_decoder_block_parity(norm_first, activation):
     rng = seed(6)
     tl = perturb_(nn.TransformerDecoderLayer(D, N, FF, dropout=0.0, activation=activation, batch_first=True,
                                              norm_first=norm_first))
-    cfg = make_cfg(norm_position="pre" if norm_first else "post", activation=activation)
+    cfg = make_cfg(norm__position="pre" if norm_first else "post", activation=activation)
     ours = DecoderBlock(cfg, cross=True, rngs=nnx.Rngs(0))
     load(ours, decoder_block_params(tl, N))
 
@@ -361,7 +361,7 @@ def test_transformer_stacks_parity(case):
     if not torch_final:
         tr.encoder.norm = None
         tr.decoder.norm = None
-    cfg = make_cfg(norm_position="pre" if norm_first else "post", final_norm=final_norm)
+    cfg = make_cfg(norm__position="pre" if norm_first else "post", norm__final=final_norm)
     enc, dec = Encoder(cfg, rngs=nnx.Rngs(0)), Decoder(cfg, cross=True, rngs=nnx.Rngs(1))
     _load_stacks(tr, enc, dec)
 
@@ -407,7 +407,7 @@ def test_transformer_model_parity(norm_first):
     at every real target (a padding query sees no key here, and every key but padding in torch)."""
     rng = seed(9)
     tr = _torch_transformer(norm_first, activation="gelu")
-    cfg = make_cfg(norm_position="pre" if norm_first else "post", final_norm=True, activation="gelu")
+    cfg = make_cfg(norm__position="pre" if norm_first else "post", norm__final=True, activation="gelu")
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     _load_stacks(tr, model.encoder, model.decoder)
 
@@ -434,7 +434,7 @@ def test_decoder_only_parity(norm_first):
     layer = nn.TransformerEncoderLayer(D, N, FF, dropout=0.0, batch_first=True, norm_first=norm_first)
     te = perturb_(nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(D) if norm_first else None,
                                         enable_nested_tensor=False))
-    cfg = make_cfg(arch="decoder_only", norm_position="pre" if norm_first else "post")
+    cfg = make_cfg(arch="decoder_only", norm__position="pre" if norm_first else "post")
     lm = TransformerLM(cfg, rngs=nnx.Rngs(0))
     load(lm.decoder.layers.blocks, stack_trees([self_block_params(l, N) for l in te.layers]))
     if norm_first:

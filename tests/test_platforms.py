@@ -56,7 +56,7 @@ def test_override_is_by_name_nests_and_ends_with_its_block():
 
 
 def _model():
-    cfg = resolve_vocab(tiny_lm("model.norm_position=pre", "model.d_model=64", "model.d_ff=128",
+    cfg = resolve_vocab(tiny_lm("model.norm.position=pre", "model.d_model=64", "model.d_ff=128",
                                 "model.num_decoder_layers=2"), 40)
     return build_model(cfg.model, seed=3)
 

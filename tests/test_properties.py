@@ -18,7 +18,7 @@ from flax import nnx
 from hypothesis import given, settings
 
 from jaxformer import ops
-from jaxformer.config import ModelConfig
+from jaxformer.config import ModelConfig, replaced
 from jaxformer.nn import Transformer, TransformerLM, build_model
 from jaxformer.nn.layers import Context
 from jaxformer.ops import positional
@@ -27,17 +27,17 @@ V, D, N, F, L = 17, 16, 4, 32, 2
 B, T, S = 2, 8, 7
 PAD = 0
 
-COMMON = dict(vocab_size=V, d_model=D, num_heads=N, d_ff=F, max_len=16, dropout=0.0, pad_id=PAD)
+COMMON = dict(vocab_size=V, d_model=D, num_heads=N, d_ff=F, max_len=16, runtime__dropout=0.0, pad_id=PAD)
 LM_CONFIGS = {
-    "rope-pre": dict(positional="rope", norm_position="pre", num_kv_heads=2),
-    "alibi-post": dict(positional="alibi", norm_position="post", norm_type="rmsnorm", activation="gelu"),
-    "learned-pre": dict(positional="learned", norm_position="pre", norm_type="rmsnorm", activation="swiglu",
+    "rope-pre": dict(positional="rope", norm__position="pre", num_kv_heads=2),
+    "alibi-post": dict(positional="alibi", norm__position="post", norm__type="rmsnorm", activation="gelu"),
+    "learned-pre": dict(positional="learned", norm__position="pre", norm__type="rmsnorm", activation="swiglu",
                         num_kv_heads=1, tie_embeddings=False),
-    "sinusoidal-post": dict(positional="sinusoidal", norm_position="post"),
+    "sinusoidal-post": dict(positional="sinusoidal", norm__position="post"),
 }
 ED_CONFIGS = {
-    "ed-sinusoidal-post": dict(positional="sinusoidal", norm_position="post"),
-    "ed-rope-pre": dict(positional="rope", norm_position="pre", num_kv_heads=2, norm_type="rmsnorm",
+    "ed-sinusoidal-post": dict(positional="sinusoidal", norm__position="post"),
+    "ed-rope-pre": dict(positional="rope", norm__position="pre", num_kv_heads=2, norm__type="rmsnorm",
                         activation="swiglu"),
 }
 # Examples per property. Each example after the first costs milliseconds (one compiled program per config and
@@ -67,7 +67,7 @@ class LM:
     config and shared by every gradient property."""
 
     def __init__(self, name):
-        self.cfg = ModelConfig(arch="decoder_only", num_decoder_layers=L, **COMMON, **LM_CONFIGS[name])
+        self.cfg = replaced(ModelConfig(), arch="decoder_only", num_decoder_layers=L, **COMMON, **LM_CONFIGS[name])
         model = build_model(self.cfg, seed=1)
         assert isinstance(model, TransformerLM)
         self.model = model
@@ -104,7 +104,7 @@ class ED:
     pass, and one analysis program (compiled once per config, shared by the source and target properties)."""
 
     def __init__(self, name):
-        self.cfg = ModelConfig(arch="encoder_decoder", num_encoder_layers=L, num_decoder_layers=L, **COMMON,
+        self.cfg = replaced(ModelConfig(), arch="encoder_decoder", num_encoder_layers=L, num_decoder_layers=L, **COMMON,
                                **ED_CONFIGS[name])
         model = build_model(self.cfg, seed=2)
         assert isinstance(model, Transformer)

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 from helpers import cached_and_full, compiled
 
-from jaxformer.config import ModelConfig
+from jaxformer.config import ModelConfig, replaced
 from jaxformer.nn import build_model
 from jaxformer.nn.cache import QuantizedKV
 from jaxformer.nn.params import project
@@ -23,8 +23,8 @@ REL = {"int8": 8 / 127, "w8a8": 8 / 127, "int4": 2 / 7}
 
 def cfg(**kw):
     base = dict(arch="decoder_only", vocab_size=V, d_model=256, num_heads=4, d_ff=256, num_decoder_layers=2,
-                num_encoder_layers=1, norm_position="pre", positional="rope", dropout=0.0, max_len=32)
-    return ModelConfig(**{**base, **kw})
+                num_encoder_layers=1, norm__position="pre", positional="rope", runtime__dropout=0.0, max_len=32)
+    return replaced(ModelConfig(), **{**base, **kw})
 
 
 def rel(a, b):
@@ -40,7 +40,7 @@ def test_the_contracted_axes_of_every_projection():
 
 
 def test_only_the_layer_projections_are_quantized_with_per_channel_scales():
-    model = quantize_model(build_model(cfg(tie_embeddings=False, ffn="moe", num_experts=2)), "int8")
+    model = quantize_model(build_model(cfg(tie_embeddings=False, ffn="moe", moe__num_experts=2)), "int8")
     kinds = {}
     for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         kinds["/".join(map(str, path))] = v.get_value()
@@ -108,7 +108,7 @@ def test_quantized_cached_decoding_equals_its_full_forward(mode):
 
 
 def test_int8_kv_cache_decodes_like_the_full_forward_in_a_quarter_of_the_bytes():
-    model = build_model(cfg(kv_cache_dtype="int8", num_kv_heads=2), seed=4)
+    model = build_model(cfg(runtime__kv_cache_dtype="int8", num_kv_heads=2), seed=4)
     got, want, cache = cached_and_full(model, jnp.asarray(np.random.default_rng(3).integers(1, V, (2, 9)),
                                                           jnp.int32), 5)
     assert isinstance(cache.k, QuantizedKV) and cache.k.values.dtype == jnp.int8

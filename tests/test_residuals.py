@@ -1,4 +1,4 @@
-"""Norm and residual variants (model.norm_position): post, pre, sandwich, deepnorm, rezero against float64
+"""Norm and residual variants (model.norm.position): post, pre, sandwich, deepnorm, rezero against float64
 NumPy formulas written here; DeepNet's α and β; each variant under jit and grad and in cached decoding."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from helpers import tiny_lm
-from jaxformer.config import ConfigError
+from jaxformer.config import ConfigError, replaced
 from jaxformer.nn import build_model
 from jaxformer.nn.init import deepnorm
 from jaxformer.nn.layers import Residual
@@ -26,8 +26,8 @@ def _ln(x, g, b, eps=1e-5):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_residual_equals_its_formula(kind):
-    cfg = dataclasses.replace(tiny_lm().model, vocab_size=20, norm_position=kind, d_model=8, num_heads=2,
-                              num_decoder_layers=6, dropout=0.0)
+    cfg = replaced(tiny_lm().model, vocab_size=20, norm__position=kind, d_model=8, num_heads=2,
+                              num_decoder_layers=6, runtime__dropout=0.0)
     res = Residual(cfg, rngs=nnx.Rngs(params=0))
     rng = np.random.default_rng(0)
     for name in ("norm", "post_norm"):                       # random scales and biases: not the identity
@@ -52,12 +52,12 @@ def test_each_residual_equals_its_formula(kind):
 
 
 def test_deepnorm_constants_and_beta_scaled_init():
-    lm = dataclasses.replace(tiny_lm().model, vocab_size=20, num_decoder_layers=6, norm_position="deepnorm")
+    lm = replaced(tiny_lm().model, vocab_size=20, num_decoder_layers=6, norm__position="deepnorm")
     assert deepnorm(lm, "decoder") == pytest.approx((12 ** 0.25, 48 ** -0.25))
     s2s = dataclasses.replace(lm, arch="encoder_decoder", num_encoder_layers=6)
     assert deepnorm(s2s, "encoder") == pytest.approx((0.81 * (6 ** 5) ** (1 / 16), 0.87 * (6 ** 5) ** (-1 / 16)))
     assert deepnorm(s2s, "decoder") == pytest.approx((18 ** 0.25, 72 ** -0.25))
-    post = nnx.state(build_model(dataclasses.replace(lm, norm_position="post"), seed=0), nnx.Param)
+    post = nnx.state(build_model(replaced(lm, norm__position="post"), seed=0), nnx.Param)
     deep = nnx.state(build_model(lm, seed=0), nnx.Param)
     blk = lambda s, *k: np.asarray(s["decoder"]["layers"]["blocks"][k[0]][k[1]][...])     # noqa: E731
     beta = 48 ** -0.25
@@ -70,8 +70,8 @@ def test_deepnorm_constants_and_beta_scaled_init():
 @pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if k in ("post", "pre") else k
                                   for k in KINDS])              # post and pre: covered across the suite already
 def test_each_variant_decodes_like_the_full_forward_and_has_gradients(kind):
-    cfg = dataclasses.replace(tiny_lm("model.positional=rope", "model.dropout=0.0").model, vocab_size=20,
-                              norm_position=kind, num_decoder_layers=2)
+    cfg = replaced(tiny_lm("model.positional=rope", "model.runtime.dropout=0.0").model, vocab_size=20,
+                              norm__position=kind, num_decoder_layers=2)
     model = build_model(cfg, seed=1)
     if kind == "rezero":                                   # from 0 every block is the identity: move off it
         model.decoder.layers.blocks.res_self.gate[...] = jnp.full((2,), 0.5)
@@ -90,12 +90,12 @@ def test_each_variant_decodes_like_the_full_forward_and_has_gradients(kind):
 
 
 def test_rezero_starts_as_the_identity_and_bad_placements_are_named():
-    cfg = dataclasses.replace(tiny_lm("model.dropout=0.0").model, vocab_size=20, norm_position="rezero",
-                              num_decoder_layers=2, final_norm=False, tie_embeddings=True, scale_embeddings=False,
+    cfg = replaced(tiny_lm("model.runtime.dropout=0.0").model, vocab_size=20, norm__position="rezero",
+                              num_decoder_layers=2, norm__final=False, tie_embeddings=True, scale_embeddings=False,
                               positional="none")
     model = build_model(cfg, seed=2)
     tokens = jnp.asarray([[3, 4, 5]])
     emb = np.asarray(model.embed.tokens[...])
     np.testing.assert_allclose(np.asarray(model(tokens))[0], emb[[3, 4, 5]] @ emb.T, rtol=1e-5, atol=1e-6)
-    with pytest.raises(ConfigError, match="model.norm_position='middle'"):
-        tiny_lm("model.norm_position=middle")
+    with pytest.raises(ConfigError, match="model.norm.position='middle'"):
+        tiny_lm("model.norm.position=middle")

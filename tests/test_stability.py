@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from helpers import records, tiny_lm
-from jaxformer.config import ConfigError
+from jaxformer.config import ConfigError, replaced
 from jaxformer.nn import build_model
 from jaxformer.ops.losses import token_losses
 from jaxformer.train.loop import train
@@ -44,7 +44,7 @@ def test_z_loss_adds_log_z_squared_per_target_token(z):
 
 
 def test_logit_softcap_is_cap_tanh_of_the_uncapped_logits_and_decodes_the_same(tmp_path):
-    base = dataclasses.replace(tiny_lm("model.norm_position=pre", "model.dropout=0.0").model, vocab_size=20)
+    base = dataclasses.replace(tiny_lm("model.norm.position=pre", "model.runtime.dropout=0.0").model, vocab_size=20)
     capped = build_model(dataclasses.replace(base, logit_softcap=2.0), seed=3)
     plain = build_model(base, seed=3)
     tokens = jnp.asarray(np.random.default_rng(1).integers(1, 20, (2, 9)))
@@ -112,8 +112,8 @@ def test_attention_softcap_equals_numpy_and_chunked_equals_reference_with_gradie
 def test_attention_softcap_decodes_like_the_full_forward_and_fused_backends_refuse_it():
     from jaxformer.errors import BackendError
     from jaxformer import ops
-    cfg = dataclasses.replace(tiny_lm("model.norm_position=pre", "model.dropout=0.0", "model.positional=rope",
-                                      "model.attention_softcap=0.5").model, vocab_size=20)
+    cfg = dataclasses.replace(tiny_lm("model.norm.position=pre", "model.runtime.dropout=0.0", "model.positional=rope",
+                                      "model.attention.softcap=0.5").model, vocab_size=20)
     model = build_model(cfg, seed=1)
     tokens = jnp.asarray(np.random.default_rng(3).integers(1, 20, (2, 8)))
     full = np.asarray(model(tokens))
@@ -123,10 +123,10 @@ def test_attention_softcap_decodes_like_the_full_forward_and_fused_backends_refu
     rest = [model.step(tokens[:, i:i + 1], pos[:, i:i + 1], cache)[0] for i in range(5, 6)]
     np.testing.assert_allclose(np.asarray(first), full[:, :5], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(rest[0])[:, 0], full[:, 5], rtol=1e-5, atol=1e-5)
-    plain = build_model(dataclasses.replace(cfg, attention_softcap=0.0), seed=1)
+    plain = build_model(replaced(cfg, attention__softcap=0.0), seed=1)
     assert np.abs(np.asarray(plain(tokens)) - full).max() > 1e-3
     with pytest.raises(BackendError, match="soft-capping"):
         x = jnp.zeros((1, 4, 2, 8))
         ops.dot_product_attention(x, x, x, backend="pallas", softcap=1.0)
-    with pytest.raises(ConfigError, match="attention_softcap"):
-        tiny_lm("model.attention_backend=pallas", "model.attention_softcap=50")
+    with pytest.raises(ConfigError, match="model.attention.softcap"):
+        tiny_lm("model.runtime.attention_backend=pallas", "model.attention.softcap=50")

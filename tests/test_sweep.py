@@ -20,7 +20,7 @@ STEPS = 6
 
 
 def _sweep_file(tmp_path, name="grid", grid=None, extra="", evals=None):
-    grid = grid or {"optim.lr": (1e-3, 3e-3), "model.norm_position": ("post", "pre")}
+    grid = grid or {"optim.lr": (1e-3, 3e-3), "model.norm.position": ("post", "pre")}
     common = tuple(TINY_LM) + (f"train.steps={STEPS}", "train.log_every=2", f"train.eval_every={STEPS}",
                                 f"train.checkpoint_every={STEPS}", "train.num_examples=0",
                                 "train.eval_batch_size=8")     # one eval batch shape for every held-out set
@@ -28,7 +28,8 @@ def _sweep_file(tmp_path, name="grid", grid=None, extra="", evals=None):
         from jaxformer.sweep import Sweep
         def get_sweep():
             return Sweep(name={name!r}, base={str(ROOT / 'configs/alice.py')!r}, set={common!r}, grid={grid!r},
-                         seeds=(0, 1), evals={evals or {}!r}, panels={"model.norm_position" if "model.norm_position" in grid else None!r},
+                         seeds=(0, 1), evals={evals or {}!r},
+                         panels={"model.norm.position" if "model.norm.position" in grid else None!r},
                          metrics={{"loss": "eval/loss", "steps to < 9": "train/loss<9", "first": "train/loss@first",
                                    "diverged": "diverged", "failed": "failed:train/loss>9"{extra}}})
         """)

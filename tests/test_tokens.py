@@ -54,7 +54,7 @@ def test_packed_rows_mark_documents_and_drop_cross_document_targets():
 
 
 def test_a_packed_row_gives_each_documents_logits_alone(shards):
-    cfg = cfg_for(shards, "data.packing=documents", "model.dropout=0.0", "model.positional=rope")
+    cfg = cfg_for(shards, "data.packing=documents", "model.runtime.dropout=0.0", "model.positional=rope")
     task = build_task(cfg.data)
     model = build_model(apply_overrides(cfg, ["model.vocab_size=258"]).model)
     batch = next(iter(task.train_dataset(4, seed=1)))
@@ -119,7 +119,7 @@ def test_the_held_out_pass_scores_every_token_once(shards, packing):
 
 
 def test_bits_per_byte_is_the_text_tokens_nll_over_their_bytes(shards):
-    cfg = cfg_for(shards, "model.dropout=0.0")
+    cfg = cfg_for(shards, "model.runtime.dropout=0.0")
     task = build_task(cfg.data)
     model = build_model(apply_overrides(cfg, ["model.vocab_size=258"]).model)
     got = evaluate(apply_overrides(cfg, ["model.vocab_size=258"]), task, model)
@@ -139,7 +139,7 @@ def test_bits_per_byte_is_the_text_tokens_nll_over_their_bytes(shards):
 
 @pytest.mark.slow          # three short trainings (~15 s); the pipeline's own state round trip is checked above
 def test_training_on_shards_resumes_bit_exactly_and_logs_bits_per_byte(shards, tmp_path):
-    cfg = cfg_for(shards, "data.packing=documents", "model.dropout=0.1", "train.steps=4", "train.log_every=1",
+    cfg = cfg_for(shards, "data.packing=documents", "model.runtime.dropout=0.1", "train.steps=4", "train.log_every=1",
                   "train.checkpoint_every=2", "train.eval_every=4", "train.num_examples=1")
     train(cfg, tmp_path / "full", progress="none")
     train(cfg, tmp_path / "resumed", stop_after=2, progress="none")
@@ -207,7 +207,7 @@ def test_strided_windows_score_every_token_once_with_enough_context(n, window, d
 def lm_run(shards, tmp_path_factory):
     d = tmp_path_factory.mktemp("lm-run")
     train(cfg_for(shards, "train.steps=3", "train.eval_every=3", "train.checkpoint_every=3", "train.num_examples=0",
-                  "model.dropout=0.0"), d, progress="none")
+                  "model.runtime.dropout=0.0"), d, progress="none")
     return d
 
 

@@ -32,7 +32,7 @@ def prepared(cfg):
 
 
 def test_step_lowers_loss_and_overfits_a_tiny_batch():
-    cfg, task, graphs, state = prepared(tiny_reverse("model.dropout=0.0", "optim.schedule=constant",
+    cfg, task, graphs, state = prepared(tiny_reverse("model.runtime.dropout=0.0", "optim.schedule=constant",
                                                      "optim.lr=3e-3"))
     step = make_train_step(graphs, cfg)
     batch = {k: v[:4] for k, v in task.train.items()}
@@ -47,7 +47,7 @@ def test_step_lowers_loss_and_overfits_a_tiny_batch():
 
 
 def test_pad_tokens_change_neither_loss_nor_gradients():
-    cfg, task, graphs, state = prepared(tiny_reverse("model.dropout=0.0"))
+    cfg, task, graphs, state = prepared(tiny_reverse("model.runtime.dropout=0.0"))
     batch = {k: jnp.asarray(v[:8]) for k, v in task.train.items()}
     padded = {k: jnp.pad(v, ((0, 0), (0, 3))) for k, v in batch.items()}  # three more pad columns
 
@@ -218,7 +218,7 @@ def test_train_and_eval_steps_compile_once_across_steps_and_after_a_resume(tmp_p
 
 def test_resume_with_dropout_is_bitwise_equal(tmp_path):
     """Dropout on: the per-step dropout keys must continue, not restart, when a run resumes."""
-    cfg = tiny_lm("model.dropout=0.3", "train.steps=4", "train.log_every=1", "train.checkpoint_every=2",
+    cfg = tiny_lm("model.runtime.dropout=0.3", "train.steps=4", "train.log_every=1", "train.checkpoint_every=2",
                   "train.eval_every=100", "train.num_examples=0")
     train(cfg, tmp_path / "full", progress="none")
     train(cfg, tmp_path / "resumed", stop_after=2, progress="none")
@@ -231,7 +231,8 @@ def test_logged_grad_norm_is_the_unclipped_norm_and_clipping_scales_the_update()
     """SGD lr 1 with optim.clip_norm=c: the logged grad_norm is |g| of the independently computed gradient, and
     the update is -c·g/|g| when |g| > c."""
     cfg, task, graphs, state = prepared(tiny_lm("optim.name=sgd", "optim.lr=1.0", "optim.schedule=constant",
-                                                "optim.clip_norm=0.01", "optim.warmup_steps=0", "model.dropout=0"))
+                                                "optim.clip_norm=0.01", "optim.warmup_steps=0",
+                                                "model.runtime.dropout=0"))
     batch = {k: jnp.asarray(v[:8]) for k, v in task.train.items()}
 
     def loss(m):
@@ -254,12 +255,12 @@ def test_init_from_starts_a_fresh_run_from_another_runs_weights(tmp_path):
     optimizer state is fresh, and a source with another model is refused naming the fields."""
     from jaxformer.inference import load_model
     steps = ["train.steps=2", "train.eval_every=2", "train.checkpoint_every=2", "train.best_metric=loss",
-             "train.best_mode=min", "model.dropout=0.0"]
+             "train.best_mode=min", "model.runtime.dropout=0.0"]
     train(tiny_lm(*steps), tmp_path / "a", progress="none")
     source = nnx.state(load_model(tmp_path / "a", "best").model, nnx.Param)
     seen = {}
     cfg = tiny_lm(*steps, f"train.init_from={tmp_path / 'a'}", "optim.lr=1e-4", "train.seed=7",
-                  "model.remat=full")                         # a field that changes no weight may differ
+                  "model.runtime.remat=full")                         # a field that changes no weight may differ
     host = lambda tree: [np.asarray(x) for x in jax.tree.leaves(tree)]          # noqa: E731 (the step donates)
     train(cfg, tmp_path / "b", progress="none", stop_after=1,
           on_start=lambda p: seen.update(model=host(nnx.state(nnx.merge(p.graphs.model, p.state["model"]),

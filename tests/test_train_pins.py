@@ -29,7 +29,7 @@ import pytest
 from flax import nnx
 
 from helpers import ROOT, tiny_lm, tiny_reverse
-from jaxformer.config import ConfigError, OptimConfig, resolve_vocab
+from jaxformer.config import ConfigError, OptimConfig, resolve_vocab, replaced
 from jaxformer.data import build_task
 from jaxformer.nn import build_model
 from jaxformer.nn.params import matrix_mask, muon_dims
@@ -197,8 +197,8 @@ def test_muon_leaves_norm_scales_and_embeddings_undecayed():
 
 # Dropless top-2 routing over 4 experts in both layers, no dropout, router-loss weights large enough that their
 # gradients are not lost in rounding; SGD at lr 1 without clipping: the step's update is minus the gradient.
-MOE_SGD = ["model.ffn=moe", "model.num_experts=4", "model.moe_top_k=2", "model.moe_capacity_factor=0",
-           "model.num_decoder_layers=2", "model.dropout=0.0", "optim.moe_balance_weight=1.0",
+MOE_SGD = ["model.ffn=moe", "model.moe.num_experts=4", "model.moe.top_k=2", "model.runtime.moe_capacity_factor=0",
+           "model.num_decoder_layers=2", "model.runtime.dropout=0.0", "optim.moe_balance_weight=1.0",
            "optim.moe_z_weight=0.1", "optim.name=sgd", "optim.lr=1.0", "optim.schedule=constant",
            "optim.warmup_steps=0", "optim.clip_norm=0", "data.batch_size=8"]
 
@@ -357,10 +357,10 @@ def test_deepnorm_gives_each_stack_of_an_encoder_decoder_its_own_alpha_and_beta(
     n, m = 2, 3
     want = {"encoder": (0.81 * (n ** 4 * m) ** (1 / 16), 0.87 * (n ** 4 * m) ** (-1 / 16)),
             "decoder": ((3 * m) ** 0.25, (12 * m) ** -0.25)}
-    cfg = dataclasses.replace(tiny_reverse("model.norm_position=deepnorm", f"model.num_encoder_layers={n}",
+    cfg = dataclasses.replace(tiny_reverse("model.norm.position=deepnorm", f"model.num_encoder_layers={n}",
                                            f"model.num_decoder_layers={m}").model, vocab_size=20)
     init = jax.jit(lambda c: nnx.to_pure_dict(nnx.state(build_model(c, seed=0), nnx.Param)), static_argnums=0)
-    deep, post = _flat(init(cfg)), _flat(init(dataclasses.replace(cfg, norm_position="post")))
+    deep, post = _flat(init(cfg)), _flat(init(replaced(cfg, norm__position="post")))
     model = nnx.eval_shape(lambda: build_model(cfg, seed=0))
     residuals = {"encoder": ("res_attn", "res_ffn"), "decoder": ("res_self", "res_cross", "res_ffn")}
     for stack, names in residuals.items():

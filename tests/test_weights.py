@@ -18,7 +18,7 @@ from jaxformer.inference.weights import evaluated
 
 def _setup(*extra):
     """No key bias: its gradient is zero up to rounding, which Adam-type updates amplify to ±lr."""
-    cfg = tiny_lm("model.dropout=0.0", "optim.clip_norm=0", "model.biases=q,v,o,ffn", *extra)
+    cfg = tiny_lm("model.runtime.dropout=0.0", "optim.clip_norm=0", "model.biases=q,v,o,ffn", *extra)
     task = build_task(cfg.data)
     cfg = resolve_vocab(cfg, task.tokenizer.vocab_size)
     graphs, state = init_state(cfg)

@@ -421,7 +421,7 @@ NOT_MEASURED = [
      "not measured: needs an eps sweep (1e-5 vs 1e-3) with the loss logged every step over the first hundred; not "
      "run yet", "—"),
     ("000: FFN weights initialised with std 0.1 saturate ReLU", "—",
-     "not measured: `model.init` offers glorot, pytorch and gpt2 schemes (the depth row above), no std-0.1 arm",
+     "not measured: `model.runtime.init` offers glorot, pytorch and gpt2 schemes (the depth row above), no std-0.1 arm",
      "—"),
     ("000: add the positional encoding to the √d-scaled embedding (in that order)",
      "by construction: embeddings × √D (`model.scale_embeddings`, on by default), then + PE; the other order is not "

@@ -37,7 +37,7 @@ def performance() -> str:
     label = {"tiny": "train step, seed 004's tiny encoder-decoder, target tokens/s (`train_step.py`)",
              "base": "train step, base encoder-decoder D512 6+6 layers, B16, T64",
              "gpt": "train step, GPT-style char model D128 4 layers, B12, T64 (remat dots, as its recipe)",
-             "gpt-noremat": "the same with model.remat=none (every activation stored)"}
+             "gpt-noremat": "the same with model.runtime.remat=none (every activation stored)"}
     rows = ["| measurement (script) | ours | PyTorch | ours / PyTorch | paired per round [95%]; target |",
             "|---|---:|---:|---:|---|"]
     for name, text in label.items():

@@ -9,5 +9,5 @@ from jaxformer.configio import apply_overrides, load_config_file
 
 def get_config():   # the reversal config; the FFN becomes MoE and the plan splits its experts
     return apply_overrides(load_config_file(Path(__file__).parents[1] / "reverse.py"),
-                           ["model.ffn=moe", "model.num_experts=8", "model.moe_top_k=2", "parallel.data=-1",
+                           ["model.ffn=moe", "model.moe.num_experts=8", "model.moe.top_k=2", "parallel.data=-1",
                             "parallel.expert=4"])

@@ -37,7 +37,7 @@ def get_sweep():
             "'failed' = a non-finite loss, or a final training loss above 2.9 (no better than character "
             "frequencies). At D=128 the model overfits the 9,000 training characters within 300 steps, so the "
             "best held-out loss (over evaluations every 50 steps) is reported beside the final one.",
-        grid={"model.num_heads": HEADS, "model.attention_scale": ("rsqrt", "none")},
+        grid={"model.num_heads": HEADS, "model.attention.scale": ("rsqrt", "none")},
         set=("model.d_model=128", "model.d_ff=256", "train.steps=300", "train.log_every=10", "train.eval_every=50",
              "train.checkpoint_every=300", "train.num_examples=0"),
         metrics={"best held-out loss": "eval/loss@min", "held-out loss": "eval/loss", "train loss": "train/loss", "steps to train loss < 2.4":

@@ -9,9 +9,9 @@ from pathlib import Path
 from jaxformer.sweep import Sweep
 from jaxformer.verdicts import difference, equivalence, more_often
 
-PLACEMENTS = {"post": {"model.norm_position": "post"}, "pre": {"model.norm_position": "pre"},
-              "sandwich": {"model.norm_position": "sandwich"}, "deepnorm": {"model.norm_position": "deepnorm"},
-              "post+qknorm": {"model.norm_position": "post", "model.qk_norm": True}}
+PLACEMENTS = {"post": {"model.norm.position": "post"}, "pre": {"model.norm.position": "pre"},
+              "sandwich": {"model.norm.position": "sandwich"}, "deepnorm": {"model.norm.position": "deepnorm"},
+              "post+qknorm": {"model.norm.position": "post", "model.attention.qk_norm": True}}
 INITS = ("glorot", "pytorch", "gpt2")
 BASE = {"lr": 1e-3, "warmup": 50, "head": "untied"}
 
@@ -21,8 +21,8 @@ def arm(placement: str, init: str, layers: int, lr: float = 1e-3, warmup: int = 
     extra = [f"lr={lr:g}"] * (lr != BASE["lr"]) + [f"warmup={warmup}"] * (warmup != BASE["warmup"]) \
         + ["tied head"] * (head == "tied")
     return {"name": ", ".join([placement, init, f"L={layers}", *extra]), **PLACEMENTS[placement],
-            "model.init": init, "model.num_decoder_layers": layers, "optim.lr": lr, "optim.warmup_steps": warmup,
-            "model.tie_embeddings": head == "tied"}
+            "model.runtime.init": init, "model.num_decoder_layers": layers, "optim.lr": lr,
+            "optim.warmup_steps": warmup, "model.tie_embeddings": head == "tied"}
 
 
 FOUR = ("post", "pre", "deepnorm", "post+qknorm")        # the side arms leave sandwich out (CPU time)
@@ -171,7 +171,7 @@ def extra(rep) -> str:
     fig, axes = plt.subplots(1, len(INITS), figsize=(4 * len(INITS), 4), sharey=True)
     for ax, init in zip(axes, INITS):
         for pl, ov in PLACEMENTS.items():
-            sets = [f"{k}={v}" for k, v in ov.items()] + [f"model.init={init}", "model.num_decoder_layers=12",
+            sets = [f"{k}={v}" for k, v in ov.items()] + [f"model.runtime.init={init}", "model.num_decoder_layers=12",
                                                            "model.tie_embeddings=false"]
             runs = [init_grad_norms(sets, seed=s) for s in seeds]
             w2 = [statistics.fmean(v) for v in zip(*(r["w2"] for r in runs))]
@@ -211,8 +211,8 @@ def get_sweep():
             "warmup from 0 then cosine to 0, **no gradient clipping**, 300 steps. Placements: post = LN(x + f(x)), no "
             "final norm; pre = x + f(LN(x)) and a final norm; sandwich = x + LN'(f(LN(x))) and a final norm; "
             "deepnorm = LN(α·x + f(x)) with α = (2L)^¼ and the v, o and FFN matrices' init scaled by β = (8L)^-¼; "
-            "post+qknorm = post with RMSNorm over each query and key head. Inits (model.init): glorot (Glorot-uniform "
-            "per projection, embeddings N(0, 1/D)), pytorch (PyTorch's module defaults), gpt2 (N(0, 0.02²), residual "
+            "post+qknorm = post with RMSNorm over each query and key head. Inits (model.runtime.init): glorot "
+            "(Glorot-uniform per projection, embeddings N(0, 1/D)), pytorch (PyTorch's module defaults), gpt2 (N(0, 0.02²), residual "
             "outputs / √(2L)). Unless the arm says otherwise: peak lr 1e-3, warmup 50 steps, an untied output head "
             "(the PyTorch reference's nn.Linear; 'tied head' arms use jaxformer's default, the embedding transposed). "
             "'failed' = a non-finite loss or a final training loss above 2.9 (no better than character "

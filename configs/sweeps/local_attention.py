@@ -7,9 +7,9 @@ from jaxformer.verdicts import difference, equivalence
 MARGIN = 0.02       # nats per character: a held-out loss difference we call negligible (~1.5% of the loss)
 WINDOW = 16
 
-ARMS = ({"name": "global", "model.attention_windows": ()},
-        {"name": f"LLLG (window {WINDOW}, layer 4 global)", "model.attention_windows": (WINDOW, WINDOW, WINDOW, 0)},
-        {"name": f"local (window {WINDOW}, every layer)", "model.attention_windows": (WINDOW,)})
+ARMS = ({"name": "global", "model.attention.windows": ()},
+        {"name": f"LLLG (window {WINDOW}, layer 4 global)", "model.attention.windows": (WINDOW, WINDOW, WINDOW, 0)},
+        {"name": f"local (window {WINDOW}, every layer)", "model.attention.windows": (WINDOW,)})
 
 
 def summary(rep) -> str:
@@ -35,7 +35,7 @@ def get_sweep():
         base="configs/shakespeare_char.py",
         doc="configs/shakespeare_char.py (decoder-only, Pre-LN, GELU, learned positions, 4 layers, 4 heads) made "
             "CPU-sized: D=64, d_ff=256, blocks of 256 characters, batch 4, 400 steps (40 warmup, cosine to 0, peak "
-            "lr 2e-3). model.attention_windows: "
+            "lr 2e-3). model.attention.windows: "
             f"() every layer global; ({WINDOW},) every layer sees its {WINDOW} most recent positions; "
             f"({WINDOW}, {WINDOW}, {WINDOW}, 0) three local layers, then a global one. Held-out loss: the final "
             "evaluation on the held-out 10% in 256-character blocks.",

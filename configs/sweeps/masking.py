@@ -41,12 +41,12 @@ def get_sweep():
         name="masking", title="Masking bugs: 0 as mask value, triu as causal mask (seed 004)",
         base="configs/reverse.py",
         doc="configs/reverse.py (the README's main job: 2+2 Pre-LN layers, D=64) trained 800 steps with the "
-            "ablation switches `model.ablation_mask_value` (masked logits set to 0 instead of float32's minimum, "
+            "ablation switches `model.ablation.mask_value` (masked logits set to 0 instead of float32's minimum, "
             "for padding, causal and cross-attention masks alike, and not zeroed after the softmax) and "
-            "`model.ablation_causal` (the decoder attends to itself and later positions). Exact match is greedy "
+            "`model.ablation.causal` (the decoder attends to itself and later positions). Exact match is greedy "
             "decoding with the KV cache, which applies the same masks.",
-        arms=({"name": "correct (min, tril)"}, {"name": "mask value 0", "model.ablation_mask_value": "zero"},
-              {"name": "triu causal mask", "model.ablation_causal": "triu"}),
+        arms=({"name": "correct (min, tril)"}, {"name": "mask value 0", "model.ablation.mask_value": "zero"},
+              {"name": "triu causal mask", "model.ablation.causal": "triu"}),
         set=("train.steps=800", "train.log_every=20", "train.eval_every=200", "train.checkpoint_every=800",
              "train.num_examples=0"),
         metrics={"first train loss": "train/loss@first", "train loss": "train/loss", "held-out loss": "eval/loss",

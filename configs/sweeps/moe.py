@@ -10,7 +10,8 @@ from jaxformer.sweep import Sweep
 MARGIN = 0.05       # nats per character: a best held-out loss difference we call negligible (~2% of the loss)
 
 ARMS = ({"name": "dense d_ff=512"},
-        {"name": "MoE 4 experts × d_ff=256, top-2", "model.ffn": "moe", "model.num_experts": 4, "model.moe_top_k": 2,
+        {"name": "MoE 4 experts × d_ff=256, top-2", "model.ffn": "moe", "model.moe.num_experts": 4,
+         "model.moe.top_k": 2,
          "model.d_ff": 256},
         {"name": "dense d_ff=1024", "model.d_ff": 1024})
 
@@ -37,7 +38,7 @@ def _forward_ms(cfg) -> float:
 
 def _params_and_forward(rep):
     """Per arm: total and active parameters, and the forward pass's median ms on one batch (inference, this
-    machine, now); for the MoE with its dropless experts computed both ways (model.moe_dropless)."""
+    machine, now); for the MoE with its dropless experts computed both ways (model.runtime.moe_dropless)."""
     from jaxformer.configio import apply_overrides
     from jaxformer.nn import build_model, count_params
     from jaxformer.sweep import _fmt, base_config
@@ -50,7 +51,8 @@ def _params_and_forward(rep):
         out[arm.name] = {"total": n["total"], "active": n.get("active per token", n["total"]),
                          "ffn": sum(v for k, v in n.items() if "FFN" in k), "forward_ms": _forward_ms(cfg)}
         if cfg.model.ffn == "moe":
-            out[arm.name]["forward_padded_ms"] = _forward_ms(apply_overrides(cfg, ["model.moe_dropless=padded"]))
+            out[arm.name]["forward_padded_ms"] = _forward_ms(apply_overrides(cfg,
+                                                                             ["model.runtime.moe_dropless=padded"]))
     return out
 
 

@@ -14,8 +14,8 @@ def init_grad_norms(position: str, depth: int, seed: int, norm_type: str = "laye
     """Per-layer gradient norms at initialisation on one training batch of 32 blocks: the FFN's second matrix
     W2 (Xiong et al.'s W^(2)) and all of the layer's parameters. -> {"w2": [L], "layer": [L]}."""
     from jaxformer.train.diagnostics import init_grad_norms as norms
-    return norms([f"model.norm_position={position}", f"model.num_decoder_layers={depth}",
-                  f"model.norm_type={norm_type}"], seed=seed)
+    return norms([f"model.norm.position={position}", f"model.num_decoder_layers={depth}",
+                  f"model.norm.type={norm_type}"], seed=seed)
 
 
 def extra(rep) -> str:
@@ -97,7 +97,7 @@ def get_sweep():
             "300 steps (CPU-sized: 12 epochs of the 9,000 training characters). 'failed' = a non-finite loss or a "
             "final training loss above 2.9 (no better than character frequencies); steps to train loss < 2.4 "
             "counts only runs that reach it.",
-        grid={"model.norm_position": ("post", "pre"), "model.num_decoder_layers": DEPTHS,
+        grid={"model.norm.position": ("post", "pre"), "model.num_decoder_layers": DEPTHS,
               "optim.warmup_steps": WARMUPS, "optim.lr": LRS},
         set=("optim.schedule=warmup_cosine", "optim.clip_norm=0", "train.steps=300", "train.log_every=10",
              "train.eval_every=50", "train.checkpoint_every=300", "train.num_examples=0"),

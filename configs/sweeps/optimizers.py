@@ -62,7 +62,7 @@ def get_sweep():
             "peak 3e-3 the embeddings, norms and biases. Every arm but schedule-free also keeps an EMA of the "
             f"weights (decay {EMA}), evaluated alongside (`eval_ema/*`). Held-out loss: the final evaluation.",
         arms=ARMS,
-        set=("model.norm_position=pre", "model.num_decoder_layers=4", "optim.warmup_steps=30", "optim.clip_norm=1.0",
+        set=("model.norm.position=pre", "model.num_decoder_layers=4", "optim.warmup_steps=30", "optim.clip_norm=1.0",
              "train.steps=300", "train.log_every=10", "train.eval_every=50", "train.checkpoint_every=300",
              "train.num_examples=0"),
         metrics={"held-out loss": "eval/loss", "held-out loss (EMA)": "eval_ema/loss",

@@ -139,7 +139,7 @@ def _assemble(leaf: jax.ShapeDtypeStruct, slot: dict, files: _Files) -> jax.Arra
 
 def from_pretrained(path: str | Path, *, dtype: str | None = None, plan: Plan | None = None):
     """A Hugging Face checkpoint folder (config.json + safetensors) -> a jaxformer model (nnx module) computing
-    the same logits. dtype: the compute dtype (model.dtype; None = float32; parameters are float32 as in
+    the same logits. dtype: the compute dtype (model.runtime.dtype; None = float32; parameters are float32 as in
     training). plan: load straight into its shardings (else onto this process's first device).
     HFError for an unsupported config or tensors that do not match it."""
     path = Path(path)

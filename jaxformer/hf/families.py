@@ -6,9 +6,9 @@ is never loaded approximately. Keys a file omits take the family's transformers 
 """
 from __future__ import annotations
 
-import dataclasses
 
-from jaxformer.config import ConfigError, ModelConfig
+from jaxformer.config import (AttentionConfig, ConfigError, ModelConfig, NormConfig, RopeConfig, RuntimeConfig,
+                              flat_items)
 from jaxformer.errors import JaxformerError
 
 
@@ -64,21 +64,27 @@ _ACTIVATIONS = {"silu": "swiglu", "gelu_pytorch_tanh": "geglu_tanh"}
 
 
 class _Reader:
-    """A config dict read key by key: what was read, and the keys nobody read."""
+    """A config dict read key by key: what was read, what was refused, and the keys nobody read."""
 
     def __init__(self, family: str, d: dict):
-        self.family, self.d, self.read = family, d, set()
+        self.family, self.d, self.read, self.refused = family, d, set(), []
 
     def __call__(self, key: str):
         self.read.add(key)
         return self.d.get(key, _DEFAULTS[self.family].get(key))
+
+    def need(self, key: str, ok, what: str) -> None:
+        """Refuse (later, with every other refusal) a value of `key` that `ok` rejects; `what` says why."""
+        if not ok(self(key)):
+            self.refused.append(f"{key}={self(key)!r} ({what})")
 
     def unread(self) -> list[str]:
         return sorted(k for k in self.d if k not in self.read and k not in _METADATA and k not in _ROPE_KEYS)
 
 
 def _rope(d: dict) -> dict:
-    """ModelConfig RoPE fields from rope_parameters (transformers 5) or rope_theta + rope_scaling (older)."""
+    """model.rope's fields (RopeConfig keywords) from rope_parameters (transformers 5) or rope_theta +
+    rope_scaling (older)."""
     params = dict(d.get("rope_parameters") or {})
     if d.get("rope_scaling"):
         params = {**dict(d["rope_scaling"]), **params}
@@ -86,17 +92,16 @@ def _rope(d: dict) -> dict:
     kind = params.pop("rope_type", params.pop("type", "default"))
     if d.get("partial_rotary_factor", params.pop("partial_rotary_factor", 1.0)) != 1.0:
         raise HFError("unsupported config: partial_rotary_factor != 1 (RoPE over part of each head)")
-    out = {"rope_base": float(theta)}
+    out = {"base": float(theta)}
     if kind == "default":
         known = set()
     elif kind == "linear":
-        out.update(rope_scaling="linear", rope_factor=float(params["factor"]))
+        out.update(scaling="linear", factor=float(params["factor"]))
         known = {"factor"}
     elif kind == "llama3":
-        out.update(rope_scaling="llama3", rope_factor=float(params["factor"]),
-                   rope_original_max_len=int(params["original_max_position_embeddings"]),
-                   rope_low_freq_factor=float(params["low_freq_factor"]),
-                   rope_high_freq_factor=float(params["high_freq_factor"]))
+        out.update(scaling="llama3", factor=float(params["factor"]),
+                   original_max_len=int(params["original_max_position_embeddings"]),
+                   low_freq_factor=float(params["low_freq_factor"]), high_freq_factor=float(params["high_freq_factor"]))
         known = {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}
     else:
         raise HFError(f"unsupported config: rope type {kind!r} (supported: default, linear, llama3)")
@@ -118,129 +123,136 @@ def to_model_config(d: dict, dtype: str = "float32") -> ModelConfig:
     HFError for a family or a setting the model does not support (naming the keys)."""
     family = family_of(d)
     r = _Reader(family, d)
-    refused = []
-
-    def need(key, ok, what):
-        if not ok(r(key)):
-            refused.append(f"{key}={r(key)!r} ({what})")
-
-    if family == "gpt2":
-        dm, heads = r("n_embd"), r("n_head")
-        need("activation_function", lambda v: v in ("gelu_new", "gelu", "gelu_pytorch_tanh"), "GELU kinds only")
-        need("scale_attn_weights", lambda v: v is True, "unscaled attention")
-        need("scale_attn_by_inverse_layer_idx", lambda v: not v, "per-layer attention scaling")
-        need("add_cross_attention", lambda v: not v, "cross-attention")
-        r("n_ctx")
-        kw = dict(d_model=dm, num_heads=heads, d_ff=r("n_inner") or 4 * dm, num_decoder_layers=r("n_layer"),
-                  max_len=r("n_positions"), norm_type="layernorm", norm_eps=float(r("layer_norm_epsilon")),
-                  positional="learned", activation={"gelu": "gelu"}.get(r("activation_function"), "gelu_tanh"),
-                  use_bias=True, scale_embeddings=False)
-    else:
-        dm, heads = r("hidden_size"), r("num_attention_heads")
-        want = "gelu_pytorch_tanh" if family == "gemma" else "silu"
-        need("hidden_act", lambda v: v in ((want, "gelu_new") if family == "gemma" else (want,)),
-             f"{family} supports {want}")
-        if family == "gemma":
-            need("hidden_activation", lambda v: v in (None, r("hidden_act")), "hidden_act is what transformers runs")
-        kw = dict(d_model=dm, num_heads=heads, num_kv_heads=r("num_key_value_heads"),
-                  d_ff=r("intermediate_size"), num_decoder_layers=r("num_hidden_layers"),
-                  max_len=r("max_position_embeddings"), norm_type="rmsnorm", norm_eps=float(r("rms_norm_eps")),
-                  positional="rope", activation=_ACTIVATIONS[want], use_bias=False,
-                  scale_embeddings=family == "gemma", **_rope(d))
-        if family != "qwen2":
-            hd = r("head_dim")
-            kw["head_dim"] = None if hd is None or hd * heads == dm else hd
-        biases = []
-        if family in ("llama", "qwen3", "gemma") and r("attention_bias"):
-            biases += ["q", "k", "v", "o"]
-        if family == "qwen2":
-            biases += ["q", "k", "v"]
-        if family == "llama" and r("mlp_bias"):
-            biases += ["ffn"]
-        kw["biases"] = tuple(biases)
-        kw["qk_norm"] = family == "qwen3"
-        if family in ("qwen2", "qwen3"):
-            need("use_sliding_window", lambda v: not v, "sliding windows of Qwen are not supported")
-            r("sliding_window")
-            need("layer_types", lambda v: v is None or set(v) <= {"full_attention"}, "full attention only")
-        if family == "mistral" and r("sliding_window"):
-            kw["attention_windows"] = (int(r("sliding_window")),)
-        if family == "gemma":
-            need("use_bidirectional_attention", lambda v: not v, "bidirectional attention")
+    kw = _gpt2(r) if family == "gpt2" else _rope_family(family, r, d)
+    norm, rope, attention = kw.pop("norm"), kw.pop("rope", {}), kw.pop("attention", {})
     tie, vocab = r("tie_word_embeddings"), r("vocab_size")
     unread = r.unread()
-    if refused or unread:
-        raise HFError(f"unsupported {family} config: " + "; ".join(refused + [f"{k} (unknown key)" for k in unread]))
+    if r.refused or unread:
+        raise HFError(f"unsupported {family} config: " + "; ".join(r.refused + [f"{k} (unknown key)" for k in unread]))
     try:
-        return ModelConfig(arch="decoder_only", vocab_size=vocab, num_encoder_layers=0,
-                           norm_position="pre", final_norm=True, tie_embeddings=bool(tie), dropout=0.0,
-                           pad_id=-1, dtype=dtype, **kw)
+        return ModelConfig(arch="decoder_only", vocab_size=vocab, num_encoder_layers=0, tie_embeddings=bool(tie),
+                           pad_id=-1, norm=NormConfig(position="pre", final=True, **norm), rope=RopeConfig(**rope),
+                           attention=AttentionConfig(**attention), runtime=RuntimeConfig(dropout=0.0, dtype=dtype),
+                           **kw)
     except ConfigError as e:
         raise HFError(f"the {family} config maps to an invalid model config: {e}") from None
+
+
+def _gpt2(r: _Reader) -> dict:
+    """GPT-2's config read into ModelConfig keywords (its sections as dicts)."""
+    dm, heads = r("n_embd"), r("n_head")
+    r.need("activation_function", lambda v: v in ("gelu_new", "gelu", "gelu_pytorch_tanh"), "GELU kinds only")
+    r.need("scale_attn_weights", lambda v: v is True, "unscaled attention")
+    r.need("scale_attn_by_inverse_layer_idx", lambda v: not v, "per-layer attention scaling")
+    r.need("add_cross_attention", lambda v: not v, "cross-attention")
+    r("n_ctx")
+    return dict(d_model=dm, num_heads=heads, d_ff=r("n_inner") or 4 * dm, num_decoder_layers=r("n_layer"),
+                max_len=r("n_positions"), positional="learned",
+                activation={"gelu": "gelu"}.get(r("activation_function"), "gelu_tanh"), use_bias=True,
+                scale_embeddings=False, norm=dict(type="layernorm", eps=float(r("layer_norm_epsilon"))))
+
+
+def _rope_family(family: str, r: _Reader, d: dict) -> dict:
+    """A Llama-like family's config (llama, qwen2, qwen3, mistral, gemma) read into ModelConfig keywords."""
+    dm, heads = r("hidden_size"), r("num_attention_heads")
+    want = "gelu_pytorch_tanh" if family == "gemma" else "silu"
+    r.need("hidden_act", lambda v: v in ((want, "gelu_new") if family == "gemma" else (want,)),
+           f"{family} supports {want}")
+    if family == "gemma":
+        r.need("hidden_activation", lambda v: v in (None, r("hidden_act")), "hidden_act is what transformers runs")
+    attention = {"qk_norm": family == "qwen3"}
+    kw = dict(d_model=dm, num_heads=heads, num_kv_heads=r("num_key_value_heads"), d_ff=r("intermediate_size"),
+              num_decoder_layers=r("num_hidden_layers"), max_len=r("max_position_embeddings"), positional="rope",
+              activation=_ACTIVATIONS[want], use_bias=False, scale_embeddings=family == "gemma",
+              norm=dict(type="rmsnorm", eps=float(r("rms_norm_eps"))), rope=_rope(d), attention=attention)
+    if family != "qwen2":
+        hd = r("head_dim")
+        kw["head_dim"] = None if hd is None or hd * heads == dm else hd
+    biases = []
+    if family in ("llama", "qwen3", "gemma") and r("attention_bias"):
+        biases += ["q", "k", "v", "o"]
+    if family == "qwen2":
+        biases += ["q", "k", "v"]
+    if family == "llama" and r("mlp_bias"):
+        biases += ["ffn"]
+    kw["biases"] = tuple(biases)
+    if family in ("qwen2", "qwen3"):
+        r.need("use_sliding_window", lambda v: not v, "sliding windows of Qwen are not supported")
+        r("sliding_window")
+        r.need("layer_types", lambda v: v is None or set(v) <= {"full_attention"}, "full attention only")
+    if family == "mistral" and r("sliding_window"):
+        attention["windows"] = (int(r("sliding_window")),)
+    if family == "gemma":
+        r.need("use_bidirectional_attention", lambda v: not v, "bidirectional attention")
+    return kw
 
 
 def family_for(cfg: ModelConfig) -> str:
     """The family whose config.json expresses `cfg` (HFError naming the switch that none can)."""
     problems = []
-    for field, ok in (("arch", cfg.arch == "decoder_only"), ("norm_position", cfg.norm_position == "pre"),
-                      ("final_norm", cfg.use_final_norm), ("ffn", cfg.ffn == "dense"),
-                      ("attention_scale", cfg.attention_scale == "rsqrt"), ("ablations", not cfg.ablations),
-                      ("logit_softcap", not cfg.logit_softcap), ("attention_softcap", not cfg.attention_softcap)):
+    for field, value, ok in (("arch", cfg.arch, cfg.arch == "decoder_only"),
+                             ("norm.position", cfg.norm.position, cfg.norm.position == "pre"),
+                             ("norm.final", cfg.norm.final, cfg.use_final_norm), ("ffn", cfg.ffn, cfg.ffn == "dense"),
+                             ("attention.scale", cfg.attention.scale, cfg.attention.scale == "rsqrt"),
+                             ("ablation", cfg.ablations, not cfg.ablations),
+                             ("logit_softcap", cfg.logit_softcap, not cfg.logit_softcap),
+                             ("attention.softcap", cfg.attention.softcap, not cfg.attention.softcap)):
         if not ok:
-            problems.append(f"model.{field}={getattr(cfg, field, cfg.ablations)!r}")
+            problems.append(f"model.{field}={value!r}")
     if problems:
         raise HFError(f"no Hugging Face family expresses {', '.join(problems)}")
     if cfg.positional == "learned":
-        if (cfg.norm_type, cfg.activation, cfg.tie_embeddings, cfg.scale_embeddings, cfg.qk_norm) == \
+        if (cfg.norm.type, cfg.activation, cfg.tie_embeddings, cfg.scale_embeddings, cfg.attention.qk_norm) == \
                 ("layernorm", "gelu_tanh", True, False, False) and cfg.biases in (None, ("q", "k", "v", "o", "ffn")) \
                 and cfg.use_bias and cfg.kv_heads == cfg.num_heads and cfg.head_dim is None \
-                and not any(cfg.attention_windows):
+                and not any(cfg.attention.windows):
             return "gpt2"
         raise HFError("learned positions export as GPT-2 only: layernorm, gelu_tanh, tied, every bias, MHA")
-    if cfg.positional != "rope" or cfg.norm_type != "rmsnorm":
-        raise HFError(f"model.positional={cfg.positional!r} with model.norm_type={cfg.norm_type!r}: no Hugging "
+    if cfg.positional != "rope" or cfg.norm.type != "rmsnorm":
+        raise HFError(f"model.positional={cfg.positional!r} with model.norm.type={cfg.norm.type!r}: no Hugging "
                       f"Face family (rope + rmsnorm, or GPT-2's learned + layernorm)")
     biases = tuple(b for b in ("q", "k", "v", "o", "ffn") if cfg.has_bias(b))
     windows = set(cfg.layer_windows())
-    if cfg.activation == "geglu_tanh" and cfg.scale_embeddings and not cfg.qk_norm and windows == {0} \
+    if cfg.activation == "geglu_tanh" and cfg.scale_embeddings and not cfg.attention.qk_norm and windows == {0} \
             and biases in ((), ("q", "k", "v", "o")):
         return "gemma"
     if cfg.activation != "swiglu" or cfg.scale_embeddings:
         raise HFError(f"model.activation={cfg.activation!r} (scale_embeddings={cfg.scale_embeddings}): no family")
     if len(windows) == 1 and windows != {0}:
-        if not biases and not cfg.qk_norm:
+        if not biases and not cfg.attention.qk_norm:
             return "mistral"
         raise HFError("a sliding window exports as Mistral only: no biases, no QK-norm")
     if windows != {0}:
-        raise HFError(f"model.attention_windows={cfg.attention_windows!r}: per-layer windows have no family here")
-    if cfg.qk_norm:
-        if biases in ((), ("q", "k", "v", "o")) and cfg.rope_scaling == "none":
+        raise HFError(f"model.attention.windows={cfg.attention.windows!r}: per-layer windows have no family here")
+    if cfg.attention.qk_norm:
+        if biases in ((), ("q", "k", "v", "o")) and cfg.rope.scaling == "none":
             return "qwen3"
         raise HFError("QK-norm exports as Qwen3: all attention biases or none, no RoPE scaling")
-    if biases == ("q", "k", "v") and cfg.rope_scaling == "none":
+    if biases == ("q", "k", "v") and cfg.rope.scaling == "none":
         return "qwen2"
     if biases in ((), ("q", "k", "v", "o"), ("ffn",), ("q", "k", "v", "o", "ffn")):
         return "llama"
     raise HFError(f"biases {biases}: no family (Qwen2: q, k, v; Llama: attention and/or FFN)")
 
 
-_RESPELLED = ("pad_id", "use_bias", "biases", "num_kv_heads", "head_dim", "final_norm", "attention_windows")
-_ROPE_SCALING = {"none": (), "linear": ("rope_factor",),
-                 "llama3": ("rope_factor", "rope_original_max_len", "rope_low_freq_factor", "rope_high_freq_factor")}
+_RESPELLED = ("pad_id", "use_bias", "biases", "num_kv_heads", "head_dim", "norm.final", "attention.windows")
+_ROPE_SCALING = {"none": (), "linear": ("rope.factor",),
+                 "llama3": ("rope.factor", "rope.original_max_len", "rope.low_freq_factor", "rope.high_freq_factor")}
 
 
 def function_of(cfg: ModelConfig) -> dict:
     """The fields of `cfg` that decide the function its model computes, each in one spelling: the projections
     with a bias, K and H, the final norm, each layer's window; RoPE's settings only where they apply, MoE's
-    only for an MoE model. Two configs with equal function_of compute the same logits from the same weights."""
-    d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ModelConfig.RUNTIME + _RESPELLED}
+    only for an MoE model (model.runtime is not the function). Two configs with equal function_of compute the
+    same logits from the same weights."""
+    d = {k: v for k, v in flat_items(cfg).items() if not k.startswith("runtime.") and k not in _RESPELLED}
     d.update(biases=tuple(b for b in ("q", "k", "v", "o", "ffn") if cfg.has_bias(b)), kv_heads=cfg.kv_heads,
              head_size=cfg.head_size, final_norm=cfg.use_final_norm, windows=cfg.layer_windows())
-    rope = ("rope_base", "rope_scaling") + _ROPE_SCALING.get(cfg.rope_scaling, ())
-    for k in [k for k in d if k.startswith("rope_") and (cfg.positional != "rope" or k not in rope)]:
+    rope = ("rope.base", "rope.scaling") + _ROPE_SCALING.get(cfg.rope.scaling, ())
+    for k in [k for k in d if k.startswith("rope.") and (cfg.positional != "rope" or k not in rope)]:
         del d[k]
     if cfg.ffn != "moe":
-        for k in [k for k in d if k.startswith("moe_") or k == "num_experts"]:
+        for k in [k for k in d if k.startswith("moe.")]:
             del d[k]
     if cfg.arch == "decoder_only":
         del d["num_encoder_layers"]
@@ -251,7 +263,7 @@ def expresses(cfg: ModelConfig, family: str) -> list[str]:
     """What `family`'s config.json cannot say of `cfg`: `cfg` is written as that family's config and read back
     as transformers would run it, and every field whose function differs is named (empty: it expresses cfg)."""
     try:
-        back = to_model_config(to_hf_config(cfg, family), cfg.dtype)
+        back = to_model_config(to_hf_config(cfg, family), cfg.runtime.dtype)
     except HFError as e:
         return [str(e)]
     ours, theirs = function_of(cfg), function_of(back)
@@ -278,18 +290,18 @@ def to_hf_config(cfg: ModelConfig, family: str) -> dict:
         return {"model_type": "gpt2", "architectures": [ARCHITECTURES[family]], "vocab_size": cfg.vocab_size,
                 "n_positions": cfg.max_len, "n_embd": cfg.d_model, "n_layer": cfg.num_decoder_layers,
                 "n_head": cfg.num_heads, "n_inner": cfg.d_ff, "activation_function": "gelu_new",
-                "layer_norm_epsilon": cfg.norm_eps, "tie_word_embeddings": True, "scale_attn_weights": True,
+                "layer_norm_epsilon": cfg.norm.eps, "tie_word_embeddings": True, "scale_attn_weights": True,
                 "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
-    rope = {"rope_theta": cfg.rope_base, "rope_type": "default" if cfg.rope_scaling == "none" else cfg.rope_scaling}
-    if cfg.rope_scaling != "none":
-        rope["factor"] = cfg.rope_factor
-    if cfg.rope_scaling == "llama3":
-        rope.update(original_max_position_embeddings=cfg.rope_original_max_len,
-                    low_freq_factor=cfg.rope_low_freq_factor, high_freq_factor=cfg.rope_high_freq_factor)
+    rope = {"rope_theta": cfg.rope.base, "rope_type": "default" if cfg.rope.scaling == "none" else cfg.rope.scaling}
+    if cfg.rope.scaling != "none":
+        rope["factor"] = cfg.rope.factor
+    if cfg.rope.scaling == "llama3":
+        rope.update(original_max_position_embeddings=cfg.rope.original_max_len,
+                    low_freq_factor=cfg.rope.low_freq_factor, high_freq_factor=cfg.rope.high_freq_factor)
     out = {"model_type": family, "architectures": [ARCHITECTURES[family]], "vocab_size": cfg.vocab_size,
            "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.num_decoder_layers,
            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_size,
-           "max_position_embeddings": cfg.max_len, "rms_norm_eps": cfg.norm_eps,
+           "max_position_embeddings": cfg.max_len, "rms_norm_eps": cfg.norm.eps,
            "tie_word_embeddings": cfg.tie_embeddings, "rope_parameters": rope, "attention_dropout": 0.0}
     out["hidden_act"] = "gelu_pytorch_tanh" if family == "gemma" else "silu"
     if family in ("llama", "qwen3", "gemma"):

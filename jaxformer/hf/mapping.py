@@ -89,7 +89,7 @@ def _llama_like(cfg: ModelConfig, family: str) -> list[Tensor]:
             out += [_same(p + "mlp.gate_proj.bias", (f,), ffn + ("bg",), i),
                     _same(p + "mlp.up_proj.bias", (f,), ffn + ("b1",), i),
                     _same(p + "mlp.down_proj.bias", (d,), ffn + ("b2",), i)]
-        if cfg.qk_norm:
+        if cfg.attention.qk_norm:
             out += [_same(p + "self_attn.q_norm.weight", (h,), attn + ("q_norm",), i),
                     _same(p + "self_attn.k_norm.weight", (h,), attn + ("k_norm",), i)]
     return out

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxformer.config import Config, ModelConfig, resolve_vocab
+from jaxformer.config import Config, ModelConfig, flat_items, resolve_vocab
 from jaxformer.errors import CheckpointError, ConfigError
 from jaxformer.inference.weights import evaluated, item_for
 from jaxformer.nn import build_model
@@ -111,9 +111,9 @@ def pretrained_state(source: str | Path, model: ModelConfig, plan: Plan | None =
                      tokenizer=None) -> nnx.State:
     """The model state to start a run from (train.init_from): a Hugging Face checkpoint folder (config.json with
     a model_type) or a jaxformer run directory (its best checkpoint), in the plan's shardings. ConfigError unless
-    its model is `model` up to its runtime fields (`ModelConfig.RUNTIME`; naming those that differ), or when `tokenizer` (the new
-    run's) gives ids other meanings than the source's tokenizer does (a vocabulary of the same size is not
-    enough: each id must stand for the same text)."""
+    its model is `model` up to its runtime section (`ModelConfig.function`; naming the fields that differ), or
+    when `tokenizer` (the new run's) gives ids other meanings than the source's tokenizer does (a vocabulary of
+    the same size is not enough: each id must stand for the same text)."""
     src = Path(source)
     if not src.is_dir():
         raise ConfigError(f"train.init_from={str(source)!r} is not a directory (a Hugging Face checkpoint folder "
@@ -130,12 +130,11 @@ def pretrained_state(source: str | Path, model: ModelConfig, plan: Plan | None =
                                f"{source} --out DIR`" if hf else ""))
     if hf:
         from jaxformer.hf import from_pretrained
-        loaded = from_pretrained(src, dtype=model.dtype, plan=plan)
+        loaded = from_pretrained(src, dtype=model.runtime.dtype, plan=plan)
     else:
         loaded = load_model(src, "best", plan).model
-    theirs = dataclasses.replace(loaded.cfg, **{f: getattr(model, f) for f in ModelConfig.RUNTIME})
-    if theirs != model:
-        diffs = [f"model.{f.name}: {getattr(theirs, f.name)!r} there, {getattr(model, f.name)!r} here"
-                 for f in dataclasses.fields(model) if getattr(theirs, f.name) != getattr(model, f.name)]
+    if loaded.cfg.function() != model.function():
+        theirs, ours = flat_items(loaded.cfg.function()), flat_items(model.function())
+        diffs = [f"model.{k}: {theirs[k]!r} there, {v!r} here" for k, v in ours.items() if theirs[k] != v]
         raise ConfigError(f"train.init_from={str(source)!r} holds another model: " + "; ".join(diffs))
     return nnx.state(loaded)

@@ -18,7 +18,7 @@ from jaxformer.ops import norms, positional
 
 class MultiHeadAttention(nnx.Module):
     """Projections wq [D,N,H], wk/wv [D,K,H], wo [N,H,D] (+ the biases model.has_bias names; QK-norm scales
-    q_norm/k_norm [H] with model.qk_norm). RoPE/ALiBi apply to self-attention only.
+    q_norm/k_norm [H] with model.attention.qk_norm). RoPE/ALiBi apply to self-attention only.
 
     Returns (out [B,T,D], aux): aux {"weights": [B,N,T,S] float32} when asked, {"kv": LayerKV} (this call's new
     keys/values [B,T,K,H]) when a cache is passed; else {}."""
@@ -36,7 +36,7 @@ class MultiHeadAttention(nnx.Module):
                                   ("v", (k, h), ("kv_heads", "head_dim")), ("o", (d,), ("embed",))):
             if cfg.has_bias(name):
                 setattr(self, f"b{name}", param(rngs, zeros, shape, axes))
-        if cfg.qk_norm:
+        if cfg.attention.qk_norm:
             self.q_norm = param(rngs, ones, (h,), ("head_dim",))
             self.k_norm = param(rngs, ones, (h,), ("head_dim",))
 
@@ -45,12 +45,12 @@ class MultiHeadAttention(nnx.Module):
 
     def _rope(self, x: jax.Array, positions: jax.Array | None, norm: str) -> jax.Array:
         """QK-norm (when configured) then RoPE (self-attention) of q or k [B,T,N|K,H]."""
-        if self.cfg.qk_norm:
-            x = norms.rms_norm(x, getattr(self, norm)[...], self.cfg.norm_eps)
+        if self.cfg.attention.qk_norm:
+            x = norms.rms_norm(x, getattr(self, norm)[...], self.cfg.norm.eps)
         if self.self_attention and self.cfg.positional == "rope":
             if positions is None:
                 raise ValueError("positional='rope' needs explicit positions")
-            return positional.apply_rope(x, positions, self.cfg.rope_base, self.cfg.rope())
+            return positional.apply_rope(x, positions, self.cfg.rope.base, self.cfg.rope.frequency_scaling())
         return x
 
     def project_q(self, x: jax.Array, positions: jax.Array | None = None) -> jax.Array:
@@ -131,7 +131,7 @@ class MultiHeadAttention(nnx.Module):
 
     def _attend(self, q, k, v, mask, q_positions, kv_positions, weights: bool, kv_layout: str):
         """q [B,T,N,H], k/v [B,S,K,H] (kv_layout "BSKH") or [B,K,S,H] ("BKSH"), or segments -> (context
-        [B,T,N,H], weights or None), by the backend model.attention_backend."""
+        [B,T,N,H], weights or None), by the backend model.runtime.attention_backend."""
         cfg = self.cfg
         bias = None
         if self.self_attention and cfg.positional == "alibi":
@@ -139,10 +139,10 @@ class MultiHeadAttention(nnx.Module):
                 raise ValueError("positional='alibi' needs explicit query and key positions")
             bias = positional.AlibiBias(positional.alibi_slopes(cfg.num_heads), q_positions, kv_positions)
         res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=weights,
-                                        scale=1.0 if cfg.attention_scale == "none" else None,
-                                        mask_value=0.0 if cfg.ablation_mask_value == "zero" else None,
-                                        backend=cfg.attention_backend, block_size=cfg.attention_block,
-                                        softcap=cfg.attention_softcap, kv_layout=kv_layout,
+                                        scale=1.0 if cfg.attention.scale == "none" else None,
+                                        mask_value=0.0 if cfg.ablation.mask_value == "zero" else None,
+                                        backend=cfg.runtime.attention_backend, block_size=cfg.runtime.attention_block,
+                                        softcap=cfg.attention.softcap, kv_layout=kv_layout,
                                         softmax_grad="gemv" if lever("softmax_gemv") else "jax")
         return res.out, res.weights
 

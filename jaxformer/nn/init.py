@@ -1,4 +1,4 @@
-"""Initialisation schemes (model.init): the distribution each parameter starts from, by its role.
+"""Initialisation schemes (model.runtime.init): the distribution each parameter starts from, by its role.
 
 Axis legend: D model width, N query heads, K kv heads, H head dim, F FFN width, V vocab, L layers, E experts.
 
@@ -13,7 +13,7 @@ Axis legend: D model width, N query heads, K kv heads, H head dim, F FFN width, 
 Norm scales start at 1 and biases (but pytorch's FFN ones) at 0 in every scheme; a MoE router is Glorot-uniform
 in every scheme but gpt2 (no reference scheme has one).
 
-With model.norm_position="deepnorm" (DeepNet, Wang et al. 2022) the v, o and FFN matrices of every scheme are
+With model.norm.position="deepnorm" (DeepNet, Wang et al. 2022) the v, o and FFN matrices of every scheme are
 scaled by the stack's β, and the residual by its α (`deepnorm`).
 """
 from __future__ import annotations
@@ -53,14 +53,14 @@ def weight(cfg, role: str, experts: bool = False, stack: str = "decoder") -> Ini
     [F,D] (experts=True: a leading E axis); router [D,E]; embed [V,D]; head [D,V]; positions [P,D]. stack: the
     block's stack ("encoder" | "decoder"), for DeepNorm's β."""
     base = _weight(cfg, role, experts)
-    if cfg.norm_position == "deepnorm" and role in ("v", "o", "ffn_in", "ffn_out"):
+    if cfg.norm.position == "deepnorm" and role in ("v", "o", "ffn_in", "ffn_out"):
         beta = deepnorm(cfg, stack)[1]
         return lambda key, shape, dtype=jnp.float32: beta * base(key, shape, dtype)
     return base
 
 
 def _weight(cfg, role: str, experts: bool) -> Init:
-    scheme = cfg.init
+    scheme = cfg.runtime.init
     d, n, k, h, f = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.d_ff
     e = 1 if experts else 0                      # the expert axis comes first
     if role == "router":
@@ -84,6 +84,6 @@ def _weight(cfg, role: str, experts: bool) -> Init:
 def bias(cfg, role: str) -> Init:
     """The initializer of an FFN bias: ffn_in (b1, bg; fan-in D) or ffn_out (b2; fan-in F): U(±1/√fan_in) under
     pytorch, else 0. Attention biases are always 0."""
-    if cfg.init == "pytorch":
+    if cfg.runtime.init == "pytorch":
         return _uniform(1.0 / math.sqrt(cfg.d_model if role == "ffn_in" else cfg.d_ff))
     return jax.nn.initializers.zeros

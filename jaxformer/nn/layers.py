@@ -52,12 +52,12 @@ def dropout(layer: nnx.Dropout, x: jax.Array, rngs: nnx.Rngs | None) -> jax.Arra
 
 
 class Norm(nnx.Module):
-    """The norm named by cfg.norm_type, looked up in `ops.norms.NORMS`: LayerNorm (scale + bias), RMSNorm
+    """The norm named by cfg.norm.type, looked up in `ops.norms.NORMS`: LayerNorm (scale + bias), RMSNorm
     (scale), or any registered with `ops.norms.register_norm`. A scale [D] (ones) always; a bias [D] (zeros)
     only for norms registered with bias=True."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.kind, self.eps = cfg.norm_type, cfg.norm_eps
+        self.kind, self.eps = cfg.norm.type, cfg.norm.eps
         self.scale = param(rngs, ones, (cfg.d_model,), ("embed",))
         if norms.NORM_BIAS[self.kind]:
             self.bias = param(rngs, zeros, (cfg.d_model,), ("embed",))
@@ -116,12 +116,12 @@ class FeedForward(nnx.Module):
 
 
 class Residual(nnx.Module):
-    """One sublayer's residual wiring (model.norm_position) with training-only dropout:
+    """One sublayer's residual wiring (model.norm.position) with training-only dropout:
     post LN(x + f(x)); pre x + f(LN(x)); sandwich x + LN'(f(LN(x))) (two norms); deepnorm LN(α·x + f(x)) (DeepNet:
     α per stack, `init.deepnorm`, with its β in the init); rezero x + g·f(x), g a learnable scalar from 0."""
 
     def __init__(self, cfg: ModelConfig, *, stack: str = "decoder", rngs: nnx.Rngs):
-        self.kind = cfg.norm_position
+        self.kind = cfg.norm.position
         if self.kind != "rezero":
             self.norm = Norm(cfg, rngs=rngs)
         if self.kind == "sandwich":
@@ -129,7 +129,7 @@ class Residual(nnx.Module):
         if self.kind == "rezero":
             self.gate = param(rngs, zeros, (), ())
         self.alpha = init.deepnorm(cfg, stack)[0] if self.kind == "deepnorm" else 1.0
-        self.drop = nnx.Dropout(cfg.dropout)
+        self.drop = nnx.Dropout(cfg.runtime.dropout)
 
     def sublayer_input(self, x: jax.Array) -> jax.Array:
         """What the sublayer reads: LN(x) for pre and sandwich, else x. [B,T,D] -> [B,T,D]."""

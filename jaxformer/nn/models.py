@@ -52,7 +52,7 @@ class Embedder(nnx.Module):
         if not cfg.tie_embeddings:
             self.head = param(rngs, init.weight(cfg, "head"), (d, cfg.vocab_size), ("embed", "vocab"),
                               matrix=True)
-        self.drop = nnx.Dropout(cfg.dropout)
+        self.drop = nnx.Dropout(cfg.runtime.dropout)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
         """tokens [B,T] int, positions [B,T] int -> [B,T,D] in the compute dtype."""
@@ -75,7 +75,7 @@ class Embedder(nnx.Module):
             x = x + jnp.take(self.table[...], positions, axis=0)
         elif self.cfg.positional == "learned":
             x = x + jnp.take(self.positions[...], positions, axis=0)
-        return dropout(self.drop, x, rngs).astype(DTYPES[self.cfg.dtype])
+        return dropout(self.drop, x, rngs).astype(DTYPES[self.cfg.runtime.dtype])
 
     def logits(self, x: jax.Array) -> jax.Array:
         """x [B,T,D] -> logits [B,T,V] in float32 (soft-capped: cap · tanh(logits / cap), with
@@ -91,10 +91,10 @@ class Embedder(nnx.Module):
 
 
 def _makers(cfg: ModelConfig, block):
-    """The stack's repeating pattern of block kinds: all dense; all MoE; or model.moe_every-1 dense then MoE."""
+    """The stack's repeating pattern of block kinds: all dense; all MoE; or model.moe.every-1 dense then MoE."""
     if cfg.ffn != "moe":
         return lambda r: block(moe=False, rngs=r)
-    return [lambda r, m=(j == cfg.moe_every - 1): block(moe=m, rngs=r) for j in range(cfg.moe_every)]
+    return [lambda r, m=(j == cfg.moe.every - 1): block(moe=m, rngs=r) for j in range(cfg.moe.every)]
 
 
 class Encoder(nnx.Module):
@@ -102,7 +102,7 @@ class Encoder(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.layers = LayerStack(_makers(cfg, lambda **kw: EncoderBlock(cfg, **kw)), cfg.num_encoder_layers,
-                                 remat=cfg.remat, rngs=rngs)
+                                 remat=cfg.runtime.remat, rngs=rngs)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
 
     def __call__(self, x, ctx: Context, *, rngs=None) -> BlockOut:
@@ -116,14 +116,14 @@ class Decoder(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, cross: bool, rngs: nnx.Rngs):
         self.layers = LayerStack(_makers(cfg, lambda **kw: DecoderBlock(cfg, cross=cross, **kw)),
-                                 cfg.num_decoder_layers, remat=cfg.remat, rngs=rngs)
+                                 cfg.num_decoder_layers, remat=cfg.runtime.remat, rngs=rngs)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
-        self.windows = cfg.layer_windows() if any(cfg.attention_windows) else None    # static, per layer
+        self.windows = cfg.layer_windows() if any(cfg.attention.windows) else None    # static, per layer
 
     def __call__(self, x, ctx: Context, *, cache: LayerKV | None = None, memory_kv: LayerKV | None = None,
                  layout: DecodingLayers | None = None, rngs=None) -> BlockOut:
         """x [B,T,D] -> BlockOut(x [B,T,D], aux stacked over layers [L,...]: "self" / "cross" weights, "moe";
-        kv: the new keys/values when cached). Layers with a sliding window (model.attention_windows) see only
+        kv: the new keys/values when cached). Layers with a sliding window (model.attention.windows) see only
         that many recent positions. layout: the stack laid out for a token loop (`_Model.decoding_layout`),
         applied instead of the scanned stack."""
         window = None if self.windows is None else jnp.asarray(self.windows, jnp.int32)
@@ -146,15 +146,15 @@ class _Model(nnx.Module):
     def init_cache(self, batch: int, length: int, *, dtype: str = "auto",
                    layout: DecodingLayers | None = None) -> KVCache:
         """An empty decoder KV cache of `length` slots for `batch` rows: k, v [L,B,S,K,H] in the compute dtype
-        (dtype="auto", or model.kv_cache_dtype when set) or int8 with a float32 scale per slot and kv head
+        (dtype="auto", or model.runtime.kv_cache_dtype when set) or int8 with a float32 scale per slot and kv head
         (dtype="int8"). With a decoding layout, the cache type it reads: a `LayerwiseKVCache` (L heads-major
         [B,K,S,H] tensors)."""
         cfg = self.cfg
-        dtype = cfg.kv_cache_dtype if dtype == "auto" else dtype
+        dtype = cfg.runtime.kv_cache_dtype if dtype == "auto" else dtype
         if dtype not in ("auto", "int8"):
             raise ConfigError(f"KV cache dtype={dtype!r} is not one of ('auto', 'int8')")
         cache = init_cache(cfg.num_decoder_layers, batch, length, cfg.kv_heads, cfg.head_size,
-                           "int8" if dtype == "int8" else DTYPES[cfg.dtype])
+                           "int8" if dtype == "int8" else DTYPES[cfg.runtime.dtype])
         return cache if layout is None else cache.unstacked()
 
     def decoding_layout(self, batch: int | None = None) -> DecodingLayers:
@@ -319,10 +319,10 @@ class TransformerLM(_Model):
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer | TransformerLM:
     """The model class named by cfg.arch, initialised from `seed`. Raises BackendError (before anything is
-    traced) when cfg.attention_backend cannot run on this machine."""
-    why = ops.fused.problem(cfg.attention_backend, dtype=DTYPES[cfg.dtype])
+    traced) when cfg.runtime.attention_backend cannot run on this machine."""
+    why = ops.fused.problem(cfg.runtime.attention_backend, dtype=DTYPES[cfg.runtime.dtype])
     if why:
-        raise BackendError(f"model.attention_backend={cfg.attention_backend!r}: {why}")
+        raise BackendError(f"model.runtime.attention_backend={cfg.runtime.attention_backend!r}: {why}")
     check_model_size(cfg)                               # by arithmetic, before any table or array exists
     cls = Transformer if cfg.arch == "encoder_decoder" else TransformerLM
     return cls(cfg, rngs=nnx.Rngs(params=seed))
@@ -350,5 +350,5 @@ def count_params(model: nnx.Module) -> dict[str, int]:
     counts["total"] = sum(counts.values())
     if experts:
         cfg = model.cfg
-        counts["active per token"] = counts["total"] - experts + experts * cfg.moe_top_k // cfg.num_experts
+        counts["active per token"] = counts["total"] - experts + experts * cfg.moe.top_k // cfg.moe.num_experts
     return counts

@@ -15,14 +15,15 @@ from jaxformer.ops import activations, moe
 
 class MoEFeedForward(nnx.Module):
     """E expert FFNs (w1/wg [E,D,F], w2 [E,F,D], each initialised as a dense FFN) and a router [D,E] applied in
-    float32. Training (a dropout stream passed) uses model.moe_capacity_factor; inference runs dropless (as
-    model.moe_dropless says), so a token's output never depends on the other tokens in its batch (cached decoding
-    equals the full forward)."""
+    float32. Training (a dropout stream passed) uses model.runtime.moe_capacity_factor; inference runs dropless
+    (as model.runtime.moe_dropless says), so a token's output never depends on the other tokens in its batch
+    (cached decoding equals the full forward)."""
 
     def __init__(self, cfg: ModelConfig, *, stack: str = "decoder", rngs: nnx.Rngs):
-        d, f, e = cfg.d_model, cfg.d_ff, cfg.num_experts
+        d, f, e = cfg.d_model, cfg.d_ff, cfg.moe.num_experts
         self.activation, self.use_bias = cfg.activation, cfg.has_bias("ffn")
-        self.top_k, self.capacity_factor, self.dropless = cfg.moe_top_k, cfg.moe_capacity_factor, cfg.moe_dropless
+        self.top_k = cfg.moe.top_k
+        self.capacity_factor, self.dropless = cfg.runtime.moe_capacity_factor, cfg.runtime.moe_dropless
         self.router = param(rngs, init.weight(cfg, "router"), (d, e), ("embed", None), matrix=True)
         w = lambda role, shape, axes: param(rngs, init.weight(cfg, role, experts=True, stack=stack), shape, axes,  # noqa: E731
                                             matrix=True, quantizable=True)

@@ -17,7 +17,7 @@ from jaxformer import platforms
 from jaxformer.platforms import cpu as layout
 
 Init = jax.nn.initializers.Initializer
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}   # model.dtype -> jnp
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}   # model.runtime.dtype -> jnp
 
 
 def param(rngs: nnx.Rngs, init: Init, shape: tuple[int, ...], axes: tuple[str, ...], dtype=jnp.float32, *,

@@ -34,20 +34,20 @@ def problem(backend: str, *, dtype=None, where: str | None = None, bias: bool = 
     soft-capping is needed."""
     plat = where or platform()
     if softcap and backend in ("cudnn", "pallas"):
-        return (f"attention backend {backend!r} takes no attention-logit soft-capping (model.attention_softcap); "
+        return (f"attention backend {backend!r} takes no attention-logit soft-capping (model.attention.softcap); "
                 f"use 'chunked' or 'reference'")
     if backend == "cudnn":
         if plat not in ("gpu", "any"):
             return f"attention backend 'cudnn' needs an NVIDIA GPU; this process runs on {plat!r}"
         if dtype is not None and jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
             return (f"attention backend 'cudnn' (cuDNN flash attention) takes bfloat16 or float16 activations; "
-                    f"got {jnp.dtype(dtype).name} (set model.dtype='bfloat16')")
+                    f"got {jnp.dtype(dtype).name} (set model.runtime.dtype='bfloat16')")
     if backend == "pallas":
         if bias:
             return ("attention backend 'pallas' takes no additive bias (ALiBi or a custom bias); model.positional="
                     "'alibi' needs 'chunked' or 'reference'")
         if window:
-            return ("attention backend 'pallas' takes no sliding window (model.attention_windows); use 'chunked' or "
+            return ("attention backend 'pallas' takes no sliding window (model.attention.windows); use 'chunked' or "
                     "'reference'")
         if cross:
             return ("attention backend 'pallas' runs self-attention only (JAX's Pallas GPU kernel shares one "

@@ -1,5 +1,5 @@
 """Normalisations over the last axis (D), computed in float32 and cast back, and the registry of the norms a
-config may name (`model.norm_type`): `NORMS` maps a name to a function (x [..., D], scale [D], bias [D] | None,
+config may name (`model.norm.type`): `NORMS` maps a name to a function (x [..., D], scale [D], bias [D] | None,
 eps) -> [..., D]; `register_norm` adds one (the `Norm` module creates a bias parameter only for norms registered
 with bias=True, and passes None otherwise)."""
 from __future__ import annotations
@@ -34,12 +34,12 @@ def rms_norm(x: jax.Array, scale: jax.Array | None, eps: float = 1e-6) -> jax.Ar
 
 NormFn = Callable[[jax.Array, jax.Array, "jax.Array | None", float], jax.Array]
 
-NORMS: dict[str, NormFn] = {}        # model.norm_type name -> fn(x [..., D], scale [D], bias [D] | None, eps)
+NORMS: dict[str, NormFn] = {}        # model.norm.type name -> fn(x [..., D], scale [D], bias [D] | None, eps)
 NORM_BIAS: dict[str, bool] = {}      # name -> whether the Norm module creates a bias [D] (else passes None)
 
 
 def register_norm(name: str, fn: NormFn, *, bias: bool) -> NormFn:
-    """Make `fn(x, scale, bias, eps) -> y` ([..., D] -> [..., D]) available as model.norm_type=`name`; `bias`
+    """Make `fn(x, scale, bias, eps) -> y` ([..., D] -> [..., D]) available as model.norm.type=`name`; `bias`
     says whether the Norm module creates a bias parameter [D] (zeros) for it. Register before building or
     validating a config that names it (in every process that loads such a run). Returns fn.
     Raises ValueError for a name already registered (norms are not silently replaced)."""

@@ -81,8 +81,8 @@ def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, pr
     compilation and the first step), steps (every later step, with the loop's host reads), eval (held-out
     evaluation), checkpoint (saving: each save returns once written), examples (the final decoded examples)."""
     initialize(cfg.parallel)                       # multi-host: before any JAX computation
-    if cfg.model.attention_backend == "pallas" and ops.fused.platform() == "cpu":
-        logging.getLogger("jaxformer").warning("model.attention_backend='pallas' on CPU runs the GPU kernel in "
+    if cfg.model.runtime.attention_backend == "pallas" and ops.fused.platform() == "cpu":
+        logging.getLogger("jaxformer").warning("model.runtime.attention_backend='pallas' on CPU runs the GPU kernel in "
                                                "Pallas interpret mode: correct, and orders of magnitude slower")
     if cfg.model.ablations:
         logging.getLogger("jaxformer").warning("ablation switches set, this model is wrong on purpose: %s",
