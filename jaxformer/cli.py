@@ -279,7 +279,7 @@ def main(argv=None) -> int:
         console.print(Text.assemble((f"{e.label}:", "red"), " ", str(e)), soft_wrap=True)   # one unbroken line
         return e.exit_code
     except BrokenPipeError:                  # stdout closed (`| head`, a quitting `less`) outside the train loop
-        from jaxformer.train.loop import detach_stdout
+        from jaxformer.train.monitor import detach_stdout
         detach_stdout()
         return 128 + getattr(signal, "SIGPIPE", 13)
     except OSError as e:                     # the machine's doing, not ours: a full disk, a vanished mount

@@ -19,7 +19,7 @@ from jaxformer.configio import apply_overrides, load_config_file
 from jaxformer.data import DataError, build_task
 from jaxformer.nn import build_model
 from jaxformer.nn.params import matrix_mask
-from jaxformer.train import loop
+from jaxformer.train import loop, monitor
 from jaxformer.train.loop import train
 from jaxformer.ops.losses import token_losses
 from jaxformer.train.step import forward, init_state, make_train_step, optimizer, schedule
@@ -115,7 +115,7 @@ def test_tokens_per_second_measures_the_last_interval_only(tmp_path, monkeypatch
     """A fake clock advancing 10 s per reading: each train record's tokens_per_s must be that interval's
     tokens / 10 s (an LM batch holds exactly B·T target tokens), not the average since the start."""
     clock = iter(np.arange(1000.0) * 10.0)
-    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    monkeypatch.setattr(monitor, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
     cfg = tiny_lm("train.steps=6", "train.log_every=2", "train.eval_every=100", "train.checkpoint_every=100")
     train(cfg, tmp_path, progress="none")
     rates = [r["tokens_per_s"] for r in records(tmp_path) if r["split"] == "train"]

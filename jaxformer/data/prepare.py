@@ -10,12 +10,13 @@ end-of-document token.
 
 Three streaming passes over the inputs, never the whole corpus in memory (documents are read in pieces of about
 64 KiB, cut after a newline): (1) count documents and bytes, and choose the held-out split, the last documents
-holding `--eval-fraction` of the bytes (a corpus of one document is cut in two at the newline nearest the cut); (2) train
-the tokenizer (HF `tokenizers`: byte-level BPE, or unigram over the same 256-byte alphabet, so that any text
-encodes; `char` collects the corpus's characters; `byte` needs no training; PATH loads a `tokenizer.json`, a
+holding `--eval-fraction` of the bytes (a corpus of one document is cut in two at the newline nearest the cut);
+(2) train the tokenizer (HF `tokenizers`: byte-level BPE, or unigram over the same 256-byte alphabet, so that any
+text encodes; `char` collects the corpus's characters; `byte` needs no training; PATH loads a `tokenizer.json`, a
 SentencePiece `.model`, or a Hugging Face checkpoint folder's tokenizer) on the training split only; (3) encode
-and append to shards of at most `--shard-tokens` tokens, uint16 when the vocabulary fits, else uint32. A loaded tokenizer that marks the start of its input (SentencePiece's dummy prefix,
-a normaliser that trims) would mark every piece: it encodes whole documents instead.
+and append to shards of at most `--shard-tokens` tokens, uint16 when the vocabulary fits, else uint32. A loaded
+tokenizer that marks the start of its input (SentencePiece's dummy prefix, a normaliser that trims) would mark
+every piece: it encodes whole documents instead. Reading the inputs' documents: `jaxformer.data.documents`.
 The output is written to DIR.partial and renamed to DIR when complete: an interrupted run leaves no DIR (the next
 run starts afresh), and a finished DIR is never overwritten. DIR.partial is marked as jaxformer's (a file
 `.jaxformer-partial` in it): only a marked DIR.partial is ever removed; any other DIR.partial is refused.
@@ -33,12 +34,12 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
+from jaxformer.data.documents import Piece, check_inputs, pieces, rule_of, sha256_file
 from jaxformer.data.tokenizers import (ByteTokenizer, CharTokenizer, HFTokenizer, SentencePieceTokenizer,
                                       pretrained_tokenizer, save_tokenizer)
 from jaxformer.errors import DataError, Interrupted
@@ -50,97 +51,6 @@ SPECIALS = ("<pad>", "<eod>")      # ids 0 and 1 of the tokenizers trained here
 SPLITS = ("train", "eval")
 MAX_VOCAB = 1 << 24               # --vocab-size: tokenizers trains 2^24 on any corpus; 10^9 aborts the process
 MARK = ".jaxformer-partial"        # in OUT.partial: this folder is prepare's unfinished output, free to remove
-
-
-@dataclass(frozen=True)
-class Piece:
-    doc: int            # document index over the whole corpus
-    text: str
-    last: bool          # the document's last piece
-
-
-def _rule(rule: str, path: Path) -> str:
-    if rule == "auto":
-        return "jsonl" if path.suffix == ".jsonl" else "file"
-    if rule in ("file", "jsonl", "blank-lines") or rule.startswith("separator="):
-        return rule
-    raise DataError(f"--docs {rule!r}: expected file, jsonl, blank-lines or separator=STR")
-
-
-def _lines(path: Path) -> Iterator[str]:
-    """The file's lines (keeping their newlines), decoded as UTF-8; DataError naming the file otherwise."""
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                yield raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}: line {n} is not UTF-8 ({e.reason} at byte {e.start})") from None
-
-
-def _file_pieces(path: Path, rule: str, first_doc: int, piece: int | None) -> Iterator[Piece]:
-    """The pieces of one input's documents (of about `piece` characters; None: whole documents), numbered from
-    first_doc; every document's last piece has last=True."""
-    if rule == "jsonl":
-        doc = first_doc
-        for n, line in enumerate(_lines(path), 1):
-            if not line.strip():
-                continue
-            try:
-                text = json.loads(line)["text"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise DataError(f"{path}: line {n} is not a JSON object with a \"text\" field") from None
-            if not isinstance(text, str):
-                raise DataError(f"{path}: line {n}: \"text\" is {type(text).__name__}, not a string")
-            if text:
-                step = piece or len(text)
-                for i in range(0, len(text), step):
-                    yield Piece(doc, text[i:i + step], i + step >= len(text))
-                doc += 1
-        return
-    sep = rule.removeprefix("separator=") if rule.startswith("separator=") else None
-    doc, buf, size, open_doc = first_doc, [], 0, False
-    for line in _lines(path):
-        if (rule == "blank-lines" and not line.strip()) or (sep is not None and line.rstrip("\r\n") == sep):
-            if open_doc or "".join(buf).strip():          # a boundary closes the document (if it has text)
-                yield Piece(doc, "".join(buf), True)
-                doc += 1
-            buf, size, open_doc = [], 0, False
-            continue
-        buf.append(line)
-        size += len(line)
-        if piece is not None and size >= piece and line.endswith("\n"):
-            yield Piece(doc, "".join(buf), False)
-            buf, size, open_doc = [], 0, True
-    if buf or open_doc:
-        yield Piece(doc, "".join(buf), True)
-
-
-def pieces(paths: list[Path], rule: str, piece: int | None) -> Iterator[Piece]:
-    """Every document's pieces, in input order, documents numbered across the inputs. A document with no text
-    (an empty file, two separators in a row) is skipped."""
-    doc = 0
-    for path in paths:
-        for p in _file_pieces(path, _rule(rule, path), doc, piece):
-            yield p
-            doc = p.doc + 1
-
-
-def _check_inputs(paths: list[Path]) -> None:
-    if not paths:
-        raise DataError("no input files given")
-    for p in paths:
-        if not p.exists():
-            raise DataError(f"input {str(p)!r} does not exist")
-        if not p.is_file():
-            raise DataError(f"input {str(p)!r} is not a regular file")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def load_tokenizer_file(path: Path):
@@ -311,7 +221,7 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe"
 def _check_request(paths, out: Path, tokenizer: str, vocab_size: int, docs: str, eval_fraction: float,
                    shard_tokens: int) -> None:
     """Every argument and the output folder, checked before any pass over the corpus."""
-    _check_inputs(paths)
+    check_inputs(paths)
     if not 0 < eval_fraction < 1:
         raise DataError(f"--eval-fraction {eval_fraction}: must be in (0, 1)")
     if shard_tokens < 1:
@@ -320,7 +230,7 @@ def _check_request(paths, out: Path, tokenizer: str, vocab_size: int, docs: str,
         raise DataError(f"--vocab-size {vocab_size:,} is too large: at most {MAX_VOCAB:,} (2^24; the tokenizers "
                         f"library allocates for the size asked, and aborts the process far above it)")
     for p in paths:
-        _rule(docs, p)
+        rule_of(docs, p)
     if (out / "index.json").exists():
         raise DataError(f"{out} already holds prepared shards (index.json); choose another --out or delete it")
     if out.exists():

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxformer.data.prepare import FORMAT, SPLITS, sha256_file
+from jaxformer.data.documents import sha256_file
+from jaxformer.data.prepare import FORMAT, SPLITS
 from jaxformer.data.tokenizers import load_tokenizer
 from jaxformer.errors import DataError
 

@@ -135,12 +135,7 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
       Logits and softmax are float32; a query row whose keys are all masked returns zeros (and zero
       gradient), never NaN.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
-    if softmax_grad not in ("jax", "gemv"):
-        raise ValueError(f"softmax_grad={softmax_grad!r} is not 'jax' or 'gemv'")
-    if kv_layout not in KV_LAYOUTS:
-        raise ValueError(f"kv_layout={kv_layout!r} is not one of {KV_LAYOUTS}")
+    _check_options(backend, softmax_grad, kv_layout, softcap, mask_value)
     ks, vs = _segments(k, "k"), _segments(v, "v")
     heads_major = kv_layout == "BKSH"
     if heads_major and backend != "reference":
@@ -149,28 +144,42 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
     _check_shapes(q, *((_bskh(ks), _bskh(vs)) if heads_major else (ks, vs)))
     _check_mask(mask)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if softcap and backend not in ("reference", "chunked"):
-        raise BackendError(f"attention soft-capping runs on the 'reference' and 'chunked' backends, not {backend!r}")
     if backend == "reference":
         out, weights, lse = _reference(q, ks, vs, dense_mask(mask), _dense_bias(bias), scale, mask_value,
                                        return_weights or return_lse, softcap, heads_major, softmax_grad)
     else:
-        if mask_value is not None:
-            raise BackendError(f"mask_value (an ablation) exists only in the 'reference' backend, not {backend!r}")
         kc = ks[0] if len(ks) == 1 else jnp.concatenate(ks, axis=1)
         vc = vs[0] if len(vs) == 1 else jnp.concatenate(vs, axis=1)
-        if backend == "chunked":
-            out, lse = flash.chunked_attention(q, kc, vc, mask, bias, scale=scale, block_q=block_size,
-                                               block_k=block_size, softcap=softcap)
-        elif backend == "cudnn":
-            out, lse = fused.cudnn_attention(q, kc, vc, mask, bias, scale=scale,
-                                             want_lse=return_weights or return_lse)
-        else:
-            out, lse = fused.pallas_attention(q, kc, vc, mask, bias, scale=scale,
-                                              want_lse=return_weights or return_lse)
+        out, lse = _other_backend(backend, q, kc, vc, mask, bias, scale, block_size, softcap,
+                                  want_lse=return_weights or return_lse)
         weights = (attention_weights(q, kc, lse, mask=mask, bias=bias, scale=scale, softcap=softcap)
                    if return_weights else None)
     return Attention(out, weights if return_weights else None, lse if return_lse else None)
+
+
+def _check_options(backend: str, softmax_grad: str, kv_layout: str, softcap: float, mask_value) -> None:
+    """ValueError for an option that does not exist; BackendError for one the backend does not offer."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+    if softmax_grad not in ("jax", "gemv"):
+        raise ValueError(f"softmax_grad={softmax_grad!r} is not 'jax' or 'gemv'")
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout={kv_layout!r} is not one of {KV_LAYOUTS}")
+    if softcap and backend not in ("reference", "chunked"):
+        raise BackendError(f"attention soft-capping runs on the 'reference' and 'chunked' backends, not {backend!r}")
+    if mask_value is not None and backend != "reference":
+        raise BackendError(f"mask_value (an ablation) exists only in the 'reference' backend, not {backend!r}")
+
+
+def _other_backend(backend: str, q, k, v, mask, bias, scale: float, block_size: int, softcap: float, *,
+                   want_lse: bool) -> tuple[jax.Array, jax.Array | None]:
+    """(out [B,T,N,H], lse [B,N,T] or None) of the chunked, cudnn or pallas backend over whole k, v [B,S,K,H]."""
+    if backend == "chunked":
+        return flash.chunked_attention(q, k, v, mask, bias, scale=scale, block_q=block_size, block_k=block_size,
+                                       softcap=softcap)
+    if backend == "cudnn":
+        return fused.cudnn_attention(q, k, v, mask, bias, scale=scale, want_lse=want_lse)
+    return fused.pallas_attention(q, k, v, mask, bias, scale=scale, want_lse=want_lse)
 
 
 def attention_weights(q: jax.Array, k, lse: jax.Array, *, mask=None, bias=None, scale: float | None = None,
