@@ -8,8 +8,9 @@ difference grows to a few percent of the loss). For each lever and each config o
 applies to, both programs are built and compiled in the same process, "before" with the lever switched off (the code it
 replaced, restored by a patch or a config value while that program is traced) and "after" as jaxformer builds it
 ("after" is built and compiled first: in A/A runs the program built second was up to 2% faster, so that bias, if
-any, works against the lever); then blocks of steps alternate between them (before/after, then after/before, ...),
-each program threading its own training state. Every pair of blocks gives one ratio after/before of ms per step; the
+any, works against the lever); then, after one untimed block each, blocks of steps alternate between them
+(before/after, then after/before, ...; `benchmarks/timing.paired_times_ms`), each program threading its own
+training state. Every pair of blocks gives one ratio after/before of ms per step; the
 verdict follows from the 95% Student-t interval of the mean log ratio (`jaxformer.verdicts`): "faster" or "slower"
 when the interval excludes 1, "no difference beyond ±2%" when it lies within 0.98–1.02, else "not resolved". Pairing
 within one process is what makes a few-percent effect measurable on a VM whose step time drifts by more than that
@@ -205,21 +206,9 @@ def paired(before: list[float], after: list[float]) -> dict:
     return {"ratio": math.exp(d.mean), "lo": math.exp(d.lo), "hi": math.exp(d.hi), "pairs": d.n, "verdict": verdict}
 
 
-def alternate(runs: dict, blocks: int) -> dict:
-    """runs {"before": fn, "after": fn} (each runs one block and returns what to block on) -> {which: [ms per
-    block]}: blocks alternate before/after, then after/before, so neither always runs first."""
-    import jax
-    ms = {which: [] for which in runs}
-    for b in range(blocks):
-        for which in (("before", "after") if b % 2 == 0 else ("after", "before")):
-            t = time.perf_counter()
-            jax.block_until_ready(runs[which]())
-            ms[which].append(1e3 * (time.perf_counter() - t))
-    return ms
-
-
 def measure(name: str, lever: Lever, config: str, blocks: int, steps: int) -> dict:
     """One lever on one config: paired blocks of steps in this process -> row of the results file."""
+    from timing import paired_times_ms
     import train_step as ts
     progs = {}
     for which in ("after", "before"):      # built second, "before" gets whatever a later build gains (A/A rows)
@@ -233,7 +222,7 @@ def measure(name: str, lever: Lever, config: str, blocks: int, steps: int) -> di
                 p["state"], p["metrics"] = p["step"](p["state"], p["batch"], p["key"])
             return p["metrics"]
         return run
-    ms = alternate({w: block(p) for w, p in progs.items()}, blocks)
+    ms = paired_times_ms({w: block(progs[w]) for w in ("before", "after")}, blocks)
     ms = {w: [t / steps for t in v] for w, v in ms.items()}
     return {"lever": name, "config": config, "blocks": blocks, "steps_per_block": steps,
             **paired(ms["before"], ms["after"]),
@@ -248,6 +237,7 @@ def measure_decode(name: str, lever: Lever, config: str, blocks: int) -> dict:
     """A decoding lever on config "SIZE bB cC": benchmarks/decode.py's cached loop (DECODE_TOKENS greedy steps
     per block, from context C, batch B, its decoder at size SIZE) over the model laid out for decoding, the lever
     switched off while "before" is laid out; both programs in this process, paired blocks."""
+    from timing import paired_times_ms
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -284,7 +274,7 @@ def measure_decode(name: str, lever: Lever, config: str, blocks: int) -> dict:
             p["out"] = p["loop"](p["state"], p["out"][0], *start)     # the same slots again (the cache donated)
             return p["out"]
         return run
-    ms = alternate({w: block(p) for w, p in progs.items()}, blocks)
+    ms = paired_times_ms({w: block(progs[w]) for w in ("before", "after")}, blocks)
     ms = {w: [t / steps for t in v] for w, v in ms.items()}
     same = bool(jnp.all(progs["before"]["tokens"] == progs["after"]["tokens"]))
     return {"lever": name, "config": config, "blocks": blocks, "steps_per_block": steps, "unit": "token",
@@ -295,6 +285,7 @@ def measure_decode(name: str, lever: Lever, config: str, blocks: int) -> dict:
 
 def measure_op(name: str, lever: Lever, blocks: int = 32, calls: int = 50) -> dict:
     """The lever's op alone (`Lever.op`), both forms jitted in this process, paired blocks of calls."""
+    from timing import paired_times_ms
     import jax
     label, before, after, args = lever.op()
     fns = {"before": before, "after": after}
@@ -307,7 +298,7 @@ def measure_op(name: str, lever: Lever, blocks: int = 32, calls: int = 50) -> di
                 out = f(*args)
             return out
         return run
-    ms = alternate({w: block(f) for w, f in fns.items()}, blocks)
+    ms = paired_times_ms({w: block(fns[w]) for w in ("before", "after")}, blocks)
     ms = {w: [t / calls for t in v] for w, v in ms.items()}
     return {"lever": name, "config": label, "blocks": blocks, "steps_per_block": calls,
             **paired(ms["before"], ms["after"]),

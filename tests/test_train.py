@@ -216,6 +216,7 @@ def test_train_and_eval_steps_compile_once_across_steps_and_after_a_resume(tmp_p
     assert first["_track"] <= 1 and second["_track"] == 0, (first, second)
 
 
+@pytest.mark.slow          # ~18 s: two runs and a resume; the default lane resumes in tests/test_runs.py
 def test_resume_with_dropout_is_bitwise_equal(tmp_path):
     """Dropout on: the per-step dropout keys must continue, not restart, when a run resumes."""
     cfg = tiny_lm("model.runtime.dropout=0.3", "train.steps=4", "train.log_every=1", "train.checkpoint_every=2",
