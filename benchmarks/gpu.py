@@ -268,6 +268,19 @@ def table(head: list[str], rows: list[list]) -> list[str]:
                                                                            for r in rows]
 
 
+def _flat_model(mo: dict) -> dict:
+    """A recorded model config as flat keys: sectioned (model.norm.position, ...) or as results before the
+    sections recorded it (norm_position, ...)."""
+    from jaxformer.config import SECTIONED
+    if "norm" not in mo:
+        return mo
+    flat = {k: v for k, v in mo.items() if not isinstance(v, dict)}
+    for old, new in SECTIONED.items():
+        section, field = new.split(".")
+        flat[old] = mo[section][field]
+    return flat
+
+
 def write(stem: Path, rec: dict) -> None:
     m, S = rec["machine"], rec["sections"]
     tr, de, rv = (S.get(k, {}) for k in ("train", "decode", "reversal"))
@@ -275,7 +288,7 @@ def write(stem: Path, rec: dict) -> None:
          f"Machine: {m['device_kind']} ({m['platform']}); {m['summary']}", "", f"Command: `{rec['command']}`", "",
          *[f"- {k}: {v}" for k, v in FORMULAS.items()], "", "Values: median (min–max, n = repetitions)."]
     if "backend" in tr:
-        mo, mem = tr["model"], tr["peak_memory_gb"]
+        mo, mem = _flat_model(tr["model"]), tr["peak_memory_gb"]
         L += ["", "## 1. Train step, MFU", "",
               f"Model: decoder-only, {tr['params']:,} parameters (nnx.eval_shape), D{mo['d_model']}, {mo['num_heads']} "
               f"heads, F{mo['d_ff']} {mo['activation']}, {mo['num_decoder_layers']} layers, V{mo['vocab_size']} tied, "
