@@ -176,6 +176,18 @@ MUTANTS = (
            ("tests/test_platforms.py", "-k", "off_platform")),
     Mutant("override-leaks", "an override that outlives its block", "jaxformer/platforms/__init__.py",
            "        _overrides.reset(token)\n", "        pass\n", ("tests/test_platforms.py", "-k", "override")),
+    # issue 46 (W): the accelerator levers, each equal to the step without it
+    Mutant("chunked-loss-keeps-logits", "the chunked loss keeps every slice's logits for the backward pass",
+           "jaxformer/ops/losses.py", "    @jax.checkpoint\n    def one(", "    def one(",
+           ("tests/test_accelerator_levers.py", "-k", "one_slice")),
+    Mutant("chunked-loss-counts-padding", "the last slice's padding weighted as tokens", "jaxformer/ops/losses.py",
+           "        x, targets, w = (jnp.pad(a, ((0, 0), (0, m * c - t)) + ((0, 0),) * (a.ndim - 2)) for a in (x, targets, w))",
+           "        x, targets = (jnp.pad(a, ((0, 0), (0, m * c - t)) + ((0, 0),) * (a.ndim - 2)) for a in (x, targets))"
+           "\n        w = (targets != pad_id).astype(jnp.float32)",
+           ("tests/test_accelerator_levers.py", "-k", "whole_logits")),
+    Mutant("fused-gate-up-swapped", "the fused gate/up matmul split in the wrong order", "jaxformer/nn/layers.py",
+           "jnp.concatenate([wg, w1], axis=1)", "jnp.concatenate([w1, wg], axis=1)",
+           ("tests/test_accelerator_levers.py", "-k", "same_loss")),
     # issue 50 (R3): the silent wrong results, each pinned by the test that failed on the code before it
     Mutant("partial-removed-unmarked", "data prepare removes an OUT.partial it did not make",
            "jaxformer/data/prepare.py", "        if not (tmp / MARK).is_file():\n            raise DataError(",

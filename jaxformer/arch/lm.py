@@ -18,11 +18,11 @@ class LanguageModel:
     separator = ""                            # between a prompt and its output when printed
     exact_match = False
 
-    def forward(self, model, batch: dict, rngs=None):
-        """-> (logits [B,T,V], targets [B,T], aux). A batch without segment ids and positions is one document
-        per row, every token real."""
+    def forward(self, model, batch: dict, rngs=None, features: bool = False):
+        """-> (logits [B,T,V], targets [B,T], aux); features=True: the output head's input [B,T,D] in place of
+        the logits. A batch without segment ids and positions is one document per row, every token real."""
         logits, aux = model.forward(batch["inputs"], positions=batch.get("positions"),
-                                    segment_ids=batch.get("segment_ids"), rngs=rngs)
+                                    segment_ids=batch.get("segment_ids"), rngs=rngs, features=features)
         return logits, batch["targets"], aux
 
     def example_batch(self, rows: int, length: int) -> dict:

@@ -14,10 +14,11 @@ class Seq2Seq:
     separator = " -> "                            # between a prompt and its output when printed
     exact_match = True                          # evaluation also decodes and scores whole answers
 
-    def forward(self, model, batch: dict, rngs=None):
-        """-> (logits [B,T,V], targets [B,T], aux) of a teacher-forced batch. A side without segment ids and
-        positions is one document per row, every token real."""
-        logits, aux = model.forward(batch["src"], batch["tgt_in"], rngs=rngs,
+    def forward(self, model, batch: dict, rngs=None, features: bool = False):
+        """-> (logits [B,T,V], targets [B,T], aux) of a teacher-forced batch; features=True: the output head's
+        input [B,T,D] in place of the logits. A side without segment ids and positions is one document per row,
+        every token real."""
+        logits, aux = model.forward(batch["src"], batch["tgt_in"], rngs=rngs, features=features,
                                     **{f"{side}_{k}": batch.get(f"{side}_{k}") for side in ("src", "tgt")
                                        for k in ("positions", "segment_ids")})
         return logits, batch["tgt_out"], aux

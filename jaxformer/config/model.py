@@ -17,7 +17,7 @@ from jaxformer.errors import ConfigError
 from jaxformer.ops import activations, fused, norms, positional
 from jaxformer.ops.attention import BACKENDS
 
-REMAT_POLICIES = ("none", "full", "dots")
+REMAT_POLICIES = ("none", "full", "dots", "dots_attention")
 BIASES = ("q", "k", "v", "o", "ffn")           # the projections model.biases may name
 
 
@@ -126,8 +126,9 @@ class RuntimeConfig(_Validated):
                                            # and kv head; keys/values rounded when written)
     attention_backend: str = "reference"   # reference | chunked | cudnn | pallas (ops.attention.BACKENDS)
     attention_block: int = 512             # the chunked backend's tile edge (queries and keys)
-    remat: str = "none"                    # recompute in the backward pass, per block: none | full | dots
-                                           # (dots: keep the matmul outputs without batch dims, recompute the rest)
+    remat: str = "none"                    # recompute in the backward pass, per block: none | full | dots |
+                                           # dots_attention (dots: keep the matmul outputs without batch dims,
+                                           # recompute the rest; dots_attention: and each attention's output)
     dropout: float = 0.1                   # residual + embedding dropout, training only
     init: str = "glorot"                   # parameter initialisation: glorot | pytorch | gpt2 (jaxformer.nn.init)
     moe_capacity_factor: float = 1.25      # MoE training: slots per expert = ceil(factor·tokens·k/E), overflow

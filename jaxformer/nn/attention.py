@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer import ops
 from jaxformer.config import ModelConfig
@@ -64,8 +65,12 @@ class MultiHeadAttention(nnx.Module):
         step projects q, k and v in one matmul: lever `decode_fused_qkv` (`jaxformer.platforms`; its results row
         in benchmarks/results/levers.md). None where it does not apply: cross-attention, the lever off on this
         platform, or weights that bring their own matmul (quantized)."""
+        return self._concat_qkv() if lever("decode_fused_qkv") else None
+
+    def _concat_qkv(self) -> jax.Array | None:
+        """wq, wk, wv as one new matrix [D,(N+2K)·H]; None for cross-attention or quantized weights."""
         ws = (self.wq[...], self.wk[...], self.wv[...])
-        if self.self_attention and not any(hasattr(w, "project") for w in ws) and lever("decode_fused_qkv"):
+        if self.self_attention and not any(hasattr(w, "project") for w in ws):
             return jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1)
         return None
 
@@ -103,6 +108,8 @@ class MultiHeadAttention(nnx.Module):
         weight (`fused_qkv`), used for a self-attention's projections when given. -> (out [B,T,D], aux)."""
         aux = {}
         heads_first = isinstance(cache if source is None else source, HeadsMajorKV)   # [B,K,S,H]: a laid-out cache
+        if source is None and wqkv is None and lever("fused_projections"):      # one matmul for q, k and v
+            wqkv = self._concat_qkv()
         if source is None and wqkv is not None:                                    # laid out for decoding
             q, new = self._project_qkv(x, positions, wqkv)
         else:
@@ -122,6 +129,7 @@ class MultiHeadAttention(nnx.Module):
             keys, values = source if isinstance(source, LayerKV) else self.project_kv(source)
         ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, weights,
                               "BKSH" if heads_first else "BSKH")
+        ctx = checkpoint_name(ctx, "attention_out")              # what model.runtime.remat="dots_attention" keeps
         if "kv" in aux and lever("cache_write_order"):
             aux["kv"] = _after(aux["kv"], ctx)
         out = (project("BTNH,NHD->BTD", ctx, self.wo[...]) + self._bias("o")).astype(q.dtype)

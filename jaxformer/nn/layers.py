@@ -93,14 +93,28 @@ class FeedForward(nnx.Module):
         def dense(w, b, y, eq):
             out = project(eq, y, w[...])
             return (out + b[...]).astype(y.dtype) if self.use_bias else out
-        h = dense(self.w1, getattr(self, "b1", None), x, "BTD,DF->BTF")
         if self.activation in activations.GATED:
-            h = activations.GATED[self.activation](dense(self.wg, getattr(self, "bg", None), x, "BTD,DF->BTF"), h)
+            gate, h = self._gate_up(x, dense)
+            h = activations.GATED[self.activation](gate, h)
         else:
+            h = dense(self.w1, getattr(self, "b1", None), x, "BTD,DF->BTF")
             h = activations.UNGATED[self.activation](h)
         if w2_out_in is not None:                                             # laid out for one row
             return dense(w2_out_in, getattr(self, "b2", None), h, "BTF,DF->BTD"), {}
         return dense(self.w2, getattr(self, "b2", None), h, "BTF,FD->BTD"), {}
+
+    def _gate_up(self, x: jax.Array, dense) -> tuple[jax.Array, jax.Array]:
+        """(wg x, w1 x) [B,T,F] each; lever `fused_projections` (`jaxformer.platforms`): as one matmul over [wg|w1]
+        [D,2F] (a new array each call; not for quantized weights)."""
+        wg, w1 = self.wg[...], self.w1[...]
+        if lever("fused_projections") and not (hasattr(wg, "project") or hasattr(w1, "project")):
+            both = project("BTD,DF->BTF", x, jnp.concatenate([wg, w1], axis=1))
+            gate, up = jnp.split(both, 2, axis=-1)
+            if self.use_bias:
+                gate, up = (gate + self.bg[...]).astype(x.dtype), (up + self.b1[...]).astype(x.dtype)
+            return gate, up
+        return (dense(self.wg, getattr(self, "bg", None), x, "BTD,DF->BTF"),
+                dense(self.w1, getattr(self, "b1", None), x, "BTD,DF->BTF"))
 
     def output_out_in(self, batch: int | None) -> jax.Array | None:
         """The decoding layout of a token loop's FFN (`nn.stack.LayerStack.lay_out` asks each layer): over one row

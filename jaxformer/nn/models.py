@@ -80,14 +80,19 @@ class Embedder(nnx.Module):
     def logits(self, x: jax.Array) -> jax.Array:
         """x [B,T,D] -> logits [B,T,V] in float32 (soft-capped: cap · tanh(logits / cap), with
         model.logit_softcap)."""
-        if self.cfg.tie_embeddings:
-            out = jnp.einsum("BTD,VD->BTV", x, self.tokens[...].astype(x.dtype), preferred_element_type=jnp.float32)
-        else:
-            out = jnp.einsum("BTD,DV->BTV", x, self.head[...].astype(x.dtype), preferred_element_type=jnp.float32)
-        cap = self.cfg.logit_softcap
-        if cap:
-            out = cap * jnp.tanh(out / cap)
-        return constrain(out, LOGITS)
+        return constrain(self.head_fn()(x), LOGITS)
+
+    def head_fn(self):
+        """The output head as a pure function of x [B,T,D] -> logits [B,T,V] float32 (unconstrained), closing over
+        the weights read now: what `ops.losses.chunked_token_losses` calls on one slice at a time."""
+        cap, tied = self.cfg.logit_softcap, self.cfg.tie_embeddings
+        w = self.tokens[...] if tied else self.head[...]
+
+        def head(x):
+            out = jnp.einsum("BTD,VD->BTV" if tied else "BTD,DV->BTV", x, w.astype(x.dtype),
+                             preferred_element_type=jnp.float32)
+            return cap * jnp.tanh(out / cap) if cap else out
+        return head
 
 
 def _makers(cfg: ModelConfig, block):
@@ -167,10 +172,11 @@ class _Model(nnx.Module):
 
     def _decoder_pass(self, tokens, side: AttentionInputs, *, memory: Memory | None = None,
                       cache: KVCache | None = None, prefill: bool = False, rngs=None, weights: bool = False,
-                      layout=None):
+                      layout=None, features: bool = False):
         """The forward pass, written once: embed -> decoder stack -> logits. Uncached (cache=None), or over a
         cache: the T new tokens attend over the cache's slots then themselves, and their keys/values are written
-        at slots [index, index+T). -> (logits [B,T,V] float32, aux, the new cache or None)."""
+        at slots [index, index+T). -> (logits [B,T,V] float32, aux, the new cache or None); features=True: the
+        output head's input [B,T,D] instead of the logits."""
         pos, valid = side.positions, side.valid
         past = None
         if cache is None:
@@ -188,7 +194,7 @@ class _Model(nnx.Module):
         out = self.decoder(x, ctx, cache=None if past is None else past.layers,
                            memory_kv=None if memory is None else memory.kv, layout=layout, rngs=rngs)
         new_cache = None if cache is None else cache.write(out.kv, pos, side.slot_segments)
-        return self.embed.logits(out.x), out.aux, new_cache
+        return out.x if features else self.embed.logits(out.x), out.aux, new_cache
 
     def _step(self, tokens, positions, cache: KVCache, memory, segment_ids, prefill, layout):
         tokens = jnp.asarray(tokens)
@@ -240,13 +246,14 @@ class Transformer(_Model):
 
     def forward(self, src: jax.Array, tgt: jax.Array, *, src_positions=None, tgt_positions=None,
                 src_segment_ids=None, tgt_segment_ids=None, rngs: nnx.Rngs | None = None,
-                weights: bool = False) -> tuple[jax.Array, dict]:
+                weights: bool = False, features: bool = False) -> tuple[jax.Array, dict]:
         """src [B,S], tgt [B,T] (teacher-forced decoder input) -> (logits [B,T,V], aux): "moe" for a MoE model;
         with weights=True "weights": {"encoder_self": [L,B,N,S,S], "decoder_self": [L,B,N,T,T],
-        "decoder_cross": [L,B,N,T,S]}."""
+        "decoder_cross": [L,B,N,T,S]}. features=True: the output head's input [B,T,D] in place of the logits
+        (`embed.head_fn()` makes them)."""
         memory, enc = self._encode(src, src_positions, src_segment_ids, rngs, weights)
         side = AttentionInputs(self.cfg, tgt, tgt_positions, tgt_segment_ids)
-        logits, dec, _ = self._decoder_pass(tgt, side, memory=memory, rngs=rngs, weights=weights)
+        logits, dec, _ = self._decoder_pass(tgt, side, memory=memory, rngs=rngs, weights=weights, features=features)
         aux = _moe_aux(enc, dec)
         if weights:
             aux["weights"] = {"encoder_self": enc["self"], "decoder_self": dec["self"], "decoder_cross": dec["cross"]}
@@ -284,12 +291,13 @@ class TransformerLM(_Model):
 
     def forward(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                 segment_ids: jax.Array | None = None, rngs: nnx.Rngs | None = None,
-                weights: bool = False) -> tuple[jax.Array, dict]:
+                weights: bool = False, features: bool = False) -> tuple[jax.Array, dict]:
         """tokens [B,T] -> (logits [B,T,V] float32, aux): "moe" for a MoE model; with weights=True "weights":
         {"self": [L,B,N,T,T]}. The mask is causal over positions (and within documents with segment_ids), so
-        left-padded rows with shifted positions work unchanged."""
+        left-padded rows with shifted positions work unchanged. features=True: the output head's input [B,T,D]
+        in place of the logits (`embed.head_fn()` makes them)."""
         side = AttentionInputs(self.cfg, tokens, positions, segment_ids)
-        logits, aux, _ = self._decoder_pass(tokens, side, rngs=rngs, weights=weights)
+        logits, aux, _ = self._decoder_pass(tokens, side, rngs=rngs, weights=weights, features=features)
         out = _moe_aux(aux)
         if weights:
             out["weights"] = {"self": aux["self"]}

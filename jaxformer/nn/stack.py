@@ -20,9 +20,13 @@ from flax import nnx
 
 from jaxformer.axes import ACTIVATION
 from jaxformer.nn.cache import LayerKV
+from jaxformer.nn.params import lever
 from jaxformer.parallel import constrain
 
-REMAT = {"none": None, "full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+REMAT = {"none": None, "full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+         "dots_attention": jax.checkpoint_policies.save_from_both_policies(
+             jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+             jax.checkpoint_policies.save_only_these_names("attention_out"))}
 
 Make = Callable[[nnx.Rngs], nnx.Module]
 
@@ -52,7 +56,8 @@ class LayerStack(nnx.Module):
     remat: what each block (each group of n blocks) keeps for the backward pass (`jax.checkpoint` around the
     scanned body): "none" everything; "full" only its input (all of it is recomputed); "dots" its input and the
     outputs of matmuls without batch dimensions (projections, FFN), recomputing the rest (attention, norms,
-    activations).
+    activations); "dots_attention" those and each attention's output (named "attention_out"). Lever
+    `unrolled_layers` (`jaxformer.platforms`) unrolls the scan.
     """
 
     def __init__(self, make: Make | Sequence[Make], num_layers: int, *, remat: str = "none", rngs: nnx.Rngs):
@@ -121,7 +126,7 @@ class LayerStack(nnx.Module):
 
         if self.remat != "none":
             body = jax.checkpoint(body, policy=REMAT[self.remat], prevent_cse=False)
-        x, outs = jax.lax.scan(body, x, (tuple(states), keys, per_layer))
+        x, outs = jax.lax.scan(body, x, (tuple(states), keys, per_layer), unroll=lever("unrolled_layers"))
         x = constrain(x, ACTIVATION)
         aux = _interleave(tuple(o["aux"] for o in outs))
         kv = None if cache is None else _interleave(tuple({"kv": o["kv"]} for o in outs))["kv"]

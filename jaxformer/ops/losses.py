@@ -1,11 +1,19 @@
 """Token-level losses as pure functions (what training and evaluation both sum).
 
-Axis legend: B batch, T length, V vocab.
+Axis legend: B batch, T length, D model width, V vocab.
+
+`token_losses` reads logits [B,T,V]; `chunked_token_losses` reads the features before the output head and makes
+the logits one slice of the sequence at a time, forward and backward, so a [B,T,V] float32 array never exists
+(the "chunked_loss" lever of `jaxformer.platforms`: same sums, to float32 rounding).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
+
+CHUNK_TOKENS = 8192       # B·c tokens of logits per slice in chunked_token_losses: [B,c,V] float32 at a time
 
 
 def token_losses(logits: jax.Array, targets: jax.Array, pad_id: int, label_smoothing: float = 0.0,
@@ -13,6 +21,11 @@ def token_losses(logits: jax.Array, targets: jax.Array, pad_id: int, label_smoot
     """logits [B,T,V] float32, targets [B,T] -> dict of sums over non-pad tokens: objective (label-smoothed
     CE, plus z_loss · log(Z)² per token: PaLM's output z-loss, Z the softmax normaliser), nll, correct, count,
     and log_z2 (the sum of log(Z)²). Pad targets contribute nothing (nor gradient)."""
+    return _sums(logits, targets, (targets != pad_id).astype(jnp.float32), label_smoothing, z_loss)
+
+
+def _sums(logits, targets, w, label_smoothing: float, z_loss: float) -> dict:
+    """token_losses with explicit per-token weights w [B,T] (1 = counted, 0 = not)."""
     x = logits.astype(jnp.float32)
     log_z = jax.nn.logsumexp(x, axis=-1)
     logp = x - log_z[..., None]
@@ -20,7 +33,38 @@ def token_losses(logits: jax.Array, targets: jax.Array, pad_id: int, label_smoot
     objective = (1.0 - label_smoothing) * nll - label_smoothing * logp.mean(-1) if label_smoothing else nll
     if z_loss:
         objective = objective + z_loss * jnp.square(log_z)
-    w = (targets != pad_id).astype(jnp.float32)
     correct = (logits.argmax(-1) == targets).astype(jnp.float32)
     return {"objective": (objective * w).sum(), "nll": (nll * w).sum(), "correct": (correct * w).sum(),
             "count": w.sum(), "log_z2": (jnp.square(log_z) * w).sum()}
+
+
+def chunked_token_losses(x: jax.Array, head: Callable[[jax.Array], jax.Array], targets: jax.Array, pad_id: int,
+                         label_smoothing: float = 0.0, z_loss: float = 0.0, chunk_tokens: int = CHUNK_TOKENS) -> dict:
+    """x [B,T,D] (the features the output head reads), head: [B,c,D] -> logits [B,c,V] float32 (a pure function of
+    its input; the weights it closes over get their gradients), targets [B,T] -> the sums of `token_losses`.
+
+    The sequence is cut into slices of c = max(1, chunk_tokens // B) positions (the last one padded, its padding
+    weighted 0), scanned one at a time; each slice is rematerialised (`jax.checkpoint`), so its logits are made
+    again in the backward pass instead of kept: at most one [B,c,V] float32 array of logits (and its gradient)
+    is alive, against [B,T,V] for `head(x)` then `token_losses`. The batch axis stays whole, so its sharding does
+    too."""
+    b, t, d = x.shape
+    c = max(1, min(t, chunk_tokens // max(b, 1)))
+    m = -(-t // c)
+    w = (targets != pad_id).astype(jnp.float32)
+    if m * c != t:
+        x, targets, w = (jnp.pad(a, ((0, 0), (0, m * c - t)) + ((0, 0),) * (a.ndim - 2)) for a in (x, targets, w))
+
+    def slices(a):                                                  # [B,m·c,...] -> [m,B,c,...]
+        return a.reshape(b, m, c, *a.shape[2:]).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one(xc, tc, wc):
+        return _sums(head(xc), tc, wc, label_smoothing, z_loss)
+
+    def body(acc, xs):
+        return jax.tree.map(jnp.add, acc, one(*xs)), None
+
+    zero = {k: jnp.zeros((), jnp.float32) for k in ("objective", "nll", "correct", "count", "log_z2")}
+    out, _ = jax.lax.scan(body, zero, (slices(x), slices(targets), slices(w)))
+    return out

@@ -3,7 +3,9 @@
 A lever changes how a program is laid out or compiled, never what it computes (each one's test compares with
 it off). It is on only for the platforms where it was measured to pay; everywhere else the code is plain jax
 (`jnp.einsum`, `jax.nn`, XLA's own defaults). Today every lever was measured on XLA:CPU only, so every lever is
-off for "gpu" and "tpu". Each lever names the results file and row that measured it; timings live there.
+off for "gpu" and "tpu". Each lever names the results file and row that measured it; timings live there. The
+accelerator levers (chunked_loss onwards) are built and tested for equal results, and on nowhere until a GPU run
+of `benchmarks/gpu.py` measures them: turn one on by name with `override`.
 
     platforms.levers("cpu")       -> {"weight_grad": True, ...}     every lever, on or off there
     platforms.enabled("weight_grad")                                   the current platform's choice (or override)
@@ -21,6 +23,7 @@ import dataclasses
 from jaxformer.errors import ConfigError
 
 PLATFORMS = ("cpu", "gpu", "tpu")
+GPU_ROW = "benchmarks/results/gpu.md, levers: "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +65,36 @@ LEVERS = {
     "decode_w2_out_in": Lever(
         "in a token loop over one row, an FFN's output weight stored [out,in] (read row by row)",
         "benchmarks/results/levers.md, decode_w2_out_in", ("cpu",)),
+    # accelerator levers (issue W): built and tested for equal results on CPU, on nowhere until `benchmarks/gpu.py`
+    # measures them on a GPU (its "levers" section A/Bs each by name)
+    "chunked_loss": Lever(
+        "the training loss from the output head's input, the logits made one sequence slice at a time and "
+        "rematerialised (ops.losses.chunked_token_losses): no [B,T,V] float32 logits", GPU_ROW + "chunked_loss", ()),
+    "unrolled_layers": Lever(
+        "the layer stack's scan fully unrolled (jax.lax.scan unroll=True): one straight-line program of L layers "
+        "(XLA may overlap and fuse across layers; longer compiles)", GPU_ROW + "unrolled_layers", ()),
+    "fused_projections": Lever(
+        "a self-attention's q/k/v projections as one matmul over their concatenated weights, and a gated FFN's "
+        "gate/up likewise (the weights stay separate parameters)", GPU_ROW + "fused_projections", ()),
+    "gpu_latency_hiding": Lever(
+        "the train step compiled with xla_gpu_enable_latency_hiding_scheduler", GPU_ROW + "gpu_latency_hiding", ()),
+    "gpu_no_triton_gemm": Lever(
+        "the train step compiled with xla_gpu_enable_triton_gemm=false (cuBLAS for every matmul)",
+        GPU_ROW + "gpu_no_triton_gemm", ()),
+    "gpu_no_command_buffers": Lever(
+        "the train step compiled with xla_gpu_enable_command_buffer empty (no CUDA graphs)",
+        GPU_ROW + "gpu_no_command_buffers", ()),
+    "gpu_while_double_buffering": Lever(
+        "the train step compiled with xla_gpu_enable_while_loop_double_buffering (the layer scan's next "
+        "iteration's reads overlapped with this one's compute)", GPU_ROW + "gpu_while_double_buffering", ()),
+}
+
+# The XLA compiler options each option lever adds to the train step (`lowering.train_compiler_options`).
+COMPILER_OPTIONS = {
+    "gpu_latency_hiding": {"xla_gpu_enable_latency_hiding_scheduler": True},
+    "gpu_no_triton_gemm": {"xla_gpu_enable_triton_gemm": False},
+    "gpu_no_command_buffers": {"xla_gpu_enable_command_buffer": ""},
+    "gpu_while_double_buffering": {"xla_gpu_enable_while_loop_double_buffering": True},
 }
 
 _overrides: contextvars.ContextVar[dict] = contextvars.ContextVar("jaxformer_levers", default={})

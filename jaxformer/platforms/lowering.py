@@ -21,15 +21,20 @@ from __future__ import annotations
 
 import jax
 
-from jaxformer.platforms import enabled
+from jaxformer.platforms import COMPILER_OPTIONS, enabled
 
 TRAIN_CPU_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
 
 
 def train_compiler_options() -> dict | None:
     """`compiler_options` for the train step's jax.jit: TRAIN_CPU_OPTIONS when the default backend is the CPU,
-    else None (XLA's defaults)."""
-    return dict(TRAIN_CPU_OPTIONS) if jax.default_backend() == "cpu" and enabled("copy_insertion") else None
+    plus the options of each enabled option lever (`platforms.COMPILER_OPTIONS`); None when there are none
+    (XLA's defaults). An option this jaxlib's XLA does not know fails the compile with a named error."""
+    out = dict(TRAIN_CPU_OPTIONS) if jax.default_backend() == "cpu" and enabled("copy_insertion") else {}
+    for name, options in COMPILER_OPTIONS.items():
+        if enabled(name):
+            out.update(options)
+    return out or None
 
 
 def _hooks():

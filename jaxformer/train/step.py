@@ -23,8 +23,9 @@ from jaxformer.config import Config, OptimConfig
 from jaxformer.nn import build_model
 from jaxformer.nn.params import matrix_mask, muon_dims
 from jaxformer.nn.stack import blocks_path
-from jaxformer.ops.losses import token_losses
+from jaxformer.ops.losses import chunked_token_losses, token_losses
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
+from jaxformer.platforms import enabled
 from jaxformer.platforms.lowering import train_compiler_options, unrolled_threefry
 from jaxformer.train.weights import with_ema
 
@@ -183,10 +184,23 @@ def state_around(cfg: Config, model_state: nnx.State, plan: Plan | None = None) 
     return graphs, {"model": model_state, "opt": jax.jit(init, out_shardings=out)(model_state)}
 
 
-def forward(model, batch: dict, rngs: nnx.Rngs | None = None):
+def forward(model, batch: dict, rngs: nnx.Rngs | None = None, features: bool = False):
     """-> (logits [B,T,V], targets [B,T], aux) for the model's architecture (`jaxformer.arch`); aux: the model's
-    auxiliary outputs ({"moe": statistics} for a Mixture-of-Experts model, else {})."""
-    return adapter(model.cfg.arch).forward(model, batch, rngs)
+    auxiliary outputs ({"moe": statistics} for a Mixture-of-Experts model, else {}). features=True: the output
+    head's input [B,T,D] in place of the logits."""
+    return adapter(model.cfg.arch).forward(model, batch, rngs, features=features)
+
+
+def batch_losses(model, batch: dict, rngs: nnx.Rngs | None, pad: int, label_smoothing: float = 0.0,
+                 z_loss: float = 0.0):
+    """-> (the sums of `ops.losses.token_losses` over the batch, aux). Lever `chunked_loss` (`jaxformer.platforms`):
+    from the head's input, the logits made a slice at a time (`ops.losses.chunked_token_losses`), else from the
+    whole [B,T,V] logits."""
+    if enabled("chunked_loss"):
+        x, targets, aux = forward(model, batch, rngs, features=True)
+        return chunked_token_losses(x, model.embed.head_fn(), targets, pad, label_smoothing, z_loss), aux
+    logits, targets, aux = forward(model, batch, rngs)
+    return token_losses(logits, targets, pad, label_smoothing, z_loss), aux
 
 
 def moe_metrics(aux: dict) -> dict:
@@ -245,8 +259,7 @@ def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
 
     def loss_fn(model, batch, rng, total=None, shards=1):
         """-> (objective (tokens: of the global batch, `total` in per-device code), (sums, MoE metrics))."""
-        logits, targets, aux = forward(model, batch, nnx.Rngs(dropout=rng))
-        s = token_losses(logits, targets, pad, ls, zl)
+        s, aux = batch_losses(model, batch, nnx.Rngs(dropout=rng), pad, ls, zl)
         moe = moe_metrics(aux)
         return objective(s, moe, cfg.optim, total, shards), (s, moe)
 
