@@ -20,10 +20,15 @@ test: install
 	$(BIN)/python -m pytest -n 2 --dist loadfile -rs
 
 test-slow: install
-	$(BIN)/python -m pytest -n 2 --dist loadfile -rs -m slow
+	$(BIN)/python -m pytest -n 2 --dist loadfile -rs -m "slow or gpu"
+
+# The GPU lane: accelerator kernels and the model on them (skips what this machine cannot run, with the reason);
+# each result appended to test-gpu.log as it ends. On a CPU the Pallas cases run in interpret mode.
+test-gpu: install
+	JAXFORMER_TEST_LOG=test-gpu.log $(BIN)/python -m pytest -rs -m gpu
 
 test-all: install
-	$(BIN)/python -m pytest -n 2 --dist loadfile -rs -m "slow or not slow"
+	$(BIN)/python -m pytest -n 2 --dist loadfile -rs -m "slow or not slow or gpu"
 
 bench: install
 	$(BIN)/python benchmarks/train_step.py
@@ -40,4 +45,4 @@ bench: install
 	$(BIN)/python benchmarks/levers.py
 	$(BIN)/python tools/readme_tables.py
 
-.PHONY: install run test test-slow test-all bench
+.PHONY: install run test test-slow test-gpu test-all bench

@@ -74,3 +74,25 @@ def pytest_collection_modifyitems(config, items):
     `--dist loadfile` hands files to the workers in collection order, so the other files fill the time around
     it instead of waiting behind it."""
     items.sort(key=lambda item: not item.nodeid.startswith("tests/test_parallel.py"))
+
+
+_logged: list = []
+
+
+def pytest_runtest_logreport(report):
+    """$JAXFORMER_TEST_LOG (e.g. `make test-gpu`'s test-gpu.log): one line per test as it ends (outcome, seconds,
+    id, a skip's reason or a failure's last line), so a run cut short still says how far it got."""
+    path = os.environ.get("JAXFORMER_TEST_LOG")
+    if not path or not (report.when == "call" or report.outcome != "passed"):
+        return
+    detail = ""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        detail = report.longrepr[2]
+    elif report.failed:
+        detail = str(report.longrepr).strip().splitlines()[-1][:300]
+    with open(path, "a") as f:
+        if not _logged:
+            devices = jax.devices()
+            f.write(f"# jax {jax.__version__} on {jax.default_backend()}: {len(devices)} x {devices[0].device_kind}\n")
+            _logged.append(path)
+        f.write(f"{report.outcome:7} {report.duration:6.1f}s {report.nodeid} {detail}\n".rstrip() + "\n")

@@ -99,6 +99,7 @@ def test_backend_agrees_with_reference(backend, name):
         close(g, w, f"grad {i}")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN flash attention needs an NVIDIA GPU")
 @pytest.mark.parametrize("name", CASES)
 def test_cudnn_agrees_with_reference_in_bfloat16(name):

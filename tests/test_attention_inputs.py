@@ -81,6 +81,7 @@ def test_pallas_packed_documents_in_interpret_mode():
     assert np.abs(packed - alone).max() <= tol(alone)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN flash attention needs an NVIDIA GPU")
 def test_cudnn_packed_documents():
     m = model(positional="rope", runtime__attention_backend="cudnn", runtime__dtype="bfloat16")
