@@ -84,6 +84,7 @@ class PeerLM(nn.Module):
         super().__init__()
         d = s["d_model"]
         self.embed = nn.Embedding(s["vocab"], d)
+        nn.init.normal_(self.embed.weight, std=d ** -0.5)          # logits of order 1 at the start, as ours
         self.blocks = nn.ModuleList(Block(d, s["num_heads"], s["d_ff"]) for _ in range(s["layers"]))
         self.final = RMSNorm(d)
 
