@@ -5,7 +5,7 @@ cached decoding against the weight-read floor. One command, about 9 minutes on o
                            [--batch 8] [--seq 2048] [--remat none] [--peak-tflops X] [--out STEM]
   python benchmarks/gpu.py --dry --out /tmp/gpu     # CPU, tiny shapes: every item's code path (the slow lane)
 
-Each section has a time budget (BUDGETS, seconds; 525 in all); an item that would pass it is skipped and the report
+Each section has a time budget (BUDGETS, seconds; 515 in all); an item that would pass it is skipped and the report
 names it. STEM.md and STEM.json (default benchmarks/results/gpu; --dry: a temp folder unless --out) are rewritten
 after every item, and everything is printed as it goes, so a run killed at its limit keeps what it measured.
 
@@ -75,7 +75,7 @@ import gpu_report  # noqa: E402
 PEAKS = (("H100 PCIe", 756.0), ("H200", 989.0), ("H100", 989.0), ("A100", 312.0))   # dense bf16 TFLOP/s
 PREFERRED = ("cudnn", "chunked")
 SECTIONS = ("lane", "peer", "train", "levers", "decode")                    # the default run, in this order
-BUDGETS = dict(lane=150, peer=120, train=60, levers=150, decode=45, reversal=60)      # seconds; 525 by default
+BUDGETS = dict(lane=120, peer=110, train=45, levers=200, decode=40, reversal=60)      # seconds; 515 by default
 FULL = dict(d_model=2048, num_heads=16, d_ff=8192, layers=18, vocab=32768, seq=2048, batch=8, steps=10, reps=5,
             warmup=2, lever_steps=5, lever_reps=3, prompt=128, new=256, decode_batches=(1, 64), rev_steps=200,
             rev_batches=16, rev_dtypes=("float32", "bfloat16"), bandwidth_gib=2.0,

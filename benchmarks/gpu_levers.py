@@ -1,5 +1,7 @@
 """benchmarks/gpu.py's lever matrix: each accelerator lever (`jaxformer.platforms`), remat policy, attention backend
-and tokens-per-step choice A/B'd against the train section's step, in the same process, as paired blocks.
+and tokens-per-step choice A/B'd against the train section's step, in the same process, as paired blocks. Each
+item compiles a step of its own, so a 9-minute run covers the first few on a ~1B model; the rest by name in a run
+of their own: `python benchmarks/gpu.py --sections train levers --levers NAME ...`.
 
 For each item, in the order below (the most promising first: what the section's budget cannot fit is skipped and
 named): the variant's train step is built (levers switched on by name while it is traced, `platforms.override`)
@@ -23,6 +25,8 @@ ITEMS = {
     "chunked_loss": ("loss from the head's input a sequence slice at a time (no [B,T,V] logits)",
                      {"chunked_loss": True}, {}, None),
     "remat_dots": ("model.runtime.remat=dots", {}, {"runtime__remat": "dots"}, None),
+    "bf16_params": ("bfloat16 parameters, float32 master copy in the optimizer", {},
+                    {"runtime__param_dtype": "bfloat16"}, None),
     "fused_projections": ("q/k/v and gate/up as one matmul each", {"fused_projections": True}, {}, None),
     "gpu_latency_hiding": ("XLA latency-hiding scheduler", {"gpu_latency_hiding": True}, {}, None),
     "gpu_no_triton_gemm": ("XLA Triton GEMMs off (cuBLAS)", {"gpu_no_triton_gemm": True}, {}, None),
@@ -36,11 +40,10 @@ ITEMS = {
     "tokens_half": ("half the rows per step", {}, {}, 0.5),
     "tokens_double": ("twice the rows per step", {}, {}, 2.0),
 }
-NOT_BUILT = {"bf16_params": "bfloat16 parameters with a float32 master copy in the optimizer: not implemented yet"}
 
 
 def bench_levers(s: dict, a, budget, rec: dict, live: dict, build_stepper) -> dict:
-    """-> {"baseline": what it is, "items": {name: row}, "not_built": NOT_BUILT}. build_stepper(s, model
+    """-> {"baseline": what it is, "items": {name: row}}. build_stepper(s, model
     overrides, rows) -> (Stepper, info dict): gpu.py's, compiled ahead of time."""
     from levers import paired
     from timing import paired_times_ms
@@ -48,7 +51,7 @@ def bench_levers(s: dict, a, budget, rec: dict, live: dict, build_stepper) -> di
     if base is None:
         return {"error": "no baseline: the train section did not run"}
     tr = rec["sections"]["train"]
-    out = {"baseline": {k: tr[k] for k in ("backend", "remat", "batch", "seq")}, "items": {}, "not_built": NOT_BUILT}
+    out = {"baseline": {k: tr[k] for k in ("backend", "remat", "batch", "seq")}, "items": {}}
     names = [n for n in ITEMS if not a.levers or n in a.levers]
     for name in budget.parts(names, "lever"):
         what, levers, model, rows = ITEMS[name]
@@ -96,6 +99,5 @@ def lines(lv: dict) -> list[str]:
             f"Baseline: attention {b['backend']}, remat {b['remat']}, B×T = {b['batch']}×{b['seq']}. Ratio: variant "
             "/ baseline ms per token over paired blocks (below 1: faster).", "",
             "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(map(str, r)) + " |"
-                                                                         for r in rows),
-            "", *(f"- {k}: {v}" for k, v in lv["not_built"].items())]
+                                                                         for r in rows)]
 

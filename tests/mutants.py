@@ -188,6 +188,12 @@ MUTANTS = (
     Mutant("fused-gate-up-swapped", "the fused gate/up matmul split in the wrong order", "jaxformer/nn/layers.py",
            "jnp.concatenate([wg, w1], axis=1)", "jnp.concatenate([w1, wg], axis=1)",
            ("tests/test_accelerator_levers.py", "-k", "same_loss")),
+    Mutant("master-copy-unused", "bfloat16 parameters updated directly, the float32 master copy beside them unused",
+           "jaxformer/train/weights.py", "        return (jax.tree.map(lambda m, p: m - p.astype(jnp.float32), master, params),",
+           "        return (steps,", ("tests/test_param_dtype.py", "-k", "accumulate or rounded_master")),
+    Mutant("constants-rounded", "the sinusoidal table rounded to bfloat16 with the parameters",
+           "jaxformer/nn/models.py", "    params = nnx.state(model, nnx.Param)\n", "    params = nnx.state(model)\n",
+           ("tests/test_param_dtype.py", "-k", "rounded_master")),
     # issue 50 (R3): the silent wrong results, each pinned by the test that failed on the code before it
     Mutant("partial-removed-unmarked", "data prepare removes an OUT.partial it did not make",
            "jaxformer/data/prepare.py", "        if not (tmp / MARK).is_file():\n            raise DataError(",

@@ -122,6 +122,9 @@ class RuntimeConfig(_Validated):
     # stay float32, activations and matmul inputs take this dtype, while attention logits and softmax, norms,
     # output logits and the loss are computed in float32.
     dtype: str = "float32"
+    param_dtype: str = "float32"           # the parameters' dtype: float32 | bfloat16 (needs dtype=bfloat16; the
+                                           # optimizer then keeps a float32 master copy and updates from it:
+                                           # train.step.with_master_weights)
     kv_cache_dtype: str = "auto"           # decoding's KV cache: auto (= dtype) | int8 (a float32 scale per slot
                                            # and kv head; keys/values rounded when written)
     attention_backend: str = "reference"   # reference | chunked | cudnn | pallas (ops.attention.BACKENDS)
@@ -139,6 +142,10 @@ class RuntimeConfig(_Validated):
     def validate(self) -> None:
         check_types(self, "model.runtime")
         choice("model.runtime.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        choice("model.runtime.param_dtype", self.param_dtype, ("float32", "bfloat16"))
+        if self.param_dtype == "bfloat16" and self.dtype != "bfloat16":
+            raise ConfigError(f"model.runtime.param_dtype='bfloat16' computes in bfloat16: it needs "
+                              f"model.runtime.dtype='bfloat16' (got {self.dtype!r})")
         choice("model.runtime.kv_cache_dtype", self.kv_cache_dtype, ("auto", "int8"))
         choice("model.runtime.attention_backend", self.attention_backend, BACKENDS)
         positive("model.runtime.attention_block", self.attention_block)

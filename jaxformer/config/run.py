@@ -229,6 +229,10 @@ class Config(_Validated):
         if self.data.batch_size % k:
             raise ConfigError(f"optim.accumulate={k} does not divide data.batch_size={self.data.batch_size} "
                               f"(each step's rows are split into {k} equal micro-batches)")
+        if self.model.runtime.param_dtype != "float32" and self.optim.name == "schedule_free":
+            raise ConfigError("model.runtime.param_dtype='bfloat16' with optim.name='schedule_free': schedule-free "
+                              "AdamW's evaluation point is read from its own state, which the float32 master copy "
+                              "would wrap; use float32 parameters or another optimizer")
         if k > 1 and self.parallel.mode == "shard_map":
             raise ConfigError(f"optim.accumulate={k} runs under parallel.mode='jit' (every GSPMD strategy); "
                               f"the shard_map step does not accumulate")

@@ -333,7 +333,18 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer | TransformerLM:
         raise BackendError(f"model.runtime.attention_backend={cfg.runtime.attention_backend!r}: {why}")
     check_model_size(cfg)                               # by arithmetic, before any table or array exists
     cls = Transformer if cfg.arch == "encoder_decoder" else TransformerLM
-    return cls(cfg, rngs=nnx.Rngs(params=seed))
+    return with_param_dtype(cls(cfg, rngs=nnx.Rngs(params=seed)))     # initialised in float32, rounded once
+
+
+def with_param_dtype(model):
+    """The model with its floating-point parameters (nnx.Param; not constants such as a sinusoidal table) in
+    model.runtime.param_dtype, in place; returned."""
+    to = DTYPES[model.cfg.runtime.param_dtype]
+    params = nnx.state(model, nnx.Param)
+    if any(x.dtype != to for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)):
+        nnx.update(model, jax.tree.map(lambda x: x.astype(to) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                                       params))
+    return model
 
 
 def count_params(model: nnx.Module) -> dict[str, int]:

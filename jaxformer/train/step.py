@@ -21,13 +21,14 @@ from jax.sharding import PartitionSpec as P
 from jaxformer.arch import adapter
 from jaxformer.config import Config, OptimConfig
 from jaxformer.nn import build_model
+from jaxformer.nn.models import with_param_dtype
 from jaxformer.nn.params import matrix_mask, muon_dims
 from jaxformer.nn.stack import blocks_path
 from jaxformer.ops.losses import chunked_token_losses, token_losses
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
 from jaxformer.platforms import enabled
 from jaxformer.platforms.lowering import train_compiler_options, unrolled_threefry
-from jaxformer.train.weights import with_ema
+from jaxformer.train.weights import with_ema, with_master_weights
 
 
 def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -54,12 +55,15 @@ def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup_steps, max(total_steps, cfg.warmup_steps + 1))
 
 
-def optimizer(cfg: OptimConfig, total_steps: int, matrices=None, muon_dims=None) -> optax.GradientTransformation:
+def optimizer(cfg: OptimConfig, total_steps: int, matrices=None, muon_dims=None,
+              master: bool = False) -> optax.GradientTransformation:
     """AdamW (default), Lion, Muon (the projection matrices; AdamW for the rest), schedule-free AdamW or SGD,
     from optax; optional global-norm clipping first (seed 000 uses SGD + clipping); optim.ema > 0 keeps an EMA
     of the weights in the optimizer state (`train.weights`). matrices: a pytree of bools over the parameters
     (`nn.params.matrix_mask`); with cfg.weight_decay_mask='matrices' only those decay (not biases, norm scales
-    or embeddings). muon_dims: Muon's matrix axes per parameter (`nn.params.muon_dims`)."""
+    or embeddings). muon_dims: Muon's matrix axes per parameter (`nn.params.muon_dims`). master: the parameters
+    are stored in a lower precision; the optimizer (inside the EMA) runs on a float32 master copy
+    (`train.weights.with_master_weights`)."""
     lr = schedule(cfg, total_steps)
     mask = None
     if cfg.name != "sgd" and cfg.weight_decay_mask == "matrices":
@@ -71,6 +75,7 @@ def optimizer(cfg: OptimConfig, total_steps: int, matrices=None, muon_dims=None)
     else:
         tx = _base(cfg, lr, mask, muon_dims)
         tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx) if cfg.clip_norm > 0 else tx
+    tx = with_master_weights(tx) if master else tx
     return with_ema(tx, cfg.ema) if cfg.ema else tx
 
 
@@ -141,7 +146,8 @@ def _build(cfg: Config, key: jax.Array | None = None):
 
 def _optimizer_of(cfg: Config, model) -> nnx.Optimizer:
     dims = muon_dims(model) if cfg.optim.name == "muon" else None
-    return nnx.Optimizer(model, optimizer(cfg.optim, cfg.train.steps, matrix_mask(model), dims), wrt=nnx.Param)
+    tx = optimizer(cfg.optim, cfg.train.steps, matrix_mask(model), dims, cfg.model.runtime.param_dtype != "float32")
+    return nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 
 def _split(model, opt) -> tuple[Graphs, dict]:
@@ -177,6 +183,7 @@ def state_around(cfg: Config, model_state: nnx.State, plan: Plan | None = None) 
     """A fresh training state around given model weights (fine-tuning: train.init_from): the optimizer state
     initialised from them in one jitted init, in the plan's shardings; no random model is ever built."""
     graphs, abstract = abstract_state(cfg, plan)
+    model_state = nnx.state(with_param_dtype(nnx.merge(graphs.model, model_state)))   # e.g. float32 weights, bf16
 
     def init(ms):
         return nnx.split(_optimizer_of(cfg, nnx.merge(graphs.model, ms)))[1]
