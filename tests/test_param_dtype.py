@@ -78,6 +78,7 @@ def nnx_params(state, graphs):
     return nnx.state(nnx.merge(graphs.model, state["model"]), nnx.Param)
 
 
+@pytest.mark.slow          # three short trainings (~25 s); the state layout itself: the test above, default lane
 def test_a_bfloat16_parameter_run_resumes_exactly(tmp_path):
     from jaxformer.train.loop import train
     cfg = tiny_lm(*BF16, "train.steps=4", "train.log_every=1", "train.checkpoint_every=2", "train.eval_every=4",
