@@ -194,6 +194,13 @@ MUTANTS = (
     Mutant("constants-rounded", "the sinusoidal table rounded to bfloat16 with the parameters",
            "jaxformer/nn/models.py", "    params = nnx.state(model, nnx.Param)\n", "    params = nnx.state(model)\n",
            ("tests/test_param_dtype.py", "-k", "rounded_master")),
+    # issue 47 (M.1): published configs
+    Mutant("any-key-accepted", "config.json keys nobody reads accepted silently", "jaxformer/hf/families.py",
+           "        return sorted(k for k in self.d if k not in self.read and k not in ACCEPTED and k not in _ROPE_KEYS)",
+           "        return []", ("tests/test_hf_formats.py", "-k", "inert")),
+    Mutant("inert-value-unchecked", "use_mrope accepted at any value", "jaxformer/hf/families.py",
+           "            r.need(key, lambda v, want=value: v == want, f\"only {value!r} changes nothing\")",
+           "            r(key)", ("tests/test_hf_formats.py", "-k", "inert")),
     # issue 50 (R3): the silent wrong results, each pinned by the test that failed on the code before it
     Mutant("partial-removed-unmarked", "data prepare removes an OUT.partial it did not make",
            "jaxformer/data/prepare.py", "        if not (tmp / MARK).is_file():\n            raise DataError(",

@@ -154,9 +154,8 @@ def test_a_gemma_hidden_activation_other_than_hidden_act_is_refused(gemma, tmp_p
         from_pretrained(src)
 
 
-@pytest.mark.xfail(strict=True, raises=HFError, reason="to_model_config refuses Gemma 1's legacy "
-                   "hidden_act='gelu', which transformers (GemmaConfig) runs as gelu_pytorch_tanh")
 def test_gemma_legacy_hidden_act_gelu_imports_as_transformers_runs_it(gemma, tmp_path):
+    """google/gemma-2b's config.json says hidden_act "gelu"; transformers (GemmaConfig) runs the tanh GELU."""
     m, d = gemma
     src = edited_config(d, tmp_path / "g", hidden_act="gelu")
     theirs = hf_logits(hf_load(src))
@@ -293,3 +292,46 @@ def test_a_pretrained_folders_tokenizer_reads_its_special_ids(tmp_path, case):
     ref = Tokenizer.from_file(str(folder / "tokenizer.json"))           # what the tokenizer itself does
     assert (ref.encode("a b").ids[0] == 1) == (tok.bos_id is not None)
     assert tok.encode("a b").tolist() == [5, 6]
+
+
+# The keys current published checkpoints carry beside the ones the import reads (their config.json verbatim but for
+# sizes): every one of these was refused before issue 47, though none changes the function transformers computes.
+PUBLISHED = {
+    "HuggingFaceTB/SmolLM2-135M (llama)": (transformers.LlamaConfig, LLAMA, dict(
+        is_llama_config=True, rope_interleaved=False, pretraining_tp=1, rope_scaling=None, head_dim=8,
+        **{"transformers.js_config": {"kv_cache_dtype": {"q4f16": "float16", "fp16": "float16"}}})),
+    "Qwen/Qwen2.5-0.5B (qwen2)": (transformers.Qwen2Config, LLAMA, dict(
+        use_mrope=False, use_sliding_window=False, sliding_window=32768, max_window_layers=24, rope_theta=1e6,
+        rope_scaling=None, attn_implementation="sdpa")),
+    "Qwen/Qwen3-0.6B (qwen3)": (transformers.Qwen3Config, dict(LLAMA, head_dim=8), dict(
+        layer_types=["full_attention"] * 2, max_window_layers=28, use_sliding_window=False, sliding_window=None,
+        rope_scaling=None, attention_bias=False)),
+    "openai-community/gpt2-medium (gpt2)": (transformers.GPT2Config, GPT2, dict(
+        n_special=0, predict_special_tokens=True, n_ctx=64, summary_type="cls_index", summary_use_proj=True,
+        summary_activation=None, summary_proj_to_labels=True, summary_first_dropout=0.1,
+        task_specific_params={"text-generation": {"do_sample": True, "max_length": 50}})),
+    "google/gemma-1.1-2b-it (gemma)": (transformers.GemmaConfig, GEMMA, dict(
+        hidden_act="gelu", hidden_activation="gelu_pytorch_tanh", attn_implementation="eager")),
+}
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_a_published_config_imports_with_transformers_logits(tmp_path, name):
+    """Each family's current public config keys load, with transformers' logits (and a value that would change
+    the function is still refused: use_mrope=true, below)."""
+    cls, sizes, keys = PUBLISHED[name]
+    m = hf_model(cls(**sizes))
+    m.save_pretrained(tmp_path / "saved")
+    src = edited_config(tmp_path / "saved", tmp_path / "published", **keys)
+    theirs = hf_logits(hf_load(src))
+    assert rel(theirs, hf_logits(m)) < TOL
+    assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
+
+
+def test_a_key_accepted_only_at_its_inert_value_is_refused_at_another(tmp_path):
+    d = dict(model_type="qwen2", **LLAMA)
+    assert to_model_config(d | {"use_mrope": False}).num_decoder_layers == 2
+    with pytest.raises(HFError, match="use_mrope=True"):
+        to_model_config(d | {"use_mrope": True})
+    with pytest.raises(HFError, match="rope_interleaved2 \\(unknown key\\)"):
+        to_model_config(d | {"rope_interleaved2": False})

@@ -372,7 +372,13 @@ def levers() -> str:
     return "\n".join(out)
 
 
-TABLES = {"performance": performance, "levers": levers, "make_run": make_run, "claims": claims,
+def hf_keys() -> str:
+    """The config.json keys a Hugging Face import accepts as changing nothing (jaxformer.hf.families.ACCEPTED)."""
+    from jaxformer.hf.families import accepted_keys_table
+    return accepted_keys_table()
+
+
+TABLES = {"hf_keys": hf_keys, "performance": performance, "levers": levers, "make_run": make_run, "claims": claims,
           "attention": attention, "moe_quantize": moe_quantize, "step_profile": step_profile, "tokenizers": tokenizers}
 
 

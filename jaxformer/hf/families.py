@@ -1,8 +1,10 @@
 """Hugging Face `config.json` <-> `ModelConfig`, per family: Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma.
 
-Every key of a checkpoint's config is read, known to change nothing (metadata, token ids, dropout rates), or
-refused: a config using anything the model does not support raises HFError listing those keys, so a checkpoint
-is never loaded approximately. Keys a file omits take the family's transformers default.
+Every key of a checkpoint's config is read, accepted as changing nothing (`ACCEPTED`: metadata, token ids, dropout,
+kernel selection, other frameworks' hints, each with its reason), or refused: a config using anything the model
+does not support raises HFError listing those keys, so a checkpoint is never loaded approximately. Values that
+transformers itself maps are mapped the same way (Gemma 1's hidden_act "gelu" runs as the tanh GELU). Keys a file
+omits take the family's transformers default.
 """
 from __future__ import annotations
 
@@ -22,15 +24,35 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gpt2", "gemma")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "mistral": "MistralForCausalLM", "gpt2": "GPT2LMHeadModel", "gemma": "GemmaForCausalLM"}
 
-# keys that describe the file or the training run, not the function the model computes
-_METADATA = {"architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "use_cache",
-             "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
-             "decoder_start_token_id", "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
-             "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-             "summary_first_dropout", "pretraining_tp", "output_attentions", "output_hidden_states",
-             "return_dict", "id2label", "label2id", "problem_type", "tokenizer_class", "name_or_path", "_name_or_path",
-             "reorder_and_upcast_attn", "max_window_layers", "tie_encoder_decoder", "is_encoder_decoder",
-             "chunk_size_feed_forward", "task_specific_params", "_attn_implementation_autoset"}
+# Keys accepted without changing the function the model computes, each with the reason (README's table
+# "hf_keys" renders this). Anything a config carries that is neither read nor here is refused, by name.
+_REASONS = {
+    "file": "describes the file, not the model",
+    "tokens": "a token id: the tokenizer's business, not the network's",
+    "training": "training only (dropout, initialisation, loss options): no effect on the logits",
+    "sliding": "Qwen's sliding-window layer count: read only with use_sliding_window, which is read (and refused)",
+    "runtime": "selects a kernel, cache or runtime path in transformers: the same function",
+    "foreign": "another framework's hint; transformers does not read it",
+    "legacy": "legacy metadata transformers ignores",
+    "heads": "task heads or encoder-decoder wiring a causal LM does not build",
+}
+ACCEPTED = {k: _REASONS[why] for why, keys in {
+    "file": ("architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "name_or_path",
+             "_name_or_path", "tokenizer_class", "_attn_implementation_autoset", "return_dict",
+             "output_attentions", "output_hidden_states"),
+    "tokens": ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id"),
+    "training": ("initializer_range", "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+                 "summary_first_dropout", "problem_type"),
+    "sliding": ("max_window_layers",),
+    "runtime": ("use_cache", "pretraining_tp", "attn_implementation", "_attn_implementation",
+                "reorder_and_upcast_attn", "chunk_size_feed_forward"),
+    "foreign": ("is_llama_config", "rope_interleaved", "transformers.js_config", "unsloth_fixed", "unsloth_version"),
+    "legacy": ("n_special", "predict_special_tokens", "task_specific_params"),
+    "heads": ("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels", "id2label",
+              "label2id", "tie_encoder_decoder", "is_encoder_decoder"),
+}.items() for k in keys}
+# keys accepted only at the value that changes nothing (another value is refused, naming the key)
+ACCEPTED_AT = {"use_mrope": (False, "Qwen2.5's text models write use_mrope: false (multimodal RoPE off)")}
 
 # the transformers defaults of the keys read (a config.json may omit a key at its default)
 _DEFAULTS = {
@@ -79,7 +101,7 @@ class _Reader:
             self.refused.append(f"{key}={self(key)!r} ({what})")
 
     def unread(self) -> list[str]:
-        return sorted(k for k in self.d if k not in self.read and k not in _METADATA and k not in _ROPE_KEYS)
+        return sorted(k for k in self.d if k not in self.read and k not in ACCEPTED and k not in _ROPE_KEYS)
 
 
 def _rope(d: dict) -> dict:
@@ -126,6 +148,9 @@ def to_model_config(d: dict, dtype: str = "float32") -> ModelConfig:
     kw = _gpt2(r) if family == "gpt2" else _rope_family(family, r, d)
     norm, rope, attention = kw.pop("norm"), kw.pop("rope", {}), kw.pop("attention", {})
     tie, vocab = r("tie_word_embeddings"), r("vocab_size")
+    for key, (value, _) in ACCEPTED_AT.items():
+        if key in d:
+            r.need(key, lambda v, want=value: v == want, f"only {value!r} changes nothing")
     unread = r.unread()
     if r.refused or unread:
         raise HFError(f"unsupported {family} config: " + "; ".join(r.refused + [f"{k} (unknown key)" for k in unread]))
@@ -156,10 +181,12 @@ def _rope_family(family: str, r: _Reader, d: dict) -> dict:
     """A Llama-like family's config (llama, qwen2, qwen3, mistral, gemma) read into ModelConfig keywords."""
     dm, heads = r("hidden_size"), r("num_attention_heads")
     want = "gelu_pytorch_tanh" if family == "gemma" else "silu"
-    r.need("hidden_act", lambda v: v in ((want, "gelu_new") if family == "gemma" else (want,)),
+    # Gemma 1's published files say hidden_act "gelu", which transformers (GemmaConfig) runs as the tanh GELU
+    act = lambda: {"gelu": want}.get(r("hidden_act"), r("hidden_act")) if family == "gemma" else r("hidden_act")  # noqa: E731
+    r.need("hidden_act", lambda v: act() in ((want, "gelu_new") if family == "gemma" else (want,)),
            f"{family} supports {want}")
     if family == "gemma":
-        r.need("hidden_activation", lambda v: v in (None, r("hidden_act")), "hidden_act is what transformers runs")
+        r.need("hidden_activation", lambda v: v in (None, r("hidden_act"), act()), "hidden_act is what transformers runs")
     attention = {"qk_norm": family == "qwen3"}
     kw = dict(d_model=dm, num_heads=heads, num_kv_heads=r("num_key_value_heads"), d_ff=r("intermediate_size"),
               num_decoder_layers=r("num_hidden_layers"), max_len=r("max_position_embeddings"), positional="rope",
@@ -317,3 +344,13 @@ def to_hf_config(cfg: ModelConfig, family: str) -> dict:
     if family == "mistral":
         out["sliding_window"] = cfg.layer_windows()[0] or None       # None: no window (0 would mask everything)
     return out
+
+
+def accepted_keys_table() -> str:
+    """ACCEPTED and ACCEPTED_AT as a markdown table (the README's "hf_keys" block)."""
+    by_reason: dict[str, list[str]] = {}
+    for key, why in ACCEPTED.items():
+        by_reason.setdefault(why, []).append(f"`{key}`")
+    rows = [f"| {', '.join(keys)} | {why} |" for why, keys in by_reason.items()]
+    rows += [f"| `{k}` = `{str(v).lower()}` only | {why} |" for k, (v, why) in ACCEPTED_AT.items()]
+    return "\n".join(["| config.json keys | accepted because |", "|---|---|", *rows])
