@@ -201,6 +201,12 @@ MUTANTS = (
     Mutant("inert-value-unchecked", "use_mrope accepted at any value", "jaxformer/hf/families.py",
            "            r.need(key, lambda v, want=value: v == want, f\"only {value!r} changes nothing\")",
            "            r(key)", ("tests/test_hf_formats.py", "-k", "inert")),
+    Mutant("yarn-attention-factor-dropped", "YaRN's frequencies without its cos/sin scale",
+           "jaxformer/ops/positional.py", "    af = rope_attention_factor(scaling)\n", "    af = 1.0\n",
+           ("tests/test_hf_formats.py", "-k", "yarn")),
+    Mutant("yarn-ramp-reversed", "YaRN keeping the slow dimensions and interpolating the fast ones",
+           "jaxformer/ops/positional.py", "    return inv / s.factor * (1.0 - keep) + inv * keep\n",
+           "    return inv * (1.0 - keep) + inv / s.factor * keep\n", ("tests/test_hf_formats.py", "-k", "yarn")),
     # issue 50 (R3): the silent wrong results, each pinned by the test that failed on the code before it
     Mutant("partial-removed-unmarked", "data prepare removes an OUT.partial it did not make",
            "jaxformer/data/prepare.py", "        if not (tmp / MARK).is_file():\n            raise DataError(",

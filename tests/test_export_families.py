@@ -32,6 +32,8 @@ SHAPES = {   # shape -> (its config, the families that express it)
     "llama3_rope": (replaced(BASE, rope__scaling="llama3", rope__factor=8.0, rope__original_max_len=16),
                     {"llama", "mistral"}),
     "qwen2": (dataclasses.replace(BASE, biases=("q", "k", "v")), {"qwen2"}),
+    "qwen2_yarn": (replaced(BASE, biases=("q", "k", "v"), rope__scaling="yarn", rope__factor=4.0,
+                            rope__original_max_len=16), {"qwen2"}),
     "qwen3": (replaced(BASE, attention__qk_norm=True, head_dim=16), {"qwen3"}),
     "mistral": (replaced(BASE, attention__windows=(4,)), {"mistral"}),
     "windows_4_0": (replaced(BASE, attention__windows=(4, 0)), set()),
@@ -59,7 +61,7 @@ def test_each_shape_is_expressed_by_exactly_the_families_expected():
         assert got == families, (name, got)
 
 
-@pytest.mark.slow          # nine shapes, each exported as every family it can be and loaded in transformers (~12 s)
+@pytest.mark.slow          # ten shapes, each exported as every family it can be and loaded in transformers (~12 s)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_every_family_either_exports_the_same_logits_or_is_refused(shape, tmp_path):
     cfg, families = SHAPES[shape]

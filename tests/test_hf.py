@@ -160,8 +160,8 @@ def test_bad_checkpoints_are_named_errors(saved, tmp_path):
     cases = [
         (missing, "missing tensor.*model.layers.1.mlp.up_proj.weight"),
         (edited_config(d, tmp_path / "shape", intermediate_size=40), "has shape .* the config implies"),
-        (edited_config(d, tmp_path / "yarn", rope_parameters={"rope_type": "yarn", "factor": 4.0,
-                                                            "rope_theta": 1e4}), "rope type 'yarn'"),
+        (edited_config(d, tmp_path / "yarn", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                                                            "ramp": "cosine"}), r"rope parameters \['ramp'\]"),
         (edited_config(d, tmp_path / "dyn", rope_parameters={"rope_type": "dynamic", "factor": 2.0}),
          "rope type 'dynamic'"),
         (edited_config(d, tmp_path / "key", some_new_switch=3), r"some_new_switch \(unknown key\)"),

@@ -105,6 +105,32 @@ def test_older_rope_keys_import_with_transformers_logits(llama, tmp_path, case):
     assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
 
 
+YARN = {   # case -> rope_parameters (YaRN) of a Llama config; each a different path of transformers' computation
+    "defaults": {"factor": 4.0, "original_max_position_embeddings": 16},
+    "attention_factor": {"factor": 4.0, "original_max_position_embeddings": 16, "attention_factor": 1.3,
+                         "beta_fast": 16, "beta_slow": 2},
+    "mscale": {"factor": 8.0, "original_max_position_embeddings": 8, "mscale": 1.0, "mscale_all_dim": 0.5},
+    "untruncated": {"factor": 2.0, "original_max_position_embeddings": 32, "truncate": False},
+}
+
+
+@pytest.mark.parametrize("case", YARN)
+def test_yarn_rope_imports_and_exports_with_transformers_logits(llama, tmp_path, case):
+    """YaRN (Qwen2.5/Qwen3's long-context recipe, DeepSeek's mscale): frequencies blended by a ramp between
+    beta_fast and beta_slow, cos/sin scaled by the attention factor. Imported: transformers' logits; exported
+    again: transformers reads our config as the same function."""
+    m, d = llama
+    src = edited_config(d, tmp_path / case, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                                              **YARN[case]})
+    theirs = hf_logits(hf_load(src))
+    assert rel(theirs, hf_logits(m)) > 1e-3                          # YaRN changes the function
+    model = from_pretrained(src)
+    assert model.cfg.rope.scaling == "yarn"
+    assert rel(model(jnp.asarray(IDS)), theirs) < TOL
+    save_pretrained(model, tmp_path / "out")
+    assert rel(hf_logits(hf_load(tmp_path / "out")), theirs) < TOL
+
+
 GPT2 = dict(vocab_size=V, n_positions=64, n_embd=32, n_layer=2, n_head=4)
 
 

@@ -43,18 +43,23 @@ class RopeConfig(_Validated):
     """model.rope: rotary positions (used when model.positional='rope'): the base and its frequency scaling."""
     base: float = 10000.0
     scaling: str = "none"                  # none | linear (positions / factor) | llama3 (Llama 3.1: low
-                                           # frequencies / factor, high kept, a smooth band between)
-    factor: float = 1.0                    # linear, llama3: the context extension factor
-    original_max_len: int = 8192           # llama3: the context the model was pretrained on
+                                           # frequencies / factor, high kept, a smooth band between) | yarn
+    factor: float = 1.0                    # linear, llama3, yarn: the context extension factor
+    original_max_len: int = 8192           # llama3, yarn: the context the model was pretrained on
     low_freq_factor: float = 1.0           # llama3: wavelengths above original_max_len / this are scaled
     high_freq_factor: float = 4.0          # llama3: wavelengths below original_max_len / this are kept
+    beta_fast: float = 32.0                # yarn: dimensions turning more often than this over original_max_len kept
+    beta_slow: float = 1.0                 # yarn: ... less often than this interpolated; a ramp between
+    attention_factor: float = 0.0          # yarn: cos/sin scale (0 = 0.1·ln(factor) + 1)
+    truncate: bool = True                  # yarn: the ramp's ends rounded outwards (transformers' default)
 
     def validate(self) -> None:
         check_types(self, "model.rope")
         positive("model.rope.base", self.base)
         choice("model.rope.scaling", self.scaling, positional.SCALINGS)
-        for f in ("factor", "original_max_len", "low_freq_factor", "high_freq_factor"):
+        for f in ("factor", "original_max_len", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow"):
             positive(f"model.rope.{f}", getattr(self, f))
+        positive("model.rope.attention_factor", self.attention_factor, allow_zero=True)
         if self.scaling == "llama3" and self.high_freq_factor <= self.low_freq_factor:
             raise ConfigError(f"model.rope.high_freq_factor={self.high_freq_factor} must exceed "
                               f"model.rope.low_freq_factor={self.low_freq_factor}")
@@ -64,7 +69,8 @@ class RopeConfig(_Validated):
         if self.scaling == "none":
             return None
         return positional.RopeScaling(self.scaling, self.factor, self.original_max_len, self.low_freq_factor,
-                                      self.high_freq_factor)
+                                      self.high_freq_factor, self.beta_fast, self.beta_slow, self.attention_factor,
+                                      self.truncate)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ omits take the family's transformers default.
 """
 from __future__ import annotations
 
+import math
 
 from jaxformer.config import (AttentionConfig, ConfigError, ModelConfig, NormConfig, RopeConfig, RuntimeConfig,
                               flat_items)
@@ -81,7 +82,7 @@ _DEFAULTS = {
                  scale_attn_by_inverse_layer_idx=False, add_cross_attention=False, tie_word_embeddings=True,
                  n_ctx=None),
 }
-_ROPE_KEYS = {"rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor"}
+_ROPE_KEYS = {"rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "original_max_position_embeddings"}
 _ACTIVATIONS = {"silu": "swiglu", "gelu_pytorch_tanh": "geglu_tanh"}
 
 
@@ -104,7 +105,7 @@ class _Reader:
         return sorted(k for k in self.d if k not in self.read and k not in ACCEPTED and k not in _ROPE_KEYS)
 
 
-def _rope(d: dict) -> dict:
+def _rope(d: dict, max_len: int) -> dict:
     """model.rope's fields (RopeConfig keywords) from rope_parameters (transformers 5) or rope_theta +
     rope_scaling (older)."""
     params = dict(d.get("rope_parameters") or {})
@@ -125,12 +126,32 @@ def _rope(d: dict) -> dict:
                    original_max_len=int(params["original_max_position_embeddings"]),
                    low_freq_factor=float(params["low_freq_factor"]), high_freq_factor=float(params["high_freq_factor"]))
         known = {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}
+    elif kind == "yarn":
+        out.update(_yarn(params, d, max_len))
+        known = {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale",
+                 "mscale_all_dim", "truncate"}
     else:
-        raise HFError(f"unsupported config: rope type {kind!r} (supported: default, linear, llama3)")
+        raise HFError(f"unsupported config: rope type {kind!r} (supported: default, linear, llama3, yarn)")
     extra = sorted(set(params) - known)
     if extra:
         raise HFError(f"unsupported config: rope parameters {extra} of rope type {kind!r}")
     return out
+
+
+def _yarn(params: dict, d: dict, max_len: int) -> dict:
+    """YaRN's RopeConfig fields, as transformers' _compute_yarn_parameters reads them: the original context defaults
+    to max_position_embeddings, the factor to max_position_embeddings / original, the attention factor to
+    mscale / mscale_all_dim's ratio of 0.1·m·ln(factor) + 1 when both are given (else 0: derived from factor)."""
+    original = int(d.get("original_max_position_embeddings") or params.get("original_max_position_embeddings")
+                   or max_len)
+    factor = float(params.get("factor") or max_len / original)
+    af = params.get("attention_factor")
+    m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+    if af is None and m and m_all and factor > 1:
+        af = (0.1 * m * math.log(factor) + 1.0) / (0.1 * m_all * math.log(factor) + 1.0)
+    return dict(scaling="yarn", factor=factor, original_max_len=original,
+                beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
+                attention_factor=float(af or 0.0), truncate=bool(params.get("truncate", True)))
 
 
 def family_of(d: dict) -> str:
@@ -191,7 +212,7 @@ def _rope_family(family: str, r: _Reader, d: dict) -> dict:
     kw = dict(d_model=dm, num_heads=heads, num_kv_heads=r("num_key_value_heads"), d_ff=r("intermediate_size"),
               num_decoder_layers=r("num_hidden_layers"), max_len=r("max_position_embeddings"), positional="rope",
               activation=_ACTIVATIONS[want], use_bias=False, scale_embeddings=family == "gemma",
-              norm=dict(type="rmsnorm", eps=float(r("rms_norm_eps"))), rope=_rope(d), attention=attention)
+              norm=dict(type="rmsnorm", eps=float(r("rms_norm_eps"))), rope=_rope(d, r("max_position_embeddings")), attention=attention)
     if family != "qwen2":
         hd = r("head_dim")
         kw["head_dim"] = None if hd is None or hd * heads == dm else hd
@@ -252,10 +273,10 @@ def family_for(cfg: ModelConfig) -> str:
     if windows != {0}:
         raise HFError(f"model.attention.windows={cfg.attention.windows!r}: per-layer windows have no family here")
     if cfg.attention.qk_norm:
-        if biases in ((), ("q", "k", "v", "o")) and cfg.rope.scaling == "none":
+        if biases in ((), ("q", "k", "v", "o")):
             return "qwen3"
-        raise HFError("QK-norm exports as Qwen3: all attention biases or none, no RoPE scaling")
-    if biases == ("q", "k", "v") and cfg.rope.scaling == "none":
+        raise HFError("QK-norm exports as Qwen3: all attention biases or none")
+    if biases == ("q", "k", "v"):
         return "qwen2"
     if biases in ((), ("q", "k", "v", "o"), ("ffn",), ("q", "k", "v", "o", "ffn")):
         return "llama"
@@ -264,7 +285,9 @@ def family_for(cfg: ModelConfig) -> str:
 
 _RESPELLED = ("pad_id", "use_bias", "biases", "num_kv_heads", "head_dim", "norm.final", "attention.windows")
 _ROPE_SCALING = {"none": (), "linear": ("rope.factor",),
-                 "llama3": ("rope.factor", "rope.original_max_len", "rope.low_freq_factor", "rope.high_freq_factor")}
+                 "llama3": ("rope.factor", "rope.original_max_len", "rope.low_freq_factor", "rope.high_freq_factor"),
+                 "yarn": ("rope.factor", "rope.original_max_len", "rope.beta_fast", "rope.beta_slow",
+                          "rope.attention_factor", "rope.truncate")}
 
 
 def function_of(cfg: ModelConfig) -> dict:
@@ -325,6 +348,10 @@ def to_hf_config(cfg: ModelConfig, family: str) -> dict:
     if cfg.rope.scaling == "llama3":
         rope.update(original_max_position_embeddings=cfg.rope.original_max_len,
                     low_freq_factor=cfg.rope.low_freq_factor, high_freq_factor=cfg.rope.high_freq_factor)
+    if cfg.rope.scaling == "yarn":
+        rope.update(original_max_position_embeddings=cfg.rope.original_max_len, beta_fast=cfg.rope.beta_fast,
+                    beta_slow=cfg.rope.beta_slow, truncate=cfg.rope.truncate,
+                    attention_factor=cfg.rope.attention_factor or None)
     out = {"model_type": family, "architectures": [ARCHITECTURES[family]], "vocab_size": cfg.vocab_size,
            "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.num_decoder_layers,
            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_size,

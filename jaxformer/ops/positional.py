@@ -30,19 +30,48 @@ def sinusoidal_table(max_len: int, d_model: int, dtype=jnp.float32) -> jax.Array
     return jnp.asarray(pe, dtype=dtype)
 
 
-SCALINGS = ("none", "linear", "llama3")
+SCALINGS = ("none", "linear", "llama3", "yarn")
 
 
 class RopeScaling(NamedTuple):
     """How RoPE's frequencies are rescaled for a longer context. kind "linear": every frequency / factor
     (positions interpolated); "llama3" (Llama 3.1): wavelengths longer than original_max_len / low_freq_factor
     are divided by factor, those shorter than original_max_len / high_freq_factor kept, and the band between
-    interpolated smoothly."""
+    interpolated smoothly; "yarn" (Peng et al. 2023, as transformers computes it): dimensions that turn fewer than
+    beta_slow times over original_max_len interpolated (/ factor), more than beta_fast times kept, a linear ramp
+    between (its ends rounded outwards when truncate), and cos/sin scaled by attention_factor (0: 0.1·ln(factor)
+    + 1), so every attention logit by its square."""
     kind: str
     factor: float = 1.0
     original_max_len: int = 8192
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float = 0.0
+    truncate: bool = True
+
+
+def rope_attention_factor(scaling: RopeScaling | None) -> float:
+    """What cos and sin are multiplied by: YaRN's attention factor (given, or 0.1·ln(factor) + 1 for factor > 1),
+    else 1."""
+    if scaling is None or scaling.kind != "yarn":
+        return 1.0
+    if scaling.attention_factor:
+        return float(scaling.attention_factor)
+    return 0.1 * math.log(scaling.factor) + 1.0 if scaling.factor > 1 else 1.0
+
+
+def _yarn(inv: jax.Array, head_dim: int, base: float, s: RopeScaling) -> jax.Array:
+    def dim_of(rotations: float) -> float:       # the dimension that turns `rotations` times over original_max_len
+        return head_dim * math.log(s.original_max_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    low, high = dim_of(s.beta_fast), dim_of(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high
+    keep = 1.0 - jnp.clip((jnp.arange(head_dim // 2, dtype=jnp.float32) - low) / (high - low), 0.0, 1.0)
+    return inv / s.factor * (1.0 - keep) + inv * keep
 
 
 def rope_frequencies(head_dim: int, base: float = 10000.0, scaling: RopeScaling | None = None) -> jax.Array:
@@ -61,6 +90,8 @@ def rope_frequencies(head_dim: int, base: float = 10000.0, scaling: RopeScaling 
         smooth = (s.original_max_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
         mid = (1 - smooth) * inv / s.factor + smooth * inv
         return jnp.where(wavelen > low, inv / s.factor, jnp.where(wavelen < high, inv, mid))
+    if scaling.kind == "yarn":
+        return _yarn(inv, head_dim, base, scaling)
     raise ValueError(f"RoPE scaling {scaling.kind!r} is not one of {SCALINGS}")
 
 
@@ -69,7 +100,8 @@ def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0,
     """Rotary position embedding (half-split convention, as GPT-NeoX/Llama).
 
     x [B,T,N,H], positions [B,T] or [T] integer absolute positions -> [B,T,N,H] in x's dtype.
-    Rotation is computed in float32. q·k after RoPE depends only on the position difference.
+    Rotation is computed in float32. q·k after RoPE depends only on the position difference. With YaRN scaling,
+    cos and sin carry its attention factor (`rope_attention_factor`), as transformers applies it.
     """
     if not jnp.issubdtype(positions.dtype, jnp.integer):
         raise TypeError(f"positions must be integers; got dtype {positions.dtype}")
@@ -78,7 +110,8 @@ def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0,
     ang = positions.astype(jnp.float32)[..., None] * inv  # [B,T,H/2] or [T,H/2]
     if ang.ndim == 2:
         ang = ang[None]
-    sin, cos = jnp.sin(ang)[:, :, None, :], jnp.cos(ang)[:, :, None, :]
+    af = rope_attention_factor(scaling)
+    sin, cos = af * jnp.sin(ang)[:, :, None, :], af * jnp.cos(ang)[:, :, None, :]
     xf = x.astype(jnp.float32)
     x1, x2 = xf[..., : h // 2], xf[..., h // 2:]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
