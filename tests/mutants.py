@@ -207,6 +207,9 @@ MUTANTS = (
     Mutant("yarn-ramp-reversed", "YaRN keeping the slow dimensions and interpolating the fast ones",
            "jaxformer/ops/positional.py", "    return inv / s.factor * (1.0 - keep) + inv * keep\n",
            "    return inv * (1.0 - keep) + inv / s.factor * keep\n", ("tests/test_hf_formats.py", "-k", "yarn")),
+    Mutant("qwen-window-layers-shifted", "Qwen's sliding layers counted from max_window_layers + 1",
+           "jaxformer/hf/families.py", "if window is not None and i >= k else", "if window is not None and i > k else",
+           ("tests/test_hf_formats.py", "-k", "qwen_sliding")),
     # issue 50 (R3): the silent wrong results, each pinned by the test that failed on the code before it
     Mutant("partial-removed-unmarked", "data prepare removes an OUT.partial it did not make",
            "jaxformer/data/prepare.py", "        if not (tmp / MARK).is_file():\n            raise DataError(",

@@ -36,6 +36,7 @@ SHAPES = {   # shape -> (its config, the families that express it)
                             rope__original_max_len=16), {"qwen2"}),
     "qwen3": (replaced(BASE, attention__qk_norm=True, head_dim=16), {"qwen3"}),
     "mistral": (replaced(BASE, attention__windows=(4,)), {"mistral"}),
+    "qwen2_windows_0_4": (replaced(BASE, biases=("q", "k", "v"), attention__windows=(0, 4)), {"qwen2"}),
     "windows_4_0": (replaced(BASE, attention__windows=(4, 0)), set()),
     "gemma": (dataclasses.replace(BASE, activation="geglu_tanh", scale_embeddings=True, head_dim=16,
                                   tie_embeddings=True), {"gemma"}),
@@ -61,7 +62,7 @@ def test_each_shape_is_expressed_by_exactly_the_families_expected():
         assert got == families, (name, got)
 
 
-@pytest.mark.slow          # ten shapes, each exported as every family it can be and loaded in transformers (~12 s)
+@pytest.mark.slow          # eleven shapes, each exported as every family it can be and loaded in transformers (~12 s)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_every_family_either_exports_the_same_logits_or_is_refused(shape, tmp_path):
     cfg, families = SHAPES[shape]

@@ -354,6 +354,32 @@ def test_a_published_config_imports_with_transformers_logits(tmp_path, name):
     assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
 
 
+QWEN_WINDOWS = {   # case -> (config keys, the windows they mean per layer of 2)
+    "max_window_layers": (dict(use_sliding_window=True, sliding_window=4, max_window_layers=1), (0, 4)),
+    "layer_types": (dict(use_sliding_window=True, sliding_window=3,
+                         layer_types=["sliding_attention", "full_attention"]), (3, 0)),
+    "off": (dict(use_sliding_window=False, sliding_window=4, max_window_layers=0), ()),
+}
+
+
+@pytest.mark.parametrize("case", QWEN_WINDOWS)
+def test_qwen_sliding_windows_import_with_transformers_logits(tmp_path, case):
+    """Qwen2's sliding windows from layer max_window_layers on (or as layer_types says), on 12 tokens with
+    windows of 3-4: transformers' logits."""
+    keys, windows = QWEN_WINDOWS[case]
+    m = hf_model(transformers.Qwen2Config(**LLAMA, **keys))
+    m.save_pretrained(tmp_path / "saved")
+    # transformers writes the layer_types it derived; published Qwen2.5 files carry only max_window_layers
+    src = edited_config(tmp_path / "saved", tmp_path / "src", **({} if "layer_types" in keys else
+                                                                 {"layer_types": None}))
+    cfg = to_model_config(read(src))
+    assert cfg.attention.windows == windows
+    if windows:
+        assert rel(hf_logits(m), hf_logits(hf_model(transformers.Qwen2Config(**LLAMA)))) > 1e-3
+    assert rel(hf_logits(hf_load(src)), hf_logits(m)) < TOL
+    assert rel(from_pretrained(src)(jnp.asarray(IDS)), hf_logits(m)) < TOL
+
+
 def test_a_key_accepted_only_at_its_inert_value_is_refused_at_another(tmp_path):
     d = dict(model_type="qwen2", **LLAMA)
     assert to_model_config(d | {"use_mrope": False}).num_decoder_layers == 2

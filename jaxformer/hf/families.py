@@ -31,7 +31,6 @@ _REASONS = {
     "file": "describes the file, not the model",
     "tokens": "a token id: the tokenizer's business, not the network's",
     "training": "training only (dropout, initialisation, loss options): no effect on the logits",
-    "sliding": "Qwen's sliding-window layer count: read only with use_sliding_window, which is read (and refused)",
     "runtime": "selects a kernel, cache or runtime path in transformers: the same function",
     "foreign": "another framework's hint; transformers does not read it",
     "legacy": "legacy metadata transformers ignores",
@@ -44,7 +43,6 @@ ACCEPTED = {k: _REASONS[why] for why, keys in {
     "tokens": ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id"),
     "training": ("initializer_range", "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
                  "summary_first_dropout", "problem_type"),
-    "sliding": ("max_window_layers",),
     "runtime": ("use_cache", "pretraining_tp", "attn_implementation", "_attn_implementation",
                 "reorder_and_upcast_attn", "chunk_size_feed_forward"),
     "foreign": ("is_llama_config", "rope_interleaved", "transformers.js_config", "unsloth_fixed", "unsloth_version"),
@@ -67,12 +65,12 @@ _DEFAULTS = {
                     sliding_window=4096),
     "qwen2": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
                   num_attention_heads=32, num_key_value_heads=32, hidden_act="silu", max_position_embeddings=32768,
-                  rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False, sliding_window=None,
-                  layer_types=None),
+                  rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False, sliding_window=4096,
+                  max_window_layers=28, layer_types=None),
     "qwen3": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
                   num_attention_heads=32, num_key_value_heads=32, head_dim=128, hidden_act="silu",
                   max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False,
-                  use_sliding_window=False, sliding_window=None, layer_types=None),
+                  use_sliding_window=False, sliding_window=4096, max_window_layers=28, layer_types=None),
     "gemma": dict(vocab_size=256000, hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
                   num_attention_heads=16, num_key_value_heads=16, head_dim=256, hidden_act="gelu_pytorch_tanh",
                   hidden_activation=None, max_position_embeddings=8192, rms_norm_eps=1e-6, tie_word_embeddings=True,
@@ -225,14 +223,34 @@ def _rope_family(family: str, r: _Reader, d: dict) -> dict:
         biases += ["ffn"]
     kw["biases"] = tuple(biases)
     if family in ("qwen2", "qwen3"):
-        r.need("use_sliding_window", lambda v: not v, "sliding windows of Qwen are not supported")
-        r("sliding_window")
-        r.need("layer_types", lambda v: v is None or set(v) <= {"full_attention"}, "full attention only")
+        windows = _qwen_windows(r)
+        if any(windows):
+            attention["windows"] = windows
     if family == "mistral" and r("sliding_window"):
         attention["windows"] = (int(r("sliding_window")),)
     if family == "gemma":
         r.need("use_bidirectional_attention", lambda v: not v, "bidirectional attention")
     return kw
+
+
+def _qwen_windows(r: _Reader) -> tuple[int, ...]:
+    """Each layer's window (0 = full attention) as transformers' Qwen2/Qwen3 configs decide them: layer_types when
+    given, else sliding from layer max_window_layers on when use_sliding_window; sliding_window counts only then."""
+    layers, window, k = r("num_hidden_layers"), r("sliding_window"), r("max_window_layers")
+    window = window if r("use_sliding_window") else None
+    types = r("layer_types") or ["sliding_attention" if window is not None and i >= k else "full_attention"
+                                 for i in range(layers)]
+    r.need("layer_types", lambda v: set(types) <= {"full_attention", "sliding_attention"} and len(types) == layers,
+           "full_attention / sliding_attention, one per layer")
+    return tuple(int(window) if t == "sliding_attention" and window else 0 for t in types)
+
+
+def _qwen_split(windows: tuple[int, ...]) -> int | None:
+    """k when `windows` is k full-attention layers then one window over the rest (what a Qwen config says with
+    max_window_layers), else None."""
+    k = next((i for i, w in enumerate(windows) if w), len(windows))
+    rest = set(windows[k:])
+    return k if len(rest) == 1 and 0 not in rest else None
 
 
 def family_for(cfg: ModelConfig) -> str:
@@ -266,12 +284,13 @@ def family_for(cfg: ModelConfig) -> str:
         return "gemma"
     if cfg.activation != "swiglu" or cfg.scale_embeddings:
         raise HFError(f"model.activation={cfg.activation!r} (scale_embeddings={cfg.scale_embeddings}): no family")
-    if len(windows) == 1 and windows != {0}:
-        if not biases and not cfg.attention.qk_norm:
-            return "mistral"
-        raise HFError("a sliding window exports as Mistral only: no biases, no QK-norm")
-    if windows != {0}:
-        raise HFError(f"model.attention.windows={cfg.attention.windows!r}: per-layer windows have no family here")
+    qwen = cfg.attention.qk_norm or biases == ("q", "k", "v")
+    if len(windows) == 1 and windows != {0} and not biases and not cfg.attention.qk_norm:
+        return "mistral"
+    if windows != {0} and not (qwen and _qwen_split(cfg.layer_windows()) is not None):
+        raise HFError(f"model.attention.windows={cfg.attention.windows!r}: no family (Mistral: one window over every "
+                      f"layer, no biases, no QK-norm; Qwen2/Qwen3: full attention in the first k layers, one window "
+                      f"after them)")
     if cfg.attention.qk_norm:
         if biases in ((), ("q", "k", "v", "o")):
             return "qwen3"
@@ -367,7 +386,10 @@ def to_hf_config(cfg: ModelConfig, family: str) -> dict:
         if cfg.head_size * cfg.num_heads != cfg.d_model:
             raise HFError(f"Qwen2 has no head_dim: model.head_dim={cfg.head_dim} (N·H != D) cannot export")
     if family in ("qwen2", "qwen3"):
-        out["use_sliding_window"] = False
+        k = _qwen_split(cfg.layer_windows())
+        out["use_sliding_window"] = k is not None
+        if k is not None:
+            out.update(sliding_window=cfg.layer_windows()[-1], max_window_layers=k)
     if family == "mistral":
         out["sliding_window"] = cfg.layer_windows()[0] or None       # None: no window (0 would mask everything)
     return out
