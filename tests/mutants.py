@@ -210,6 +210,15 @@ MUTANTS = (
     Mutant("qwen-window-layers-shifted", "Qwen's sliding layers counted from max_window_layers + 1",
            "jaxformer/hf/families.py", "if window is not None and i >= k else", "if window is not None and i > k else",
            ("tests/test_hf_formats.py", "-k", "qwen_sliding")),
+    Mutant("gemma2-post-norms-swapped", "Gemma 2's post-attention norm read as the pre-FFN norm (Llama's meaning)",
+           "jaxformer/hf/mapping.py", 'STACK + ("res_self", "post_norm", "scale"),\n                          i, one),\n'
+           '                    _same(p + "pre_feedforward_layernorm.weight", (d,), STACK + ("res_ffn", "norm", "scale")',
+           'STACK + ("res_ffn", "norm", "scale"),\n                          i, one),\n'
+           '                    _same(p + "pre_feedforward_layernorm.weight", (d,), STACK + ("res_self", "post_norm", "scale")',
+           ("tests/test_hf_formats.py", "-k", "gemma2")),
+    Mutant("gemma2-scale-ignored", "query_pre_attn_scalar read but the head size used", "jaxformer/nn/attention.py",
+           "cfg.attention.scale_dim ** -0.5 if cfg.attention.scale_dim else None", "None",
+           ("tests/test_hf_formats.py", "-k", "gemma2")),
     # issue 50 (R3): the silent wrong results, each pinned by the test that failed on the code before it
     Mutant("partial-removed-unmarked", "data prepare removes an OUT.partial it did not make",
            "jaxformer/data/prepare.py", "        if not (tmp / MARK).is_file():\n            raise DataError(",

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 from jaxformer.config import ModelConfig, replaced  # noqa: E402
 from jaxformer.hf import FAMILIES, HFError, save_pretrained  # noqa: E402
-from jaxformer.hf.families import expresses, family_for  # noqa: E402
+from jaxformer.hf.expressing import expresses, family_for  # noqa: E402
 from jaxformer.nn import build_model  # noqa: E402
 
 V = 61
@@ -40,6 +40,9 @@ SHAPES = {   # shape -> (its config, the families that express it)
     "windows_4_0": (replaced(BASE, attention__windows=(4, 0)), set()),
     "gemma": (dataclasses.replace(BASE, activation="geglu_tanh", scale_embeddings=True, head_dim=16,
                                   tie_embeddings=True), {"gemma"}),
+    "gemma2": (replaced(BASE, activation="geglu_tanh", scale_embeddings=True, head_dim=16, tie_embeddings=True,
+                        norm__position="sandwich", attention__softcap=5.0, logit_softcap=3.0,
+                        attention__windows=(4, 0), attention__scale_dim=24), {"gemma2"}),
     "gpt2": (replaced(BASE, positional="learned", norm__type="layernorm", activation="gelu_tanh",
                                  use_bias=True, tie_embeddings=True, num_kv_heads=None), {"gpt2"}),
 }
@@ -62,7 +65,7 @@ def test_each_shape_is_expressed_by_exactly_the_families_expected():
         assert got == families, (name, got)
 
 
-@pytest.mark.slow          # eleven shapes, each exported as every family it can be and loaded in transformers (~12 s)
+@pytest.mark.slow          # twelve shapes, each exported as every family it can be and loaded in transformers (~12 s)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_every_family_either_exports_the_same_logits_or_is_refused(shape, tmp_path):
     cfg, families = SHAPES[shape]

@@ -354,6 +354,30 @@ def test_a_published_config_imports_with_transformers_logits(tmp_path, name):
     assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
 
 
+GEMMA2 = dict(LLAMA, head_dim=16, num_hidden_layers=4, sliding_window=4, query_pre_attn_scalar=24,
+              attn_logit_softcapping=5.0, final_logit_softcapping=3.0)
+
+
+@pytest.mark.parametrize("case", ["alternating", "layer_types"])
+def test_gemma2_imports_and_exports_with_transformers_logits(tmp_path, case):
+    """Gemma 2: sandwich norms (four per layer, each (1 + w)), attention-logit and final-logit soft-capping,
+    sliding windows on every other layer (or as layer_types says), the scale 1/sqrt(query_pre_attn_scalar); on
+    12 tokens with a window of 4 and caps small enough to bend the logits. Exported again: transformers reads it
+    as the same function."""
+    extra = {} if case == "alternating" else dict(layer_types=["full_attention", "sliding_attention"] * 2)
+    m = hf_model(transformers.Gemma2Config(**GEMMA2, **extra))
+    m.save_pretrained(tmp_path / "saved")
+    src = edited_config(tmp_path / "saved", tmp_path / "src", **({"layer_types": None} if not extra else {}))
+    cfg = to_model_config(read(src))
+    assert cfg.norm.position == "sandwich" and cfg.attention.softcap == 5.0 and cfg.logit_softcap == 3.0
+    assert cfg.layer_windows() == ((4, 0, 4, 0) if not extra else (0, 4, 0, 4)) and cfg.attention.scale_dim == 24
+    theirs = hf_logits(m)
+    assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
+    save_pretrained(from_pretrained(src), tmp_path / "out")
+    assert read(tmp_path / "out")["model_type"] == "gemma2"
+    assert rel(hf_logits(hf_load(tmp_path / "out")), theirs) < TOL
+
+
 QWEN_WINDOWS = {   # case -> (config keys, the windows they mean per layer of 2)
     "max_window_layers": (dict(use_sliding_window=True, sliding_window=4, max_window_layers=1), (0, 4)),
     "layer_types": (dict(use_sliding_window=True, sliding_window=3,

@@ -82,10 +82,13 @@ class AttentionConfig(_Validated):
                                            # pattern of windows repeated over the layers, 0 = global; e.g. (128,)
                                            # every layer sees its 128 most recent positions, (128, 0) alternates
     qk_norm: bool = False                  # RMSNorm over H on each query and key head before RoPE (Qwen3, OLMo 2)
+    scale_dim: int = 0                     # scale "rsqrt": 1/sqrt(scale_dim) (0 = the head size H; Gemma 2's
+                                           # query_pre_attn_scalar)
 
     def validate(self) -> None:
         check_types(self, "model.attention")
         choice("model.attention.scale", self.scale, ("rsqrt", "none"))
+        positive("model.attention.scale_dim", self.scale_dim, allow_zero=True)
         positive("model.attention.softcap", self.softcap, allow_zero=True)
         for w in self.windows:
             if w < 0:

@@ -15,7 +15,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxformer.hf.families import HFError, check_family, family_of, family_for, to_hf_config, to_model_config
+from jaxformer.hf.expressing import check_family, family_for, to_hf_config
+from jaxformer.hf.families import HFError, family_of, to_model_config
 from jaxformer.hf.mapping import Tensor, canonical_name, tensors
 from jaxformer.nn import build_model
 from jaxformer.nn.stack import blocks_path

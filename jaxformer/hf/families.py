@@ -1,4 +1,4 @@
-"""Hugging Face `config.json` <-> `ModelConfig`, per family: Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma.
+"""Hugging Face `config.json` <-> `ModelConfig`, per family: Llama, Qwen2, Qwen3, Mistral, GPT-2, Gemma, Gemma 2.
 
 Every key of a checkpoint's config is read, accepted as changing nothing (`ACCEPTED`: metadata, token ids, dropout,
 kernel selection, other frameworks' hints, each with its reason), or refused: a config using anything the model
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 
-from jaxformer.config import (AttentionConfig, ConfigError, ModelConfig, NormConfig, RopeConfig, RuntimeConfig,
-                              flat_items)
+from jaxformer.config import AttentionConfig, ConfigError, ModelConfig, NormConfig, RopeConfig, RuntimeConfig
 from jaxformer.errors import JaxformerError
 
 
@@ -21,9 +20,10 @@ class HFError(JaxformerError, ValueError):
     label = "hugging face checkpoint error"
 
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gpt2", "gemma")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gpt2", "gemma", "gemma2")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "mistral": "MistralForCausalLM", "gpt2": "GPT2LMHeadModel", "gemma": "GemmaForCausalLM"}
+                 "mistral": "MistralForCausalLM", "gpt2": "GPT2LMHeadModel", "gemma": "GemmaForCausalLM",
+                 "gemma2": "Gemma2ForCausalLM"}
 
 # Keys accepted without changing the function the model computes, each with the reason (README's table
 # "hf_keys" renders this). Anything a config carries that is neither read nor here is refused, by name.
@@ -44,7 +44,7 @@ ACCEPTED = {k: _REASONS[why] for why, keys in {
     "training": ("initializer_range", "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
                  "summary_first_dropout", "problem_type"),
     "runtime": ("use_cache", "pretraining_tp", "attn_implementation", "_attn_implementation",
-                "reorder_and_upcast_attn", "chunk_size_feed_forward"),
+                "reorder_and_upcast_attn", "chunk_size_feed_forward", "cache_implementation"),
     "foreign": ("is_llama_config", "rope_interleaved", "transformers.js_config", "unsloth_fixed", "unsloth_version"),
     "legacy": ("n_special", "predict_special_tokens", "task_specific_params"),
     "heads": ("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels", "id2label",
@@ -75,6 +75,11 @@ _DEFAULTS = {
                   num_attention_heads=16, num_key_value_heads=16, head_dim=256, hidden_act="gelu_pytorch_tanh",
                   hidden_activation=None, max_position_embeddings=8192, rms_norm_eps=1e-6, tie_word_embeddings=True,
                   attention_bias=False, use_bidirectional_attention=None),
+    "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                   num_attention_heads=8, num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh",
+                   hidden_act=None, max_position_embeddings=8192, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                   attention_bias=False, query_pre_attn_scalar=256, sliding_window=4096, layer_types=None,
+                   final_logit_softcapping=30.0, attn_logit_softcapping=50.0, use_bidirectional_attention=None),
     "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
                  activation_function="gelu_new", layer_norm_epsilon=1e-5, scale_attn_weights=True,
                  scale_attn_by_inverse_layer_idx=False, add_cross_attention=False, tie_word_embeddings=True,
@@ -175,7 +180,7 @@ def to_model_config(d: dict, dtype: str = "float32") -> ModelConfig:
         raise HFError(f"unsupported {family} config: " + "; ".join(r.refused + [f"{k} (unknown key)" for k in unread]))
     try:
         return ModelConfig(arch="decoder_only", vocab_size=vocab, num_encoder_layers=0, tie_embeddings=bool(tie),
-                           pad_id=-1, norm=NormConfig(position="pre", final=True, **norm), rope=RopeConfig(**rope),
+                           pad_id=-1, norm=NormConfig(**{"position": "pre", "final": True, **norm}), rope=RopeConfig(**rope),
                            attention=AttentionConfig(**attention), runtime=RuntimeConfig(dropout=0.0, dtype=dtype),
                            **kw)
     except ConfigError as e:
@@ -199,23 +204,19 @@ def _gpt2(r: _Reader) -> dict:
 def _rope_family(family: str, r: _Reader, d: dict) -> dict:
     """A Llama-like family's config (llama, qwen2, qwen3, mistral, gemma) read into ModelConfig keywords."""
     dm, heads = r("hidden_size"), r("num_attention_heads")
-    want = "gelu_pytorch_tanh" if family == "gemma" else "silu"
-    # Gemma 1's published files say hidden_act "gelu", which transformers (GemmaConfig) runs as the tanh GELU
-    act = lambda: {"gelu": want}.get(r("hidden_act"), r("hidden_act")) if family == "gemma" else r("hidden_act")  # noqa: E731
-    r.need("hidden_act", lambda v: act() in ((want, "gelu_new") if family == "gemma" else (want,)),
-           f"{family} supports {want}")
-    if family == "gemma":
-        r.need("hidden_activation", lambda v: v in (None, r("hidden_act"), act()), "hidden_act is what transformers runs")
+    gemma = family in ("gemma", "gemma2")
+    want = "gelu_pytorch_tanh" if gemma else "silu"
+    _activation(family, r, want)
     attention = {"qk_norm": family == "qwen3"}
     kw = dict(d_model=dm, num_heads=heads, num_kv_heads=r("num_key_value_heads"), d_ff=r("intermediate_size"),
               num_decoder_layers=r("num_hidden_layers"), max_len=r("max_position_embeddings"), positional="rope",
-              activation=_ACTIVATIONS[want], use_bias=False, scale_embeddings=family == "gemma",
+              activation=_ACTIVATIONS[want], use_bias=False, scale_embeddings=gemma,
               norm=dict(type="rmsnorm", eps=float(r("rms_norm_eps"))), rope=_rope(d, r("max_position_embeddings")), attention=attention)
     if family != "qwen2":
         hd = r("head_dim")
         kw["head_dim"] = None if hd is None or hd * heads == dm else hd
     biases = []
-    if family in ("llama", "qwen3", "gemma") and r("attention_bias"):
+    if family in ("llama", "qwen3", "gemma", "gemma2") and r("attention_bias"):
         biases += ["q", "k", "v", "o"]
     if family == "qwen2":
         biases += ["q", "k", "v"]
@@ -228,9 +229,45 @@ def _rope_family(family: str, r: _Reader, d: dict) -> dict:
             attention["windows"] = windows
     if family == "mistral" and r("sliding_window"):
         attention["windows"] = (int(r("sliding_window")),)
-    if family == "gemma":
+    if gemma:
         r.need("use_bidirectional_attention", lambda v: not v, "bidirectional attention")
+    if family == "gemma2":
+        _gemma2(r, kw, attention)
     return kw
+
+
+def _activation(family: str, r: _Reader, want: str) -> None:
+    """Refuse an FFN activation other than the family's. Gemma 1's published files say hidden_act "gelu", which
+    transformers (GemmaConfig) runs as the tanh GELU; Gemma 2 runs hidden_activation (hidden_act, where a file
+    also has it, must agree)."""
+    if family == "gemma2":
+        r.need("hidden_activation", lambda v: v == want, f"{family} supports {want}")
+        r.need("hidden_act", lambda v: v in (None, want), "hidden_activation is what transformers runs")
+        return
+    act = lambda: {"gelu": want}.get(r("hidden_act"), r("hidden_act")) if family == "gemma" else r("hidden_act")  # noqa: E731
+    r.need("hidden_act", lambda v: act() in ((want, "gelu_new") if family == "gemma" else (want,)),
+           f"{family} supports {want}")
+    if family == "gemma":
+        r.need("hidden_activation", lambda v: v in (None, r("hidden_act"), act()), "hidden_act is what transformers runs")
+
+
+def _gemma2(r: _Reader, kw: dict, attention: dict) -> None:
+    """Gemma 2 on top of Gemma: sandwich norms (a norm after each sublayer too), attention-logit and final-logit
+    soft-capping, sliding windows on the layers layer_types names (default: every other one, from layer 0), and
+    the attention scale 1/sqrt(query_pre_attn_scalar)."""
+    layers, window = r("num_hidden_layers"), r("sliding_window")
+    types = r("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    r.need("layer_types", lambda v: set(types) <= {"full_attention", "sliding_attention"} and len(types) == layers,
+           "full_attention / sliding_attention, one per layer")
+    windows = tuple(int(window) if t == "sliding_attention" and window else 0 for t in types)
+    if any(windows):
+        attention["windows"] = windows[:2] if len(windows) % 2 == 0 and windows == windows[:2] * (layers // 2) \
+            else windows
+    attention["softcap"] = float(r("attn_logit_softcapping") or 0.0)
+    scalar, head = r("query_pre_attn_scalar"), kw.get("head_dim") or kw["d_model"] // kw["num_heads"]
+    attention["scale_dim"] = 0 if scalar == head else int(scalar)
+    kw["logit_softcap"] = float(r("final_logit_softcapping") or 0.0)
+    kw["norm"]["position"] = "sandwich"
 
 
 def _qwen_windows(r: _Reader) -> tuple[int, ...]:
@@ -243,156 +280,6 @@ def _qwen_windows(r: _Reader) -> tuple[int, ...]:
     r.need("layer_types", lambda v: set(types) <= {"full_attention", "sliding_attention"} and len(types) == layers,
            "full_attention / sliding_attention, one per layer")
     return tuple(int(window) if t == "sliding_attention" and window else 0 for t in types)
-
-
-def _qwen_split(windows: tuple[int, ...]) -> int | None:
-    """k when `windows` is k full-attention layers then one window over the rest (what a Qwen config says with
-    max_window_layers), else None."""
-    k = next((i for i, w in enumerate(windows) if w), len(windows))
-    rest = set(windows[k:])
-    return k if len(rest) == 1 and 0 not in rest else None
-
-
-def family_for(cfg: ModelConfig) -> str:
-    """The family whose config.json expresses `cfg` (HFError naming the switch that none can)."""
-    problems = []
-    for field, value, ok in (("arch", cfg.arch, cfg.arch == "decoder_only"),
-                             ("norm.position", cfg.norm.position, cfg.norm.position == "pre"),
-                             ("norm.final", cfg.norm.final, cfg.use_final_norm), ("ffn", cfg.ffn, cfg.ffn == "dense"),
-                             ("attention.scale", cfg.attention.scale, cfg.attention.scale == "rsqrt"),
-                             ("ablation", cfg.ablations, not cfg.ablations),
-                             ("logit_softcap", cfg.logit_softcap, not cfg.logit_softcap),
-                             ("attention.softcap", cfg.attention.softcap, not cfg.attention.softcap)):
-        if not ok:
-            problems.append(f"model.{field}={value!r}")
-    if problems:
-        raise HFError(f"no Hugging Face family expresses {', '.join(problems)}")
-    if cfg.positional == "learned":
-        if (cfg.norm.type, cfg.activation, cfg.tie_embeddings, cfg.scale_embeddings, cfg.attention.qk_norm) == \
-                ("layernorm", "gelu_tanh", True, False, False) and cfg.biases in (None, ("q", "k", "v", "o", "ffn")) \
-                and cfg.use_bias and cfg.kv_heads == cfg.num_heads and cfg.head_dim is None \
-                and not any(cfg.attention.windows):
-            return "gpt2"
-        raise HFError("learned positions export as GPT-2 only: layernorm, gelu_tanh, tied, every bias, MHA")
-    if cfg.positional != "rope" or cfg.norm.type != "rmsnorm":
-        raise HFError(f"model.positional={cfg.positional!r} with model.norm.type={cfg.norm.type!r}: no Hugging "
-                      f"Face family (rope + rmsnorm, or GPT-2's learned + layernorm)")
-    biases = tuple(b for b in ("q", "k", "v", "o", "ffn") if cfg.has_bias(b))
-    windows = set(cfg.layer_windows())
-    if cfg.activation == "geglu_tanh" and cfg.scale_embeddings and not cfg.attention.qk_norm and windows == {0} \
-            and biases in ((), ("q", "k", "v", "o")):
-        return "gemma"
-    if cfg.activation != "swiglu" or cfg.scale_embeddings:
-        raise HFError(f"model.activation={cfg.activation!r} (scale_embeddings={cfg.scale_embeddings}): no family")
-    qwen = cfg.attention.qk_norm or biases == ("q", "k", "v")
-    if len(windows) == 1 and windows != {0} and not biases and not cfg.attention.qk_norm:
-        return "mistral"
-    if windows != {0} and not (qwen and _qwen_split(cfg.layer_windows()) is not None):
-        raise HFError(f"model.attention.windows={cfg.attention.windows!r}: no family (Mistral: one window over every "
-                      f"layer, no biases, no QK-norm; Qwen2/Qwen3: full attention in the first k layers, one window "
-                      f"after them)")
-    if cfg.attention.qk_norm:
-        if biases in ((), ("q", "k", "v", "o")):
-            return "qwen3"
-        raise HFError("QK-norm exports as Qwen3: all attention biases or none")
-    if biases == ("q", "k", "v"):
-        return "qwen2"
-    if biases in ((), ("q", "k", "v", "o"), ("ffn",), ("q", "k", "v", "o", "ffn")):
-        return "llama"
-    raise HFError(f"biases {biases}: no family (Qwen2: q, k, v; Llama: attention and/or FFN)")
-
-
-_RESPELLED = ("pad_id", "use_bias", "biases", "num_kv_heads", "head_dim", "norm.final", "attention.windows")
-_ROPE_SCALING = {"none": (), "linear": ("rope.factor",),
-                 "llama3": ("rope.factor", "rope.original_max_len", "rope.low_freq_factor", "rope.high_freq_factor"),
-                 "yarn": ("rope.factor", "rope.original_max_len", "rope.beta_fast", "rope.beta_slow",
-                          "rope.attention_factor", "rope.truncate")}
-
-
-def function_of(cfg: ModelConfig) -> dict:
-    """The fields of `cfg` that decide the function its model computes, each in one spelling: the projections
-    with a bias, K and H, the final norm, each layer's window; RoPE's settings only where they apply, MoE's
-    only for an MoE model (model.runtime is not the function). Two configs with equal function_of compute the
-    same logits from the same weights."""
-    d = {k: v for k, v in flat_items(cfg).items() if not k.startswith("runtime.") and k not in _RESPELLED}
-    d.update(biases=tuple(b for b in ("q", "k", "v", "o", "ffn") if cfg.has_bias(b)), kv_heads=cfg.kv_heads,
-             head_size=cfg.head_size, final_norm=cfg.use_final_norm, windows=cfg.layer_windows())
-    rope = ("rope.base", "rope.scaling") + _ROPE_SCALING.get(cfg.rope.scaling, ())
-    for k in [k for k in d if k.startswith("rope.") and (cfg.positional != "rope" or k not in rope)]:
-        del d[k]
-    if cfg.ffn != "moe":
-        for k in [k for k in d if k.startswith("moe.")]:
-            del d[k]
-    if cfg.arch == "decoder_only":
-        del d["num_encoder_layers"]
-    return d
-
-
-def expresses(cfg: ModelConfig, family: str) -> list[str]:
-    """What `family`'s config.json cannot say of `cfg`: `cfg` is written as that family's config and read back
-    as transformers would run it, and every field whose function differs is named (empty: it expresses cfg)."""
-    try:
-        back = to_model_config(to_hf_config(cfg, family), cfg.runtime.dtype)
-    except HFError as e:
-        return [str(e)]
-    ours, theirs = function_of(cfg), function_of(back)
-    return [f"model.{k}={ours.get(k)!r} (a {family} config gives {theirs.get(k)!r})"
-            for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
-
-
-def check_family(cfg: ModelConfig, family: str) -> None:
-    """HFError unless `family` expresses `cfg` exactly (`expresses`): a forced family is held to the same test
-    as the one chosen by `family_for`."""
-    if family not in FAMILIES:
-        raise HFError(f"family {family!r} is not one of {', '.join(FAMILIES)}")
-    problems = expresses(cfg, family)
-    if problems:
-        ok = [f for f in FAMILIES if not expresses(cfg, f)]
-        raise HFError(f"the {family} family cannot express this model, exporting it would write another model: "
-                      + "; ".join(problems) + (f" (families that can: {', '.join(ok)})" if ok else
-                                               " (no family can)"))
-
-
-def to_hf_config(cfg: ModelConfig, family: str) -> dict:
-    """`cfg` as `family`'s config.json (a dict; token ids and dtype are the caller's)."""
-    if family == "gpt2":
-        return {"model_type": "gpt2", "architectures": [ARCHITECTURES[family]], "vocab_size": cfg.vocab_size,
-                "n_positions": cfg.max_len, "n_embd": cfg.d_model, "n_layer": cfg.num_decoder_layers,
-                "n_head": cfg.num_heads, "n_inner": cfg.d_ff, "activation_function": "gelu_new",
-                "layer_norm_epsilon": cfg.norm.eps, "tie_word_embeddings": True, "scale_attn_weights": True,
-                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
-    rope = {"rope_theta": cfg.rope.base, "rope_type": "default" if cfg.rope.scaling == "none" else cfg.rope.scaling}
-    if cfg.rope.scaling != "none":
-        rope["factor"] = cfg.rope.factor
-    if cfg.rope.scaling == "llama3":
-        rope.update(original_max_position_embeddings=cfg.rope.original_max_len,
-                    low_freq_factor=cfg.rope.low_freq_factor, high_freq_factor=cfg.rope.high_freq_factor)
-    if cfg.rope.scaling == "yarn":
-        rope.update(original_max_position_embeddings=cfg.rope.original_max_len, beta_fast=cfg.rope.beta_fast,
-                    beta_slow=cfg.rope.beta_slow, truncate=cfg.rope.truncate,
-                    attention_factor=cfg.rope.attention_factor or None)
-    out = {"model_type": family, "architectures": [ARCHITECTURES[family]], "vocab_size": cfg.vocab_size,
-           "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.num_decoder_layers,
-           "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_size,
-           "max_position_embeddings": cfg.max_len, "rms_norm_eps": cfg.norm.eps,
-           "tie_word_embeddings": cfg.tie_embeddings, "rope_parameters": rope, "attention_dropout": 0.0}
-    out["hidden_act"] = "gelu_pytorch_tanh" if family == "gemma" else "silu"
-    if family in ("llama", "qwen3", "gemma"):
-        out["attention_bias"] = cfg.has_bias("o")
-    if family == "llama":
-        out["mlp_bias"] = cfg.has_bias("ffn")
-    if family == "qwen2":
-        del out["head_dim"]
-        if cfg.head_size * cfg.num_heads != cfg.d_model:
-            raise HFError(f"Qwen2 has no head_dim: model.head_dim={cfg.head_dim} (N·H != D) cannot export")
-    if family in ("qwen2", "qwen3"):
-        k = _qwen_split(cfg.layer_windows())
-        out["use_sliding_window"] = k is not None
-        if k is not None:
-            out.update(sliding_window=cfg.layer_windows()[-1], max_window_layers=k)
-    if family == "mistral":
-        out["sliding_window"] = cfg.layer_windows()[0] or None       # None: no window (0 would mask everything)
-    return out
 
 
 def accepted_keys_table() -> str:

@@ -63,7 +63,7 @@ def _dims(cfg: ModelConfig):
 
 def _llama_like(cfg: ModelConfig, family: str) -> list[Tensor]:
     d, n, k, h, f, v = _dims(cfg)
-    one = 1.0 if family == "gemma" else 0.0          # Gemma's norms: (1 + w)
+    one = 1.0 if family in ("gemma", "gemma2") else 0.0          # Gemma's norms: (1 + w)
     out = [_same("model.embed_tokens.weight", (v, d), ("embed", "tokens")),
            _same("model.norm.weight", (d,), ("decoder", "final_norm", "scale"), offset=one)]
     if not cfg.tie_embeddings:
@@ -78,8 +78,16 @@ def _llama_like(cfg: ModelConfig, family: str) -> list[Tensor]:
                 _linear(p + "mlp.gate_proj.weight", d, (f,), ffn + ("wg",), i),
                 _linear(p + "mlp.up_proj.weight", d, (f,), ffn + ("w1",), i),
                 _linear(p + "mlp.down_proj.weight", f, (d,), ffn + ("w2",), i),
-                _same(p + "input_layernorm.weight", (d,), STACK + ("res_self", "norm", "scale"), i, one),
-                _same(p + "post_attention_layernorm.weight", (d,), STACK + ("res_ffn", "norm", "scale"), i, one)]
+                _same(p + "input_layernorm.weight", (d,), STACK + ("res_self", "norm", "scale"), i, one)]
+        if family == "gemma2":                    # sandwich norms: a norm after each sublayer too
+            out += [_same(p + "post_attention_layernorm.weight", (d,), STACK + ("res_self", "post_norm", "scale"),
+                          i, one),
+                    _same(p + "pre_feedforward_layernorm.weight", (d,), STACK + ("res_ffn", "norm", "scale"), i, one),
+                    _same(p + "post_feedforward_layernorm.weight", (d,), STACK + ("res_ffn", "post_norm", "scale"),
+                          i, one)]
+        else:
+            out.append(_same(p + "post_attention_layernorm.weight", (d,), STACK + ("res_ffn", "norm", "scale"), i,
+                             one))
         for b, shape in (("q", (n, h)), ("k", (k, h)), ("v", (k, h))):
             if cfg.has_bias(b):
                 out.append(_reshaped(p + f"self_attn.{b}_proj.bias", shape, attn + (f"b{b}",), i))

@@ -147,7 +147,8 @@ class MultiHeadAttention(nnx.Module):
                 raise ValueError("positional='alibi' needs explicit query and key positions")
             bias = positional.AlibiBias(positional.alibi_slopes(cfg.num_heads), q_positions, kv_positions)
         res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=weights,
-                                        scale=1.0 if cfg.attention.scale == "none" else None,
+                                        scale=1.0 if cfg.attention.scale == "none" else
+                                        cfg.attention.scale_dim ** -0.5 if cfg.attention.scale_dim else None,
                                         mask_value=0.0 if cfg.ablation.mask_value == "zero" else None,
                                         backend=cfg.runtime.attention_backend, block_size=cfg.runtime.attention_block,
                                         softcap=cfg.attention.softcap, kv_layout=kv_layout,
