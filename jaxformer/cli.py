@@ -1,5 +1,6 @@
 """Command line: `jaxformer train CONFIG [--set k=v ...] [--workdir DIR]`, `jaxformer eval --workdir RUN`,
-`jaxformer generate --workdir RUN [--prompt TEXT ...]`, `jaxformer params CONFIG`, `jaxformer plan CONFIG`,
+`jaxformer generate --workdir RUN [--prompt TEXT ...]`, `jaxformer eval-tasks --workdir RUN --tasks FILE ...`,
+`jaxformer params CONFIG`, `jaxformer plan CONFIG`,
 `jaxformer sweep SWEEP.py`, `jaxformer report SWEEP.py`,
 `jaxformer viz --workdir RUN [--prompt TEXT ...] [--out DIR]` (attention heatmaps)."""
 from __future__ import annotations
@@ -254,11 +255,34 @@ def cmd_export_hf(args) -> int:
     return 0
 
 
+def cmd_eval_tasks(args) -> int:
+    from jaxformer.errors import ConfigError
+    from jaxformer.inference import load_model
+    from jaxformer.inference.tasks import evaluate_tasks
+    for name, v in (("--max-new", args.max_new), ("--batch-rows", args.batch_rows)):
+        if v < 1:
+            raise ConfigError(f"{name} {v} must be at least 1")
+    run = load_model(args.workdir, args.which, quantize=args.quantize, weights=args.weights)
+    results = evaluate_tasks(run, args.workdir, args.tasks, max_new=args.max_new,
+                             until=tuple(args.until or ("\n\n",)), answer_regex=args.answer_regex,
+                             batch_rows=args.batch_rows)
+    t = Table(title=f"{args.workdir}: {run.which} checkpoint (step {run.step})")
+    for c in ("task", "kind", "metric", "value", "stderr", "n"):
+        t.add_column(c)
+    for name, r in results.items():
+        for metric, st in r["metrics"].items():
+            t.add_row(name, r["kind"], metric, f"{st['value']:.4f}", "n/a" if st["stderr"] is None else
+                      f"{st['stderr']:.4f}", str(st["n"]))
+    console.print(t)
+    console.print(f"results and predictions: {Path(args.workdir) / 'eval_tasks'}", markup=False)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     cmds = {"data": cmd_data, "train": cmd_train, "eval": cmd_eval, "params": cmd_params, "generate": cmd_generate,
             "plan": cmd_plan, "sweep": cmd_sweep, "report": cmd_report, "viz": cmd_viz, "import-hf": cmd_import_hf,
-            "export-hf": cmd_export_hf}
+            "export-hf": cmd_export_hf, "eval-tasks": cmd_eval_tasks}
     try:
         if getattr(args, "workdir", None) == "":
             from jaxformer.errors import ConfigError

@@ -18,7 +18,26 @@ def parser() -> argparse.ArgumentParser:
     _runs(sub)
     _studies(sub)
     _data(sub)
+    _tasks(sub)
     return p
+
+
+def _tasks(sub) -> None:
+    """eval-tasks: downstream evaluation of a language-model run on local task files."""
+    t = sub.add_parser("eval-tasks", help="score a language-model run on task files (JSONL): multiple choice by "
+                       "log-likelihood (acc, acc_norm), generation by exact match; results to RUN/eval_tasks/")
+    t.add_argument("--workdir", required=True)
+    t.add_argument("--tasks", nargs="+", required=True, metavar="FILE", help="JSONL task files: {context, choices, "
+                   "answer} (multiple choice) or {prompt, answer} (generation) per line")
+    t.add_argument("--which", choices=("best", "latest"), default="best")
+    t.add_argument("--quantize", choices=QUANT, help=QUANT_HELP)
+    t.add_argument("--weights", choices=WEIGHTS, default="trained", help=WEIGHTS_HELP)
+    t.add_argument("--max-new", type=int, default=64, help="generation tasks: tokens to generate at most")
+    t.add_argument("--until", action="append", help="generation tasks: a stop string (repeatable; default a blank "
+                   "line)")
+    t.add_argument("--answer-regex", help="generation tasks: compare the first match of this regex (its group 1 "
+                   "if it has one) in the output and in the answer, e.g. '#### (-?[0-9.,]+)' for GSM8K")
+    t.add_argument("--batch-rows", type=int, default=32, help="rows per compiled scoring call")
 
 
 def _runs(sub) -> None:

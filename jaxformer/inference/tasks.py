@@ -1,0 +1,230 @@
+"""Downstream evaluation of a run's language model on local task files, scored as lm-evaluation-harness scores them
+(`jaxformer eval-tasks --workdir RUN --tasks FILE ...`; nothing is downloaded).
+
+A task file is JSONL, one example per line; its kind is read from the first line's keys:
+  multiple choice  {"context": str, "choices": [str, ...], "answer": int}     (ARC, HellaSwag, PIQA converted)
+      each choice scored by its log-likelihood given the context, summed over its tokens (`loglikelihood`);
+      acc: the highest-scoring choice is the answer; acc_norm: the highest score per UTF-8 byte of the choice
+      (lm-evaluation-harness's acc_norm, which divides by the choice's length in bytes).
+  generation       {"prompt": str, "answer": str}                             (GSM8K style)
+      the greedy continuation (`generate_until`: up to --max-new tokens, cut at the first stop string, default
+      "\\n\\n"), exact_match: it equals the answer after stripping whitespace (and, with --answer-regex, after
+      taking the first match of that regex in each: GSM8K's "#### 42").
+Every metric is a mean over examples with its standard error, sqrt(p(1 − p) / (n − 1)) (the sample standard
+deviation of the per-example scores / sqrt(n), as lm-evaluation-harness reports it). Results and per-example
+predictions are written to RUN/eval_tasks/NAME.json.
+
+`HarnessModel` implements lm-evaluation-harness's model API (`loglikelihood`, `loglikelihood_rolling`,
+`generate_until`, each over requests with `.args`), so that its task library can drive a jaxformer model where a
+user has lm_eval and the data: `lm_eval.evaluator.simple_evaluate(model=HarnessModel(run), tasks=[...])`.
+
+Tokenization follows lm-evaluation-harness: trailing whitespace of a context moves to its continuation, the pair
+is encoded whole, and the continuation's tokens are those after the context's (so a word is tokenized as it is
+in running text); the run's BOS opens each row where its tokenizer has one (a pretrained model's), else its
+end-of-document token opens a row whose context is empty. Rows longer than model.max_len keep their last
+max_len tokens. Scoring is batched in rows padded to a power of two (few compiled shapes), one jitted forward.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxformer.errors import ConfigError, DataError
+from jaxformer.inference.generate import generate_text
+from jaxformer.inference.restore import LoadedModel
+
+
+def read_task(path: str | Path) -> tuple[str, list[dict]]:
+    """-> (kind "multiple_choice" | "generation", examples); DataError naming the file and line otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"task file {str(path)!r} not found")
+    rows = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{i}: not a JSON line ({e.msg})") from None
+    if not rows:
+        raise DataError(f"task file {path} has no examples")
+    kind = "multiple_choice" if "choices" in rows[0] else "generation" if "prompt" in rows[0] else None
+    need = {"multiple_choice": ("context", "choices", "answer"), "generation": ("prompt", "answer")}.get(kind)
+    for i, r in enumerate(rows, 1):
+        bad = need is None or any(k not in r for k in need) or (
+            kind == "multiple_choice" and not (isinstance(r["choices"], list) and r["choices"]
+                                               and isinstance(r["answer"], int) and 0 <= r["answer"] < len(r["choices"])))
+        if bad:
+            raise DataError(f"{path}: example {i} is neither multiple choice ({{context, choices, answer: index}}) "
+                            f"nor generation ({{prompt, answer}}): {json.dumps(r)[:200]}")
+    return kind, rows
+
+
+class HarnessModel:
+    """A loaded run as an lm-evaluation-harness model (its LM API, duck-typed: lm_eval is not a dependency).
+    batch_rows: scoring rows per compiled call."""
+
+    def __init__(self, run: LoadedModel, batch_rows: int = 32):
+        if run.cfg.model.arch != "decoder_only":
+            raise ConfigError(f"eval-tasks scores language models; {run.cfg.model.arch!r} runs are evaluated by "
+                              f"`jaxformer eval`")
+        self.run, self.tok, self.rows = run, run.tokenizer, batch_rows
+        self.max_len = run.cfg.model.max_len
+        graph, state = nnx.split(run.model)
+        self._state = state
+
+        def scores(st, tokens, seg):
+            logits = nnx.merge(graph, st)(tokens, segment_ids=seg).astype(jnp.float32)
+            lp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+            nxt = tokens[:, 1:]
+            return jnp.take_along_axis(lp, nxt[..., None], -1)[..., 0], lp.argmax(-1) == nxt
+        self._scores = jax.jit(scores)
+
+    def _opening(self) -> list[int]:
+        bos = getattr(self.tok, "bos_id", None)
+        return [] if bos is None else [int(bos)]
+
+    def _pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """(prefix ids, continuation ids) as lm-evaluation-harness encodes a pair."""
+        spaces = len(context) - len(context.rstrip())
+        if spaces:
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
+        whole = [int(t) for t in self.tok.encode(context + continuation)] if context + continuation else []
+        ctx = [int(t) for t in self.tok.encode(context)] if context else []
+        prefix = self._opening() + whole[:len(ctx)]
+        if not prefix:
+            eod = getattr(self.tok, "eod_id", None)
+            if eod is None:
+                raise DataError("an empty context with a tokenizer that has neither a BOS nor an end-of-document "
+                                "token: nothing to condition the first token on")
+            prefix = [int(eod)]
+        return prefix, whole[len(ctx):]
+
+    def _score_rows(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """(log P(continuation | prefix), whether greedy decoding gives the continuation) per pair, batched."""
+        out = []
+        for i in range(0, len(pairs), self.rows):
+            chunk = pairs[i:i + self.rows]
+            rows = [(p + c)[-self.max_len:] for p, c in chunk]
+            width = 1 << max(1, math.ceil(math.log2(max(len(r) for r in rows))))
+            b = 1 << max(0, math.ceil(math.log2(len(rows))))
+            tokens, seg = np.zeros((b, width), np.int32), np.zeros((b, width), np.int32)
+            for j, r in enumerate(rows):
+                tokens[j, :len(r)], seg[j, :len(r)] = r, 1
+            lp, greedy = (np.asarray(x) for x in self._scores(self._state, jnp.asarray(tokens), jnp.asarray(seg)))
+            for j, ((p, c), r) in enumerate(zip(chunk, rows)):
+                n = min(len(c), len(r) - 1)
+                sl = slice(len(r) - 1 - n, len(r) - 1)                 # predictions of the continuation's tokens
+                out.append((float(lp[j, sl].sum()), bool(greedy[j, sl].all())))
+        return out
+
+    def loglikelihood(self, requests) -> list[tuple[float, bool]]:
+        """requests with .args = (context, continuation) -> [(log-likelihood, is_greedy)]."""
+        return self._score_rows([self._pair(*r.args) for r in requests])
+
+    def loglikelihood_rolling(self, requests) -> list[float]:
+        """requests with .args = (text,) -> the text's log-likelihood, in windows of up to model.max_len tokens
+        (every token scored once, with as much of the text before it as fits; the first after the run's BOS or
+        end-of-document token, else unscored)."""
+        eod = getattr(self.tok, "eod_id", None)
+        head = self._opening() or ([int(eod)] if eod is not None else [])
+        out = []
+        for r in requests:
+            ids = head + [int(t) for t in self.tok.encode(r.args[0])]
+            pairs = [(ids[max(0, stop - self.max_len):end], ids[end:stop])
+                     for end in range(1, len(ids), self.max_len - 1)
+                     for stop in [min(end + self.max_len - 1, len(ids))]]
+            out.append(sum(s for s, _ in self._score_rows(pairs)) if pairs else 0.0)
+        return out
+
+    def generate_until(self, requests) -> list[str]:
+        """requests with .args = (context, {"until": [stop strings], "max_gen_toks": n}) -> greedy continuations
+        (batched, up to n tokens within model.max_len), each cut at its first stop string."""
+        out = []
+        for i in range(0, len(requests), self.rows):
+            chunk = requests[i:i + self.rows]
+            longest = max(len(self.tok.encode(r.args[0])) + len(self._opening()) for r in chunk)
+            n = max(int(r.args[1].get("max_gen_toks", 64)) for r in chunk)
+            texts = generate_text(self.run, [r.args[0] for r in chunk], max_new=max(1, min(n, self.max_len - longest)))
+            for r, text in zip(chunk, texts):
+                cuts = [text.find(s) for s in r.args[1].get("until", []) if s and s in text]
+                out.append(text[:min(cuts)] if cuts else text)
+        return out
+
+
+class _Request:
+    def __init__(self, *args):
+        self.args = args
+
+
+def _stat(scores: list[float]) -> dict:
+    n = len(scores)
+    p = sum(scores) / n
+    var = sum((x - p) ** 2 for x in scores) / (n - 1) if n > 1 else float("nan")
+    return {"value": p, "stderr": math.sqrt(var / n) if n > 1 else None, "n": n}
+
+
+def score_multiple_choice(hm: HarnessModel, rows: list[dict]) -> tuple[dict, list[dict]]:
+    reqs = [_Request(r["context"], c) for r in rows for c in r["choices"]]
+    lls = [s for s, _ in hm.loglikelihood(reqs)]
+    acc, norm, preds, k = [], [], [], 0
+    for r in rows:
+        ll = lls[k:k + len(r["choices"])]
+        k += len(r["choices"])
+        per_byte = [s / max(1, len(c.encode("utf-8"))) for s, c in zip(ll, r["choices"])]
+        pick, pick_norm = int(np.argmax(ll)), int(np.argmax(per_byte))
+        acc.append(float(pick == r["answer"]))
+        norm.append(float(pick_norm == r["answer"]))
+        preds.append({"loglikelihoods": ll, "pick": pick, "pick_norm": pick_norm, "answer": r["answer"]})
+    return {"acc": _stat(acc), "acc_norm": _stat(norm)}, preds
+
+
+def score_generation(hm: HarnessModel, rows: list[dict], max_new: int, until: list[str],
+                     answer_regex: str | None) -> tuple[dict, list[dict]]:
+    outs = hm.generate_until([_Request(r["prompt"], {"until": until, "max_gen_toks": max_new}) for r in rows])
+    pattern = re.compile(answer_regex) if answer_regex else None
+
+    def final(text: str) -> str:
+        if pattern is None:
+            return text.strip()
+        m = pattern.search(text)
+        return (m.group(1) if m.groups() else m.group(0)).strip() if m else ""
+    em = [float(final(o) == final(r["answer"])) for o, r in zip(outs, rows)]
+    return {"exact_match": _stat(em)}, [{"output": o, "extracted": final(o), "answer": r["answer"]}
+                                        for o, r in zip(outs, rows)]
+
+
+def evaluate_tasks(run: LoadedModel, workdir: str | Path, tasks: list[str], *, max_new: int = 64,
+                   until: tuple[str, ...] = ("\n\n",), answer_regex: str | None = None,
+                   batch_rows: int = 32) -> dict:
+    """Score each task file with the run's model -> {task name: {kind, metrics, file}}; each task's results and
+    per-example predictions written to WORKDIR/eval_tasks/NAME.json as it finishes."""
+    if answer_regex:
+        try:
+            re.compile(answer_regex)
+        except re.error as e:
+            raise ConfigError(f"--answer-regex {answer_regex!r} is not a regular expression ({e})") from None
+    read = [(path, *read_task(path)) for path in tasks]          # every file checked before any is scored
+    hm = HarnessModel(run, batch_rows)
+    out_dir = Path(workdir) / "eval_tasks"
+    out_dir.mkdir(exist_ok=True)
+    results = {}
+    for path, kind, rows in read:
+        if kind == "multiple_choice":
+            metrics, preds = score_multiple_choice(hm, rows)
+        else:
+            metrics, preds = score_generation(hm, rows, max_new, list(until), answer_regex)
+        name = Path(path).stem
+        rec = {"task": name, "file": str(path), "kind": kind, "checkpoint": {"which": run.which, "step": run.step},
+               "metrics": metrics, "predictions": preds}
+        (out_dir / f"{name}.json").write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
+        results[name] = {k: rec[k] for k in ("kind", "metrics", "file")}
+    return results
