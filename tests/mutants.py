@@ -232,6 +232,13 @@ MUTANTS = (
     Mutant("stderr-population", "the standard error of the population (n), not the sample (n - 1)",
            "jaxformer/inference/tasks.py", "/ (n - 1) if n > 1", "/ n if n > 1",
            ("tests/test_eval_tasks.py", "-k", "standard_error")),
+    Mutant("chat-default-whitespace", "Jinja's default whitespace handling for chat templates",
+           "jaxformer/data/chat.py", "ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,",
+           "ImmutableSandboxedEnvironment(", ("tests/test_chat.py", "-k", "equals_transformers")),
+    Mutant("chat-span-content-only", "an assistant's loss span starting after the template's generation prompt "
+           "is dropped", "jaxformer/data/chat.py", "before = self.render(messages[:i], add_generation_prompt=True)",
+           "before = self.render(messages[:i + 1])[:len(self.render(messages[:i + 1])) - len(m['content'])]",
+           ("tests/test_chat.py", "-k", "spans")),
     # issue 50 (R3): the silent wrong results, each pinned by the test that failed on the code before it
     Mutant("partial-removed-unmarked", "data prepare removes an OUT.partial it did not make",
            "jaxformer/data/prepare.py", "        if not (tmp / MARK).is_file():\n            raise DataError(",
