@@ -219,6 +219,9 @@ MUTANTS = (
     Mutant("gemma2-scale-ignored", "query_pre_attn_scalar read but the head size used", "jaxformer/nn/attention.py",
            "cfg.attention.scale_dim ** -0.5 if cfg.attention.scale_dim else None", "None",
            ("tests/test_hf_formats.py", "-k", "gemma2")),
+    Mutant("dynamic-ntk-static", "dynamic NTK scaled from the model's whole context, not the call's length",
+           "jaxformer/ops/positional.py", "    length = jnp.maximum(jnp.max(positions).astype(jnp.float32) + 1.0, m)",
+           "    length = jnp.maximum(4.0 * m, m)", ("tests/test_hf_formats.py", "-k", "dynamic")),
     # issue 47 (M.2): downstream evaluation
     Mutant("continuation-off-by-one", "a continuation's tokens scored by the logits one position later",
            "jaxformer/inference/tasks.py", "sl = slice(len(r) - 1 - n, len(r) - 1)", "sl = slice(len(r) - n, len(r))",

@@ -131,6 +131,25 @@ def test_yarn_rope_imports_and_exports_with_transformers_logits(llama, tmp_path,
     assert rel(hf_logits(hf_load(tmp_path / "out")), theirs) < TOL
 
 
+@pytest.mark.parametrize("length", [6, 24])
+def test_dynamic_ntk_rope_imports_and_exports_with_transformers_logits(tmp_path, length):
+    """Dynamic NTK: past max_position_embeddings (8 here) the base grows with the call's length; within it, plain
+    RoPE. A fresh transformers model per call (it keeps the longest length it has seen)."""
+    cfg = transformers.LlamaConfig(**dict(LLAMA, max_position_embeddings=8),
+                                   rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0})
+    m = hf_model(cfg)
+    m.save_pretrained(tmp_path / "saved")
+    ids = np.random.default_rng(3).integers(0, V, (2, length))
+    theirs = hf_logits(hf_model(cfg), ids)                  # the same weights (seed), a fresh cache of lengths
+    model = from_pretrained(tmp_path / "saved")
+    assert model.cfg.rope.scaling == "dynamic" and model.cfg.rope.original_max_len == 8
+    assert rel(model(jnp.asarray(ids)), theirs) < TOL
+    plain = transformers.LlamaConfig(**dict(LLAMA, max_position_embeddings=8))
+    assert (rel(hf_logits(hf_model(plain), ids), theirs) > 1e-4) == (length > 8)      # TOL is 2e-5
+    save_pretrained(model, tmp_path / "out")
+    assert rel(hf_logits(hf_load(tmp_path / "out"), ids), theirs) < TOL
+
+
 GPT2 = dict(vocab_size=V, n_positions=64, n_embd=32, n_layer=2, n_head=4)
 
 

@@ -43,7 +43,8 @@ class RopeConfig(_Validated):
     """model.rope: rotary positions (used when model.positional='rope'): the base and its frequency scaling."""
     base: float = 10000.0
     scaling: str = "none"                  # none | linear (positions / factor) | llama3 (Llama 3.1: low
-                                           # frequencies / factor, high kept, a smooth band between) | yarn
+                                           # frequencies / factor, high kept, a smooth band between) | yarn |
+                                           # dynamic (dynamic NTK: the base grows past original_max_len)
     factor: float = 1.0                    # linear, llama3, yarn: the context extension factor
     original_max_len: int = 8192           # llama3, yarn: the context the model was pretrained on
     low_freq_factor: float = 1.0           # llama3: wavelengths above original_max_len / this are scaled

@@ -100,7 +100,8 @@ _RESPELLED = ("pad_id", "use_bias", "biases", "num_kv_heads", "head_dim", "norm.
 _ROPE_SCALING = {"none": (), "linear": ("rope.factor",),
                  "llama3": ("rope.factor", "rope.original_max_len", "rope.low_freq_factor", "rope.high_freq_factor"),
                  "yarn": ("rope.factor", "rope.original_max_len", "rope.beta_fast", "rope.beta_slow",
-                          "rope.attention_factor", "rope.truncate")}
+                          "rope.attention_factor", "rope.truncate"),
+                 "dynamic": ("rope.factor", "rope.original_max_len")}
 
 
 def function_of(cfg: ModelConfig) -> dict:
@@ -169,7 +170,8 @@ def to_hf_config(cfg: ModelConfig, family: str) -> dict:
     out = {"model_type": family, "architectures": [ARCHITECTURES[family]], "vocab_size": cfg.vocab_size,
            "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.num_decoder_layers,
            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_size,
-           "max_position_embeddings": cfg.max_len, "rms_norm_eps": cfg.norm.eps,
+           "max_position_embeddings": cfg.rope.original_max_len if cfg.rope.scaling == "dynamic" else cfg.max_len,
+           "rms_norm_eps": cfg.norm.eps,
            "tie_word_embeddings": cfg.tie_embeddings, "rope_parameters": rope, "attention_dropout": 0.0}
     out["hidden_act"] = "gelu_pytorch_tanh" if family in ("gemma", "gemma2") else "silu"
     if family == "gemma2":

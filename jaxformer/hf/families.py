@@ -129,12 +129,15 @@ def _rope(d: dict, max_len: int) -> dict:
                    original_max_len=int(params["original_max_position_embeddings"]),
                    low_freq_factor=float(params["low_freq_factor"]), high_freq_factor=float(params["high_freq_factor"]))
         known = {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}
+    elif kind == "dynamic":                    # transformers scales from max_position_embeddings itself
+        out.update(scaling="dynamic", factor=float(params["factor"]), original_max_len=int(max_len))
+        known = {"factor"}
     elif kind == "yarn":
         out.update(_yarn(params, d, max_len))
         known = {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale",
                  "mscale_all_dim", "truncate"}
     else:
-        raise HFError(f"unsupported config: rope type {kind!r} (supported: default, linear, llama3, yarn)")
+        raise HFError(f"unsupported config: rope type {kind!r} (supported: default, linear, llama3, yarn, dynamic)")
     extra = sorted(set(params) - known)
     if extra:
         raise HFError(f"unsupported config: rope parameters {extra} of rope type {kind!r}")

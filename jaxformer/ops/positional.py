@@ -30,14 +30,17 @@ def sinusoidal_table(max_len: int, d_model: int, dtype=jnp.float32) -> jax.Array
     return jnp.asarray(pe, dtype=dtype)
 
 
-SCALINGS = ("none", "linear", "llama3", "yarn")
+SCALINGS = ("none", "linear", "llama3", "yarn", "dynamic")
 
 
 class RopeScaling(NamedTuple):
     """How RoPE's frequencies are rescaled for a longer context. kind "linear": every frequency / factor
     (positions interpolated); "llama3" (Llama 3.1): wavelengths longer than original_max_len / low_freq_factor
     are divided by factor, those shorter than original_max_len / high_freq_factor kept, and the band between
-    interpolated smoothly; "yarn" (Peng et al. 2023, as transformers computes it): dimensions that turn fewer than
+    interpolated smoothly; "dynamic" (dynamic NTK): once a call's positions reach past original_max_len, the base
+    grows to base·(factor·L/original_max_len − (factor − 1))^(H/(H−2)), L = the call's largest position + 1 (each
+    call's own L, as transformers computes it for a model that has not seen a longer call); "yarn" (Peng et al.
+    2023, as transformers computes it): dimensions that turn fewer than
     beta_slow times over original_max_len interpolated (/ factor), more than beta_fast times kept, a linear ramp
     between (its ends rounded outwards when truncate), and cos/sin scaled by attention_factor (0: 0.1·ln(factor)
     + 1), so every attention logit by its square."""
@@ -60,6 +63,14 @@ def rope_attention_factor(scaling: RopeScaling | None) -> float:
     if scaling.attention_factor:
         return float(scaling.attention_factor)
     return 0.1 * math.log(scaling.factor) + 1.0 if scaling.factor > 1 else 1.0
+
+
+def _dynamic_ntk(head_dim: int, base: float, s: RopeScaling, positions: jax.Array) -> jax.Array:
+    """[H/2] frequencies of dynamic NTK scaling for a call at `positions` (traced: no host read)."""
+    m = float(s.original_max_len)
+    length = jnp.maximum(jnp.max(positions).astype(jnp.float32) + 1.0, m)
+    grown = base * (s.factor * length / m - (s.factor - 1.0)) ** (head_dim / (head_dim - 2))
+    return 1.0 / (grown ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
 
 
 def _yarn(inv: jax.Array, head_dim: int, base: float, s: RopeScaling) -> jax.Array:
@@ -92,6 +103,8 @@ def rope_frequencies(head_dim: int, base: float = 10000.0, scaling: RopeScaling 
         return jnp.where(wavelen > low, inv / s.factor, jnp.where(wavelen < high, inv, mid))
     if scaling.kind == "yarn":
         return _yarn(inv, head_dim, base, scaling)
+    if scaling.kind == "dynamic":
+        return inv                                        # apply_rope rescales the base from the call's positions
     raise ValueError(f"RoPE scaling {scaling.kind!r} is not one of {SCALINGS}")
 
 
@@ -107,6 +120,8 @@ def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0,
         raise TypeError(f"positions must be integers; got dtype {positions.dtype}")
     h = x.shape[-1]
     inv = rope_frequencies(h, base, scaling)
+    if scaling is not None and scaling.kind == "dynamic":
+        inv = _dynamic_ntk(h, base, scaling, positions)
     ang = positions.astype(jnp.float32)[..., None] * inv  # [B,T,H/2] or [T,H/2]
     if ang.ndim == 2:
         ang = ang[None]
