@@ -94,3 +94,14 @@ def edited_config(src, dst, **changes):
             d[k] = v
     (Path(dst) / "config.json").write_text(json.dumps(d))
     return dst
+
+
+def all_eqns(jaxpr):
+    """Every equation of a jaxpr, those of its sub-jaxprs (scan, cond, pjit, custom rules' bodies) included."""
+    for e in jaxpr.eqns:
+        yield e
+        for p in e.params.values():
+            for sub in p if isinstance(p, (list, tuple)) else [p]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from all_eqns(inner)

@@ -208,7 +208,7 @@ MUTANTS = (
            "jaxformer/ops/positional.py", "    return inv / s.factor * (1.0 - keep) + inv * keep\n",
            "    return inv * (1.0 - keep) + inv / s.factor * keep\n", ("tests/test_hf_formats.py", "-k", "yarn")),
     Mutant("qwen-window-layers-shifted", "Qwen's sliding layers counted from max_window_layers + 1",
-           "jaxformer/hf/families.py", "if window is not None and i >= k else", "if window is not None and i > k else",
+           "jaxformer/hf/families.py", "lambda i: window is not None and i >= k)", "lambda i: window is not None and i > k)",
            ("tests/test_hf_formats.py", "-k", "qwen_sliding")),
     Mutant("gemma2-post-norms-swapped", "Gemma 2's post-attention norm read as the pre-FFN norm (Llama's meaning)",
            "jaxformer/hf/mapping.py", 'STACK + ("res_self", "post_norm", "scale"),\n                          i, one),\n'

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from helpers import tiny_lm
+from helpers import all_eqns, tiny_lm
 from jaxformer import platforms
 from jaxformer.config import resolve_vocab
 from jaxformer.nn import build_model
@@ -66,15 +66,7 @@ def test_chunked_losses_equal_the_whole_logits(chunk_tokens, smoothing, z, cap, 
 
 
 def _shapes(jaxpr) -> set[tuple]:
-    out = set()
-    for e in jaxpr.eqns:
-        out |= {tuple(v.aval.shape) for v in e.outvars if hasattr(v.aval, "shape")}
-        for p in e.params.values():
-            for sub in p if isinstance(p, (list, tuple)) else [p]:
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    out |= _shapes(inner)
-    return out
+    return {tuple(v.aval.shape) for e in all_eqns(jaxpr) for v in e.outvars if hasattr(v.aval, "shape")}
 
 
 def test_chunked_gradient_keeps_one_slice_of_logits():
@@ -138,9 +130,7 @@ def test_fused_and_unrolled_programs_differ_from_the_plain_one():
             return jax.make_jaxpr(lambda m: m(x))(model)
 
     def dots(jaxpr):
-        return sum(1 for e in jaxpr.eqns if e.primitive.name == "dot_general") + sum(
-            dots(getattr(sub, "jaxpr", sub)) for e in jaxpr.eqns for p in e.params.values()
-            for sub in (p if isinstance(p, (list, tuple)) else [p]) if hasattr(getattr(sub, "jaxpr", sub), "eqns"))
+        return sum(1 for e in all_eqns(jaxpr) if e.primitive.name == "dot_general")
     plain, fused = dots(program().jaxpr), dots(program(fused_projections=True).jaxpr)
     assert plain - fused == 3                # per layer body: q,k,v -> 1 (-2) and gate,up -> 1 (-1)
     scans = lambda j: [e for e in j.jaxpr.eqns if e.primitive.name == "scan"]   # noqa: E731

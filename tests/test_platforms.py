@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from helpers import cached_and_full, tiny_lm
+from helpers import all_eqns, cached_and_full, tiny_lm
 from jaxformer import platforms
 from jaxformer.config import resolve_vocab
 from jaxformer.errors import ConfigError
@@ -67,15 +67,7 @@ def _model():
 
 
 def _primitives(jaxpr) -> set[str]:
-    out = set()
-    for e in jaxpr.eqns:
-        out.add(e.primitive.name)
-        for p in e.params.values():
-            for sub in p if isinstance(p, (list, tuple)) else [p]:
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    out |= _primitives(inner)
-    return out
+    return {e.primitive.name for e in all_eqns(jaxpr)}
 
 
 def _grad_program(model, x):

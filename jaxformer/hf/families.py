@@ -258,14 +258,9 @@ def _gemma2(r: _Reader, kw: dict, attention: dict) -> None:
     """Gemma 2 on top of Gemma: sandwich norms (a norm after each sublayer too), attention-logit and final-logit
     soft-capping, sliding windows on the layers layer_types names (default: every other one, from layer 0), and
     the attention scale 1/sqrt(query_pre_attn_scalar)."""
-    layers, window = r("num_hidden_layers"), r("sliding_window")
-    types = r("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
-    r.need("layer_types", lambda v: set(types) <= {"full_attention", "sliding_attention"} and len(types) == layers,
-           "full_attention / sliding_attention, one per layer")
-    windows = tuple(int(window) if t == "sliding_attention" and window else 0 for t in types)
+    windows = _layer_windows(r, r("sliding_window"), lambda i: (i + 1) % 2)
     if any(windows):
-        attention["windows"] = windows[:2] if len(windows) % 2 == 0 and windows == windows[:2] * (layers // 2) \
-            else windows
+        attention["windows"] = windows
     attention["softcap"] = float(r("attn_logit_softcapping") or 0.0)
     scalar, head = r("query_pre_attn_scalar"), kw.get("head_dim") or kw["d_model"] // kw["num_heads"]
     attention["scale_dim"] = 0 if scalar == head else int(scalar)
@@ -276,9 +271,16 @@ def _gemma2(r: _Reader, kw: dict, attention: dict) -> None:
 def _qwen_windows(r: _Reader) -> tuple[int, ...]:
     """Each layer's window (0 = full attention) as transformers' Qwen2/Qwen3 configs decide them: layer_types when
     given, else sliding from layer max_window_layers on when use_sliding_window; sliding_window counts only then."""
-    layers, window, k = r("num_hidden_layers"), r("sliding_window"), r("max_window_layers")
+    window, k = r("sliding_window"), r("max_window_layers")
     window = window if r("use_sliding_window") else None
-    types = r("layer_types") or ["sliding_attention" if window is not None and i >= k else "full_attention"
+    return _layer_windows(r, window, lambda i: window is not None and i >= k)
+
+
+def _layer_windows(r: _Reader, window, sliding_by_default) -> tuple[int, ...]:
+    """Each layer's window (0 = full attention): `window` on the layers layer_types calls sliding_attention, or,
+    without layer_types, on layer i when sliding_by_default(i); no window when `window` is None or 0."""
+    layers = r("num_hidden_layers")
+    types = r("layer_types") or ["sliding_attention" if sliding_by_default(i) else "full_attention"
                                  for i in range(layers)]
     r.need("layer_types", lambda v: set(types) <= {"full_attention", "sliding_attention"} and len(types) == layers,
            "full_attention / sliding_attention, one per layer")

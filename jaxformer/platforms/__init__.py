@@ -65,7 +65,7 @@ LEVERS = {
     "decode_w2_out_in": Lever(
         "in a token loop over one row, an FFN's output weight stored [out,in] (read row by row)",
         "benchmarks/results/levers.md, decode_w2_out_in", ("cpu",)),
-    # accelerator levers (issue W): built and tested for equal results on CPU, on nowhere until `benchmarks/gpu.py`
+    # accelerator levers: built and tested for equal results on CPU, on nowhere until `benchmarks/gpu.py`
     # measures them on a GPU (its "levers" section A/Bs each by name)
     "chunked_loss": Lever(
         "the training loss from the output head's input, the logits made one sequence slice at a time and "
