@@ -20,3 +20,13 @@ CACHE = ("layers", "batch", "cache_slots", "kv_heads", "head_dim")  # KV cache k
 
 # Parameter axes that index independent matrices (a quantization scale each), never contracted.
 BATCH_LIKE = ("layers", "expert")
+
+
+def contracted_axes(names: tuple[str, ...]) -> tuple[int, ...]:
+    """A projection weight's input (contracted) axes from its logical names: "embed" when it comes first (D -> ...
+    projections: wq/wk/wv, w1/wg), else every axis but "embed" (... -> D: wo [N,H,D], w2 [F,D]); "layers" and
+    "expert" are never contracted."""
+    core = [i for i, n in enumerate(names) if n not in BATCH_LIKE]
+    if names[core[0]] == "embed":
+        return (core[0],)
+    return tuple(i for i in core if names[i] != "embed")

@@ -155,8 +155,9 @@ def cmd_params(args) -> int:
     import jax
     from jaxformer.arch import adapter
     from jaxformer.nn import build_model
+    from jaxformer.quantize import frozen_base
     cfg = _config(args, resolved=True)
-    model = build_model(cfg.model)
+    model = frozen_base(build_model(cfg.model))
     console.print(params_table(model))
     arch = adapter(cfg.model.arch)
     batch = arch.example_batch(2, 8)
@@ -248,8 +249,12 @@ def cmd_import_hf(args) -> int:
 def cmd_export_hf(args) -> int:
     from jaxformer.inference.export import export_run
     written = export_run(args.workdir, args.out, which=args.which, dtype=args.dtype, family=args.family,
-                         weights=args.weights)
+                         weights=args.weights, adapter=args.adapter)
     what = "" if args.weights == "trained" else f", its {args.weights} weights"
+    if args.adapter:
+        console.print(f"exported the adapters of {args.workdir} ({args.which} checkpoint{what}) to {args.out}: "
+                      f"LoRA r={written['r']} on {', '.join(written['target_modules'])}", markup=False)
+        return 0
     console.print(f"exported {args.workdir} ({args.which} checkpoint{what}) to {args.out}: {written['model_type']}, "
                   f"{args.dtype}", markup=False)
     return 0
@@ -265,7 +270,7 @@ def cmd_eval_tasks(args) -> int:
     run = load_model(args.workdir, args.which, quantize=args.quantize, weights=args.weights)
     results = evaluate_tasks(run, args.workdir, args.tasks, max_new=args.max_new,
                              until=tuple(args.until or ("\n\n",)), answer_regex=args.answer_regex,
-                             batch_rows=args.batch_rows)
+                             batch_rows=args.batch_rows, chat_template=args.chat_template)
     t = Table(title=f"{args.workdir}: {run.which} checkpoint (step {run.step})")
     for c in ("task", "kind", "metric", "value", "stderr", "n"):
         t.add_column(c)

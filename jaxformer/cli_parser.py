@@ -38,6 +38,8 @@ def _tasks(sub) -> None:
     t.add_argument("--answer-regex", help="generation tasks: compare the first match of this regex (its group 1 "
                    "if it has one) in the output and in the answer, e.g. '#### (-?[0-9.,]+)' for GSM8K")
     t.add_argument("--batch-rows", type=int, default=32, help="rows per compiled scoring call")
+    t.add_argument("--chat-template", metavar="DIR", help="render each context/prompt as a user turn with this "
+                   "pretrained folder's chat template (for a chat-tuned run)")
 
 
 def _runs(sub) -> None:
@@ -139,5 +141,7 @@ def _data(sub) -> None:
     eh.add_argument("--which", choices=("best", "latest"), default="best")
     eh.add_argument("--weights", choices=WEIGHTS, default="trained", help=WEIGHTS_HELP)
     eh.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    eh.add_argument("--adapter", action="store_true", help="only the run's low-rank adapters (model.lora), as a "
+                    "PEFT adapter folder over the model it started from; default: the model, adapters merged")
     eh.add_argument("--family", choices=("llama", "qwen2", "qwen3", "mistral", "gpt2", "gemma"),
                     help="default: the one family whose config expresses the model")

@@ -138,12 +138,16 @@ class Plan:
             value = v.get_value() if isinstance(v, nnx.Variable) else v
             if not jax.tree.leaves(value):           # an empty node (optax's MaskedNode: Muon's non-matrices)
                 return v
-            shape = getattr(value, "shape", ())
-            if self.mode == "shard_map" or not names or len(names) != len(shape):
-                sh = self.replicated
-            else:
-                sh = self.sharding(names, shape, what="parameter " + "/".join(str(getattr(k, "key", k))
-                                                                           for k in path))
+            what = "parameter " + "/".join(str(getattr(k, "key", k)) for k in path)
+            several = len(jax.tree.leaves(value)) > 1          # e.g. an int8 weight: values and scales
+
+            def spec(leaf):
+                shape = getattr(leaf, "shape", ())
+                if self.mode == "shard_map" or not names or len(names) != len(shape):
+                    return self.replicated
+                axes = tuple(None if several and d == 1 else n for n, d in zip(names, shape))  # a scale's 1s
+                return self.sharding(axes, shape, what=what)
+            sh = jax.tree.map(spec, value)
             return v.replace(sh) if isinstance(v, nnx.Variable) else sh
         return jax.tree_util.tree_map_with_path(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import qwix
 from flax import nnx, struct
 
-from jaxformer.axes import BATCH_LIKE
+from jaxformer.axes import contracted_axes  # noqa: F401 (re-exported: a projection's input axes)
 from jaxformer.errors import ConfigError
 
 MODES = ("int8", "int4", "w8a8")
@@ -70,16 +70,6 @@ class Quantized:
         return qwix.dot(x2, w2)[:m].reshape(*lead, *outs).astype(x.dtype)
 
 
-def contracted_axes(names: tuple[str, ...]) -> tuple[int, ...]:
-    """A projection weight's input (contracted) axes from its logical names: "embed" when it comes first (D -> ...
-    projections: wq/wk/wv, w1/wg), else every axis but "embed" (... -> D: wo [N,H,D], w2 [F,D]); "layers" and
-    "expert" are never contracted."""
-    core = [i for i, n in enumerate(names) if n not in BATCH_LIKE]
-    if names[core[0]] == "embed":
-        return (core[0],)
-    return tuple(i for i in core if names[i] != "embed")
-
-
 def quantize_weight(w: jax.Array, names: tuple[str, ...], mode: str) -> Quantized:
     """One weight (with its logical axis names) -> Quantized."""
     inputs = contracted_axes(names)
@@ -103,9 +93,25 @@ def quantize_model(model: nnx.Module, mode: str) -> nnx.Module:
     if mode not in MODES:
         raise ConfigError(f"quantize={mode!r} is not one of {MODES}")
     for path, v in nnx.iter_graph(model):
-        if quantizable(v):
+        if quantizable(v) and not isinstance(v.get_value(), Quantized):     # an int8 LoRA base stays as it is
             names = tuple(v.get_metadata().get("out_sharding") or ())
             v.set_value(quantize_weight(v.get_value(), names, mode))
+    return model
+
+
+def frozen_base(model: nnx.Module, lora=None) -> nnx.Module:
+    """A model with low-rank adapters (model.lora, or `lora` when given) with its frozen projections in
+    lora.base, in place; returned: bfloat16 (cast) or int8 (weight-only, as `quantize_model` "int8") for every projection (the
+    adapted weights' bases and the projections without an adapter; embeddings, head and norms stay as they
+    are). Any other model (no adapters, or a float32 base) is returned as it is."""
+    lora = model.cfg.lora if lora is None else lora
+    if not lora.rank or lora.base == "float32":
+        return model
+    for _, v in nnx.iter_graph(model):
+        if quantizable(v) and not isinstance(v.get_value(), Quantized):
+            names = tuple(v.get_metadata().get("out_sharding") or ())
+            w = v.get_value()
+            v.set_value(w.astype(jnp.bfloat16) if lora.base == "bfloat16" else quantize_weight(w, names, "int8"))
     return model
 
 

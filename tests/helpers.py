@@ -105,3 +105,39 @@ def all_eqns(jaxpr):
                 inner = getattr(sub, "jaxpr", sub)
                 if hasattr(inner, "eqns"):
                     yield from all_eqns(inner)
+
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def chat_folder(folder, seed: int = 0):
+    """A small pretrained-model folder as a chat model's is published: a Llama (D=32, 2 layers, standard init, its
+    embeddings and untied head of std 1 so that logits can be confident) saved by transformers, a byte-level BPE
+    tokenizer.json of 300 ids trained on the built-in corpus with ChatML's <|im_start|>/<|im_end|> as special
+    tokens, and tokenizer_config.json with the ChatML template. -> the transformers model."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from jaxformer.data.text import corpus_path
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([corpus_path("builtin:alice").read_text(encoding="utf-8")],
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>", "<|im_start|>",
+                                                                                "<|im_end|>"],
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "eos_token": "<|im_end|>"}))
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=48,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=128, bos_token_id=1, eos_token_id=4)
+    m = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval().float()
+    with torch.no_grad():
+        m.lm_head.weight.normal_(0, 1.0)
+        m.model.embed_tokens.weight.normal_(0, 1.0)
+    m.save_pretrained(folder)
+    return m

@@ -7,9 +7,12 @@ JOB keys (all optional but "devices"):
                                  as train() runs it), plus the same on one device: losses, the PartitionSpec and
                                  logical axes of every state array, per-device bytes
   moe {name: overrides}          as strategies, for a Mixture-of-Experts model ("one device" = its baseline)
+  lora {name: overrides}         the same, for low-rank adapters (model.lora; "... one device": a baseline)
   errors {name: overrides}       train() must refuse these with a named error before compiling anything
   configs [path, ...]            shipped configs: the plan each gives on these devices (nothing compiled)
   lm_decode {name: overrides}    a fresh tiny char LM decoded (generate_lm) under each mesh ("one" = one device)
+  eval_tasks {train, workdir, meshes}
+                                 a tiny char LM trained, then scored as eval-tasks scores under each mesh
   reshard {overrides, workdir, meshes {name: overrides}}
                                  train() under `overrides` (saving a checkpoint), then load that checkpoint onto
                                  each mesh: every parameter's values and greedy / beam outputs there
@@ -122,6 +125,24 @@ def reshard(spec: dict) -> dict:
     return out
 
 
+def eval_tasks(spec: dict) -> dict:
+    """A tiny char LM trained on one device into spec["workdir"], then loaded under each of spec["meshes"]
+    ({name: overrides}; "one": one device) and scored as `jaxformer eval-tasks` scores: log-likelihoods of
+    (context, continuation) pairs and greedy generations."""
+    from jaxformer.inference.tasks import HarnessModel, _Request
+    train(tiny_lm(*spec["train"]), spec["workdir"], progress="none")
+    pairs = [("Alice was", " beginning"), ("the", " rabbit"), ("Alice", " said"), ("down the ", "rabbit-hole")]
+    out = {}
+    for name, overrides in spec["meshes"].items():
+        plan = Plan(tiny_lm(*overrides).parallel, jax.devices()[:1] if name == "one" else None)
+        with plan.use():
+            hm = HarnessModel(load_model(spec["workdir"], "latest", plan), batch_rows=8)
+            ll = hm.loglikelihood([_Request(c, x) for c, x in pairs])
+            gen = hm.generate_until([_Request(c, {"until": ["\n"], "max_gen_toks": 6}) for c, _ in pairs])
+        out[name] = {"loglikelihood": [[float(a), bool(b)] for a, b in ll], "generated": gen}
+    return out
+
+
 def lm_decode(meshes: dict) -> dict:
     """A freshly initialised tiny char LM (the tests' TINY_LM) decoded under each mesh: greedy and sampled
     continuations of ragged, left-padded prompts."""
@@ -171,12 +192,18 @@ if job.get("strategies"):
 for name, overrides in job.get("moe", {}).items():
     results.setdefault("moe", {})[name] = steps(overrides, jax.devices()[:1] if name == "one device" else None)
     _lap(f"moe {name}")
+for name, overrides in job.get("lora", {}).items():
+    results.setdefault("lora", {})[name] = steps(overrides, jax.devices()[:1] if name.endswith("one device") else None)
+    _lap(f"lora {name}")
 for name, overrides in job.get("errors", {}).items():
     results["errors"][name] = refused(overrides)
 _lap("errors")
 if "lm_decode" in job:
     results["lm_decode"] = lm_decode(job["lm_decode"])
     _lap("lm_decode")
+if "eval_tasks" in job:
+    results["eval_tasks"] = eval_tasks(job["eval_tasks"])
+    _lap("eval_tasks")
 if "reshard" in job:
     results["reshard"] = reshard(job["reshard"])
     _lap("reshard")

@@ -430,3 +430,68 @@ def test_a_key_accepted_only_at_its_inert_value_is_refused_at_another(tmp_path):
         to_model_config(d | {"use_mrope": True})
     with pytest.raises(HFError, match="rope_interleaved2 \\(unknown key\\)"):
         to_model_config(d | {"rope_interleaved2": False})
+
+
+def sentencepiece_folder(path, llama_config: dict | None = None):
+    """A folder published as Llama 2's was: config.json and a SentencePiece tokenizer.model only (BPE with byte
+    fallback, Llama's identity normaliser, dummy prefix; <unk> 0, <s> 1, </s> 2), trained here on the built-in
+    corpus."""
+    import io
+    import sentencepiece as spm
+    from jaxformer.data.text import corpus_path
+    text = corpus_path("builtin:alice").read_text(encoding="utf-8")
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(text.splitlines()[:3000]), model_writer=buf,
+                                   vocab_size=400, model_type="bpe", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                   byte_fallback=True, character_coverage=1.0, normalization_rule_name="identity",
+                                   remove_extra_whitespaces=False, add_dummy_prefix=True, minloglevel=2)
+    path.mkdir()
+    (path / "tokenizer.model").write_bytes(buf.getvalue())
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
+    (path / "config.json").write_text(json.dumps(llama_config or {"bos_token_id": 1, "eos_token_id": 2}))
+    return path
+
+
+def test_a_sentencepiece_only_folder_tokenizes_as_its_model(tmp_path):
+    """Before: a folder without tokenizer.json was refused. Its ids are the model's own (no offset), no id is
+    padding, EOS ends a document and BOS opens prompts, and text is tokenized as transformers' LlamaTokenizer
+    tokenizes it, except that a leading space keeps SentencePiece's dummy prefix (the model's own rule, as Meta's
+    reference code encodes; transformers 5 drops that "▁")."""
+    import sentencepiece
+    from jaxformer.data.tokenizers import SentencePieceTokenizer, pretrained_tokenizer, tokenizer_from_json
+    folder = sentencepiece_folder(tmp_path / "sp")
+    tok = pretrained_tokenizer(folder)
+    assert isinstance(tok, SentencePieceTokenizer)
+    assert (tok.offset, tok.pad_id, tok.eod_id, tok.bos_id, tok.vocab_size) == (0, -1, 2, 1, 400)
+    theirs = transformers.AutoTokenizer.from_pretrained(folder)
+    texts = ["Alice was beginning to get very tired", "two  spaces\nand a line", "é字 12345", "end.", "tab\tx",
+             "Ünïcödé ‘quotes’ — dash"]
+    for t in texts:
+        assert tok.encode(t).tolist() == theirs(t, add_special_tokens=False)["input_ids"], t
+        assert tok.decode(tok.encode(t)) == t
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+    assert tok.encode(" lead").tolist() == sp.encode(" lead") != theirs(" lead", add_special_tokens=False)["input_ids"]
+    back = tokenizer_from_json(json.loads(json.dumps(tok.to_json())))
+    assert back.to_json() == tok.to_json() and back.encode("Alice").tolist() == tok.encode("Alice").tolist()
+    (folder / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": False}))
+    assert pretrained_tokenizer(folder).bos_id is None
+
+
+@pytest.mark.slow          # import-hf of a SentencePiece-only folder, generation, export (~20 s)
+def test_a_sentencepiece_only_checkpoint_imports_generates_and_exports(tmp_path, capsys):
+    from jaxformer.cli import main as cli
+    from jaxformer.inference import generate_text, load_model
+    folder = sentencepiece_folder(tmp_path / "sp")
+    m = hf_model(transformers.LlamaConfig(vocab_size=400, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                          bos_token_id=1, eos_token_id=2))
+    m.save_pretrained(folder)
+    run = tmp_path / "run"
+    assert cli(["import-hf", str(folder), "--workdir", str(run), "--set", "data.block_size=32"]) == 0
+    loaded = load_model(run)
+    assert loaded.tokenizer.bos_id == 1 and loaded.tokenizer.pad_id == -1
+    assert rel(loaded.model(jnp.asarray(IDS % 400)), hf_logits(m, IDS % 400)) < TOL
+    assert all(isinstance(t, str) for t in generate_text(loaded, ["Alice was"], max_new=4))
+    assert cli(["export-hf", "--workdir", str(run), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "tokenizer.model").read_bytes() == (folder / "tokenizer.model").read_bytes()
+    capsys.readouterr()

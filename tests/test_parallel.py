@@ -41,6 +41,12 @@ STRATEGIES = {
 # a MoE reversal model whose 8 experts split over the expert axis (top-2, capacity that drops some tokens)
 MOE = SMALL + ["model.ffn=moe", "model.moe.num_experts=8", "model.moe.top_k=2", "model.runtime.moe_capacity_factor=1.0"]
 MOE_MESHES = {"one device": ["parallel.data=1"], "expert 8": ["parallel.data=1", "parallel.expert=8"]}
+# low-rank adapters on every projection of the reversal model, the frozen base in float32 and in int8
+LORA = SMALL + ["model.lora.rank=4", "model.lora.targets=q,k,v,o,up,down"]
+LORA_MESHES = {"one device": ["parallel.data=1"], "fsdp": STRATEGIES["fsdp"],
+               "data x fsdp x tensor": STRATEGIES["data x fsdp x tensor"],
+               "int8 one device": ["parallel.data=1", "model.lora.base=int8"],
+               "int8 data x fsdp x tensor": STRATEGIES["data x fsdp x tensor"] + ["model.lora.base=int8"]}
 REFUSED = {
     "sizes that do not multiply to 8": (["parallel.data=3"], "needs 3 devices; 8 are available"),
     "a rule naming an unknown mesh axis": (["parallel.rules=mlp:pipeline"], "unknown mesh axis 'pipeline'"),
@@ -94,6 +100,11 @@ def eight_more(tmp_path_factory):
                                "data x tensor": SMALL + STRATEGIES["data x tensor"],
                                "one": SMALL + ["parallel.data=1"]}},
         "moe": {k: MOE + v for k, v in MOE_MESHES.items()},
+        "lora": {k: LORA + v for k, v in LORA_MESHES.items()},
+        "eval_tasks": {"train": ["train.steps=4", "train.eval_every=4", "train.checkpoint_every=4",
+                                 "model.num_heads=4"], "workdir": str(tmp / "lm-run"),
+                       "meshes": {"one": ["parallel.data=1"], "data x tensor": ["parallel.data=2", "parallel.tensor=4"],
+                                  "fsdp": ["parallel.data=1", "parallel.fsdp=8"]}},
         "lm_decode": {"one": ["parallel.data=1", "model.num_heads=4"],
                       "data x tensor": ["parallel.data=2", "parallel.tensor=4", "model.num_heads=4"]},
     }, tmp)
@@ -111,6 +122,18 @@ def test_every_strategy_trains_like_one_device(request, name):
     assert len(got) == len(base) == 5
     np.testing.assert_allclose(got, base, rtol=RTOL)
     assert base[0] != base[-1]                                  # the steps did change the model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fsdp", "data x fsdp x tensor", "int8 data x fsdp x tensor"])
+def test_adapters_train_under_every_plan_like_one_device(eight_more, name):
+    runs = eight_more["lora"]
+    base = runs["int8 one device" if name.startswith("int8") else "one device"]["losses"]
+    np.testing.assert_allclose(runs[name]["losses"], base, rtol=RTOL)
+    assert base[0] != base[-1]
+    specs = runs[name]["specs"]
+    a = [s for p, s in specs.items() if p.startswith("['model']") and p.endswith("['wq']['a'].value")]
+    assert a and all(s[1] is not None for s in a), a          # A [L, D, r]: D over the fsdp axis like wq's D
 
 
 @pytest.mark.slow
@@ -238,6 +261,16 @@ def test_sharded_decoding_gives_the_tokens_of_one_device(eight_more, mesh):
     for how in ("greedy", "beam"):
         assert r[mesh][how] == r["one"][how], how
         assert len({tuple(row) for row in r["one"][how]}) > 1, how         # the inputs get different answers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["data x tensor", "fsdp"])
+def test_eval_tasks_scores_a_sharded_model_as_one_device(eight_more, mesh):
+    r = eight_more["eval_tasks"]
+    ours, one = r[mesh], r["one"]
+    np.testing.assert_allclose([x[0] for x in ours["loglikelihood"]], [x[0] for x in one["loglikelihood"]],
+                               rtol=RTOL)
+    assert ours["generated"] == one["generated"]
 
 
 @pytest.mark.slow

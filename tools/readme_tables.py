@@ -378,7 +378,24 @@ def hf_keys() -> str:
     return accepted_keys_table()
 
 
-TABLES = {"hf_keys": hf_keys, "performance": performance, "levers": levers, "make_run": make_run, "claims": claims,
+def lora_memory() -> str:
+    """Low-rank adapters against full fine-tuning: trainable parameters, state and train-step memory
+    (lora_memory.json)."""
+    lm = _load("lora_memory")
+    full = lm["rows"][0]
+    mib = lambda b: f"{b / 2**20:,.0f}"                                              # noqa: E731
+    out = ["| arm | trainable params | state MiB (model + optimizer) | XLA temporaries MiB | step peak MiB |",
+           "|---|---:|---:|---:|---:|"]
+    for r in lm["rows"]:
+        out.append(f"| {r['arm']} | {r['trainable']:,} ({100 * r['trainable'] / r['params']:.2f}%) | "
+                   f"{mib(r['model_bytes'])} + {mib(r['opt_bytes'])} | {mib(r['temp_bytes'])} | "
+                   f"{mib(r['peak_bytes'])} ({r['peak_bytes'] / full['peak_bytes']:.2f}×) |")
+    out.append("")
+    out.append(f"Machine: {lm['machine']} ([lora_memory.md](benchmarks/results/lora_memory.md)).")
+    return "\n".join(out)
+
+
+TABLES = {"hf_keys": hf_keys, "lora_memory": lora_memory, "performance": performance, "levers": levers, "make_run": make_run, "claims": claims,
           "attention": attention, "moe_quantize": moe_quantize, "step_profile": step_profile, "tokenizers": tokenizers}
 
 

@@ -167,6 +167,34 @@ class RuntimeConfig(_Validated):
         choice("model.runtime.moe_dropless", self.moe_dropless, ("ragged", "padded"))
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")      # attention projections; the dense FFN's matrices
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig(_Validated):
+    """model.lora (jaxformer.nn.lora): low-rank adapters on the layer stacks' projections, trained while every
+    other weight stays frozen; with rank r each target W [in,out] computes x·W + (alpha/r)·dropout(x)·A·B, A [in,r],
+    B [r,out] from zero (so a fresh adapter changes nothing). Not part of the function the weights compute: an
+    export, `train.init_from` and restoring compare models with the adapters merged (`ModelConfig.function`)."""
+    rank: int = 0                          # r; 0 = no adapters (every parameter trains)
+    alpha: float = 16.0                    # the update's scale is alpha / rank (the LoRA paper's α)
+    dropout: float = 0.0                   # on an adapter's input, training only
+    targets: tuple[str, ...] = ("q", "v")  # any of q, k, v, o (every attention), gate, up, down (the dense FFN)
+    base: str = "float32"                  # the frozen projections: float32 | bfloat16 | int8 (weight-only, one
+                                           # scale per output channel: QLoRA's idea with qwix's int8)
+
+    def validate(self) -> None:
+        check_types(self, "model.lora")
+        positive("model.lora.rank", self.rank, allow_zero=True)
+        positive("model.lora.alpha", self.alpha)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.lora.dropout={self.dropout!r} must be in [0, 1)")
+        bad = [t for t in self.targets if t not in LORA_TARGETS]
+        if bad or not self.targets or len(set(self.targets)) != len(self.targets):
+            raise ConfigError(f"model.lora.targets={self.targets!r}: expected distinct names of {LORA_TARGETS}")
+        choice("model.lora.base", self.base, ("float32", "bfloat16", "int8"))
+
+
 # The flat model keys before the sections, and where each lives now (configio reads the old names with a warning).
 SECTIONED = {
     "norm_position": "norm.position", "norm_type": "norm.type", "norm_eps": "norm.eps", "final_norm": "norm.final",
@@ -213,14 +241,16 @@ class ModelConfig(_Validated):
     moe: MoEConfig = MoEConfig()
     ablation: AblationConfig = AblationConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    lora: LoraConfig = LoraConfig()
 
     def validate(self) -> None:
         check_types(self, "model")
-        for section in (self.norm, self.rope, self.attention, self.moe, self.ablation, self.runtime):
+        for section in (self.norm, self.rope, self.attention, self.moe, self.ablation, self.runtime, self.lora):
             section.validate()
         self._check_sizes()
         self._check_choices()
         self._check_layers()
+        self._check_lora()
 
     def _check_sizes(self) -> None:
         """The architecture and its sizes: layers, heads, widths."""
@@ -296,6 +326,22 @@ class ModelConfig(_Validated):
             if n % self.moe.every:
                 raise ConfigError(f"model.moe.every={self.moe.every} does not divide model.{f}={n}")
 
+    def _check_lora(self) -> None:
+        """What adapters ask of the rest: a dense FFN for FFN targets, a gate for "gate", float32 parameters."""
+        lora = self.lora
+        if not lora.rank:
+            return
+        ffn = [t for t in lora.targets if t in ("gate", "up", "down")]
+        if ffn and self.ffn == "moe":
+            raise ConfigError(f"model.lora.targets={lora.targets!r}: {ffn} adapt a dense FFN; model.ffn='moe' "
+                              f"has experts (adapt the attention: q, k, v, o)")
+        if "gate" in lora.targets and self.activation not in activations.GATED:
+            raise ConfigError(f"model.lora.targets names 'gate', but model.activation={self.activation!r} has "
+                              f"no gate projection")
+        if self.runtime.param_dtype != "float32":
+            raise ConfigError(f"model.runtime.param_dtype={self.runtime.param_dtype!r} with adapters: the frozen "
+                              f"weights' precision is model.lora.base (adapters train in float32)")
+
     @property
     def head_size(self) -> int:   # H
         return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
@@ -331,5 +377,6 @@ class ModelConfig(_Validated):
                               f"(model.positional={self.positional!r} has no position beyond it)")
 
     def function(self) -> "ModelConfig":
-        """This model up to its runtime section (what `train.init_from`, restoring and an export compare)."""
-        return dataclasses.replace(self, runtime=RuntimeConfig())
+        """This model up to its runtime section and its adapters (merged into the weights they adapt): what
+        `train.init_from`, restoring and an export compare."""
+        return dataclasses.replace(self, runtime=RuntimeConfig(), lora=LoraConfig())

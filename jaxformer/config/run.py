@@ -13,7 +13,9 @@ from jaxformer.errors import ConfigError
 @dataclasses.dataclass(frozen=True)
 class DataConfig(_Validated):
     """What to train on. task: "reverse" | "copy" (digit seq2seq, seed 004) | "text" (char LM, seed 000) |
-    "tokens" (an LM on token shards made by `jaxformer data prepare`: data.path is their folder)."""
+    "tokens" (an LM on token shards made by `jaxformer data prepare`: data.path is their folder) | "chat"
+    (supervised fine-tuning on conversations: data.path a JSONL file of {"messages": [...]}, rendered by the chat
+    template of data.tokenizer's folder, the loss on the assistant's tokens only: `jaxformer.data.sft`)."""
     task: str = "reverse"
     batch_size: int = 32
     seed: int = 0
@@ -34,10 +36,12 @@ class DataConfig(_Validated):
     # tokens: windows of block_size + 1 tokens; packing "windows" (attention crosses documents) or "documents"
     packing: str = "windows"
     eval_tokens: int | None = None         # tokens: score the first N held-out tokens (None = all of them)
+    # chat: conversations packed into rows of block_size tokens; eval_fraction of them (the last) held out
+    tokenizer: str = ""                    # a pretrained folder: tokenizer.json and its chat template
 
     def validate(self) -> None:
         check_types(self, "data")
-        choice("data.task", self.task, ("reverse", "copy", "text", "tokens"))
+        choice("data.task", self.task, ("reverse", "copy", "text", "tokens", "chat"))
         choice("data.packing", self.packing, ("windows", "documents"))
         seed_range("data.seed", self.seed)
         for f in ("batch_size", "num_train", "num_eval", "min_len", "max_len", "block_size"):
@@ -54,6 +58,10 @@ class DataConfig(_Validated):
             raise ConfigError("data.path='' : data.task='text' needs a text file path (or \"builtin:alice\")")
         if self.task == "tokens" and not self.path:
             raise ConfigError("data.path='' : data.task='tokens' needs the folder `jaxformer data prepare` wrote")
+        if self.task == "chat" and not (self.path and self.tokenizer):
+            raise ConfigError(f"data.task='chat' needs data.path (a JSONL file of conversations; got "
+                              f"{self.path!r}) and data.tokenizer (the pretrained folder whose tokenizer and chat "
+                              f"template render them; got {self.tokenizer!r})")
         if self.num_chars is not None and self.num_chars <= 0:
             raise ConfigError(f"data.num_chars={self.num_chars!r} must be positive or None")
         if self.start < 0:

@@ -1,5 +1,5 @@
 """The task a config names: the one place that chooses among the tasks (text and digits in `data.tasks`, token
-shards in `data.tokens`), and the config resolution that follows from its tokenizer."""
+shards in `data.tokens`, conversations in `data.sft`), and the config resolution that follows from its tokenizer."""
 from __future__ import annotations
 
 from jaxformer.config import Config, DataConfig, resolve_vocab
@@ -12,6 +12,9 @@ def build_task(cfg: DataConfig, tokenizer=None) -> Task:
     shards: checked to be the shards' own)."""
     if cfg.task == "tokens":
         return TokensTask(cfg, tokenizer)
+    if cfg.task == "chat":
+        from jaxformer.data.sft import chat_task
+        return chat_task(cfg, tokenizer)
     return text_task(cfg, tokenizer) if cfg.task == "text" else digit_task(cfg)
 
 

@@ -6,6 +6,7 @@ shards also have an end-of-document id (`eod_id`)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from pathlib import Path
 
@@ -107,6 +108,16 @@ class HFTokenizer:
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         return [np.asarray(e.ids, np.int32) for e in self.tok.encode_batch(texts, add_special_tokens=False)]
 
+    @contextlib.contextmanager
+    def reading_special_tokens(self):
+        """Inside: text that spells a special token ("<|im_start|>") is encoded as its id, as transformers
+        tokenizes a rendered chat template; outside, as the characters it is made of."""
+        self.tok.encode_special_tokens = False
+        try:
+            yield self
+        finally:
+            self.tok.encode_special_tokens = True
+
     def decode(self, ids) -> str:
         return self.tok.decode([int(i) for i in ids if 0 <= int(i) < self.vocab_size], skip_special_tokens=True)
 
@@ -140,27 +151,29 @@ def _sentencepiece():
 
 class SentencePieceTokenizer:
     """A SentencePiece model, run by the `sentencepiece` package exactly as it was trained (its normaliser and
-    dummy prefix included): <pad>=0, <eod>=1, piece i = 2 + i. Decoding gives the model's normalised text (the
-    input itself when the model's normaliser is the identity)."""
+    dummy prefix included). Trained here: <pad>=0, <eod>=1, piece i = 2 + i (offset 2). A pretrained model's
+    (`pretrained_tokenizer` of a folder with only tokenizer.model): piece i = id i (offset 0), no padding id
+    (-1), its EOS ends a document and its BOS opens prompts (bos_id; None: none). Decoding gives the model's
+    normalised text (the input itself when the model's normaliser is the identity)."""
     kind = "sentencepiece"
-    pad_id, eod_id = PAD, 1
 
-    def __init__(self, proto: bytes):
+    def __init__(self, proto: bytes, *, offset: int = 2, eod_id: int = 1, pad_id: int = PAD,
+                 bos_id: int | None = None):
         try:
             self.sp = _sentencepiece().SentencePieceProcessor(model_proto=proto)
         except (RuntimeError, OSError, TypeError) as e:
             raise DataError(f"the SentencePiece model does not parse: {str(e)[:200]}") from None
-        self.proto = proto
-        self.vocab_size = self.sp.get_piece_size() + 2
+        self.proto, self.offset, self.eod_id, self.pad_id, self.bos_id = proto, offset, eod_id, pad_id, bos_id
+        self.vocab_size = self.sp.get_piece_size() + offset
 
     def encode(self, text: str) -> np.ndarray:
-        return np.asarray(self.sp.encode(text), np.int32) + 2
+        return np.asarray(self.sp.encode(text), np.int32) + self.offset
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        return [np.asarray(x, np.int32) + 2 for x in self.sp.encode(texts)]
+        return [np.asarray(x, np.int32) + self.offset for x in self.sp.encode(texts)]
 
     def decode(self, ids) -> str:
-        return self.sp.decode([int(i) - 2 for i in ids if int(i) >= 2])
+        return self.sp.decode([int(i) - self.offset for i in ids if self.offset <= int(i) < self.vocab_size])
 
     def token_bytes(self) -> np.ndarray:
         """[V] int32: the UTF-8 bytes of each piece, its "▁" read as a space (1 for byte pieces; 0 for pad,
@@ -168,17 +181,22 @@ class SentencePieceTokenizer:
         sp, out = self.sp, np.zeros(self.vocab_size, np.int32)
         for i in range(sp.get_piece_size()):
             if not (sp.is_control(i) or sp.is_unknown(i)):
-                out[i + 2] = 1 if sp.is_byte(i) else len(sp.id_to_piece(i).replace("▁", " ").encode("utf-8"))
+                out[i + self.offset] = 1 if sp.is_byte(i) else len(sp.id_to_piece(i).replace("▁", " ").encode("utf-8"))
         return out
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "model": base64.b64encode(self.proto).decode("ascii")}
+        ids = {} if self.offset == 2 else {"offset": self.offset, "eod_id": self.eod_id, "pad_id": self.pad_id,
+                                           "bos_id": self.bos_id}           # a pretrained model's ids
+        return {"kind": self.kind, "model": base64.b64encode(self.proto).decode("ascii"), **ids}
 
 
-def pretrained_tokenizer(path: str | Path) -> HFTokenizer:
+def pretrained_tokenizer(path: str | Path) -> "HFTokenizer | SentencePieceTokenizer":
     """A pretrained model's folder (Hugging Face: config.json, tokenizer.json) -> its tokenizer as a run's: no
     token is padding (pad_id -1), the end of a document is the model's EOS (config.json's eos_token_id), and
-    prompts start with its BOS when the tokenizer's own post-processor adds one (Llama's does, GPT-2's not)."""
+    prompts start with its BOS when the tokenizer's own post-processor adds one (Llama's does, GPT-2's not).
+    A folder with only a SentencePiece tokenizer.model (Llama 1/2, Mistral v0.1, Gemma as first published):
+    that model with its own ids, the EOS and BOS of config.json (or the model's), BOS added unless
+    tokenizer_config.json's add_bos_token is false (LlamaTokenizer's default)."""
     from tokenizers import Tokenizer
     path = Path(path)
     try:
@@ -186,8 +204,10 @@ def pretrained_tokenizer(path: str | Path) -> HFTokenizer:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(f"{path}/config.json is unreadable: {type(e).__name__}: {e}") from None
     file = path / "tokenizer.json"
+    if not file.is_file() and (path / "tokenizer.model").is_file():
+        return _pretrained_sentencepiece(path, d)
     if not file.is_file():
-        raise DataError(f"{str(path)!r} has no tokenizer.json (a tokenizer in another format is not supported)")
+        raise DataError(f"{str(path)!r} has neither tokenizer.json nor a SentencePiece tokenizer.model")
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as e:                  # tokenizers raises a bare Exception with serde's message
@@ -202,6 +222,26 @@ def pretrained_tokenizer(path: str | Path) -> HFTokenizer:
     probe = tok.encode("a", add_special_tokens=True).ids
     adds_bos = bos is not None and probe[:1] == [bos] and tok.encode("a", add_special_tokens=False).ids[:1] != [bos]
     return HFTokenizer(tok, int(eos), pad_id=-1, bos_id=int(bos) if adds_bos else None)
+
+
+def _pretrained_sentencepiece(path: Path, config: dict) -> SentencePieceTokenizer:
+    """`pretrained_tokenizer` of a folder whose tokenizer is tokenizer.model alone; config: its config.json."""
+    proto = (path / "tokenizer.model").read_bytes()
+    sp = SentencePieceTokenizer(proto, offset=0, eod_id=0, pad_id=-1).sp
+    first = lambda v: v[0] if isinstance(v, list) and v else v          # noqa: E731
+    eos, bos = first(config.get("eos_token_id")), first(config.get("bos_token_id"))
+    eos = sp.eos_id() if eos is None else eos
+    bos = sp.bos_id() if bos is None else bos
+    if eos is None or eos < 0:
+        raise DataError(f"{path}: no end-of-sequence token (config.json's eos_token_id, or the SentencePiece "
+                        f"model's)")
+    try:
+        tc = json.loads((path / "tokenizer_config.json").read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        tc = {}
+    adds_bos = tc.get("add_bos_token", True) is not False and bos is not None and bos >= 0
+    return SentencePieceTokenizer(proto, offset=0, eod_id=int(eos), pad_id=-1,
+                                  bos_id=int(bos) if adds_bos else None)
 
 
 def tokenizer_from_json(d: dict):
@@ -219,7 +259,8 @@ def tokenizer_from_json(d: dict):
             raise DataError(f"the saved HF tokenizer does not parse: {str(e)[:200]}") from None
         return HFTokenizer(tok, d["eod_id"], int(d.get("pad_id", PAD)), d.get("bos_id"))
     if isinstance(d, dict) and d.get("kind") == "sentencepiece" and isinstance(d.get("model"), str):
-        return SentencePieceTokenizer(base64.b64decode(d["model"]))
+        ids = {k: d[k] for k in ("offset", "eod_id", "pad_id", "bos_id") if k in d}
+        return SentencePieceTokenizer(base64.b64decode(d["model"]), **ids)
     raise DataError(f"unknown tokenizer description {str(d)[:200]!r}")
 
 
@@ -237,6 +278,8 @@ def tokenizer_difference(a, b) -> str | None:
         i = next(i for i, (x, y) in enumerate(zip(a.chars + [None], b.chars + [None])) if x != y)
         return f"id {i + 1} is {a.chars[i]!r} there, {b.chars[i]!r} here (the character sets differ)"
     key = next(k for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k))
+    if key == "model":
+        return "another SentencePiece model (pieces or rules differ)"
     if key == "tokenizer":
         va, vb = a.tok.get_vocab(with_added_tokens=True), b.tok.get_vocab(with_added_tokens=True)
         diff = sorted(set(va.items()) ^ set(vb.items()), key=lambda kv: kv[1])

@@ -28,24 +28,27 @@ from jaxformer.data.tokenizers import PAD
 from jaxformer.errors import DataError
 
 
-def packed(rows: np.ndarray, eod: int, lengths=None) -> dict[str, np.ndarray]:
+def packed(rows: np.ndarray, eod: int, lengths=None, ignore: int = PAD) -> dict[str, np.ndarray]:
     """Rows [B, T+1] of tokens -> {inputs, targets, segment_ids, positions} [B, T]: segment ids count documents
-    from 1 (a new one after each end-of-document token), and a target in another document than its input is
-    pad. lengths [B]: each row's real tokens (the rest is padding: segment 0); None = all real."""
+    from 1 (a new one after each end-of-document token), and a target in another document than its input, or
+    in the padding, is `ignore` (the tokenizer's pad id: -1 for a pretrained one, whose 0 is a real token).
+    lengths [B]: each row's real tokens (the rest is padding: segment 0); None = all real."""
     inputs, targets = rows[:, :-1], rows[:, 1:]
     seg = 1 + np.cumsum(np.concatenate([np.zeros_like(rows[:, :1]), (rows[:, :-1] == eod)], 1), 1, dtype=np.int32)
     if lengths is not None:
         seg = seg * length_segments(lengths, rows.shape[1])
-    return {"inputs": inputs, "targets": np.where(seg[:, 1:] == seg[:, :-1], targets, PAD).astype(np.int32),
+    keep = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
+    return {"inputs": inputs, "targets": np.where(keep, targets, ignore).astype(np.int32),
             **attention_fields(seg[:, :-1])}
 
 
-def window_rows(rows: np.ndarray, lengths=None) -> dict[str, np.ndarray]:
+def window_rows(rows: np.ndarray, lengths=None, ignore: int = PAD) -> dict[str, np.ndarray]:
     """Rows [B, T+1] of tokens -> {inputs, targets, segment_ids, positions} [B, T], each row one segment
-    (attention crosses document boundaries); lengths as `packed`."""
+    (attention crosses document boundaries); lengths and `ignore` as `packed`."""
     n = rows.shape[1] if lengths is None else lengths
     seg = length_segments(np.broadcast_to(n, rows.shape[:1]), rows.shape[1])
-    return {"inputs": rows[:, :-1], "targets": rows[:, 1:], **attention_fields(seg[:, :-1])}
+    targets = np.where(seg[:, 1:] != 0, rows[:, 1:], ignore).astype(np.int32)
+    return {"inputs": rows[:, :-1], "targets": targets, **attention_fields(seg[:, :-1])}
 
 
 class _EvalWindows:
@@ -54,6 +57,7 @@ class _EvalWindows:
 
     def __init__(self, shards: TokenShards, block: int, field: str, eod: int, packing: str, limit: int | None):
         self.shards, self.block, self.field, self.eod, self.packing = shards, block, field, eod, packing
+        self.ignore = shards.tokenizer.pad_id
         self.total = shards.tokens("eval") if limit is None else min(shards.tokens("eval"), limit + 1)
         self.n = -(-(self.total - 1) // block)
 
@@ -68,8 +72,8 @@ class _EvalWindows:
             w = self.shards.window("eval", i * t, min(t + 1, self.total - i * t))
             out[r, : len(w)], lengths[r] = w, len(w)
         if self.packing == "documents":
-            return packed(out, self.eod, lengths)
-        return window_rows(out, lengths)
+            return packed(out, self.eod, lengths, self.ignore)
+        return window_rows(out, lengths, self.ignore)
 
     def __getitem__(self, idx):
         if not isinstance(idx, slice):
@@ -108,6 +112,7 @@ class TokensTask(Task):
             raise DataError(f"only {self.windows} training windows of data.block_size={self.block} for "
                             f"data.batch_size={batch_size}")
         n, t, shards, eod, docs = self.windows, self.block, self.shards, self.eod, self.packing == "documents"
+        ignore = self.tokenizer.pad_id
 
         def start(i, w):
             shift = int(np.random.default_rng([seed, i // n]).integers(t))   # one offset per epoch
@@ -115,7 +120,7 @@ class TokensTask(Task):
 
         def gather(starts):
             out = np.stack([shards.window("train", int(s), t + 1) for s in starts[rows]])
-            return packed(out, eod) if docs else window_rows(out)
+            return packed(out, eod, ignore=ignore) if docs else window_rows(out, ignore=ignore)
         return (grain.MapDataset.range(n).shuffle(seed=seed).repeat().map_with_index(start)
                 .batch(batch_size, drop_remainder=True).map(gather))
 

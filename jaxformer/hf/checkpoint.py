@@ -19,6 +19,7 @@ from jaxformer.hf.expressing import check_family, family_for, to_hf_config
 from jaxformer.hf.families import HFError, family_of, to_model_config
 from jaxformer.hf.mapping import Tensor, canonical_name, tensors
 from jaxformer.nn import build_model
+from jaxformer.nn.lora import merged
 from jaxformer.nn.stack import blocks_path
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
 
@@ -174,10 +175,13 @@ def save_pretrained(model, path: str | Path, *, family: str | None = None, dtype
     """Write `model` as a Hugging Face checkpoint folder: config.json (its family's, `family_for` unless given)
     and safetensors files of at most `max_shard_bytes` each (several: with model.safetensors.index.json),
     tensors in `dtype` (float32 | bfloat16 | float16). token_ids: bos/eos/pad ids for config.json.
-    Returns the config written. The folder must not hold a checkpoint already."""
+    Returns the config written. The folder must not hold a checkpoint already. A model with low-rank adapters
+    (model.lora) is written with them merged into its weights (`nn.lora.merged`, on a copy)."""
     from safetensors.numpy import save_file
     import ml_dtypes
-    cfg = model.cfg
+    if model.cfg.lora.rank:
+        model = merged(nnx.clone(model))
+    cfg = model.cfg.function()
     family = family or family_for(cfg)
     check_family(cfg, family)                      # forced or chosen: it must write this very model
     hf = to_hf_config(cfg, family)

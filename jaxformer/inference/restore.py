@@ -15,6 +15,8 @@ from jaxformer.config import Config, ModelConfig, flat_items, resolve_vocab
 from jaxformer.errors import CheckpointError, ConfigError
 from jaxformer.inference.weights import evaluated, item_for
 from jaxformer.nn import build_model
+from jaxformer.nn.lora import merged
+from jaxformer.quantize import frozen_base
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
 from jaxformer.runs import RunDir
 
@@ -34,7 +36,7 @@ def abstract_model(cfg: Config, plan: Plan | None = None):
     """(graphdef, abstract model state) of a resolved config: shapes and dtypes with shardings (the plan's, else
     one device), nothing allocated; the target to restore a model into."""
     with no_mesh():
-        graph, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg.model, seed=cfg.train.seed)))
+        graph, abstract = nnx.split(nnx.eval_shape(lambda: frozen_base(build_model(cfg.model, seed=cfg.train.seed))))
     return graph, abstract_with_shardings(abstract, plan)
 
 
@@ -137,4 +139,4 @@ def pretrained_state(source: str | Path, model: ModelConfig, plan: Plan | None =
         theirs, ours = flat_items(loaded.cfg.function()), flat_items(model.function())
         diffs = [f"model.{k}: {theirs[k]!r} there, {v!r} here" for k, v in ours.items() if theirs[k] != v]
         raise ConfigError(f"train.init_from={str(source)!r} holds another model: " + "; ".join(diffs))
-    return nnx.state(loaded)
+    return nnx.state(merged(loaded))                       # a run with adapters: its function, adapters folded in

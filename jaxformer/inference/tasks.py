@@ -202,26 +202,53 @@ def score_generation(hm: HarnessModel, rows: list[dict], max_new: int, until: li
                                         for o, r in zip(outs, rows)]
 
 
+def as_chat(rows: list[dict], kind: str, folder: str | Path, tok) -> list[dict]:
+    """Each example's context (multiple choice) or prompt (generation) rendered by `folder`'s chat template as a
+    user turn and the generation prompt. DataError: no template there, or a tokenizer that is not a HF one."""
+    from jaxformer.data.chat import read_chat_template
+    template = read_chat_template(folder)
+    if template is None:
+        raise DataError(f"--chat-template {str(folder)!r} has no chat template (tokenizer_config.json's "
+                        f"chat_template or chat_template.jinja)")
+    if not hasattr(tok, "reading_special_tokens"):
+        raise DataError("--chat-template needs a run with a Hugging Face tokenizer (a pretrained model's)")
+    key = "context" if kind == "multiple_choice" else "prompt"
+    return [{**r, key: template.render([{"role": "user", "content": r[key]}], add_generation_prompt=True)}
+            for r in rows]
+
+
+def reading(tok, special: bool):
+    """A context in which `tok` encodes special-token text as the ids (special=True), else one that changes
+    nothing."""
+    import contextlib
+    return tok.reading_special_tokens() if special else contextlib.nullcontext()
+
+
 def evaluate_tasks(run: LoadedModel, workdir: str | Path, tasks: list[str], *, max_new: int = 64,
                    until: tuple[str, ...] = ("\n\n",), answer_regex: str | None = None,
-                   batch_rows: int = 32) -> dict:
+                   batch_rows: int = 32, chat_template: str | Path | None = None) -> dict:
     """Score each task file with the run's model -> {task name: {kind, metrics, file}}; each task's results and
-    per-example predictions written to WORKDIR/eval_tasks/NAME.json as it finishes."""
+    per-example predictions written to WORKDIR/eval_tasks/NAME.json as it finishes. chat_template: a pretrained
+    folder whose chat template renders each context (prompt) as a user turn followed by the assistant's
+    generation prompt, its special tokens read as their ids (lm-evaluation-harness's --apply_chat_template)."""
     if answer_regex:
         try:
             re.compile(answer_regex)
         except re.error as e:
             raise ConfigError(f"--answer-regex {answer_regex!r} is not a regular expression ({e})") from None
     read = [(path, *read_task(path)) for path in tasks]          # every file checked before any is scored
+    if chat_template is not None:
+        read = [(path, kind, as_chat(rows, kind, chat_template, run.tokenizer)) for path, kind, rows in read]
     hm = HarnessModel(run, batch_rows)
     out_dir = Path(workdir) / "eval_tasks"
     out_dir.mkdir(exist_ok=True)
     results = {}
     for path, kind, rows in read:
-        if kind == "multiple_choice":
-            metrics, preds = score_multiple_choice(hm, rows)
-        else:
-            metrics, preds = score_generation(hm, rows, max_new, list(until), answer_regex)
+        with reading(run.tokenizer, chat_template is not None):
+            if kind == "multiple_choice":
+                metrics, preds = score_multiple_choice(hm, rows)
+            else:
+                metrics, preds = score_generation(hm, rows, max_new, list(until), answer_regex)
         name = Path(path).stem
         rec = {"task": name, "file": str(path), "kind": kind, "checkpoint": {"which": run.which, "step": run.step},
                "metrics": metrics, "predictions": preds}

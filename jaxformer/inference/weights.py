@@ -12,6 +12,8 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
+from jaxformer.nn.lora import trainable
+
 def item_for(optim, weights: str) -> str:
     """The checkpoint item with the weights asked for. optim: the run's OptimConfig; weights: "trained" (what
     the run's eval/* metrics are of) | "ema" (its eval_ema/*)."""
@@ -33,9 +35,10 @@ def plain(tree) -> dict:
 
 
 def with_params(graph: nnx.GraphDef, model_state: nnx.State, params: dict) -> nnx.State:
-    """The model state with its parameters replaced by `params` (a pure dict mirroring nnx.Param leaves)."""
+    """The model state with its trained parameters replaced by `params` (a pure dict mirroring the leaves of
+    `nn.lora.trainable`'s: every nnx.Param, or the adapters)."""
     model = nnx.merge(graph, model_state, copy=True)          # new Variables: model_state is left as it was
-    ps = nnx.state(model, nnx.Param)
+    ps = nnx.state(model, trainable(model.cfg))
     nnx.replace_by_pure_dict(ps, jax.tree.map(lambda new, old: new.astype(old.dtype), params, nnx.to_pure_dict(ps)))
     nnx.update(model, ps)
     return nnx.state(model)
@@ -49,7 +52,8 @@ def evaluated(optim, graph: nnx.GraphDef, model_state: nnx.State, opt_state) -> 
     out = {"eval": model_state}
     if optim.name == "schedule_free":
         b1 = opt["b1"]
-        y = nnx.to_pure_dict(nnx.state(nnx.merge(graph, model_state), nnx.Param))
+        model = nnx.merge(graph, model_state)
+        y = nnx.to_pure_dict(nnx.state(model, trainable(model.cfg)))
         x = jax.tree.map(lambda yi, zi: (yi - (1.0 - b1) * zi) / b1, y, opt["z"])
         out["eval"] = with_params(graph, model_state, x)
     if optim.ema:

@@ -13,7 +13,7 @@ from jaxformer import ops
 from jaxformer.config import ModelConfig
 from jaxformer.nn.cache import HeadsMajorKV, LayerKV, heads_major
 from jaxformer.nn import init
-from jaxformer.nn.params import lever, ones, param, project, zeros
+from jaxformer.nn.params import lever, ones, param, project, weight, zeros
 from jaxformer.ops import norms, positional
 
 
@@ -54,9 +54,11 @@ class MultiHeadAttention(nnx.Module):
             return positional.apply_rope(x, positions, self.cfg.rope.base, self.cfg.rope.frequency_scaling())
         return x
 
-    def project_q(self, x: jax.Array, positions: jax.Array | None = None) -> jax.Array:
-        """x [B,T,D], positions [B,T] -> q [B,T,N,H] (normed with QK-norm, rotated when RoPE)."""
-        q = project("BTD,DNH->BTNH", x, self.wq[...]) + self._bias("q")
+    def project_q(self, x: jax.Array, positions: jax.Array | None = None,
+                  rngs: nnx.Rngs | None = None) -> jax.Array:
+        """x [B,T,D], positions [B,T] -> q [B,T,N,H] (normed with QK-norm, rotated when RoPE). rngs: a training
+        call's dropout stream (an adapter's input dropout, model.lora)."""
+        q = project("BTD,DNH->BTNH", x, weight(self.wq, rngs)) + self._bias("q")
         return self._rope(q.astype(x.dtype), positions, "q_norm")
 
     def fused_qkv(self) -> jax.Array | None:
@@ -85,16 +87,16 @@ class MultiHeadAttention(nnx.Module):
         return (self._rope(heads(q, n, "q"), positions, "q_norm"),
                 LayerKV(self._rope(heads(kk, k, "k"), positions, "k_norm"), heads(v, k, "v")))
 
-    def project_kv(self, x: jax.Array, positions: jax.Array | None = None) -> LayerKV:
+    def project_kv(self, x: jax.Array, positions: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> LayerKV:
         """x [B,S,D], positions [B,S] -> LayerKV(k, v) [B,S,K,H] (k normed with QK-norm, rotated when RoPE)."""
-        k = (project("BSD,DKH->BSKH", x, self.wk[...]) + self._bias("k")).astype(x.dtype)
-        v = (project("BSD,DKH->BSKH", x, self.wv[...]) + self._bias("v")).astype(x.dtype)
+        k = (project("BSD,DKH->BSKH", x, weight(self.wk, rngs)) + self._bias("k")).astype(x.dtype)
+        v = (project("BSD,DKH->BSKH", x, weight(self.wv, rngs)) + self._bias("v")).astype(x.dtype)
         return LayerKV(self._rope(k, positions, "k_norm"), v)
 
     def __call__(self, x: jax.Array, source: jax.Array | LayerKV | None = None, *, mask=None,
                  positions: jax.Array | None = None, kv_positions: jax.Array | None = None,
                  cache: LayerKV | None = None, weights: bool = False,
-                 wqkv: jax.Array | None = None) -> tuple[jax.Array, dict]:
+                 wqkv: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
         """x [B,T,D] queries at positions [B,T].
 
         source: None (self-attention over x), or the keys/values' source for cross-attention: an array [B,S,D],
@@ -105,7 +107,8 @@ class MultiHeadAttention(nnx.Module):
         two segments (the cache is never copied);
         kv_positions [B,S+T] and mask (broadcastable to [B,N,T,S+T], or an ops.masks.CausalMask) decide what is
         visible. Without a cache, kv_positions defaults to positions. wqkv: the decoding layout's fused q/k/v
-        weight (`fused_qkv`), used for a self-attention's projections when given. -> (out [B,T,D], aux)."""
+        weight (`fused_qkv`), used for a self-attention's projections when given. rngs: a training call's dropout
+        stream (adapters' input dropout, model.lora). -> (out [B,T,D], aux)."""
         aux = {}
         heads_first = isinstance(cache if source is None else source, HeadsMajorKV)   # [B,K,S,H]: a laid-out cache
         if source is None and wqkv is None and lever("fused_projections"):      # one matmul for q, k and v
@@ -113,8 +116,8 @@ class MultiHeadAttention(nnx.Module):
         if source is None and wqkv is not None:                                    # laid out for decoding
             q, new = self._project_qkv(x, positions, wqkv)
         else:
-            q = self.project_q(x, positions)
-            new = self.project_kv(x, positions) if source is None else None
+            q = self.project_q(x, positions, rngs)
+            new = self.project_kv(x, positions, rngs) if source is None else None
         if source is None:
             kv_positions = positions if kv_positions is None else kv_positions
             if cache is None:
@@ -126,13 +129,13 @@ class MultiHeadAttention(nnx.Module):
                 keys, values = (past.k, now.k), (past.v, now.v)                # segments: S cached + T new
                 aux["kv"] = new
         else:
-            keys, values = source if isinstance(source, LayerKV) else self.project_kv(source)
+            keys, values = source if isinstance(source, LayerKV) else self.project_kv(source, rngs=rngs)
         ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, weights,
                               "BKSH" if heads_first else "BSKH")
         ctx = checkpoint_name(ctx, "attention_out")              # what model.runtime.remat="dots_attention" keeps
         if "kv" in aux and lever("cache_write_order"):
             aux["kv"] = _after(aux["kv"], ctx)
-        out = (project("BTNH,NHD->BTD", ctx, self.wo[...]) + self._bias("o")).astype(q.dtype)
+        out = (project("BTNH,NHD->BTD", ctx, weight(self.wo, rngs)) + self._bias("o")).astype(q.dtype)
         if weights:
             aux["weights"] = w
         return out, aux

@@ -22,7 +22,7 @@ from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.cache import LayerKV
 from jaxformer.nn.moe import MoEFeedForward
 from jaxformer.nn import init
-from jaxformer.nn.params import lever, ones, param, project, zeros
+from jaxformer.nn.params import lever, ones, param, project, weight, zeros
 from jaxformer.nn.stack import BlockOut
 from jaxformer.ops import activations, norms
 
@@ -87,11 +87,12 @@ class FeedForward(nnx.Module):
                 self.bg = param(rngs, init.bias(cfg, "ffn_in"), (f,), ("mlp",))
 
     def __call__(self, x: jax.Array, valid: jax.Array | None = None, *, train: bool = False,
-                 w2_out_in: jax.Array | None = None):
+                 w2_out_in: jax.Array | None = None, rngs: nnx.Rngs | None = None):
         """[B,T,D] -> ([B,T,D], {}). (valid and train: the FFN interface a MoE FFN shares; unused here.)
-        w2_out_in: the decoding layout's output weight [D,F] (`output_out_in`), contracted instead of w2."""
+        w2_out_in: the decoding layout's output weight [D,F] (`output_out_in`), contracted instead of w2. rngs: a
+        training call's dropout stream (adapters' input dropout, model.lora)."""
         def dense(w, b, y, eq):
-            out = project(eq, y, w[...])
+            out = project(eq, y, w if isinstance(w, jax.Array) else weight(w, rngs))
             return (out + b[...]).astype(y.dtype) if self.use_bias else out
         if self.activation in activations.GATED:
             gate, h = self._gate_up(x, dense)
@@ -188,8 +189,8 @@ class EncoderBlock(nnx.Module):
         """x [B,S,D] -> BlockOut([B,S,D], aux, None): aux "self" weights [B,N,S,S] with ctx.weights, "moe" from
         a MoE FFN."""
         x, a = self.res_attn(x, lambda y: self.self_attn(y, mask=ctx.mask, positions=ctx.positions,
-                                                         weights=ctx.weights), rngs)
-        x, f = self.res_ffn(x, lambda y: self.ffn(y, ctx.valid, train=rngs is not None), rngs)
+                                                         weights=ctx.weights, rngs=rngs), rngs)
+        x, f = self.res_ffn(x, lambda y: self.ffn(y, ctx.valid, train=rngs is not None, rngs=rngs), rngs)
         return BlockOut(x, {**_renamed(a, "self"), **f})
 
 
@@ -226,16 +227,16 @@ class DecoderBlock(nnx.Module):
         decode = DecodeWeights() if decode is None else decode
         x, a = self.res_self(x, lambda y: self.self_attn(y, mask=mask, positions=ctx.positions,
                                                          kv_positions=ctx.kv_positions, cache=cache,
-                                                         weights=ctx.weights, wqkv=decode.wqkv), rngs)
+                                                         weights=ctx.weights, wqkv=decode.wqkv, rngs=rngs), rngs)
         kv = a.pop("kv", None)
         aux = _renamed(a, "self")
         if self.cross:
             source = memory_kv if memory_kv is not None else ctx.memory
             x, c = self.res_cross(x, lambda y: self.cross_attn(y, source, mask=ctx.memory_mask,
-                                                               weights=ctx.weights), rngs)
+                                                               weights=ctx.weights, rngs=rngs), rngs)
             aux.update(_renamed(c, "cross"))
         x, f = self.res_ffn(x, lambda y: self.ffn(y, ctx.valid, train=rngs is not None,
-                                                  w2_out_in=decode.w2_out_in), rngs)
+                                                  w2_out_in=decode.w2_out_in, rngs=rngs), rngs)
         return BlockOut(x, {**aux, **f}, kv)
 
     def decode_weights(self, batch: int | None) -> DecodeWeights:

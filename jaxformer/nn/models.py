@@ -31,6 +31,7 @@ from jaxformer.nn import init
 from jaxformer.nn.cache import KVCache, LayerKV, LayerwiseKV, Memory, heads_major, init_cache
 from jaxformer.nn.inputs import AttentionInputs, decoder_self_mask, default_positions  # noqa: F401 (re-exported)
 from jaxformer.nn.layers import Context, DecoderBlock, EncoderBlock, Norm, dropout
+from jaxformer.nn.lora import with_adapters
 from jaxformer.nn.params import DTYPES, param
 from jaxformer.nn.stack import BlockOut, DecodingLayers, LayerStack
 from jaxformer.ops import positional
@@ -326,14 +327,15 @@ class TransformerLM(_Model):
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer | TransformerLM:
-    """The model class named by cfg.arch, initialised from `seed`. Raises BackendError (before anything is
+    """The model class named by cfg.arch, initialised from `seed`, with model.lora's adapters. Raises BackendError (before anything is
     traced) when cfg.runtime.attention_backend cannot run on this machine."""
     why = ops.fused.problem(cfg.runtime.attention_backend, dtype=DTYPES[cfg.runtime.dtype])
     if why:
         raise BackendError(f"model.runtime.attention_backend={cfg.runtime.attention_backend!r}: {why}")
     check_model_size(cfg)                               # by arithmetic, before any table or array exists
     cls = Transformer if cfg.arch == "encoder_decoder" else TransformerLM
-    return with_param_dtype(cls(cfg, rngs=nnx.Rngs(params=seed)))     # initialised in float32, rounded once
+    model = with_param_dtype(cls(cfg, rngs=nnx.Rngs(params=seed)))    # initialised in float32, rounded once
+    return with_adapters(model, cfg.lora, seed)                                 # model.lora (none at rank 0)
 
 
 def with_param_dtype(model):
@@ -351,7 +353,7 @@ def count_params(model: nnx.Module) -> dict[str, int]:
     """Parameter counts per component: embedding, positions, head, and per stack its attention, cross-attention,
     FFN (a MoE FFN's experts; its router separately) and norms (totals over L layers), plus "total"; for a MoE
     model also "active per token": the total less the experts a token does not use (each token runs top_k of
-    the E experts of each MoE layer)."""
+    the E experts of each MoE layer); with model.lora, "LoRA adapters" (what trains) apart from the frozen rest."""
     counts: dict[str, int] = collections.OrderedDict()
     experts = 0
     for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
@@ -363,9 +365,11 @@ def count_params(model: nnx.Module) -> dict[str, int]:
             kind = {"self_attn": "self-attention", "cross_attn": "cross-attention", "ffn": "FFN"}.get(sub, "norms")
             kind = "MoE router" if kind == "FFN" and keys[-1] == "router" else kind
             name = f"{keys[0]} {kind}"
-        counts[name] = counts.get(name, 0) + int(v[...].size)
+        name = "LoRA adapters" if isinstance(v, nnx.LoRAParam) else name
+        size = math.prod(v[...].shape)                                 # an int8 weight: its values
+        counts[name] = counts.get(name, 0) + size
         if "expert" in (v.get_metadata().get("out_sharding") or ()):
-            experts += int(v[...].size)
+            experts += size
     counts["total"] = sum(counts.values())
     if experts:
         cfg = model.cfg

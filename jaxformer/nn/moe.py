@@ -41,7 +41,8 @@ class MoEFeedForward(nnx.Module):
         """The dense FFN's decoding layout (`FeedForward.output_out_in`); experts have none."""
         return None
 
-    def __call__(self, x: jax.Array, valid: jax.Array | None = None, *, train: bool = False, w2_out_in: None = None):
+    def __call__(self, x: jax.Array, valid: jax.Array | None = None, *, train: bool = False, w2_out_in: None = None,
+                 rngs: nnx.Rngs | None = None):
         """x [B,T,D], valid [B,T] bool (padding takes no expert slot) -> ([B,T,D], {"moe": ops.moe.MoEStats}).
         w2_out_in: the dense FFN's interface; always None here."""
         b, t, d = x.shape

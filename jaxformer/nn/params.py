@@ -41,6 +41,13 @@ def project(eq: str, x: jax.Array, w) -> jax.Array:
     return contract(eq, x, w.astype(x.dtype))
 
 
+def weight(w, rngs: nnx.Rngs | None = None):
+    """A projection parameter's value as `project` takes it: w[...]; for a weight with a low-rank adapter in a
+    training call (rngs: its dropout stream), the adapter's input dropout keyed from rngs (`nn.lora.Adapted`)."""
+    adapted = rngs is not None and not isinstance(w, nnx.Variable) and hasattr(w, "weight")
+    return w.weight(rngs) if adapted else w[...]
+
+
 def contract(eq: str, x: jax.Array, w: jax.Array) -> jax.Array:
     """einsum(eq, x, w) for a two-operand equation without batch letters ("BTNH,NHD->BTD"), as one dot_general
     whose contracting dimensions follow w's order. jnp.einsum may order them otherwise (here H before N), and
@@ -138,13 +145,14 @@ zeros = jax.nn.initializers.zeros
 ones = jax.nn.initializers.ones
 
 
-def matrix_mask(module: nnx.Module) -> nnx.State:
-    """nnx.state(module, nnx.Param) with each parameter replaced by True for weight matrices (see `param`)."""
-    return jax.tree.map(lambda v: bool(v.get_metadata().get("matrix", False)), nnx.state(module, nnx.Param),
+def matrix_mask(module: nnx.Module, wrt=nnx.Param) -> nnx.State:
+    """nnx.state(module, wrt) (the parameters trained) with each replaced by True for weight matrices (see
+    `param`)."""
+    return jax.tree.map(lambda v: bool(v.get_metadata().get("matrix", False)), nnx.state(module, wrt),
                         is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def muon_dims(module: nnx.Module) -> nnx.State:
+def muon_dims(module: nnx.Module, wrt=nnx.Param) -> nnx.State:
     """Per parameter: Muon's matrix axes (optax.contrib.MuonDimensionNumbers: reduction = the input axes,
     output = the rest; "layers" and "expert" axes are batch) for the projections (quantizable=True: attention
     and FFN matrices), None (Adam) for the rest: embeddings, the output head, the router, biases and norms."""
@@ -157,4 +165,4 @@ def muon_dims(module: nnx.Module) -> nnx.State:
         own = [i for i, a in enumerate(axes) if a not in ("layers", "expert")]
         red = own[:1] if axes[own[0]] == "embed" else own[:-1]
         return MuonDimensionNumbers(tuple(red), tuple(i for i in own if i not in red))
-    return jax.tree.map(dims, nnx.state(module, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return jax.tree.map(dims, nnx.state(module, wrt), is_leaf=lambda x: isinstance(x, nnx.Variable))

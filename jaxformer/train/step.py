@@ -10,6 +10,7 @@ parallel.mode="shard_map" the train step is per-device code with an explicit all
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -19,14 +20,16 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jaxformer.arch import adapter
-from jaxformer.config import Config, OptimConfig
+from jaxformer.config import Config, LoraConfig, OptimConfig
 from jaxformer.nn import build_model
+from jaxformer.nn.lora import trainable, with_adapters
 from jaxformer.nn.models import with_param_dtype
 from jaxformer.nn.params import matrix_mask, muon_dims
 from jaxformer.nn.stack import blocks_path
 from jaxformer.ops.losses import chunked_token_losses, token_losses
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
 from jaxformer.platforms import enabled
+from jaxformer.quantize import frozen_base
 from jaxformer.platforms.lowering import train_compiler_options, unrolled_threefry
 from jaxformer.train.weights import with_ema, with_master_weights
 
@@ -140,14 +143,17 @@ class Graphs(NamedTuple):
 
 
 def _build(cfg: Config, key: jax.Array | None = None):
-    model = build_model(cfg.model, seed=cfg.train.seed if key is None else key)
+    model = frozen_base(build_model(cfg.model, seed=cfg.train.seed if key is None else key))   # model.lora.base
     return model, _optimizer_of(cfg, model)
 
 
 def _optimizer_of(cfg: Config, model) -> nnx.Optimizer:
-    dims = muon_dims(model) if cfg.optim.name == "muon" else None
-    tx = optimizer(cfg.optim, cfg.train.steps, matrix_mask(model), dims, cfg.model.runtime.param_dtype != "float32")
-    return nnx.Optimizer(model, tx, wrt=nnx.Param)
+    """The optimizer over what trains (`nn.lora.trainable`: the adapters with model.lora, else every parameter)."""
+    wrt = trainable(cfg.model)
+    dims = muon_dims(model, wrt) if cfg.optim.name == "muon" else None
+    tx = optimizer(cfg.optim, cfg.train.steps, matrix_mask(model, wrt), dims,
+                   cfg.model.runtime.param_dtype != "float32")
+    return nnx.Optimizer(model, tx, wrt=wrt)
 
 
 def _split(model, opt) -> tuple[Graphs, dict]:
@@ -180,10 +186,19 @@ def init_state(cfg: Config, plan: Plan | None = None) -> tuple[Graphs, dict]:
 
 
 def state_around(cfg: Config, model_state: nnx.State, plan: Plan | None = None) -> tuple[Graphs, dict]:
-    """A fresh training state around given model weights (fine-tuning: train.init_from): the optimizer state
-    initialised from them in one jitted init, in the plan's shardings; no random model is ever built."""
+    """A fresh training state around given model weights (fine-tuning: train.init_from; a model without
+    adapters: with model.lora, fresh adapters are added around them): the optimizer state initialised from them
+    in one jitted init, in the plan's shardings; no random model is ever built."""
     graphs, abstract = abstract_state(cfg, plan)
-    model_state = nnx.state(with_param_dtype(nnx.merge(graphs.model, model_state)))   # e.g. float32 weights, bf16
+    if cfg.model.lora.rank:
+        plain = dataclasses.replace(cfg.model, lora=LoraConfig())
+        with no_mesh():
+            graph = nnx.graphdef(nnx.eval_shape(lambda: build_model(plain)))
+        model = with_adapters(nnx.merge(graph, model_state), cfg.model.lora, cfg.train.seed)
+        model = frozen_base(model, cfg.model.lora)          # the graph of `plain`'s: its cfg has no adapters
+    else:
+        model = nnx.merge(graphs.model, model_state)
+    model_state = nnx.state(with_param_dtype(model))                  # e.g. float32 weights, bf16
 
     def init(ms):
         return nnx.split(_optimizer_of(cfg, nnx.merge(graphs.model, ms)))[1]
@@ -271,20 +286,21 @@ def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
         return objective(s, moe, cfg.optim, total, shards), (s, moe)
 
     k = cfg.optim.accumulate
+    wrt = nnx.DiffState(0, trainable(cfg.model))             # every parameter, or only the adapters (model.lora)
 
     def gradients(model, batch, rng):
         """(sums, MoE metrics), grads of the batch's objective. With optim.accumulate = k: the rows in k strided
         micro-batches (row r in micro-batch r mod k, so each spans every data shard), scanned one at a time;
         each objective is over the whole batch's target tokens, so the summed gradients are the batch's."""
         if k == 1:
-            (_, aux), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch, rng)
+            (_, aux), grads = nnx.value_and_grad(loss_fn, argnums=wrt, has_aux=True)(model, batch, rng)
             return aux, grads
         total = (adapter(cfg.model.arch).targets(batch) != pad).sum().astype(jnp.float32)
         micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
         graph, params = nnx.split(model)
 
         def grad_of(ps, i, mb):
-            (_, aux), g = nnx.value_and_grad(loss_fn, has_aux=True)(nnx.merge(graph, ps), mb,
+            (_, aux), g = nnx.value_and_grad(loss_fn, argnums=wrt, has_aux=True)(nnx.merge(graph, ps), mb,
                                                                     jax.random.fold_in(rng, i), total, k)
             return aux, g
 
@@ -331,7 +347,9 @@ def _shard_map_step(graphs: Graphs, cfg: Config, plan: Plan, loss_fn):
         targets = adapter(cfg.model.arch).targets(batch)
         total = jax.lax.psum((targets != pad).sum().astype(jnp.float32), axes)
         shards = plan.batch_shards
-        (_, (s, moe)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch, rng, total, shards)
+        wrt = nnx.DiffState(0, trainable(cfg.model))
+        (_, (s, moe)), grads = nnx.value_and_grad(loss_fn, argnums=wrt, has_aux=True)(model, batch, rng, total,
+                                                                                       shards)
         grads, s = jax.lax.psum((grads, s), axes)                     # the explicit gradient all-reduce
         moe = jax.lax.pmean(moe, axes)
         opt.update(model, grads)
