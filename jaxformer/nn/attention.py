@@ -14,6 +14,7 @@ from jaxformer.config import ModelConfig
 from jaxformer.nn.cache import HeadsMajorKV, LayerKV, heads_major
 from jaxformer.nn import init
 from jaxformer.nn.params import lever, ones, param, project, weight, zeros
+from jaxformer.nn.sites import NO_SITES, Sites
 from jaxformer.ops import norms, positional
 
 
@@ -96,7 +97,8 @@ class MultiHeadAttention(nnx.Module):
     def __call__(self, x: jax.Array, source: jax.Array | LayerKV | None = None, *, mask=None,
                  positions: jax.Array | None = None, kv_positions: jax.Array | None = None,
                  cache: LayerKV | None = None, weights: bool = False,
-                 wqkv: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
+                 wqkv: jax.Array | None = None, rngs: nnx.Rngs | None = None,
+                 sites: Sites = NO_SITES) -> tuple[jax.Array, dict]:
         """x [B,T,D] queries at positions [B,T].
 
         source: None (self-attention over x), or the keys/values' source for cross-attention: an array [B,S,D],
@@ -108,7 +110,8 @@ class MultiHeadAttention(nnx.Module):
         kv_positions [B,S+T] and mask (broadcastable to [B,N,T,S+T], or an ops.masks.CausalMask) decide what is
         visible. Without a cache, kv_positions defaults to positions. wqkv: the decoding layout's fused q/k/v
         weight (`fused_qkv`), used for a self-attention's projections when given. rngs: a training call's dropout
-        stream (adapters' input dropout, model.lora). -> (out [B,T,D], aux)."""
+        stream (adapters' input dropout, model.lora). sites: the block's activation sites (q, k, v, pattern, z;
+        `nn.sites`). -> (out [B,T,D], aux)."""
         aux = {}
         heads_first = isinstance(cache if source is None else source, HeadsMajorKV)   # [B,K,S,H]: a laid-out cache
         if source is None and wqkv is None and lever("fused_projections"):      # one matmul for q, k and v
@@ -119,6 +122,8 @@ class MultiHeadAttention(nnx.Module):
             q = self.project_q(x, positions, rngs)
             new = self.project_kv(x, positions, rngs) if source is None else None
         if source is None:
+            q = sites("q", q)
+            new = LayerKV(sites("k", new.k), sites("v", new.v))
             kv_positions = positions if kv_positions is None else kv_positions
             if cache is None:
                 keys, values = new
@@ -130,9 +135,12 @@ class MultiHeadAttention(nnx.Module):
                 aux["kv"] = new
         else:
             keys, values = source if isinstance(source, LayerKV) else self.project_kv(source, rngs=rngs)
-        ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, weights,
+            q, keys, values = sites("q", q), sites("k", keys), sites("v", values)
+        ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, weights or sites.wants("pattern"),
                               "BKSH" if heads_first else "BSKH")
-        ctx = checkpoint_name(ctx, "attention_out")              # what model.runtime.remat="dots_attention" keeps
+        if sites.wants("pattern"):
+            sites("pattern", w)
+        ctx = checkpoint_name(sites("z", ctx), "attention_out")   # what model.runtime.remat="dots_attention" keeps
         if "kv" in aux and lever("cache_write_order"):
             aux["kv"] = _after(aux["kv"], ctx)
         out = (project("BTNH,NHD->BTD", ctx, weight(self.wo, rngs)) + self._bias("o")).astype(q.dtype)

@@ -23,6 +23,7 @@ from jaxformer.nn.cache import LayerKV
 from jaxformer.nn.moe import MoEFeedForward
 from jaxformer.nn import init
 from jaxformer.nn.params import lever, ones, param, project, weight, zeros
+from jaxformer.nn.sites import NO_SITES, Sites
 from jaxformer.nn.stack import BlockOut
 from jaxformer.ops import activations, norms
 
@@ -42,6 +43,7 @@ class Context(NamedTuple):
     memory: jax.Array | None = None
     memory_mask: Any = None
     weights: bool = False
+    probe: Any = None
 
 
 def dropout(layer: nnx.Dropout, x: jax.Array, rngs: nnx.Rngs | None) -> jax.Array:
@@ -87,10 +89,11 @@ class FeedForward(nnx.Module):
                 self.bg = param(rngs, init.bias(cfg, "ffn_in"), (f,), ("mlp",))
 
     def __call__(self, x: jax.Array, valid: jax.Array | None = None, *, train: bool = False,
-                 w2_out_in: jax.Array | None = None, rngs: nnx.Rngs | None = None):
+                 w2_out_in: jax.Array | None = None, rngs: nnx.Rngs | None = None, sites: Sites = NO_SITES):
         """[B,T,D] -> ([B,T,D], {}). (valid and train: the FFN interface a MoE FFN shares; unused here.)
         w2_out_in: the decoding layout's output weight [D,F] (`output_out_in`), contracted instead of w2. rngs: a
-        training call's dropout stream (adapters' input dropout, model.lora)."""
+        training call's dropout stream (adapters' input dropout, model.lora). sites: the block's activation sites
+        (mlp_hidden, `nn.sites`)."""
         def dense(w, b, y, eq):
             out = project(eq, y, w if isinstance(w, jax.Array) else weight(w, rngs))
             return (out + b[...]).astype(y.dtype) if self.use_bias else out
@@ -100,6 +103,7 @@ class FeedForward(nnx.Module):
         else:
             h = dense(self.w1, getattr(self, "b1", None), x, "BTD,DF->BTF")
             h = activations.UNGATED[self.activation](h)
+        h = sites("mlp_hidden", h)
         if w2_out_in is not None:                                             # laid out for one row
             return dense(w2_out_in, getattr(self, "b2", None), h, "BTF,DF->BTD"), {}
         return dense(self.w2, getattr(self, "b2", None), h, "BTF,FD->BTD"), {}
@@ -185,13 +189,17 @@ class EncoderBlock(nnx.Module):
         self.res_attn = Residual(cfg, stack="encoder", rngs=rngs)
         self.res_ffn = Residual(cfg, stack="encoder", rngs=rngs)
 
-    def __call__(self, x: jax.Array, ctx: Context, *, rngs: nnx.Rngs | None = None) -> BlockOut:
+    def __call__(self, x: jax.Array, ctx: Context, *, rngs: nnx.Rngs | None = None, layer=None) -> BlockOut:
         """x [B,S,D] -> BlockOut([B,S,D], aux, None): aux "self" weights [B,N,S,S] with ctx.weights, "moe" from
-        a MoE FFN."""
-        x, a = self.res_attn(x, lambda y: self.self_attn(y, mask=ctx.mask, positions=ctx.positions,
-                                                         weights=ctx.weights, rngs=rngs), rngs)
-        x, f = self.res_ffn(x, lambda y: self.ffn(y, ctx.valid, train=rngs is not None, rngs=rngs), rngs)
-        return BlockOut(x, {**_renamed(a, "self"), **f})
+        a MoE FFN, "captured": the activation sites ctx.probe captures (`nn.sites`; layer: this layer's index)."""
+        sites = Sites(ctx.probe, layer)
+        x, a = self.res_attn(sites("resid_pre", x), lambda y: sites.output("attn_out", self.self_attn(
+            sites("attn_in", y), mask=ctx.mask, positions=ctx.positions, weights=ctx.weights, rngs=rngs,
+            sites=sites)), rngs)
+        x, f = self.res_ffn(sites("resid_mid", x), lambda y: sites.output("mlp_out", self.ffn(
+            sites("mlp_in", y), ctx.valid, train=rngs is not None, rngs=rngs, sites=sites)), rngs)
+        x = sites("resid_post", x)
+        return BlockOut(x, {**_renamed(a, "self"), **f, **({"captured": sites.captured} if sites.captured else {})})
 
 
 class DecoderBlock(nnx.Module):
@@ -211,7 +219,7 @@ class DecoderBlock(nnx.Module):
 
     def __call__(self, x: jax.Array, ctx: Context, *, cache: LayerKV | None = None,
                  memory_kv: LayerKV | None = None, window: jax.Array | None = None,
-                 decode: DecodeWeights | None = None, rngs: nnx.Rngs | None = None) -> BlockOut:
+                 decode: DecodeWeights | None = None, rngs: nnx.Rngs | None = None, layer=None) -> BlockOut:
         """x [B,T,D] -> BlockOut([B,T,D], aux, kv).
 
         cache: this layer's cached keys/values [B,S,K,H]: the self-attention attends over them followed by the T
@@ -220,24 +228,33 @@ class DecoderBlock(nnx.Module):
         the encoder memory [B,S,K,H] (else they are projected from ctx.memory). window: this layer's sliding
         window (an int scalar, 0 = global) applied to ctx.mask (a lazy ops.masks.CausalMask). decode: this layer's
         decoding-layout weights (`decode_weights`: a token loop's, from `nn.stack.LayerStack.lay_out`). aux holds
-        "self" [B,N,T,S] and "cross" [B,N,T,S_src] weights with ctx.weights (uncached passes), "moe" statistics."""
+        "self" [B,N,T,S] and "cross" [B,N,T,S_src] weights with ctx.weights (uncached passes), "moe" statistics,
+        "captured": the activation sites ctx.probe captures (`nn.sites`; layer: this layer's index, for patches)."""
         if ctx.weights and cache is not None:
             raise ValueError("attention weights are for uncached passes (cache=None)")
         mask = ctx.mask if window is None else ctx.mask._replace(window=window)
         decode = DecodeWeights() if decode is None else decode
-        x, a = self.res_self(x, lambda y: self.self_attn(y, mask=mask, positions=ctx.positions,
-                                                         kv_positions=ctx.kv_positions, cache=cache,
-                                                         weights=ctx.weights, wqkv=decode.wqkv, rngs=rngs), rngs)
+        sites = Sites(ctx.probe, layer)
+        x = sites("resid_pre", x)
+        x, a = self.res_self(x, lambda y: sites.output("attn_out", self.self_attn(
+            sites("attn_in", y), mask=mask, positions=ctx.positions, kv_positions=ctx.kv_positions, cache=cache,
+            weights=ctx.weights, wqkv=decode.wqkv, rngs=rngs, sites=sites)), rngs)
+        x = sites("resid_mid", x)
         kv = a.pop("kv", None)
         aux = _renamed(a, "self")
         if self.cross:
             source = memory_kv if memory_kv is not None else ctx.memory
-            x, c = self.res_cross(x, lambda y: self.cross_attn(y, source, mask=ctx.memory_mask,
-                                                               weights=ctx.weights, rngs=rngs), rngs)
+            cross = sites.view("cross_")
+            x, c = self.res_cross(x, lambda y: cross.output("out", self.cross_attn(
+                cross("in", y), source, mask=ctx.memory_mask, weights=ctx.weights, rngs=rngs, sites=cross)), rngs)
+            x = sites("resid_cross", x)
             aux.update(_renamed(c, "cross"))
-        x, f = self.res_ffn(x, lambda y: self.ffn(y, ctx.valid, train=rngs is not None,
-                                                  w2_out_in=decode.w2_out_in, rngs=rngs), rngs)
-        return BlockOut(x, {**aux, **f}, kv)
+        x, f = self.res_ffn(x, lambda y: sites.output("mlp_out", self.ffn(
+            sites("mlp_in", y), ctx.valid, train=rngs is not None, w2_out_in=decode.w2_out_in, rngs=rngs,
+            sites=sites)), rngs)
+        x = sites("resid_post", x)
+        captured = {"captured": sites.captured} if sites.captured else {}
+        return BlockOut(x, {**aux, **f, **captured}, kv)
 
     def decode_weights(self, batch: int | None) -> DecodeWeights:
         """This block's decoding layout for a token loop over `batch` rows (None: not known): the arrays its

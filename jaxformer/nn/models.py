@@ -32,6 +32,7 @@ from jaxformer.nn.cache import KVCache, LayerKV, LayerwiseKV, Memory, heads_majo
 from jaxformer.nn.inputs import AttentionInputs, decoder_self_mask, default_positions  # noqa: F401 (re-exported)
 from jaxformer.nn.layers import Context, DecoderBlock, EncoderBlock, Norm, dropout
 from jaxformer.nn.lora import with_adapters
+from jaxformer.nn.sites import Sites, available as available_sites, probe as sites_probe, with_captured
 from jaxformer.nn.params import DTYPES, param
 from jaxformer.nn.stack import BlockOut, DecodingLayers, LayerStack
 from jaxformer.ops import positional
@@ -173,11 +174,12 @@ class _Model(nnx.Module):
 
     def _decoder_pass(self, tokens, side: AttentionInputs, *, memory: Memory | None = None,
                       cache: KVCache | None = None, prefill: bool = False, rngs=None, weights: bool = False,
-                      layout=None, features: bool = False):
+                      layout=None, features: bool = False, probe=None):
         """The forward pass, written once: embed -> decoder stack -> logits. Uncached (cache=None), or over a
         cache: the T new tokens attend over the cache's slots then themselves, and their keys/values are written
         at slots [index, index+T). -> (logits [B,T,V] float32, aux, the new cache or None); features=True: the
-        output head's input [B,T,D] instead of the logits."""
+        output head's input [B,T,D] instead of the logits. probe: activation sites to capture or patch
+        (`nn.sites`): aux["captured"] then holds the captured ones."""
         pos, valid = side.positions, side.valid
         past = None
         if cache is None:
@@ -190,12 +192,19 @@ class _Model(nnx.Module):
         mask = decoder_self_mask(self.cfg, pos, kv_pos, k_valid, side.segments, k_seg)
         ctx = Context(pos, mask, kv_pos, valid, weights=weights,
                       memory=None if memory is None or memory.kv is not None else memory.x,
-                      memory_mask=None if memory is None else side.cross_mask(memory))
-        x = self.embed(tokens, pos, rngs)
+                      memory_mask=None if memory is None else side.cross_mask(memory), probe=probe)
+        sites = Sites(probe)
+        x = sites("embed", self.embed(tokens, pos, rngs))
         out = self.decoder(x, ctx, cache=None if past is None else past.layers,
                            memory_kv=None if memory is None else memory.kv, layout=layout, rngs=rngs)
         new_cache = None if cache is None else cache.write(out.kv, pos, side.slot_segments)
-        return out.x if features else self.embed.logits(out.x), out.aux, new_cache
+        h = sites("final_norm", out.x)
+        y = h if features else sites("logits", self.embed.logits(h))
+        return y, with_captured(out.aux, sites.captured), new_cache
+
+    def sites(self) -> tuple[str, ...]:
+        """The activation sites `forward` can capture and patch (`jaxformer.nn.sites`)."""
+        return available_sites(self.cfg)
 
     def _step(self, tokens, positions, cache: KVCache, memory, segment_ids, prefill, layout):
         tokens = jnp.asarray(tokens)
@@ -216,11 +225,14 @@ class Transformer(_Model):
         self.encoder = Encoder(cfg, rngs=rngs)
         self.decoder = Decoder(cfg, cross=True, rngs=rngs)
 
-    def _encode(self, src, positions, segment_ids, rngs, weights):
+    def _encode(self, src, positions, segment_ids, rngs, weights, probe=None):
         side = AttentionInputs(self.cfg, src, positions, segment_ids)
-        ctx = Context(side.positions, side.self_mask(), valid=side.valid, weights=weights)
-        out = self.encoder(self.embed(src, side.positions, rngs), ctx, rngs=rngs)
-        return Memory(out.x, side.valid, side.segments), out.aux
+        enc = None if probe is None else probe._replace(prefix="encoder.")
+        ctx = Context(side.positions, side.self_mask(), valid=side.valid, weights=weights, probe=enc)
+        sites = Sites(probe)
+        out = self.encoder(sites("encoder.embed", self.embed(src, side.positions, rngs)), ctx, rngs=rngs)
+        memory = Memory(sites("memory", out.x), side.valid, side.segments)
+        return memory, with_captured(out.aux, sites.captured)
 
     def encode(self, src: jax.Array, *, positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
                rngs: nnx.Rngs | None = None) -> Memory:
@@ -247,15 +259,19 @@ class Transformer(_Model):
 
     def forward(self, src: jax.Array, tgt: jax.Array, *, src_positions=None, tgt_positions=None,
                 src_segment_ids=None, tgt_segment_ids=None, rngs: nnx.Rngs | None = None,
-                weights: bool = False, features: bool = False) -> tuple[jax.Array, dict]:
+                weights: bool = False, features: bool = False, capture=(), patch=None) -> tuple[jax.Array, dict]:
         """src [B,S], tgt [B,T] (teacher-forced decoder input) -> (logits [B,T,V], aux): "moe" for a MoE model;
         with weights=True "weights": {"encoder_self": [L,B,N,S,S], "decoder_self": [L,B,N,T,T],
         "decoder_cross": [L,B,N,T,S]}. features=True: the output head's input [B,T,D] in place of the logits
-        (`embed.head_fn()` makes them)."""
-        memory, enc = self._encode(src, src_positions, src_segment_ids, rngs, weights)
+        (`embed.head_fn()` makes them). capture / patch: activation sites, as `TransformerLM.forward`."""
+        probe = sites_probe(capture, patch, self.sites())
+        memory, enc = self._encode(src, src_positions, src_segment_ids, rngs, weights, probe)
         side = AttentionInputs(self.cfg, tgt, tgt_positions, tgt_segment_ids)
-        logits, dec, _ = self._decoder_pass(tgt, side, memory=memory, rngs=rngs, weights=weights, features=features)
+        logits, dec, _ = self._decoder_pass(tgt, side, memory=memory, rngs=rngs, weights=weights, features=features,
+                                            probe=probe)
         aux = _moe_aux(enc, dec)
+        if probe is not None and probe.capture:
+            aux["captured"] = {**enc.get("captured", {}), **dec.get("captured", {})}
         if weights:
             aux["weights"] = {"encoder_self": enc["self"], "decoder_self": dec["self"], "decoder_cross": dec["cross"]}
         return logits, aux
@@ -292,17 +308,23 @@ class TransformerLM(_Model):
 
     def forward(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                 segment_ids: jax.Array | None = None, rngs: nnx.Rngs | None = None,
-                weights: bool = False, features: bool = False) -> tuple[jax.Array, dict]:
+                weights: bool = False, features: bool = False, capture=(), patch=None) -> tuple[jax.Array, dict]:
         """tokens [B,T] -> (logits [B,T,V] float32, aux): "moe" for a MoE model; with weights=True "weights":
         {"self": [L,B,N,T,T]}. The mask is causal over positions (and within documents with segment_ids), so
         left-padded rows with shifted positions work unchanged. features=True: the output head's input [B,T,D]
-        in place of the logits (`embed.head_fn()` makes them)."""
+        in place of the logits (`embed.head_fn()` makes them). capture: activation site names (`sites()`), their
+        values in aux["captured"] (per-layer ones [L, ...]); patch: {site: fn(value, layer) -> value}
+        (`jaxformer.nn.sites`)."""
         side = AttentionInputs(self.cfg, tokens, positions, segment_ids)
-        logits, aux, _ = self._decoder_pass(tokens, side, rngs=rngs, weights=weights, features=features)
+        logits, aux, _ = self._decoder_pass(tokens, side, rngs=rngs, weights=weights, features=features,
+                                            probe=sites_probe(capture, patch, self.sites()))
         out = _moe_aux(aux)
         if weights:
             out["weights"] = {"self": aux["self"]}
+        if "captured" in aux:
+            out["captured"] = aux["captured"]
         return logits, out
+
 
     def __call__(self, tokens: jax.Array, **kw) -> jax.Array:
         """tokens [B,T] -> logits [B,T,V] (float32); keywords as `forward`."""

@@ -42,7 +42,7 @@ class MoEFeedForward(nnx.Module):
         return None
 
     def __call__(self, x: jax.Array, valid: jax.Array | None = None, *, train: bool = False, w2_out_in: None = None,
-                 rngs: nnx.Rngs | None = None):
+                 rngs: nnx.Rngs | None = None, sites=None):
         """x [B,T,D], valid [B,T] bool (padding takes no expert slot) -> ([B,T,D], {"moe": ops.moe.MoEStats}).
         w2_out_in: the dense FFN's interface; always None here."""
         b, t, d = x.shape

@@ -110,6 +110,8 @@ class LayerStack(nnx.Module):
             keys = keys.reshape(groups, n, *keys.shape[1:])
         per_layer = {k: v for k, v in (("cache", cache), ("memory_kv", memory_kv), ("window", window))
                      if v is not None}
+        if getattr(ctx, "probe", None) is not None:              # activation sites: each block's layer index
+            per_layer["layer"] = jnp.arange(self.num_layers, dtype=jnp.int32)
         per_layer = jax.tree.map(lambda a: a.reshape(groups, n, *a.shape[1:]), per_layer)
 
         def body(h, xs):

@@ -1,0 +1,119 @@
+"""Named activation sites: read (capture) and replace (patch) any activation of a language model's forward pass,
+under jit, grad and the scanned layer stack, without a Python loop over layers.
+
+`TransformerLM.forward(tokens, capture=(names...), patch={name: fn})`: each captured site's value comes back in
+aux["captured"][name], a per-layer site stacked over the layers ([L, ...]); a patched site's value is replaced by
+fn(value, layer) wherever it is computed (layer: the layer's index, a traced int32 inside the scan; None for a
+model-level site), and what follows reads the replacement (a captured site records the value after its patch).
+`TransformerLM.sites()` lists the names. Names and shapes (B batch, T length, S keys, D width, N query heads,
+K kv heads, H head dim, F FFN width, V vocab):
+
+  model   embed [B,T,D] (the stack's input: token embedding, scaled, plus positions); final_norm [B,T,D] (the
+          output head's input: after the final norm where the model has one); logits [B,T,V]
+  layer   resid_pre [B,T,D]; attn_in [B,T,D] (what the self-attention reads: normalised with pre-LN);
+          q [B,T,N,H], k [B,S,K,H], v [B,S,K,H] (after QK-norm and RoPE, as attention uses them);
+          pattern [B,N,T,S] (attention probabilities, float32; capture only: fused backends recompute them from
+          their log-sum-exp as the heatmaps do); z [B,T,N,H] (each head's output, before the output projection:
+          head-wise, so zeroing z[..., h, :] ablates head h); attn_out [B,T,D]; resid_mid [B,T,D];
+          mlp_in [B,T,D]; mlp_hidden [B,T,F] (a dense FFN's activation output); mlp_out [B,T,D]; resid_post [B,T,D]
+
+An encoder-decoder (`Transformer.forward(src, tgt, capture=..., patch=...)`) has the same names for its decoder,
+plus its cross-attention's, between resid_mid and mlp_in: cross_in [B,T,D] (what it reads), cross_q [B,T,N,H],
+cross_k / cross_v [B,S,K,H] (from the memory), cross_pattern [B,N,T,S], cross_z [B,T,N,H], cross_out [B,T,D],
+resid_cross [B,T,D]; and its encoder's: encoder.embed [B,S,D], encoder.<layer site> (S for T), and memory
+[B,S,D] (the encoder's output, what cross-attention reads).
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+
+from jaxformer.errors import ConfigError
+
+MODEL_SITES = ("embed", "final_norm", "logits")
+LAYER_SITES = ("resid_pre", "attn_in", "q", "k", "v", "pattern", "z", "attn_out", "resid_mid", "mlp_in",
+               "mlp_hidden", "mlp_out", "resid_post")
+CROSS_SITES = ("cross_in", "cross_q", "cross_k", "cross_v", "cross_pattern", "cross_z", "cross_out", "resid_cross")
+CAPTURE_ONLY = ("pattern", "cross_pattern", "encoder.pattern")
+
+Patch = Callable[[jax.Array, "jax.Array | None"], jax.Array]
+
+
+def available(cfg) -> tuple[str, ...]:
+    """The site names of the model of `cfg` (a ModelConfig): module docstring; mlp_hidden only with a dense FFN."""
+    layer = LAYER_SITES if cfg.ffn == "dense" else tuple(n for n in LAYER_SITES if n != "mlp_hidden")
+    if cfg.arch == "decoder_only":
+        return MODEL_SITES + layer
+    return ("encoder.embed", *("encoder." + n for n in layer), "memory") + MODEL_SITES + layer + CROSS_SITES
+
+
+class Probe(NamedTuple):
+    """What a forward pass reads and replaces: site names to capture, and (name, fn) pairs to patch; prefix:
+    prepended to the names a stack's blocks use ("encoder." for an encoder's)."""
+    capture: tuple[str, ...] = ()
+    patch: tuple[tuple[str, Patch], ...] = ()
+    prefix: str = ""
+
+    def wants(self, name: str) -> bool:
+        return name in self.capture or any(n == name for n, _ in self.patch)
+
+
+def probe(capture=(), patch=None, available: tuple[str, ...] = MODEL_SITES + LAYER_SITES) -> Probe | None:
+    """A validated Probe (None when nothing is asked). ConfigError naming an unknown site, a patch that is not
+    callable, or a patch of a capture-only site."""
+    capture = (capture,) if isinstance(capture, str) else tuple(capture or ())
+    patch = dict(patch or {})
+    for name in (*capture, *patch):
+        if name not in available:
+            raise ConfigError(f"activation site {name!r} does not exist; the model's sites: {list(available)}")
+    for name, fn in patch.items():
+        if name in CAPTURE_ONLY:
+            raise ConfigError(f"activation site {name!r} can be captured, not patched")
+        if not callable(fn):
+            raise ConfigError(f"patch[{name!r}] must be a function (value, layer) -> value; got {type(fn).__name__}")
+    return Probe(capture, tuple(patch.items())) if capture or patch else None
+
+
+class Sites:
+    """One block's (or the model's) sites during a pass: sites(name, value) -> the value, patched when asked,
+    recorded in `captured` (under its full name: the probe's prefix, `sub`, name) when asked. With probe None it
+    returns every value unchanged."""
+
+    def __init__(self, probe: Probe | None, layer=None, sub: str = "", captured: dict | None = None):
+        self.probe, self.layer, self.sub = probe, layer, sub
+        self.captured = {} if captured is None else captured
+
+    def view(self, sub: str) -> "Sites":
+        """The same sites, names read with `sub` before them (a cross-attention's: "cross_")."""
+        return Sites(self.probe, self.layer, sub, self.captured)
+
+    def _full(self, name: str) -> str:
+        return self.probe.prefix + self.sub + name
+
+    def wants(self, name: str) -> bool:
+        return self.probe is not None and self.probe.wants(self._full(name))
+
+    def __call__(self, name: str, value):
+        if self.probe is None:
+            return value
+        name = self._full(name)
+        for n, fn in self.probe.patch:
+            if n == name:
+                value = fn(value, self.layer)
+        if name in self.probe.capture:
+            self.captured[name] = value
+        return value
+
+    def output(self, name: str, result: tuple):
+        """A sublayer's (y, aux) with y passed through site `name`."""
+        y, aux = result
+        return self(name, y), aux
+
+
+NO_SITES = Sites(None)
+
+
+def with_captured(aux: dict, captured: dict) -> dict:
+    """A stack's aux with model-level captured sites added to its per-layer ones (aux["captured"])."""
+    return aux if not captured else {**aux, "captured": {**aux.get("captured", {}), **captured}}

@@ -1,0 +1,172 @@
+"""Activation sites (`jaxformer.nn.sites`): capture and patch named activations of a language model's forward pass
+under jit, grad and the scanned layer stack.
+
+Wrong implementations these catch: a per-layer site recorded from the wrong layer or not stacked in layer order
+(compared with blocks applied one at a time by hand); a patch applied at the wrong layer (the head ablation would
+remove another layer's head); a patch whose result is not what flows on (the write-back and ablation tests);
+probabilities of a fused backend not recomputed; unknown site names accepted silently.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxformer.config import ConfigError, ModelConfig, replaced
+from jaxformer.nn import build_model
+from jaxformer.nn.inputs import AttentionInputs, decoder_self_mask
+from jaxformer.nn.layers import Context
+from jaxformer.nn.sites import LAYER_SITES, MODEL_SITES
+
+L = 3
+
+
+def lm(**kw):
+    cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=40, d_model=32, num_heads=4, num_kv_heads=2,
+                   d_ff=48, num_decoder_layers=L, max_len=16, positional="rope", activation="swiglu",
+                   norm__position="pre", runtime__dropout=0.0, **kw)
+    return build_model(cfg)
+
+
+TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, 10)))
+
+
+def test_every_site_is_listed_and_captured_in_its_shape():
+    m = lm()
+    assert m.sites() == MODEL_SITES + LAYER_SITES
+    _, aux = m.forward(TOKENS, capture=m.sites())
+    got = {k: v.shape for k, v in aux["captured"].items()}
+    b, t, d, n, k, h, f = 2, 10, 32, 4, 2, 8, 48
+    assert got == {"embed": (b, t, d), "final_norm": (b, t, d), "logits": (b, t, 40),
+                   "resid_pre": (L, b, t, d), "attn_in": (L, b, t, d), "q": (L, b, t, n, h), "k": (L, b, t, k, h),
+                   "v": (L, b, t, k, h), "pattern": (L, b, n, t, t), "z": (L, b, t, n, h), "attn_out": (L, b, t, d),
+                   "resid_mid": (L, b, t, d), "mlp_in": (L, b, t, d), "mlp_hidden": (L, b, t, f),
+                   "mlp_out": (L, b, t, d), "resid_post": (L, b, t, d)}
+    moe = lm(ffn="moe", moe__num_experts=2)
+    assert "mlp_hidden" not in moe.sites() and "mlp_out" in moe.sites()
+
+
+def test_the_captured_residual_stream_is_the_blocks_applied_by_hand():
+    m = lm()
+    logits, aux = m.forward(TOKENS, capture=("embed", "resid_pre", "resid_mid", "resid_post", "final_norm"))
+    cap = aux["captured"]
+    side = AttentionInputs(m.cfg, TOKENS, None, None)
+    pos = side.positions
+    ctx = Context(pos, decoder_self_mask(m.cfg, pos, pos, side.valid, side.segments, side.segments), pos, side.valid)
+    x = m.embed(TOKENS, pos, None)
+    np.testing.assert_allclose(cap["embed"], x, rtol=1e-6, atol=1e-6)
+    for i in range(L):
+        block = m.decoder.layers.layer(i)
+        np.testing.assert_allclose(cap["resid_pre"][i], x, rtol=1e-5, atol=1e-5)
+        mid = x + block.self_attn(block.res_self.norm(x), mask=ctx.mask, positions=pos)[0]
+        np.testing.assert_allclose(cap["resid_mid"][i], mid, rtol=1e-5, atol=1e-5)
+        x = block(x, ctx).x
+        np.testing.assert_allclose(cap["resid_post"][i], x, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(cap["final_norm"], m.decoder.final_norm(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits, m.embed.logits(cap["final_norm"]), rtol=1e-5, atol=1e-5)
+
+
+def test_writing_back_the_captured_values_changes_nothing():
+    m = lm()
+    logits, aux = m.forward(TOKENS, capture=m.sites())
+    cap = aux["captured"]
+    back = {n: (lambda n: lambda v, layer: cap[n] if layer is None else cap[n][layer])(n)
+            for n in m.sites() if n != "pattern"}
+    again, _ = m.forward(TOKENS, patch=back)
+    np.testing.assert_array_equal(np.asarray(again), np.asarray(logits))
+
+
+def test_zero_ablating_a_head_is_dropping_its_slice_of_the_output_projection():
+    m = lm()
+    layer, head = 2, 1
+    ablated, _ = m.forward(TOKENS, patch={"z": lambda z, i: jnp.where(i == layer, z.at[:, :, head].set(0.0), z)})
+    cut = nnx.clone(m)
+    wo = cut.decoder.layers.blocks.self_attn.wo
+    wo.set_value(wo[...].at[layer, head].set(0.0))                       # wo [L,N,H,D]
+    np.testing.assert_allclose(np.asarray(ablated), np.asarray(cut(TOKENS)), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(np.asarray(ablated), np.asarray(m(TOKENS)), atol=1e-3)
+
+
+@pytest.mark.parametrize("backend,remat", [("reference", "none"), ("chunked", "full")])
+def test_capture_and_patch_under_jit_grad_and_the_backends(backend, remat):
+    m = lm(runtime__attention_backend=backend, runtime__remat=remat, runtime__attention_block=4)
+    graph, state = nnx.split(m)
+
+    def loss(scale, state):
+        model = nnx.merge(graph, state)
+        logits, aux = model.forward(TOKENS, capture=("pattern", "mlp_out"),
+                                    patch={"mlp_out": lambda v, i: v * jnp.where(i == 1, scale, 1.0)})
+        return logits.sum(), aux["captured"]
+
+    (value, cap), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(1.0, state)
+    eps = 1e-2
+    numeric = (loss(1.0 + eps, state)[0] - loss(1.0 - eps, state)[0]) / (2 * eps)
+    np.testing.assert_allclose(float(g), float(numeric), rtol=2e-2)
+    np.testing.assert_allclose(np.asarray(cap["pattern"]).sum(-1), 1.0, rtol=1e-5)
+    want = m.forward(TOKENS, weights=True)[1]["weights"]["self"]
+    np.testing.assert_allclose(np.asarray(cap["pattern"]), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_bad_sites_are_named_errors():
+    m = lm()
+    with pytest.raises(ConfigError, match="'resid' does not exist"):
+        m.forward(TOKENS, capture=("resid",))
+    with pytest.raises(ConfigError, match="captured, not patched"):
+        m.forward(TOKENS, patch={"pattern": lambda v, i: v})
+    with pytest.raises(ConfigError, match="must be a function"):
+        m.forward(TOKENS, patch={"z": 0.0})
+    with pytest.raises(ConfigError, match="does not exist"):
+        lm(ffn="moe", moe__num_experts=2).forward(TOKENS, capture=("mlp_hidden",))
+
+
+def test_an_encoder_decoder_has_encoder_and_cross_attention_sites():
+    cfg = replaced(ModelConfig(), vocab_size=13, d_model=32, num_heads=4, d_ff=48, num_encoder_layers=2,
+                   num_decoder_layers=2, max_len=16, runtime__dropout=0.0)
+    m = build_model(cfg)
+    src, tgt = TOKENS[:, :7] % 13, TOKENS[:, 3:] % 13
+    logits, aux = m.forward(src, tgt, capture=m.sites())
+    got = {k: v.shape for k, v in aux["captured"].items()}
+    assert got["encoder.embed"] == got["memory"] == (2, 7, 32) and got["encoder.resid_post"] == (2, 2, 7, 32)
+    assert got["cross_pattern"] == (2, 2, 4, 7, 7) and got["cross_k"] == (2, 2, 7, 4, 8)
+    assert got["resid_cross"] == got["resid_post"] == (2, 2, 7, 32) and got["logits"] == (2, 7, 13)
+    np.testing.assert_allclose(np.asarray(aux["captured"]["cross_pattern"]).sum(-1), 1.0, rtol=1e-5)
+    cap = aux["captured"]
+    back = {n: (lambda n: lambda v, layer: cap[n] if layer is None else cap[n][layer])(n)
+            for n in m.sites() if not n.endswith("pattern")}
+    np.testing.assert_array_equal(np.asarray(m.forward(src, tgt, patch=back)[0]), np.asarray(logits))
+
+
+@pytest.mark.slow          # trains the README's reversal model for 600 steps (~60 s)
+def test_activation_patching_localises_the_digit_being_copied(tmp_path):
+    """Corrupt one source digit; patch the clean run's encoder output (memory) into the corrupted run one source
+    position at a time: the logit difference of the reversed output that copies that digit comes back only when
+    the patched position is the corrupted one."""
+    from jaxformer.configio import apply_overrides, load_config_file
+    from jaxformer.data.tasks import encode_digit_pairs
+    from jaxformer.inference import load_model
+    from jaxformer.train.loop import train
+    from helpers import ROOT
+    cfg = apply_overrides(load_config_file(ROOT / "configs/reverse.py"),
+                          ["train.steps=600", "train.eval_every=600", "train.checkpoint_every=600"])
+    assert train(cfg, tmp_path / "rev", progress="none")["eval"]["exact_match"] > 0.9
+    m = load_model(tmp_path / "rev", "latest").model
+    clean = (3, 1, 4, 1, 5)
+    for p in (1, 3):
+        corrupt = tuple((d + 6) % 10 if i == p else d for i, d in enumerate(clean))
+        b = encode_digit_pairs([clean, corrupt], True, 7)
+        src, tgt = jnp.asarray(b["src"]), jnp.asarray(b["tgt_in"])
+        kw = dict(src_segment_ids=jnp.asarray(b["src_segment_ids"]), tgt_segment_ids=jnp.asarray(b["tgt_segment_ids"]))
+        logits, aux = m.forward(src, tgt, capture=("memory",), **kw)
+        memory = aux["captured"]["memory"]
+        j, good, bad = len(clean) - 1 - p, clean[p] + 3, corrupt[p] + 3         # reversed: output j copies p
+        diff = lambda lg, row=1: lg[row, j, good] - lg[row, j, bad]             # noqa: E731
+        clean_diff, corrupt_diff = diff(logits, 0), diff(logits)
+        assert clean_diff > 0 > corrupt_diff
+        curve = []
+        for q in range(len(clean) + 1):                                         # the digits and EOS
+            lg, _ = m.forward(src, tgt, patch={"memory": lambda v, i, q=q: v.at[1, q].set(memory[0, q])}, **kw)
+            curve.append(float((diff(lg) - corrupt_diff) / (clean_diff - corrupt_diff)))
+        assert int(np.argmax(curve)) == p and curve[p] > 0.8, curve
+        assert max(abs(c) for i, c in enumerate(curve) if i != p) < 0.2, curve
