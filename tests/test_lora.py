@@ -202,3 +202,13 @@ def test_function_ignores_the_adapters():
     cfg = lm_cfg(rank=8, targets=ALL, base="int8")
     assert cfg.function() == lm_cfg().function()
     assert dataclasses.replace(cfg, d_model=64).function() != lm_cfg().function()
+
+
+def test_the_ema_of_an_adapted_run_averages_only_the_adapters():
+    from jaxformer.inference.weights import evaluated
+    cfg, graphs, before, state = train_one(["model.lora.rank=4", "optim.ema=0.5", "optim.lr=0.01"])
+    views = evaluated(cfg.optim, graphs.model, state["model"], state["opt"])
+    ema, now = (dict(nnx.to_flat_state(nnx.state(nnx.merge(graphs.model, v)))) for v in
+                (views["eval_ema"], state["model"]))
+    differs = {p for p in now if not np.array_equal(np.asarray(now[p][...]), np.asarray(ema[p][...]))}
+    assert differs and {p[-1] for p in differs} <= {"a", "b"}
