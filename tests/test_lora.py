@@ -212,3 +212,16 @@ def test_the_ema_of_an_adapted_run_averages_only_the_adapters():
                 (views["eval_ema"], state["model"]))
     differs = {p for p in now if not np.array_equal(np.asarray(now[p][...]), np.asarray(ema[p][...]))}
     assert differs and {p[-1] for p in differs} <= {"a", "b"}
+
+
+@pytest.mark.parametrize("base", ["float32", "int8"])
+def test_cached_decoding_of_an_adapted_model_equals_its_forward(base):
+    from helpers import cached_and_full
+    from jaxformer.decode import generate_lm
+    model = perturbed(frozen_base(build_model(lm_cfg(rank=4, targets=ALL, base=base))), scale=0.1)
+    x = tokens(3, (2, 9)) % 39 + 1
+    cached, full, _ = cached_and_full(model, x, prefill=4)
+    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), rtol=1e-4, atol=1e-4)
+    greedy = generate_lm(model, x[:, :4], max_new=5)                       # the laid-out token loop
+    want = generate_lm(merged(nnx.clone(model)), x[:, :4], max_new=5)
+    np.testing.assert_array_equal(np.asarray(greedy), np.asarray(want))
