@@ -170,3 +170,25 @@ def test_activation_patching_localises_the_digit_being_copied(tmp_path):
             curve.append(float((diff(lg) - corrupt_diff) / (clean_diff - corrupt_diff)))
         assert int(np.argmax(curve)) == p and curve[p] > 0.8, curve
         assert max(abs(c) for i, c in enumerate(curve) if i != p) < 0.2, curve
+
+
+@pytest.mark.parametrize("layout", [False, True])
+def test_a_patch_acts_in_cached_decoding_as_in_the_forward_pass(layout):
+    """A steering vector added to layer 1's residual stream: prefill then one-token cached steps (scanned, or
+    laid out for a token loop) give the patched forward pass's logits."""
+    m = lm()
+    steer = jax.random.normal(jax.random.key(5), (32,))
+    patch = {"resid_post": lambda v, i: v + jnp.where(i == 1, 1.0, 0.0) * steer,
+             "logits": lambda v, i: v * 1.5}
+    want, _ = m.forward(TOKENS, patch=patch)
+    assert not np.allclose(np.asarray(want), np.asarray(m(TOKENS)), atol=1e-2)
+    b, t = TOKENS.shape
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), TOKENS.shape)
+    lay = m.decoding_layout(b) if layout else None
+    cache = m.init_cache(b, t, layout=lay)
+    out, cache = m.step(TOKENS[:, :4], pos[:, :4], cache, prefill=True, layout=lay, patch=patch)
+    got = [out]
+    for i in range(4, t):
+        out, cache = m.step(TOKENS[:, i:i + 1], pos[:, i:i + 1], cache, layout=lay, patch=patch)
+        got.append(out)
+    np.testing.assert_allclose(np.asarray(jnp.concatenate(got, 1)), np.asarray(want), rtol=1e-4, atol=1e-4)

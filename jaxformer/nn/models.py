@@ -206,11 +206,11 @@ class _Model(nnx.Module):
         """The activation sites `forward` can capture and patch (`jaxformer.nn.sites`)."""
         return available_sites(self.cfg)
 
-    def _step(self, tokens, positions, cache: KVCache, memory, segment_ids, prefill, layout):
+    def _step(self, tokens, positions, cache: KVCache, memory, segment_ids, prefill, layout, patch):
         tokens = jnp.asarray(tokens)
         side = AttentionInputs(self.cfg, tokens, positions, segment_ids)
         logits, _, cache = self._decoder_pass(tokens, side, memory=memory, cache=cache, prefill=prefill,
-                                              layout=layout)
+                                              layout=layout, probe=sites_probe((), patch, self.sites()))
         return logits, cache
 
 
@@ -282,12 +282,13 @@ class Transformer(_Model):
 
     def step(self, tokens: jax.Array, positions: jax.Array, cache: KVCache, *, memory: Memory,
              segment_ids: jax.Array | None = None, prefill: bool = False,
-             layout: DecodingLayers | None = None) -> tuple[jax.Array, KVCache]:
+             layout: DecodingLayers | None = None, patch=None) -> tuple[jax.Array, KVCache]:
         """One cached decoder call: tokens, positions [B,T] over an encoder memory (`prepare_memory` computes its
         keys/values once) -> (logits [B,T,V], the cache with the T new keys/values written). prefill=True declares
         the cache empty (its slots are skipped: the first pass costs a plain forward pass). layout: the decoder
-        laid out for a token loop (`decoding_layout`), with the cache and memory made for it."""
-        return self._step(tokens, positions, cache, memory, segment_ids, prefill, layout)
+        laid out for a token loop (`decoding_layout`), with the cache and memory made for it. patch: activation
+        sites replaced, as `forward` (`nn.sites`)."""
+        return self._step(tokens, positions, cache, memory, segment_ids, prefill, layout, patch)
 
     def attention_weights(self, src: jax.Array, tgt: jax.Array, **kw) -> dict[str, jax.Array]:
         """Every layer's attention weights (float32, a distribution over the visible keys; 0 on masked ones) for
@@ -332,15 +333,17 @@ class TransformerLM(_Model):
 
     def step(self, tokens: jax.Array, positions: jax.Array, cache: KVCache, *, memory: None = None,
              segment_ids: jax.Array | None = None, prefill: bool = False,
-             layout: DecodingLayers | None = None) -> tuple[jax.Array, KVCache]:
+             layout: DecodingLayers | None = None, patch=None) -> tuple[jax.Array, KVCache]:
         """One cached call: tokens, positions [B,T] -> (logits [B,T,V], the cache with the T new keys/values
         written at slots [index, index+T)). Without segment_ids every token is real; with them (0 = padding,
         whose slots are never attended), each query sees only its own document's slots (pass them to every step
         of a packed row). prefill=True declares the cache empty (its slots are skipped). layout: the decoder laid
-        out for a token loop (`decoding_layout`), with the cache made for it (`init_cache(..., layout=)`)."""
+        out for a token loop (`decoding_layout`), with the cache made for it (`init_cache(..., layout=)`).
+        patch: activation sites replaced, as `forward` (`nn.sites`; e.g. a steering vector added to a layer's
+        residual stream at every step)."""
         if memory is not None:
             raise ValueError("a decoder-only model attends over no memory")
-        return self._step(tokens, positions, cache, None, segment_ids, prefill, layout)
+        return self._step(tokens, positions, cache, None, segment_ids, prefill, layout, patch)
 
     def attention_weights(self, tokens: jax.Array, **kw) -> dict[str, jax.Array]:
         """Every layer's causal self-attention weights for tokens [B,T] (float32, a distribution over the

@@ -170,6 +170,8 @@ class DecodingLayers(nnx.Module):
         auxes, kvs = [], []
         for i, block in enumerate(self.blocks):
             extra = {name: _layer(v, i) for name, v in per_layer.items() if v is not None}
+            if getattr(ctx, "probe", None) is not None:                # activation sites: the layer's index
+                extra["layer"] = jnp.asarray(i, jnp.int32)
             out = block(constrain(x, ACTIVATION), ctx, decode=self.weights[i], **extra)
             x = out.x
             auxes.append(out.aux)
