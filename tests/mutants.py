@@ -280,6 +280,9 @@ MUTANTS = (
     Mutant("sites-patch-discarded", "a patch computed but its result not what flows on", "jaxformer/nn/sites.py",
            "                value = fn(value, self.layer)\n", "                fn(value, self.layer)\n",
            ("tests/test_sites.py", "-k", "ablating")),
+    Mutant("sites-layout-layer-zero", "a decoding layout tells every layer's patch it is layer 0",
+           "jaxformer/nn/stack.py", "extra[\"layer\"] = jnp.asarray(i, jnp.int32)",
+           "extra[\"layer\"] = jnp.asarray(0, jnp.int32)", ("tests/test_sites.py", "-k", "cached")),
     Mutant("sites-unknown-accepted", "a misspelt site name captures nothing, silently", "jaxformer/nn/sites.py",
            "        if name not in available:\n", "        if False:\n", ("tests/test_sites.py", "-k", "bad_sites")),
     Mutant("padding-target-is-token-zero", "a held-out window's padding targets token 0 (a pretrained tokenizer's "
