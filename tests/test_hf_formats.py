@@ -357,6 +357,14 @@ PUBLISHED = {
         task_specific_params={"text-generation": {"do_sample": True, "max_length": 50}})),
     "google/gemma-1.1-2b-it (gemma)": (transformers.GemmaConfig, GEMMA, dict(
         hidden_act="gelu", hidden_activation="gelu_pytorch_tanh", attn_implementation="eager")),
+    "mistralai/Mistral-7B-v0.3 (mistral)": (transformers.MistralConfig, LLAMA, dict(
+        sliding_window=None, rope_theta=1e6, tie_word_embeddings=False, attention_dropout=0.0, hidden_act="silu")),
+    "google/gemma-2-2b (gemma2)": (transformers.Gemma2Config, dict(LLAMA, head_dim=16, num_hidden_layers=4,
+                                                                   sliding_window=4, query_pre_attn_scalar=24,
+                                                                   attn_logit_softcapping=5.0,
+                                                                   final_logit_softcapping=3.0), dict(
+        layer_types=None, cache_implementation="hybrid", hidden_act="gelu_pytorch_tanh",
+        hidden_activation="gelu_pytorch_tanh", attention_bias=False, pad_token_id=0, eos_token_id=1, bos_token_id=2)),
 }
 
 
