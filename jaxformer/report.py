@@ -171,6 +171,17 @@ class Report:
         name = f"{self.sweep.name}_{suffix}.png"
         return self.out / name, f"![{suffix}]({name})"
 
+    def sizes(self, axis: str, arm: Arm) -> list:
+        """Each run's size (jaxformer.scaling.AXES: params, tokens, ...) from its resolved config; None for
+        a run that has not finished."""
+        from jaxformer.runs import RunDir
+        from jaxformer.scaling import run_size
+        cache = self.__dict__.setdefault("_sizes", {})
+        for r in self.runs_of(arm):
+            if r.id not in cache and self.status[r.id] is not None:
+                cache[r.id] = run_size(RunDir(r.workdir).read_config())
+        return [cache[r.id][axis] if r.id in cache else None for r in self.runs_of(arm)]
+
     def wall_s(self) -> float:
         return sum(st.get("wall_s", 0.0) for st in self.status.values() if st)
 
@@ -209,13 +220,16 @@ def markdown_table(rep: Report) -> str:
 def write_csv(rep: Report) -> list[Path]:
     keys = list(dict.fromkeys(k for a in rep.arms for k in a.values))
     labels = list(rep.sweep.metrics)
+    axes = sorted({s.x for s in rep.sweep.scaling}, key=str)          # sizes the fits need, as columns
     p_runs, p_arms = rep.out / f"{rep.sweep.name}_runs.csv", rep.out / f"{rep.sweep.name}_arms.csv"
     with p_runs.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["arm", *keys, "seed", "status", "wall_s", *labels])
+        w.writerow(["arm", *keys, "seed", "status", "wall_s", *labels, *axes])
+        sizes = {ax: {r.id: v for a in rep.arms for r, v in zip(rep.runs_of(a), rep.sizes(ax, a))} for ax in axes}
         for r in rep.runs:
             st = rep.status[r.id] or {}
             vals = [metric_value(rep.sweep.metrics[lab], rep.status[r.id], rep.records[r.id]) for lab in labels]
+            vals += [sizes[ax][r.id] for ax in axes]
             w.writerow([r.arm.name, *(r.arm.values.get(k, "") for k in keys), r.seed, st.get("status", "missing"),
                         f"{st.get('wall_s', 0):.1f}", *("" if v is None else v for v in vals)])
     with p_arms.open("w", newline="") as f:
@@ -348,6 +362,9 @@ def write_report(sweep: Sweep, root: str | Path = "runs/sweeps", out: str | Path
     lines += ["", "## Results", "", "Per arm: mean ± std over seeds [95% Student-t interval of the mean]; "
               "(k/n) when only k of n runs have the value.", "", markdown_table(rep), ""]
     lines += [link for link in curves] + ([bars] if bars else [])
+    if sweep.scaling:
+        from jaxformer.scaling import section
+        lines += ["", section(rep).strip()]
     if sweep.extra is not None:
         lines += ["", sweep.extra(rep).strip()]
     lines += ["", f"Data: `{sweep.name}_runs.csv` (one row per run), `{sweep.name}_arms.csv` (per arm and metric). "

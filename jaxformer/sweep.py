@@ -37,6 +37,7 @@ from jaxformer.config import SECTIONED, Config
 from jaxformer.configio import apply_overrides, load_config_file, load_python
 from jaxformer.errors import ConfigError, JaxformerError, NonFiniteLoss, SweepError
 from jaxformer.runs import RunDir
+from jaxformer.scaling import Scaling
 
 FINISHED = ("completed", "diverged")
 
@@ -52,6 +53,8 @@ class Sweep:
     table's end) is recorded with its reason. metrics: report label -> spec (jaxformer.report.metric_value):
     "SPLIT/KEY" (last logged value), "SPLIT/KEY<X" or ">X" (first step that crosses X), "evals:NAME/KEY",
     "diverged". curves: "SPLIT/KEY" learning curves to plot; panels: a grid key, one subplot per value.
+    scaling: power-law fits of a metric against the runs' sizes (jaxformer.scaling.Scaling), each a section,
+    a plot and OUT/NAME_scaling.json of the report.
     summary(report) and extra(report) return Markdown for the report (a verdict computed from the numbers;
     extra figures)."""
     name: str
@@ -68,6 +71,7 @@ class Sweep:
     doc: str = ""
     summary: Callable[[Any], str] | None = None
     extra: Callable[[Any], str] | None = None
+    scaling: tuple = ()
     source: str = ""                       # the sweep file (set by load_sweep)
 
     def __post_init__(self):
@@ -78,6 +82,12 @@ class Sweep:
         for k, vs in self.grid.items():
             if isinstance(vs, (str, bytes)) or not len(vs):
                 raise ConfigError(f"sweep grid[{k!r}]={vs!r} must be a non-empty list of values")
+        for i, sc in enumerate(self.scaling):
+            if not isinstance(sc, Scaling):
+                raise ConfigError(f"sweep scaling[{i}]={sc!r} must be a jaxformer.scaling.Scaling")
+            if sc.metric not in self.metrics:
+                raise ConfigError(f"sweep scaling[{i}].metric={sc.metric!r} is not a label of the sweep's metrics "
+                                  f"({list(self.metrics)})")
         if self.panels is not None and self.panels not in self.grid:
             raise ConfigError(f"sweep panels={self.panels!r} is not a grid key ({list(self.grid)})")
 

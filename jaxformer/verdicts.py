@@ -40,6 +40,10 @@ class CSVReport(Report):
         info = self.out / f"{sweep.name}_info.json"
         self.info = json.loads(info.read_text(encoding="utf-8")) if info.is_file() else None
 
+    def sizes(self, axis: str, arm: Arm) -> list:
+        """Each run's size from its CSV column (written when the sweep has scaling fits)."""
+        return self.values(axis, arm)
+
     def values(self, label: str, arm: Arm) -> list:
         out = []
         for r in self.runs_of(arm):

@@ -31,8 +31,10 @@ RULES = (
     Rule(("jaxformer.runs",), never=("jaxformer.nn", "jaxformer.train", "jaxformer.decode", "jaxformer.inference",
                                      "jaxformer.quantize"),
          reason="the run directory is files; restoring a model is inference's job"),
-    Rule(TOP, unless=("jaxformer.train", "jaxformer.cli", "jaxformer.sweep"), never=("jaxformer.train",),
-         reason="train is imported only by train itself, cli and sweep"),
+    Rule(TOP, unless=("jaxformer.train", "jaxformer.cli", "jaxformer.sweep", "jaxformer.scaling", "jaxformer.mup"),
+         never=("jaxformer.train",),
+         reason="train is imported only by train itself, cli, sweep, scaling (a run's FLOPs by the same formula) "
+                "and mup (its coordinate check trains a few steps)"),
     Rule(TOP, unless=("jaxformer.cli", "jaxformer.__main__"), never=("jaxformer.cli",),
          reason="cli is the top: nothing in the package imports it"),
     Rule(("jaxformer.ops",), never=("jaxformer.platforms",),

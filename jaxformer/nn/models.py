@@ -391,7 +391,8 @@ def count_params(model: nnx.Module) -> dict[str, int]:
             kind = "MoE router" if kind == "FFN" and keys[-1] == "router" else kind
             name = f"{keys[0]} {kind}"
         name = "LoRA adapters" if isinstance(v, nnx.LoRAParam) else name
-        size = math.prod(v[...].shape)                                 # an int8 weight: its values
+        raw = v.get_value()                  # an abstract model's ShapeDtypeStruct; an int8 weight: its values
+        size = math.prod((raw if isinstance(raw, jax.ShapeDtypeStruct) else v[...]).shape)
         counts[name] = counts.get(name, 0) + size
         if "expert" in (v.get_metadata().get("out_sharding") or ()):
             experts += size
