@@ -1,8 +1,9 @@
 """Command line: `jaxformer train CONFIG [--set k=v ...] [--workdir DIR]`, `jaxformer eval --workdir RUN`,
 `jaxformer generate --workdir RUN [--prompt TEXT ...]`, `jaxformer eval-tasks --workdir RUN --tasks FILE ...`,
-`jaxformer params CONFIG`, `jaxformer plan CONFIG`,
+`jaxformer params CONFIG`, `jaxformer plan CONFIG`, `jaxformer mup-check CONFIG` (µP's coordinate check),
 `jaxformer sweep SWEEP.py`, `jaxformer report SWEEP.py`,
-`jaxformer viz --workdir RUN [--prompt TEXT ...] [--out DIR]` (attention heatmaps)."""
+`jaxformer viz --workdir RUN [--prompt TEXT ...] [--plot attention|lens|heads] [--out DIR]` (attention heatmaps,
+the logit lens, the head-ablation table)."""
 from __future__ import annotations
 
 import contextlib
@@ -143,11 +144,46 @@ def cmd_generate(args) -> int:
 
 
 def cmd_viz(args) -> int:
-    from jaxformer.viz import write_heatmaps
-    paths = write_heatmaps(args.workdir, args.prompt, args.which, args.out, weights=args.weights)
-    console.print(f"{len(paths)} attention heatmap(s) written:")
+    from jaxformer.viz import write_heatmaps, write_probes
+    plots = list(dict.fromkeys(args.plot or ["attention"]))
+    paths = write_heatmaps(args.workdir, args.prompt, args.which, args.out, weights=args.weights) \
+        if "attention" in plots else []
+    if set(plots) - {"attention"}:
+        paths += write_probes(args.workdir, args.prompt, plots, args.which, args.out, weights=args.weights)
+    console.print(f"{len(paths)} figure(s) written ({', '.join(plots)}):")
     for p in paths:
         console.print(str(p), markup=False, highlight=False)
+    return 0
+
+
+def cmd_mup_check(args) -> int:
+    import json
+
+    from jaxformer import mup
+    from jaxformer.errors import ConfigError
+    if args.steps < 1:
+        raise ConfigError(f"--steps={args.steps} must be >= 1")
+    cfg = _config(args)
+    result = mup.coord_check(cfg, tuple(args.widths), args.steps, log=lambda s: console.print(s, markup=False))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result["verdict"] = {p: mup.verdict(result, p) for p in ("sp", "mup")}
+    result["slopes"] = {p: mup.slopes(result, p) for p in ("sp", "mup")}
+    from jaxformer.report import machine
+    result["command"] = "jaxformer mup-check " + " ".join(
+        [args.config, *(f"--set {s}" for s in args.set or []), "--widths", *map(str, args.widths),
+         "--steps", str(args.steps)])
+    result["machine"], result["date"] = machine(), time.strftime("%Y-%m-%d")
+    (out / "mup_check.json").write_text(json.dumps(result, indent=1) + "\n")
+    mup.plot(result, out / "mup_check.png")
+    t = Table(title=f"coordinate check after {args.steps} steps: slope of log mean|x| per log width")
+    for c in ("site", "SP", "µP"):
+        t.add_column(c, justify="right" if c != "site" else "left")
+    for s in result["sites"]:
+        t.add_row(s, f"{result['slopes']['sp'][s]:+.2f}", f"{result['slopes']['mup'][s]:+.2f}")
+    console.print(t)
+    console.print(f"SP: {result['verdict']['sp']}\nµP: {result['verdict']['mup']}", markup=False)
+    console.print(f"written: {out / 'mup_check.json'}, {out / 'mup_check.png'}", markup=False)
     return 0
 
 
@@ -287,7 +323,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     cmds = {"data": cmd_data, "train": cmd_train, "eval": cmd_eval, "params": cmd_params, "generate": cmd_generate,
             "plan": cmd_plan, "sweep": cmd_sweep, "report": cmd_report, "viz": cmd_viz, "import-hf": cmd_import_hf,
-            "export-hf": cmd_export_hf, "eval-tasks": cmd_eval_tasks}
+            "export-hf": cmd_export_hf, "eval-tasks": cmd_eval_tasks, "mup-check": cmd_mup_check}
     try:
         if getattr(args, "workdir", None) == "":
             from jaxformer.errors import ConfigError

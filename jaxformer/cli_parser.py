@@ -101,13 +101,26 @@ def _studies(sub) -> None:
     r.add_argument("--out", default="docs/ablations", help="directory for NAME.md, PNGs and CSVs")
     r.add_argument("--verdict-only", action="store_true", help="recompute only the verdict of OUT/NAME.md from "
                    "OUT/NAME_runs.csv (no run directories needed)")
-    v = sub.add_parser("viz", help="write per-layer attention heatmaps (PNG) of a run's best (or latest) checkpoint")
+    c = sub.add_parser("mup-check", help="µP's coordinate check: activation sizes per width at init and after a "
+                       "few steps, under SP and µP, plotted, with a verdict each (flat or growing)")
+    c.add_argument("config")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE")
+    c.add_argument("--widths", type=int, nargs="+", default=[64, 128, 256, 512], help="d_model values (d_ff in "
+                   "the config's ratio); µP's base width is the smallest")
+    c.add_argument("--steps", type=int, default=4, help="training steps after initialisation")
+    c.add_argument("--out", default="runs/mup-check", help="folder for mup_check.json and mup_check.png")
+    v = sub.add_parser("viz", help="write per-layer attention heatmaps, the logit lens or the head-ablation table "
+                       "(PNG) of a run's best (or latest) checkpoint")
     v.add_argument("--workdir", required=True)
     v.add_argument("--prompt", action="append", help="an input (repeatable; one set of figures each). Default: the "
                    "run's first held-out inputs. An encoder-decoder run is shown decoding its own greedy answer")
     v.add_argument("--which", choices=("best", "latest"), default="best")
     v.add_argument("--weights", choices=WEIGHTS, default="trained", help=WEIGHTS_HELP)
     v.add_argument("--out", help="output folder (default: RUN/viz/)")
+    v.add_argument("--plot", action="append", choices=("attention", "lens", "heads"),
+                   help="what to draw (repeatable; default attention): attention heatmaps per layer; lens: the "
+                   "logit lens of each prompt (each layer's probability of the next token); heads: the loss "
+                   "increase when each head is zeroed, over the prompts")
 
 
 def _data(sub) -> None:

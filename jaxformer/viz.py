@@ -165,3 +165,108 @@ def write_heatmaps(workdir: str | Path, prompts: list[str] | None = None, which:
     log.info("%s: %s checkpoint (step %d); heatmaps of %d prompt(s) into %s", workdir, run.which, run.step,
              len(prompts), out)
     return [path for i, m in enumerate(maps) for path in write_maps(m, i, out, dpi)]
+
+
+# ------------------------------------------------------------------ the logit lens and the head-ablation table
+
+PLOTS = ("attention", "lens", "heads")
+
+
+@dataclasses.dataclass
+class NextTokens:
+    """The decoder inputs of a batch of prompts and the token each position should predict: targets [B,T]
+    (weights [B,T]: 1 where a position has one), queries: each prompt's decoder-input ids."""
+    args: tuple
+    kw: dict
+    queries: list[np.ndarray]
+    targets: np.ndarray
+    weights: np.ndarray
+
+
+def next_tokens(run: LoadedModel, prompts: list[str]) -> NextTokens:
+    """A language model's prompt predicts each next prompt token; an encoder-decoder's decoder input (BOS + its
+    own greedy answer) predicts the answer, then EOS."""
+    tok, cfg = run.tokenizer, run.cfg.model
+    rows = [encode_prompt(run, p) for p in prompts]
+    table = cfg.max_len if cfg.positional in ("sinusoidal", "learned") else None
+    (args, kw), axes, answers = adapter(cfg.arch).attention_inputs(run.model, tok, rows, cfg.pad_id, table)
+    queries = [ax["self" if "self" in ax else "decoder_self"][0] for ax in axes]
+    width = args[-1].shape[1]
+    targets, weights = np.zeros((len(rows), width), np.int32), np.zeros((len(rows), width), np.float32)
+    for b, (q, ans) in enumerate(zip(queries, answers)):
+        nxt = q[1:] if ans is None else np.append(ans, tok.eos_id)
+        targets[b, :len(nxt)], weights[b, :len(nxt)] = nxt, 1.0
+    return NextTokens(args, kw, queries, targets, weights)
+
+
+def plot_lens(probs: np.ndarray, top: list[list[str]], queries: list[str], *, title: str, dpi: int = 100) -> Figure:
+    """probs [L+1,T] (the lens's probability of the next token: colour) and top [L+1][T] (each layer's most
+    likely token: text) -> one figure, rows embed, layer 0 .. L-1, columns the input tokens."""
+    rows, t = probs.shape
+    cell = min(0.45, 9.0 / max(t, 1))
+    fig = Figure(figsize=(cell * t + 2.4, 0.32 * rows + 1.6), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    image = ax.imshow(probs, vmin=0.0, vmax=1.0, cmap="magma", aspect="auto", interpolation="nearest")
+    for i in range(rows):
+        for j in range(t):
+            ax.text(j, i, top[i][j], ha="center", va="center", fontsize=6, parse_math=False,
+                    color="black" if probs[i, j] > 0.6 else "white")
+    ax.set_xticks(range(t), queries, rotation=90, fontsize=7, parse_math=False)
+    ax.set_yticks(range(rows), ["embed"] + [f"layer {i}" for i in range(rows - 1)], fontsize=7)
+    ax.set_xlabel("input token (the cell's text: that layer's most likely next token)", fontsize=7)
+    fig.colorbar(image, ax=ax, shrink=0.8).set_label("probability of the actual next token", fontsize=7)
+    fig.suptitle(title, fontsize=8, parse_math=False)
+    return fig
+
+
+def plot_head_table(table: np.ndarray, *, title: str, dpi: int = 100) -> Figure:
+    """table [L,N] of loss increases -> a heatmap (0 white; a head that helps is red), each cell's value."""
+    layers, heads = table.shape
+    fig = Figure(figsize=(0.6 * heads + 2.2, 0.45 * layers + 1.4), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    top = float(np.abs(table).max()) or 1.0
+    image = ax.imshow(table, cmap="RdBu_r", vmin=-top, vmax=top, aspect="auto", interpolation="nearest")
+    for i in range(layers):
+        for j in range(heads):
+            ax.text(j, i, f"{table[i, j]:.2g}", ha="center", va="center", fontsize=6)
+    ax.set_xticks(range(heads), [str(h) for h in range(heads)], fontsize=7)
+    ax.set_yticks(range(layers), [f"layer {i}" for i in range(layers)], fontsize=7)
+    ax.set_xlabel("head", fontsize=7)
+    fig.colorbar(image, ax=ax, shrink=0.8).set_label("loss increase when the head is zeroed (nats)", fontsize=7)
+    fig.suptitle(title, fontsize=8, parse_math=False)
+    return fig
+
+
+def write_probes(workdir: str | Path, prompts: list[str] | None = None, plots=("lens", "heads"),
+                 which: str = "best", out: str | Path | None = None, *, dpi: int = 100,
+                 weights: str = "trained") -> list[Path]:
+    """The logit lens of each prompt (OUT/prompt{i}-lens.png) and the head-ablation table over all of them
+    (OUT/heads.png), `jaxformer.interpret`'s, for a run's best (or latest) model. -> the written paths."""
+    from jaxformer.interpret import head_ablation, logit_lens
+    run = load_model(workdir, which, weights=weights)
+    prompts = list(prompts) if prompts else default_prompts(run)
+    nt = next_tokens(run, prompts)
+    out = RunDir(workdir).viz_path if out is None else Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    label = lambda xs: [token_label(run.tokenizer, x) for x in xs]                    # noqa: E731
+    paths = []
+    if "lens" in plots:
+        lens = np.asarray(jax.nn.softmax(jax.jit(lambda *a, **k: logit_lens(run.model, *a, **k))(*nt.args, **nt.kw)))
+        for b, (p, q) in enumerate(zip(prompts, nt.queries)):
+            probs = np.take_along_axis(lens[:, b, :len(q)], nt.targets[b, None, :len(q), None], -1)[..., 0]
+            probs = probs * nt.weights[b, :len(q)]                                    # no next token: blank
+            top = [label(np.argmax(lens[i, b, :len(q)], -1)) for i in range(lens.shape[0])]
+            fig = plot_lens(probs, top, label(q), dpi=dpi, title=f"logit lens — prompt {b}: {p[:60]!r}")
+            paths.append(out / f"prompt{b}-lens.png")
+            fig.savefig(paths[-1], dpi=dpi)
+    if "heads" in plots:
+        table = np.asarray(head_ablation(run.model, *nt.args, targets=nt.targets, weights=nt.weights, **nt.kw))
+        fig = plot_head_table(table, dpi=dpi, title=f"head ablation over {len(prompts)} prompt(s): loss increase "
+                              "on the next tokens when one head's output is zeroed")
+        paths.append(out / "heads.png")
+        fig.savefig(paths[-1], dpi=dpi)
+    log.info("%s: %s checkpoint (step %d); %s of %d prompt(s) into %s", workdir, run.which, run.step,
+             "/".join(p for p in plots if p != "attention"), len(prompts), out)
+    return paths

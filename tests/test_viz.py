@@ -133,12 +133,38 @@ def test_viz_writes_one_png_per_prompt_layer_and_kind(runs, tmp_path, capsys):
     want = {f"prompt{i}-{k}-layer0.png" for i in (0, 1) for k in ("encoder_self", "decoder_self", "decoder_cross")}
     assert {p.name for p in (s2s / "viz").iterdir()} == want and _pngs((s2s / "viz").iterdir())
     out = capsys.readouterr().out
-    assert "6 attention heatmap(s) written" in out and str(s2s / "viz" / "prompt1-decoder_cross-layer0.png") in out
+    assert "6 figure(s) written (attention)" in out and str(s2s / "viz" / "prompt1-decoder_cross-layer0.png") in out
 
     assert cli_main(["viz", "--workdir", str(lm), "--which", "latest", "--out", str(tmp_path / "o")]) == 0
     written = sorted(p.name for p in (tmp_path / "o").iterdir())      # default prompts: three held-out inputs
     assert written == [f"prompt{i}-self-layer0.png" for i in range(3)] and _pngs((tmp_path / "o").iterdir())
     assert not (lm / "viz").exists()
+
+
+@pytest.mark.slow          # the trained runs fixture
+def test_viz_draws_the_logit_lens_and_the_head_ablation_table(runs, tmp_path, capsys):
+    """--plot lens: one figure per prompt; --plot heads: one table over the prompts; with attention: both kinds.
+    The next tokens they score: a prompt's own next tokens (LM), the greedy answer then EOS (encoder-decoder)."""
+    from jaxformer.inference import load_model
+    from jaxformer.viz import next_tokens
+    s2s, lm = runs
+    assert cli_main(["viz", "--workdir", str(s2s), "--prompt", "123", "--prompt", "98765", "--plot", "lens",
+                     "--plot", "heads", "--plot", "attention", "--out", str(tmp_path / "a")]) == 0
+    names = {p.name for p in (tmp_path / "a").iterdir()}
+    assert {"prompt0-lens.png", "prompt1-lens.png", "heads.png", "prompt1-decoder_cross-layer0.png"} <= names
+    assert len(names) == 9 and _pngs((tmp_path / "a").iterdir())
+    assert "9 figure(s) written (lens, heads, attention)" in capsys.readouterr().out
+    assert cli_main(["viz", "--workdir", str(lm), "--plot", "lens", "--out", str(tmp_path / "b")]) == 0
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [f"prompt{i}-lens.png" for i in range(3)]
+    run = load_model(lm, "best")
+    nt = next_tokens(run, ["abc", "hello"])
+    ids = run.tokenizer.encode("hello")
+    assert list(nt.targets[1, :4]) == list(ids[1:]) and list(nt.weights[1]) == [1, 1, 1, 1, 0]
+    assert list(nt.weights[0]) == [1, 1, 0, 0, 0]
+    run = load_model(s2s, "best")
+    nt = next_tokens(run, ["123"])
+    q = nt.queries[0]                                                   # BOS + the greedy answer
+    assert list(nt.targets[0, :len(q)]) == list(q[1:]) + [run.tokenizer.eos_id]
 
 
 @pytest.mark.slow          # the trained runs fixture

@@ -235,6 +235,9 @@ class ModelConfig(_Validated):
     logit_softcap: float = 0.0             # final logits -> cap · tanh(logits / cap) (Gemma 2: 30); 0 = off
     pad_id: int = 0                        # the tokenizer's padding id: what padding and ignored targets are
                                            # filled with (-1 = none); masks come from segment ids, never from it
+    parametrization: str = "sp"            # "sp" (standard) | "mup" (µP, Yang et al. 2022: hyperparameters tuned
+                                           # at model.base_width transfer across d_model; `jaxformer.mup`)
+    base_width: int = 0                    # µP's base width D₀ (0 = d_model: at its base width µP is SP exactly)
     norm: NormConfig = NormConfig()
     rope: RopeConfig = RopeConfig()
     attention: AttentionConfig = AttentionConfig()
@@ -251,6 +254,11 @@ class ModelConfig(_Validated):
         self._check_choices()
         self._check_layers()
         self._check_lora()
+        choice("model.parametrization", self.parametrization, ("sp", "mup"))
+        positive("model.base_width", self.base_width, allow_zero=True)
+        if self.base_width and self.parametrization != "mup":
+            raise ConfigError(f"model.base_width={self.base_width} means nothing with model.parametrization="
+                              f"{self.parametrization!r} (set model.parametrization=mup)")
 
     def _check_sizes(self) -> None:
         """The architecture and its sizes: layers, heads, widths."""
@@ -345,6 +353,11 @@ class ModelConfig(_Validated):
     @property
     def head_size(self) -> int:   # H
         return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
+
+    @property
+    def width_mult(self) -> float:
+        """µP's width multiplier d_model / model.base_width (1.0 under SP or at the base width)."""
+        return self.d_model / self.base_width if self.parametrization == "mup" and self.base_width else 1.0
 
     @property
     def kv_heads(self) -> int:   # K

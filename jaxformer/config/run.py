@@ -241,6 +241,10 @@ class Config(_Validated):
             raise ConfigError("model.runtime.param_dtype='bfloat16' with optim.name='schedule_free': schedule-free "
                               "AdamW's evaluation point is read from its own state, which the float32 master copy "
                               "would wrap; use float32 parameters or another optimizer")
+        if self.model.parametrization == "mup" and self.optim.name not in ("adamw", "lion"):
+            raise ConfigError(f"model.parametrization='mup' with optim.name={self.optim.name!r}: µP's learning-rate "
+                              f"rule here is Adam's (and Lion's: updates of a fixed size per coordinate); use "
+                              f"optim.name=adamw or lion")
         if k > 1 and self.parallel.mode == "shard_map":
             raise ConfigError(f"optim.accumulate={k} runs under parallel.mode='jit' (every GSPMD strategy); "
                               f"the shard_map step does not accumulate")

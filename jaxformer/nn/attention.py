@@ -158,13 +158,24 @@ class MultiHeadAttention(nnx.Module):
                 raise ValueError("positional='alibi' needs explicit query and key positions")
             bias = positional.AlibiBias(positional.alibi_slopes(cfg.num_heads), q_positions, kv_positions)
         res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=weights,
-                                        scale=1.0 if cfg.attention.scale == "none" else
-                                        cfg.attention.scale_dim ** -0.5 if cfg.attention.scale_dim else None,
+                                        scale=logit_scale(cfg),
                                         mask_value=0.0 if cfg.ablation.mask_value == "zero" else None,
                                         backend=cfg.runtime.attention_backend, block_size=cfg.runtime.attention_block,
                                         softcap=cfg.attention.softcap, kv_layout=kv_layout,
                                         softmax_grad="gemv" if lever("softmax_gemv") else "jax")
         return res.out, res.weights
+
+
+def logit_scale(cfg) -> float | None:
+    """The attention logits' scale: 1/√H (None: the op's default), 1/√model.attention.scale_dim, or 1 ("none");
+    under µP times √(H₀/H), H₀ the base width's head size (1/H·√H₀ for the default: q·k of correlated
+    coordinates grows like H, Yang et al. 2022 §4)."""
+    h = cfg.head_size
+    sp = 1.0 if cfg.attention.scale == "none" else (cfg.attention.scale_dim or h) ** -0.5
+    if cfg.width_mult == 1.0:
+        return None if cfg.attention.scale != "none" and not cfg.attention.scale_dim else sp
+    h0 = h if cfg.head_dim is not None else h / cfg.width_mult         # heads of a fixed head_dim do not widen
+    return sp * (h0 / h) ** 0.5
 
 
 def _after(new: LayerKV, out: jax.Array) -> LayerKV:

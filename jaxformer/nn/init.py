@@ -3,7 +3,8 @@
 Axis legend: D model width, N query heads, K kv heads, H head dim, F FFN width, V vocab, L layers, E experts.
 
 - glorot (the default): Glorot-uniform over each projection's own fan-in and fan-out (q, k, v and o apart);
-  token embedding and untied head N(0, 1/D); learned positions N(0, 0.02²).
+  token embedding and untied head N(0, 1/D); learned positions N(0, 0.02²). Under µP (model.parametrization
+  "mup") the token embedding is N(0, 1/D₀), D₀ = model.base_width: its coordinates do not shrink with width.
 - pytorch: what PyTorch's modules do by default (nn.MultiheadAttention, nn.Linear, nn.Embedding): Xavier-uniform
   over the fused q/k/v block [D, N·H + 2·K·H]; the attention output, the FFN matrices and an untied head
   kaiming-uniform(a=√5), i.e. U(±1/√fan_in); FFN biases U(±1/√fan_in); attention biases 0; embeddings N(0, 1).
@@ -68,7 +69,8 @@ def _weight(cfg, role: str, experts: bool) -> Init:
     if scheme == "glorot":
         return {"q": dense_init(0, (1, 2)), "k": dense_init(0, (1, 2)), "v": dense_init(0, (1, 2)),
                 "o": dense_init((0, 1), 2), "ffn_in": dense_init(e, e + 1, (0,) if experts else ()),
-                "ffn_out": dense_init(e, e + 1, (0,) if experts else ()), "embed": _normal(d ** -0.5),
+                "ffn_out": dense_init(e, e + 1, (0,) if experts else ()),
+                "embed": _normal((d / cfg.width_mult) ** -0.5),              # µP: the base width's table
                 "head": _normal(d ** -0.5), "positions": _normal(0.02)}[role]
     if scheme == "pytorch":
         fan_in = {"o": n * h, "ffn_in": d, "ffn_out": f, "head": d}

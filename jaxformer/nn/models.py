@@ -71,8 +71,8 @@ class Embedder(nnx.Module):
         # temporary memory in the train step: benchmarks/parallel.py)
         # mode="clip": padding written as -1 (model.pad_id=-1: no token id is padding) reads row 0, never NaN
         x = constrain(jnp.take(self.tokens[...], tokens, axis=0, mode="clip"), ACTIVATION)
-        if self.cfg.scale_embeddings:
-            x = x * math.sqrt(self.cfg.d_model)
+        if self.cfg.scale_embeddings:                    # µP: √D₀, a constant of the width (`jaxformer.mup`)
+            x = x * math.sqrt(self.cfg.d_model / self.cfg.width_mult)
         if self.cfg.positional == "sinusoidal":
             x = x + jnp.take(self.table[...], positions, axis=0)
         elif self.cfg.positional == "learned":
@@ -80,19 +80,20 @@ class Embedder(nnx.Module):
         return dropout(self.drop, x, rngs).astype(DTYPES[self.cfg.runtime.dtype])
 
     def logits(self, x: jax.Array) -> jax.Array:
-        """x [B,T,D] -> logits [B,T,V] in float32 (soft-capped: cap · tanh(logits / cap), with
+        """x [B,T,D] -> logits [B,T,V] in float32 (× D₀/D under µP; soft-capped: cap · tanh(logits / cap), with
         model.logit_softcap)."""
         return constrain(self.head_fn()(x), LOGITS)
 
     def head_fn(self):
         """The output head as a pure function of x [B,T,D] -> logits [B,T,V] float32 (unconstrained), closing over
         the weights read now: what `ops.losses.chunked_token_losses` calls on one slice at a time."""
-        cap, tied = self.cfg.logit_softcap, self.cfg.tie_embeddings
+        cap, tied, mult = self.cfg.logit_softcap, self.cfg.tie_embeddings, 1.0 / self.cfg.width_mult
         w = self.tokens[...] if tied else self.head[...]
 
         def head(x):
             out = jnp.einsum("BTD,VD->BTV" if tied else "BTD,DV->BTV", x, w.astype(x.dtype),
                              preferred_element_type=jnp.float32)
+            out = out * mult if mult != 1.0 else out          # µP's output multiplier D₀/D (`jaxformer.mup`)
             return cap * jnp.tanh(out / cap) if cap else out
         return head
 

@@ -152,6 +152,14 @@ def matrix_mask(module: nnx.Module, wrt=nnx.Param) -> nnx.State:
                         is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def hidden_mask(module: nnx.Module, wrt=nnx.Param) -> nnx.State:
+    """nnx.state(module, wrt) with True for the hidden matrices (the projections, quantizable=True: attention
+    and FFN, whose fan-in and fan-out both grow with the width; µP scales their learning rate), False for the
+    rest (embeddings, the output head, the router, biases, norms, adapters)."""
+    return jax.tree.map(lambda v: bool(v.get_metadata().get("quantizable", False)), nnx.state(module, wrt),
+                        is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
 def muon_dims(module: nnx.Module, wrt=nnx.Param) -> nnx.State:
     """Per parameter: Muon's matrix axes (optax.contrib.MuonDimensionNumbers: reduction = the input axes,
     output = the rest; "layers" and "expert" axes are batch) for the projections (quantizable=True: attention

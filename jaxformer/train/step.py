@@ -24,7 +24,7 @@ from jaxformer.config import Config, LoraConfig, OptimConfig
 from jaxformer.nn import build_model
 from jaxformer.nn.lora import trainable, with_adapters
 from jaxformer.nn.models import with_param_dtype
-from jaxformer.nn.params import matrix_mask, muon_dims
+from jaxformer.nn.params import hidden_mask, matrix_mask, muon_dims
 from jaxformer.nn.stack import blocks_path
 from jaxformer.ops.losses import chunked_token_losses, token_losses
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
@@ -59,14 +59,15 @@ def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
 
 
 def optimizer(cfg: OptimConfig, total_steps: int, matrices=None, muon_dims=None,
-              master: bool = False) -> optax.GradientTransformation:
+              master: bool = False, hidden_lr=None) -> optax.GradientTransformation:
     """AdamW (default), Lion, Muon (the projection matrices; AdamW for the rest), schedule-free AdamW or SGD,
     from optax; optional global-norm clipping first (seed 000 uses SGD + clipping); optim.ema > 0 keeps an EMA
     of the weights in the optimizer state (`train.weights`). matrices: a pytree of bools over the parameters
     (`nn.params.matrix_mask`); with cfg.weight_decay_mask='matrices' only those decay (not biases, norm scales
     or embeddings). muon_dims: Muon's matrix axes per parameter (`nn.params.muon_dims`). master: the parameters
     are stored in a lower precision; the optimizer (inside the EMA) runs on a float32 master copy
-    (`train.weights.with_master_weights`)."""
+    (`train.weights.with_master_weights`). hidden_lr: (mask, factor): the masked parameters' updates times
+    factor (µP's learning rate of the hidden matrices, D₀/D: `jaxformer.mup`)."""
     lr = schedule(cfg, total_steps)
     mask = None
     if cfg.name != "sgd" and cfg.weight_decay_mask == "matrices":
@@ -78,6 +79,9 @@ def optimizer(cfg: OptimConfig, total_steps: int, matrices=None, muon_dims=None,
     else:
         tx = _base(cfg, lr, mask, muon_dims)
         tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx) if cfg.clip_norm > 0 else tx
+    if hidden_lr is not None:
+        mask, factor = hidden_lr
+        tx = optax.chain(tx, optax.masked(optax.scale(factor), mask))
     tx = with_master_weights(tx) if master else tx
     return with_ema(tx, cfg.ema) if cfg.ema else tx
 
@@ -151,8 +155,10 @@ def _optimizer_of(cfg: Config, model) -> nnx.Optimizer:
     """The optimizer over what trains (`nn.lora.trainable`: the adapters with model.lora, else every parameter)."""
     wrt = trainable(cfg.model)
     dims = muon_dims(model, wrt) if cfg.optim.name == "muon" else None
+    mult = cfg.model.width_mult
     tx = optimizer(cfg.optim, cfg.train.steps, matrix_mask(model, wrt), dims,
-                   cfg.model.runtime.param_dtype != "float32")
+                   cfg.model.runtime.param_dtype != "float32",
+                   None if mult == 1.0 else (hidden_mask(model, wrt), 1.0 / mult))
     return nnx.Optimizer(model, tx, wrt=wrt)
 
 

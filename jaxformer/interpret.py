@@ -1,0 +1,128 @@
+"""Research instruments over a model's activation sites (`jaxformer.nn.sites`): the logit lens, a head-ablation
+table, an activation-patching curve and a linear probe. Each takes a model and its inputs (`*inputs`: (tokens,)
+for a language model, (src, tgt) for an encoder-decoder: what `model.forward` takes) and returns arrays; the
+plots are `jaxformer viz --workdir RUN --plot lens --plot heads` (`jaxformer.viz`). Axis legend: L layers,
+B batch, T length, D width, N heads, V vocab.
+
+    lens = logit_lens(model, tokens)                           # [L+1,B,T,V]: the head read at every layer
+    table = head_ablation(model, tokens, targets=targets)      # [L,N]: loss increase when head (l, n) is zeroed
+    curve = patching_curve(model, clean, corrupt, "resid_pre", metric)   # [L,T]: fraction of the effect restored
+    acc = linear_probe(features, labels, train)                # [L]: held-out accuracy of a ridge probe per layer
+
+Each compiles one program (the layers and heads are a traced index inside it, not a Python loop of passes).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxformer.errors import ConfigError
+
+
+def logit_lens(model, *inputs, **forward_kw) -> jax.Array:
+    """The logit lens (nostalgebraist 2020): the output head applied, through the final norm where the model has
+    one, to the residual stream before layer 0 (`embed`) and after each layer (`resid_post`). -> [L+1,B,T,V]
+    float32; row L is the model's logits. forward_kw: more of `model.forward`'s keywords (segment_ids, ...)."""
+    _, aux = model.forward(*inputs, capture=("embed", "resid_post"), **forward_kw)
+    resid = jnp.concatenate([aux["captured"]["embed"][None], aux["captured"]["resid_post"]])       # [L+1,B,T,D]
+    norm, head = model.decoder.final_norm, model.embed.head_fn()
+    read = (lambda r: head(norm(r))) if norm is not None else head
+    return jnp.stack([read(r) for r in resid])
+
+
+def token_losses(logits: jax.Array, targets: jax.Array, weights: jax.Array | None = None) -> jax.Array:
+    """Mean cross-entropy of targets [B,T] under logits [B,T,V], over the positions weights [B,T] keep (all by
+    default)."""
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
+    w = jnp.ones_like(ce) if weights is None else weights.astype(jnp.float32)
+    return jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def head_ablation(model, *inputs, targets: jax.Array, weights: jax.Array | None = None, how: str = "zero",
+                  **forward_kw) -> jax.Array:
+    """Loss increase when one attention head's output (site `z`, [B,T,N,H]) is replaced, for every layer and
+    head: -> [L,N] (ablated loss − clean loss, `token_losses` of targets [B,T]). how: "zero" (the head's output
+    set to 0: the same as zeroing its slice of the output projection) or "mean" (its mean over batch and
+    positions: removes what the head says about this input, keeps its constant part). An encoder-decoder's
+    table is its decoder's self-attention heads. forward_kw: more of `model.forward`'s keywords."""
+    if how not in ("zero", "mean"):
+        raise ConfigError(f"head_ablation how={how!r} must be 'zero' or 'mean'")
+    cfg = model.cfg
+    graphdef, state = nnx.split(model)
+
+    def loss(state, layer, head):
+        def patch(z, at):
+            fill = jnp.zeros_like(z[:, :, 0]) if how == "zero" else jnp.broadcast_to(
+                z[:, :, head].mean(axis=(0, 1), keepdims=True), z[:, :, 0].shape)
+            return jnp.where(at == layer, z.at[:, :, head].set(fill.astype(z.dtype)), z)
+        logits = nnx.merge(graphdef, state).forward(*inputs, patch={"z": patch}, **forward_kw)[0]
+        return token_losses(logits, targets, weights)
+
+    @jax.jit
+    def table(state):
+        clean = loss(state, -1, 0)                                    # layer −1: no layer patched
+        lh = jnp.stack(jnp.meshgrid(jnp.arange(cfg.num_decoder_layers), jnp.arange(cfg.num_heads),
+                                    indexing="ij"), -1).reshape(-1, 2)
+        return jax.lax.map(lambda p: loss(state, p[0], p[1]), lh).reshape(cfg.num_decoder_layers,
+                                                                        cfg.num_heads) - clean
+    return table(state)
+
+
+def patching_curve(model, clean: tuple, corrupt: tuple, site: str,
+                   metric: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """Activation patching (Meng et al. 2022; Heimersheim & Nanda 2024): run the corrupted inputs with one
+    layer's value of a per-layer site [B,T,...] at one position taken from the clean run, for every layer and
+    position. clean, corrupt: the model's inputs (same shapes); metric: logits [B,T,V] -> a scalar (e.g. the
+    logit difference of the right and the wrong answer). -> [L,T]: (metric(patched) − metric(corrupt)) /
+    (metric(clean) − metric(corrupt)): 1 where that one value restores the clean behaviour, 0 where it does
+    nothing."""
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def curve(state):
+        m = nnx.merge(graphdef, state)
+        logits, aux = m.forward(*clean, capture=(site,))
+        saved = aux["captured"][site]                                              # [L,B,T,...]
+        base, top = metric(m.forward(*corrupt)[0]), metric(logits)
+
+        def patched(p):
+            layer, pos = p[0], p[1]
+
+            def fn(value, at):
+                here = (jnp.arange(value.shape[1]) == pos).reshape((1, -1) + (1,) * (value.ndim - 2))
+                return jnp.where((at == layer) & here, saved[at].astype(value.dtype), value)
+            return metric(nnx.merge(graphdef, state).forward(*corrupt, patch={site: fn})[0])
+        length = saved.shape[2]
+        layers = saved.shape[0]
+        lp = jnp.stack(jnp.meshgrid(jnp.arange(layers), jnp.arange(length), indexing="ij"), -1).reshape(-1, 2)
+        return ((jax.lax.map(patched, lp) - base) / (top - base)).reshape(layers, length)
+    return curve(state)
+
+
+def linear_probe(features: jax.Array, labels: jax.Array, train: jax.Array, *, num_classes: int | None = None,
+                 l2: float = 1e-3) -> jax.Array:
+    """A linear probe per layer: ridge regression onto one-hot labels (features standardised on the training
+    rows, a bias, penalty l2 × rows), fitted on the rows where `train` is True and scored on the others.
+    features [L,R,D] (e.g. captured resid_post reshaped to rows), labels [R] ints, train [R] bool -> [L]
+    held-out accuracy (argmax of the fitted scores). A closed-form probe: deterministic, no optimiser to tune,
+    and a ceiling on what a linear read-out finds (a logistic probe ranks layers the same way on our tests)."""
+    k = int(num_classes or int(jnp.max(labels)) + 1)
+    y = jax.nn.one_hot(labels, k)
+    w_tr = train.astype(jnp.float32)[:, None]
+    n = jnp.sum(w_tr)
+
+    def one(x):
+        x = x.astype(jnp.float32)
+        mu = jnp.sum(x * w_tr, 0) / n
+        sd = jnp.sqrt(jnp.sum(((x - mu) * w_tr) ** 2, 0) / n) + 1e-6
+        xs = jnp.concatenate([(x - mu) / sd, jnp.ones_like(x[:, :1])], axis=1)             # [R,D+1]
+        a = (xs * w_tr).T @ xs + l2 * n * jnp.eye(xs.shape[1]).at[-1, -1].set(0.0)         # bias unpenalised
+        w = jnp.linalg.solve(a, (xs * w_tr).T @ y)
+        hit = jnp.argmax(xs @ w, -1) == labels
+        test = 1.0 - w_tr[:, 0]
+        return jnp.sum(hit * test) / jnp.maximum(jnp.sum(test), 1.0)
+    return jax.vmap(one)(features)

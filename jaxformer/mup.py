@@ -1,0 +1,168 @@
+"""µP (the Maximal Update Parametrization, Yang et al. 2022, "Tensor Programs V") and its coordinate check.
+
+`model.parametrization=mup` with `model.base_width=D₀` makes a model of width D (width multiplier m = D/D₀)
+train like its base: hyperparameters tuned at D₀ (the learning rate first) hold at D. The rules, for Adam and
+Lion (µP's Table 3 in the form of the `mup` package: output multiplier, not a zero-initialised readout):
+
+  hidden matrices (attention q, k, v, o; FFN)   init as SP (variance ∝ 1/fan)     learning rate × 1/m
+  token embedding (and learned positions)       N(0, 1/D₀), multiplier √D₀        learning rate unchanged
+  output logits (tied or untied head)           × 1/m                             learning rate unchanged
+  attention logits                              q·k · √H₀ / H instead of q·k/√H   —
+  biases, norm scales                           unchanged                         unchanged
+
+(`nn.init`, `nn.models.Embedder`, `nn.attention.logit_scale`, `train.step.optimizer`). At D = D₀ every rule
+is the identity: µP there is SP, bit for bit (tests/test_mup.py). SGD, Muon and schedule-free AdamW need other
+rules and are refused.
+
+`coord_check(cfg, widths, steps)` is the paper's coordinate check: the same batches through models of each
+width, under SP and under µP (base width = the first width), the mean |x| of each activation site at
+initialisation and after each of the first steps; `verdict` fits the slope of log mean|x| against log width at
+the last step: flat (|slope| ≤ FLAT at every site) is what µP promises, growth is what SP does with Adam.
+`jaxformer mup-check CONFIG` runs it, plots it and prints the verdicts.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxformer.config import Config
+from jaxformer.configio import apply_overrides
+from jaxformer.errors import ConfigError
+
+SITES = ("embed", "attn_out", "mlp_out", "resid_post", "logits")
+FLAT = 0.15                   # |slope| of log mean|x| per log width that still counts as flat
+
+
+def widened(cfg: Config, width: int, parametrization: str, base: int) -> Config:
+    """cfg at d_model=width (d_ff in the config's ratio to it), under `parametrization` with base width `base`,
+    at a constant learning rate (the coordinate check looks at the config's peak rate) and without dropout."""
+    m = cfg.model
+    ff = max(1, round(m.d_ff * width / m.d_model))
+    return apply_overrides(cfg, [f"model.d_model={width}", f"model.d_ff={ff}",
+                                 f"model.parametrization={parametrization}",
+                                 f"model.base_width={base if parametrization == 'mup' else 0}",
+                                 "optim.schedule=constant", "optim.warmup_steps=0", "model.runtime.dropout=0.0"])
+
+
+def coord_check(cfg: Config, widths: tuple[int, ...], steps: int = 4, seed: int = 0, log=None) -> dict:
+    """{"widths", "steps", "sites", "sp"/"mup": {site: [steps+1][widths] mean |x|}} (module docstring); the
+    per-layer sites are read at the last layer. Every width sees the same batches and initialisation seed."""
+    from jaxformer.data.build import resolve
+    from jaxformer.train.step import init_state, make_train_step
+    widths = tuple(sorted(widths))
+    if len(widths) < 2 or widths[0] <= 0:
+        raise ConfigError(f"mup-check widths={widths!r}: give at least two positive widths")
+    for w in widths:
+        if w % cfg.model.num_heads:
+            raise ConfigError(f"mup-check width {w} is not a multiple of model.num_heads={cfg.model.num_heads}")
+    cfg, task = resolve(cfg)
+    rows = cfg.data.batch_size
+    it = iter(task.train_dataset(rows, seed))
+    batches = [jax.tree.map(jnp.asarray, next(it)) for _ in range(steps + 1)]
+    out = {"widths": list(widths), "steps": steps, "sites": list(SITES), "lr": cfg.optim.lr}
+    for par in ("sp", "mup"):
+        table = {s: [[0.0] * len(widths) for _ in range(steps + 1)] for s in SITES}
+        for j, w in enumerate(widths):
+            c = apply_overrides(widened(cfg, w, par, widths[0]), [f"train.seed={seed}"])
+            graphs, state = init_state(c)
+            train_step = make_train_step(graphs, c)
+            sizes = _sizes_fn(graphs.model)
+            for t in range(steps + 1):
+                if t:
+                    state, _ = train_step(state, batches[t], jax.random.key(seed))
+                for s, v in zip(SITES, np.asarray(sizes(state["model"], batches[0]))):
+                    table[s][t][j] = float(v)
+            if log:
+                log(f"{par} D={w}: " + ", ".join(f"{s} {table[s][-1][j]:.3g}" for s in SITES))
+        out[par] = table
+    return out
+
+
+def _sizes_fn(graphdef):
+    @jax.jit
+    def sizes(model_state, batch):
+        model = nnx.merge(graphdef, model_state)
+        _, aux = model.forward(batch["inputs"], positions=batch.get("positions"),
+                               segment_ids=batch.get("segment_ids"), capture=SITES)
+        cap = aux["captured"]
+        return jnp.stack([jnp.mean(jnp.abs((cap[s] if s in ("embed", "logits") else cap[s][-1])
+                                           .astype(jnp.float32))) for s in SITES])
+    return sizes
+
+
+def slopes(result: dict, par: str, step: int = -1) -> dict[str, float]:
+    """Per site: the least-squares slope of log mean|x| against log width at `step` (default the last)."""
+    lw = np.log(np.asarray(result["widths"], np.float64))
+    return {s: float(np.polyfit(lw, np.log(np.asarray(result[par][s][step], np.float64)), 1)[0])
+            for s in result["sites"]}
+
+
+def verdict(result: dict, par: str) -> str:
+    """"flat" when every site's slope at the last step is within ±FLAT, else "grows" naming the steepest."""
+    sl = slopes(result, par)
+    site = max(sl, key=lambda s: abs(sl[s]))
+    word = "flat" if abs(sl[site]) <= FLAT else ("grows" if sl[site] > 0 else "shrinks")
+    return f"{word} (steepest: {site}, slope {sl[site]:+.2f} per log width; flat is within ±{FLAT})"
+
+
+def plot(result: dict, path) -> None:
+    """One panel per site and parametrization: mean |x| against width, one line per step (log-log)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    sites, widths = result["sites"], result["widths"]
+    fig = Figure(figsize=(3.0 * len(sites), 5.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, len(sites), squeeze=False)
+    for r, par in enumerate(("sp", "mup")):
+        for c, s in enumerate(sites):
+            ax = axes[r][c]
+            for t, row in enumerate(result[par][s]):
+                ax.plot(widths, row, marker="o", ms=3, lw=1.2, label=f"step {t}",
+                        color=(0.15 + 0.7 * t / max(1, len(result[par][s]) - 1), 0.3, 0.6))
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{'µP' if par == 'mup' else 'SP'}: {s}", fontsize=9)
+            ax.grid(alpha=0.3, which="both")
+            if r == 1:
+                ax.set_xlabel("width D", fontsize=8)
+            if c == 0:
+                ax.set_ylabel("mean |x|", fontsize=8)
+    axes[0][-1].legend(fontsize=6)
+    fig.suptitle(f"coordinate check at lr {result['lr']:g}: SP {verdict(result, 'sp').split(' (')[0]}, "
+                 f"µP {verdict(result, 'mup').split(' (')[0]}", fontsize=10)
+    fig.savefig(path, dpi=80)
+
+
+def log2_widths(lo: int, hi: int) -> tuple[int, ...]:
+    """lo, 2·lo, ... up to hi."""
+    return tuple(lo * 2 ** i for i in range(int(math.log2(hi // lo)) + 1))
+
+
+def lr_optimum(lrs, losses) -> float:
+    """log2 of the learning rate at the minimum of a parabola fitted (least squares) to mean loss against log2 lr
+    over the grid; losses [seeds][len(lrs)]. A minimum outside the grid, or no minimum (the parabola opens
+    downwards), returns ±inf toward the side it lies."""
+    x = np.log2(np.asarray(lrs, np.float64))
+    y = np.nanmean(np.asarray(losses, np.float64), axis=0)
+    a, b, _ = np.polyfit(x, y, 2)
+    if a <= 0:
+        return -np.inf if y[0] < y[-1] else np.inf
+    opt = -b / (2 * a)
+    return float(opt) if x[0] <= opt <= x[-1] else (-np.inf if opt < x[0] else np.inf)
+
+
+def optimum_shift(lrs, base: list, other: list, n: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """How far the loss-minimising learning rate moves from one width to another, in factors of 2: (shift,
+    lo, hi), the point estimate and its 95% bootstrap interval over seeds (each width's seeds resampled with
+    replacement, both optima refitted). base, other: losses [seeds][len(lrs)] of the two widths."""
+    base, other = np.asarray(base, np.float64), np.asarray(other, np.float64)
+    rng = np.random.default_rng(seed)
+    shift = lr_optimum(lrs, other) - lr_optimum(lrs, base)
+    boot = [lr_optimum(lrs, other[rng.integers(0, len(other), len(other))])
+            - lr_optimum(lrs, base[rng.integers(0, len(base), len(base))]) for _ in range(n)]
+    lo, hi = np.nanpercentile(boot, [2.5, 97.5])
+    return float(shift), float(lo), float(hi)

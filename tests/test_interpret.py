@@ -1,0 +1,114 @@
+"""Research instruments (`jaxformer.interpret`): the logit lens, head ablation, activation patching and a linear
+probe, each against an independent computation.
+
+Wrong implementations these catch: a lens read before each layer instead of after it, or past the final norm
+(row l compared with the same weights cut to l layers); an ablation table with layers and heads swapped or the
+wrong head zeroed (compared with zeroing that head's slice of the output projection); a patching curve that
+patches every position or every layer at once, or takes the value from the corrupted run (a one-token
+corruption is restored exactly at its position before layer 0 and nowhere else); a probe fitted on its test
+rows (random labels would then be learned).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxformer.config import ModelConfig, replaced
+from jaxformer.errors import ConfigError
+from jaxformer.interpret import head_ablation, linear_probe, logit_lens, patching_curve, token_losses
+from jaxformer.nn import build_model
+
+L, N = 3, 4
+TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, 10)))
+TARGETS = jnp.roll(TOKENS, -1, axis=1)
+
+
+def lm(layers=L, **kw):
+    kw = {"norm__position": "pre", **kw}
+    cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=40, d_model=32, num_heads=N, num_kv_heads=2,
+                   d_ff=48, num_decoder_layers=layers, max_len=16, positional="rope", activation="swiglu",
+                   runtime__dropout=0.0, **kw)
+    return build_model(cfg)
+
+
+def _first_layers(m, k):
+    """The same weights cut to the first k layers (stacked params [L, ...] sliced)."""
+    cut = lm(layers=k, norm__position=m.cfg.norm.position)
+    graph, state = nnx.split(cut)
+    full = nnx.state(m)
+    sliced = jax.tree.map(lambda a, b: a[:k] if a.ndim == b.ndim and a.shape[0] == L and b.shape[0] == k
+                          and a.shape != b.shape else a, full, state)
+    return nnx.merge(graph, sliced)
+
+
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_logit_lens_row_l_is_the_model_cut_after_l_layers(position):
+    m = lm(norm__position=position)
+    lens = logit_lens(m, TOKENS)
+    assert lens.shape == (L + 1, 2, 10, 40)
+    np.testing.assert_allclose(lens[L], m(TOKENS), rtol=1e-5, atol=1e-5)
+    for k in (1, 2):
+        np.testing.assert_allclose(lens[k], _first_layers(m, k)(TOKENS), rtol=1e-4, atol=1e-4)
+    head = m.embed.head_fn()
+    x = m.forward(TOKENS, capture=("embed",))[1]["captured"]["embed"]
+    want = head(m.decoder.final_norm(x)) if m.decoder.final_norm is not None else head(x)
+    np.testing.assert_allclose(lens[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_head_ablation_is_zeroing_that_heads_output_projection():
+    m = lm()
+    table = head_ablation(m, TOKENS, targets=TARGETS)
+    assert table.shape == (L, N)
+    clean = token_losses(m(TOKENS), TARGETS)
+    for layer, head in ((0, 3), (2, 1)):
+        cut = nnx.clone(m)
+        wo = cut.decoder.layers.blocks.self_attn.wo
+        wo.set_value(wo[...].at[layer, head].set(0.0))                        # wo [L,N,H,D]
+        assert float(table[layer, head]) == pytest.approx(float(token_losses(cut(TOKENS), TARGETS) - clean),
+                                                         abs=2e-5)
+    assert len(np.unique(np.round(np.asarray(table), 6))) == L * N              # every cell its own head
+    mean = head_ablation(m, TOKENS, targets=TARGETS, how="mean")
+    assert not np.allclose(mean, table, atol=1e-4)
+    with pytest.raises(ConfigError, match="how='max'"):
+        head_ablation(m, TOKENS, targets=TARGETS, how="max")
+
+
+def test_patching_restores_a_one_token_corruption_only_at_its_position_before_layer_0():
+    m = lm()
+    c = 4
+    corrupt = TOKENS.at[:, c].set((TOKENS[:, c] + 7) % 40)
+    right, wrong = TOKENS[0, -1], (TOKENS[0, -1] + 1) % 40
+
+    def metric(logits):
+        return jnp.mean(logits[:, -1, right] - logits[:, -1, wrong])
+    curve = np.asarray(patching_curve(m, (TOKENS,), (corrupt,), "resid_pre", metric))
+    assert curve.shape == (L, 10)
+    assert curve[0, c] == pytest.approx(1.0, abs=1e-5)               # layer 0's input is the embedding alone
+    np.testing.assert_allclose(np.delete(curve[0], c), 0.0, atol=1e-6)
+    np.testing.assert_allclose(curve[:, :c], 0.0, atol=1e-6)         # causal: before c, clean == corrupt
+    last = np.asarray(patching_curve(m, (TOKENS,), (corrupt,), "resid_post", metric))
+    assert last[L - 1, -1] == pytest.approx(1.0, abs=1e-4)         # the last position's final residual: all of it
+
+
+def test_linear_probe_is_ridge_regression_scored_on_held_out_rows():
+    rng = np.random.default_rng(0)
+    r, d, k = 400, 8, 3
+    labels = rng.integers(0, k, r)
+    centers = rng.standard_normal((k, d)) * 3
+    informative = centers[labels] + rng.standard_normal((r, d))
+    noise = rng.standard_normal((r, d))
+    train = np.arange(r) < 300
+    acc = np.asarray(linear_probe(jnp.asarray(np.stack([informative, noise]), jnp.float32), jnp.asarray(labels),
+                                  jnp.asarray(train), l2=1e-3))
+    x = informative
+    mu, sd = x[train].mean(0), x[train].std(0) + 1e-6
+    xs = np.concatenate([(x - mu) / sd, np.ones((r, 1))], 1)
+    pen = 1e-3 * 300 * np.eye(d + 1)
+    pen[-1, -1] = 0
+    w = np.linalg.solve(xs[train].T @ xs[train] + pen, xs[train].T @ np.eye(k)[labels[train]])
+    ref = np.mean(np.argmax(xs[~train] @ w, 1) == labels[~train])
+    assert acc[0] == pytest.approx(ref, abs=1e-6) and ref > 0.9
+    assert acc[1] < 0.5                                               # chance is 1/3: nothing to read

@@ -1,0 +1,134 @@
+"""µP (`jaxformer.mup`): at its base width µP is SP bit for bit; away from it each rule is what the table says,
+checked on the model's own captured activations (embedding multiplier √D₀, attention logits · √H₀/H, output
+logits / m) and on one optimizer update (hidden matrices' Adam step / m, the rest unchanged); the coordinate
+check separates them: SP's activations grow with width after a few Adam steps, µP's stay flat.
+
+Wrong implementations these catch: µP's learning-rate factor on every parameter (the embedding's update would
+shrink too) or on none; the output multiplier m instead of 1/m; the attention scale 1/H without √H₀ (not SP at
+the base width) or left at 1/√H; an embedding multiplier that still grows as √D; a base width that changes a
+model under SP.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from helpers import tiny_lm
+from jaxformer.cli import main as cli_main
+from jaxformer.config import ConfigError
+from jaxformer.mup import slopes, verdict
+from jaxformer.nn import build_model
+from jaxformer.train.step import init_state, make_train_step
+
+D0, M = 16, 4
+
+
+def _cfg(d=D0 * M, par="mup", base=D0, *extra):
+    return tiny_lm("model.vocab_size=40", f"model.d_model={d}", f"model.d_ff={2 * d}", "model.num_heads=2",
+                   "model.num_decoder_layers=2", "model.positional=rope", "model.norm.position=pre",
+                   "model.tie_embeddings=false", f"model.parametrization={par}",
+                   f"model.base_width={base if par == 'mup' else 0}", "model.runtime.dropout=0.0", *extra)
+
+
+def _batch(seed=0, rows=8, t=12):
+    x = jax.random.randint(jax.random.key(seed), (rows, t + 1), 1, 40)
+    return {"inputs": x[:, :-1], "targets": x[:, 1:]}
+
+
+def test_mup_at_its_base_width_is_sp_bit_for_bit():
+    sp, mup = _cfg(D0, "sp"), _cfg(D0, "mup", D0)
+    assert mup.model.width_mult == 1.0
+    states = []
+    for cfg in (sp, mup):
+        graphs, state = init_state(cfg)
+        step = make_train_step(graphs, cfg)
+        for i in range(3):
+            state, _ = step(state, _batch(i), jax.random.key(0))
+        states.append(state["model"])
+    for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_each_mup_rule_on_the_models_own_activations():
+    """Embedding × √D₀ from an N(0, 1/D₀) table; attention probabilities softmax(q·k · √H₀/H); logits = the
+    head's input · W / m."""
+    cfg = _cfg()
+    model = build_model(cfg.model)
+    x = _batch()["inputs"]
+    logits, aux = model.forward(x, capture=("embed", "q", "k", "pattern", "final_norm"))
+    cap = aux["captured"]
+    table = model.embed.tokens[...]
+    assert float(jnp.std(table)) == pytest.approx(D0 ** -0.5, rel=0.05)
+    np.testing.assert_allclose(cap["embed"], table[x] * math.sqrt(D0), rtol=1e-6)
+    h, h0 = cfg.model.head_size, D0 // 2
+    q, k = cap["q"][0].astype(jnp.float32), cap["k"][0].astype(jnp.float32)
+    s = jnp.einsum("BTNH,BSNH->BNTS", q, k) * math.sqrt(h0) / h
+    causal = jnp.tril(jnp.ones((x.shape[1], x.shape[1]), bool))
+    want = jax.nn.softmax(jnp.where(causal, s, -jnp.inf), axis=-1)
+    np.testing.assert_allclose(cap["pattern"][0], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logits, cap["final_norm"] @ model.embed.head[...] / M, rtol=1e-5, atol=1e-6)
+
+
+def test_mup_scales_the_hidden_matrices_updates_by_one_over_m():
+    """One step of the same gradients: µP's update of an attention or FFN matrix is SP's / m; of the embedding,
+    the head and the norms, SP's."""
+    ups = {}
+    for par in ("sp", "mup"):
+        cfg = _cfg(par=par)
+        graphs, state = init_state(cfg)
+        model = nnx.merge(graphs.model, state["model"])
+        opt = nnx.merge(graphs.opt, state["opt"])
+        grads = jax.tree.map(lambda p: jnp.ones_like(p) * 0.01, nnx.state(model, nnx.Param))
+        before = nnx.state(model, nnx.Param)
+        before = jax.tree.map(lambda a: np.asarray(a), before)
+        opt.update(model, grads)
+        ups[par] = jax.tree.map(lambda a, b: np.asarray(a) - b, nnx.state(model, nnx.Param), before)
+    flat_sp, flat_mup = nnx.to_flat_state(ups["sp"]), nnx.to_flat_state(ups["mup"])
+    seen = set()
+    for (path, a), (_, b) in zip(flat_sp, flat_mup):
+        name = "/".join(str(p) for p in path)
+        hidden = any(w in name for w in ("/wq", "/wk", "/wv", "/wo", "/w1", "/w2", "/wg"))
+        seen.add(hidden)
+        np.testing.assert_allclose(b[...], a[...] / (M if hidden else 1), rtol=1e-5, atol=1e-9, err_msg=name)
+    assert seen == {True, False}
+
+
+def test_mup_refuses_what_it_does_not_cover():
+    with pytest.raises(ConfigError, match="model.base_width=32 means nothing"):
+        tiny_lm("model.base_width=32")
+    with pytest.raises(ConfigError, match="optim.name='sgd'"):
+        _cfg(64, "mup", 16, "optim.name=sgd")
+    with pytest.raises(ConfigError, match="model.parametrization='mop'"):
+        tiny_lm("model.parametrization=mop")
+
+
+def test_verdict_is_decided_by_the_slopes():
+    widths = [64, 128, 256]
+    grow = {"widths": widths, "sites": ["a", "b"], "sp": {"a": [[1, 2, 4]], "b": [[1, 1, 1]]},
+            "mup": {"a": [[1, 1.05, 1.1]], "b": [[2, 2, 2]]}}
+    assert slopes(grow, "sp")["a"] == pytest.approx(1.0) and slopes(grow, "mup")["b"] == pytest.approx(0.0)
+    assert verdict(grow, "sp").startswith("grows (steepest: a, slope +1.00")
+    assert verdict(grow, "mup").startswith("flat")
+
+
+@pytest.mark.slow          # 2 parametrizations × 3 widths × 3 steps of a 2-layer model (~30 s)
+def test_mup_check_flat_under_mup_growing_under_sp(tmp_path, capsys):
+    import json
+    from helpers import ROOT
+    args = ["mup-check", str(ROOT / "configs/shakespeare_char.py"), "--set", "model.num_decoder_layers=2",
+            "--set", "optim.lr=0.01", "--set", "model.runtime.remat=none", "--set", "data.num_chars=20000",
+            "--widths", "32", "64", "128", "256", "--steps", "3", "--out", str(tmp_path)]
+    assert cli_main(args) == 0
+    r = json.loads((tmp_path / "mup_check.json").read_text())
+    assert r["verdict"]["mup"].startswith("flat") and r["verdict"]["sp"].startswith("grows"), r["verdict"]
+    assert max(r["slopes"]["sp"].values()) > 0.5
+    assert (tmp_path / "mup_check.png").read_bytes()[:4] == b"\x89PNG"
+    assert "µP: flat" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli_main(["mup-check", str(ROOT / "configs/shakespeare_char.py"), "--widths", "30", "64"])
