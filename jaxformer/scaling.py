@@ -101,26 +101,31 @@ def fit_power_law(x, y, method: str = "lsq", irreducible: bool = True, start: Po
 
 def bootstrap(x, y, groups, n: int, method: str = "lsq", irreducible: bool = True, seed: int = 0,
               start: PowerLaw | None = None) -> np.ndarray:
-    """[n, 3] refits (E, A, α) on stratified resamples (module docstring): within each group (an arm, one
-    size) as many runs as it has, drawn with replacement, their deviations from the group's mean log L scaled by
-    √(m/(m−1)) for a group of m (the resample of m values has (m−1)/m of their variance: with 3 seeds the
-    uncorrected interval is too narrow); each refit starts from `start` (default: the fit of all points)."""
-    x, groups = np.asarray(x, np.float64), np.asarray(groups)
-    ly = np.log(np.asarray(y, np.float64))
-    start = start or fit_power_law(x, np.exp(ly), method, irreducible)
-    keys = list(dict.fromkeys(groups.tolist()))
-    order = np.concatenate([np.flatnonzero(groups == k) for k in keys])          # resample's layout
-    mean = np.concatenate([np.full(int(np.sum(groups == k)), ly[groups == k].mean()) for k in keys])
-    m = np.concatenate([np.full(int(np.sum(groups == k)), np.sum(groups == k)) for k in keys])
-    scale = np.sqrt(m / np.maximum(m - 1, 1))
+    """[n, 3] refits (E, A, α) on stratified resamples (`resampled`); each refit starts from `start` (default:
+    the fit of all points)."""
+    x, y, groups = np.asarray(x, np.float64), np.asarray(y, np.float64), np.asarray(groups)
+    start = start or fit_power_law(x, y, method, irreducible)
     rng = np.random.default_rng(seed)
     out = np.empty((n, 3))
     for i in range(n):
-        idx = resample(groups, rng)
-        yb = np.exp(mean + scale * (ly[idx] - mean))
+        order, yb = resampled(y, groups, rng)
         law = fit_power_law(x[order], yb, method, irreducible, start)
         out[i] = (law.E, law.A, law.alpha)
     return out
+
+
+def resampled(y, groups, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """One stratified resample of the losses y: -> (order, y'), y'[i] standing for point order[i]. Within each
+    group (an arm, one size) of m runs, m of them drawn with replacement, their deviations from the group's mean
+    log L scaled by √(m/(m−1)): a resample of m values has (m−1)/m of their variance, so without it the group
+    mean would vary less than its standard error says (with 3 seeds, a third less)."""
+    ly, groups = np.log(np.asarray(y, np.float64)), np.asarray(groups)
+    keys = list(dict.fromkeys(groups.tolist()))
+    order = np.concatenate([np.flatnonzero(groups == k) for k in keys])
+    mean = np.concatenate([np.full(int(np.sum(groups == k)), ly[groups == k].mean()) for k in keys])
+    m = np.concatenate([np.full(int(np.sum(groups == k)), np.sum(groups == k)) for k in keys])
+    scale = np.sqrt(m / np.maximum(m - 1, 1))
+    return order, np.exp(mean + scale * (ly[resample(groups, rng)] - mean))
 
 
 def resample(groups, rng: np.random.Generator) -> np.ndarray:

@@ -95,20 +95,20 @@ def test_patching_restores_a_one_token_corruption_only_at_its_position_before_la
 
 def test_linear_probe_is_ridge_regression_scored_on_held_out_rows():
     rng = np.random.default_rng(0)
-    r, d, k = 400, 8, 3
+    r, d, k = 400, 48, 3              # 48 features, 120 training rows: a probe can fit noise it cannot predict
     labels = rng.integers(0, k, r)
-    centers = rng.standard_normal((k, d)) * 3
+    centers = rng.standard_normal((k, d)) * 0.5
     informative = centers[labels] + rng.standard_normal((r, d))
     noise = rng.standard_normal((r, d))
-    train = np.arange(r) < 300
+    train = np.arange(r) < 120
     acc = np.asarray(linear_probe(jnp.asarray(np.stack([informative, noise]), jnp.float32), jnp.asarray(labels),
                                   jnp.asarray(train), l2=1e-3))
     x = informative
     mu, sd = x[train].mean(0), x[train].std(0) + 1e-6
     xs = np.concatenate([(x - mu) / sd, np.ones((r, 1))], 1)
-    pen = 1e-3 * 300 * np.eye(d + 1)
+    pen = 1e-3 * 120 * np.eye(d + 1)
     pen[-1, -1] = 0
     w = np.linalg.solve(xs[train].T @ xs[train] + pen, xs[train].T @ np.eye(k)[labels[train]])
     ref = np.mean(np.argmax(xs[~train] @ w, 1) == labels[~train])
-    assert acc[0] == pytest.approx(ref, abs=1e-6) and ref > 0.9
-    assert acc[1] < 0.5                                               # chance is 1/3: nothing to read
+    assert acc[0] == pytest.approx(ref, abs=1e-6) and ref > 0.8
+    assert acc[1] < 0.45                                              # chance is 1/3: nothing to read

@@ -108,6 +108,20 @@ def test_mup_refuses_what_it_does_not_cover():
         tiny_lm("model.parametrization=mop")
 
 
+def test_an_export_refuses_mup_away_from_its_base_width():
+    """No transformers config has µP's multipliers: exporting would write another model. At its base width µP
+    is SP, and exports as such."""
+    from jaxformer.hf import HFError
+    from jaxformer.hf.expressing import check_family, family_for
+    llama = ("model.norm.type=rmsnorm", "model.activation=swiglu", "model.use_bias=false",
+             "model.scale_embeddings=false")
+    with pytest.raises(HFError, match="model.parametrization='mup' .a llama config gives 'sp'"):
+        check_family(_cfg(64, "mup", 16, *llama).model, "llama")
+    base = _cfg(D0, "mup", D0, *llama).model
+    assert family_for(base) == "llama"
+    check_family(base, "llama")
+
+
 def test_verdict_is_decided_by_the_slopes():
     widths = [64, 128, 256]
     grow = {"widths": widths, "sites": ["a", "b"], "sp": {"a": [[1, 2, 4]], "b": [[1, 1, 1]]},

@@ -121,6 +121,8 @@ def function_of(cfg: ModelConfig) -> dict:
             del d[k]
     if cfg.arch == "decoder_only":
         del d["num_encoder_layers"]
+    if cfg.width_mult == 1.0:                       # µP at its base width is SP (`jaxformer.mup`)
+        d.update(parametrization="sp", base_width=0)
     return d
 
 
