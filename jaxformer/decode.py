@@ -97,9 +97,12 @@ def _check_room(cfg, prompt_len: int, max_new: int, cache_len: int | None):
     cfg.check_length(total, "prompt + generated")
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "eos_id", "sampling", "cache_len", "kv_cache"))
-def _generate_lm(graphdef, state, prompts, segment_ids, key, *, max_new, eos_id, sampling, cache_len, kv_cache):
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "eos_id", "sampling", "cache_len", "kv_cache",
+                                             "patch"))
+def _generate_lm(graphdef, state, prompts, segment_ids, key, *, max_new, eos_id, sampling, cache_len, kv_cache,
+                 patch):
     model = nnx.merge(graphdef, state)
+    patch = dict(patch) if patch else None
     layout, pad = model.decoding_layout(prompts.shape[0]), model.cfg.pad_id
     if segment_ids is None:                                 # every prompt token real: one document per row
         valid = jnp.ones(prompts.shape, bool)
@@ -108,22 +111,25 @@ def _generate_lm(graphdef, state, prompts, segment_ids, key, *, max_new, eos_id,
         valid = segment_ids != 0
         pos = positions_from_segments(segment_ids)
     cache = model.init_cache(prompts.shape[0], cache_len, dtype=kv_cache, layout=layout)
-    logits, cache = model.step(prompts, pos, cache, segment_ids=segment_ids, prefill=True, layout=layout)  # plain
+    logits, cache = model.step(prompts, pos, cache, segment_ids=segment_ids, prefill=True, layout=layout,
+                               patch=patch)
     last = jnp.argmax(jnp.where(valid, jnp.arange(prompts.shape[1]), -1), 1)               # last real token
     first = jnp.take_along_axis(logits, last[:, None, None], 1)[:, 0]
     start = jnp.take_along_axis(pos, last[:, None], 1)[:, 0] + 1
     seg = None if segment_ids is None else jnp.take_along_axis(segment_ids, last[:, None], 1)
-    step = lambda c, t, p: model.step(t, p, c, segment_ids=seg, layout=layout)            # noqa: E731
+    step = lambda c, t, p: model.step(t, p, c, segment_ids=seg, layout=layout, patch=patch)  # noqa: E731
     return replicate(_loop(step, first, start, cache, key, max_new, eos_id, pad, sampling))
 
 
 def generate_lm(model, prompts, *, max_new: int, key=None, temperature: float = 0.0, top_k: int = 0,
                 top_p: float = 1.0, eos_id: int | None = None, cache_len: int | None = None,
-                segment_ids=None, kv_cache: str = "auto"):
+                segment_ids=None, kv_cache: str = "auto", patch: dict | None = None):
     """Decoder-only sampling. prompts [B,P] int, every token real; or, with segment_ids [B,P] (0 = padding,
     documents from 1), padded rows (left or right; `arch.prompt_batch` makes both) or rows of packed documents,
     each row continuing its last document (which alone it attends to). The pad id only fills: which tokens are
-    real is said by segment_ids alone. kv_cache: "auto" (the model's) or "int8".
+    real is said by segment_ids alone. kv_cache: "auto" (the model's) or "int8". patch: activation sites
+    replaced at every step, prefill included ({site: fn(value, layer)}, `nn.sites`; e.g. a steering vector);
+    the functions are constants of the compiled program (a new function compiles a new one).
     -> [B,max_new] new tokens (pad after EOS). One compiled program: prefill + while_loop of cached steps."""
     unrolled_threefry()                                            # sampling's bits: jaxformer.platforms.lowering
     prompts = jnp.asarray(prompts, jnp.int32)
@@ -133,7 +139,7 @@ def generate_lm(model, prompts, *, max_new: int, key=None, temperature: float = 
     key = jax.random.key(0) if key is None else key
     return _generate_lm(graphdef, state, prompts, _ids(segment_ids), key, max_new=max_new, eos_id=eos_id,
                         sampling=_sampling(temperature, top_k, top_p, model.cfg.vocab_size), cache_len=cache_len,
-                        kv_cache=kv_cache)
+                        kv_cache=kv_cache, patch=tuple(sorted(patch.items())) if patch else None)
 
 
 def _ids(segment_ids):

@@ -327,6 +327,9 @@ MUTANTS = (
     Mutant("mup-embedding-multiplier-grows", "µP keeps the embedding multiplier √D", "jaxformer/nn/models.py",
            "            x = x * math.sqrt(self.cfg.d_model / self.cfg.width_mult)",
            "            x = x * math.sqrt(self.cfg.d_model)", ("tests/test_mup.py", "-k", "own_activations")),
+    Mutant("generate-patch-prefill-only", "generate_lm patches the prompt's prefill, not the generated steps",
+           "jaxformer/decode.py", "model.step(t, p, c, segment_ids=seg, layout=layout, patch=patch)",
+           "model.step(t, p, c, segment_ids=seg, layout=layout)", ("tests/test_sites.py", "-k", "generate_lm")),
     Mutant("padding-target-is-token-zero", "a held-out window's padding targets token 0 (a pretrained tokenizer's "
            "real token)", "jaxformer/data/tokens.py", "targets = np.where(seg[:, 1:] != 0, rows[:, 1:], ignore)",
            "targets = rows[:, 1:]", ("tests/test_sft.py", "-k", "held_out")),

@@ -192,3 +192,22 @@ def test_a_patch_acts_in_cached_decoding_as_in_the_forward_pass(layout):
         out, cache = m.step(TOKENS[:, i:i + 1], pos[:, i:i + 1], cache, layout=lay, patch=patch)
         got.append(out)
     np.testing.assert_allclose(np.asarray(jnp.concatenate(got, 1)), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+def test_generate_lm_decodes_the_patched_model():
+    """A steering vector through `generate_lm(..., patch=)`: the greedy tokens are those of the patched forward
+    pass recomputed for every new token (and differ from the unpatched model's)."""
+    from jaxformer.decode import generate_lm
+    m = lm()
+    steer = 30.0 * jax.random.normal(jax.random.key(5), (32,))         # it decides every token
+    patch = {"resid_post": lambda v, i: v + jnp.where(i == 1, 1.0, 0.0) * steer}
+    prompts, new = TOKENS[:, :4], 5
+    got = generate_lm(m, prompts, max_new=new, patch=patch)
+    buf = jnp.zeros((2, 4 + new), jnp.int32).at[:, :4].set(prompts)
+    for i in range(new):
+        logits = m.forward(buf, patch=patch)[0][:, 3 + i].at[:, m.cfg.pad_id].set(-jnp.inf)
+        buf = buf.at[:, 4 + i].set(jnp.argmax(logits, -1))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(buf[:, 4:]))
+    assert not np.array_equal(np.asarray(got), np.asarray(generate_lm(m, prompts, max_new=new)))
+    forced = generate_lm(m, prompts, max_new=new, patch={"logits": lambda v, i: v.at[..., 7].add(100.0)})
+    np.testing.assert_array_equal(np.asarray(forced), 7)             # every step patched, not the prefill alone
