@@ -17,7 +17,7 @@ run: install
 	$(BIN)/jaxformer train configs/reverse.py
 
 test: install
-	$(BIN)/python -m pytest -n 2 --dist loadfile -rs
+	$(BIN)/python -m pytest -n 2 --dist loadfile -rs --durations=25
 
 test-slow: install
 	$(BIN)/python -m pytest -n 2 --dist loadfile -rs -m "slow or gpu"

@@ -100,7 +100,7 @@ def _check_room(cfg, prompt_len: int, max_new: int, cache_len: int | None):
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "eos_id", "sampling", "cache_len", "kv_cache",
                                              "patch"))
 def _generate_lm(graphdef, state, prompts, segment_ids, key, *, max_new, eos_id, sampling, cache_len, kv_cache,
-                 patch):
+                 patch=None):
     model = nnx.merge(graphdef, state)
     patch = dict(patch) if patch else None
     layout, pad = model.decoding_layout(prompts.shape[0]), model.cfg.pad_id
