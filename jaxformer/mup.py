@@ -143,16 +143,16 @@ def log2_widths(lo: int, hi: int) -> tuple[int, ...]:
 
 
 def lr_optimum(lrs, losses) -> float:
-    """log2 of the learning rate at the minimum of a parabola fitted (least squares) to mean loss against log2 lr
-    over the grid; losses [seeds][len(lrs)]. A minimum outside the grid, or no minimum (the parabola opens
-    downwards), returns ±inf toward the side it lies."""
+    """log2 of the loss-minimising learning rate: the vertex of the parabola through the grid's best mean loss
+    and its two neighbours (log2 lr against loss); losses [seeds][len(lrs)]. A best rate at the grid's edge is
+    not bracketed: -inf (the lowest rate) or +inf (the highest), so an interval that reaches it is unresolved."""
     x = np.log2(np.asarray(lrs, np.float64))
     y = np.nanmean(np.asarray(losses, np.float64), axis=0)
-    a, b, _ = np.polyfit(x, y, 2)
-    if a <= 0:
-        return -np.inf if y[0] < y[-1] else np.inf
-    opt = -b / (2 * a)
-    return float(opt) if x[0] <= opt <= x[-1] else (-np.inf if opt < x[0] else np.inf)
+    i = int(np.nanargmin(y))
+    if i == 0 or i == len(y) - 1:
+        return -np.inf if i == 0 else np.inf
+    a, b, _ = np.polyfit(x[i - 1:i + 2], y[i - 1:i + 2], 2)
+    return float(-b / (2 * a))                        # a > 0: the middle point is the lowest of the three
 
 
 def optimum_shift(lrs, base: list, other: list, n: int = 2000, seed: int = 0) -> tuple[float, float, float]:
@@ -164,5 +164,13 @@ def optimum_shift(lrs, base: list, other: list, n: int = 2000, seed: int = 0) ->
     shift = lr_optimum(lrs, other) - lr_optimum(lrs, base)
     boot = [lr_optimum(lrs, other[rng.integers(0, len(other), len(other))])
             - lr_optimum(lrs, base[rng.integers(0, len(base), len(base))]) for _ in range(n)]
-    lo, hi = np.nanpercentile(boot, [2.5, 97.5])
+    lo, hi = np.percentile(boot, [2.5, 97.5])                  # an unbracketed optimum makes it infinite
     return float(shift), float(lo), float(hi)
+
+
+def transfer_verdict(lo: float, hi: float, tolerance: float = 0.5) -> str:
+    """The verdict on an optimum's shift interval [lo, hi] (factors of 2): "holds" within ±tolerance, "does not
+    hold" entirely beyond it (an unbracketed optimum included: it left the grid), else "not resolved"."""
+    if -tolerance <= lo and hi <= tolerance:
+        return "holds"
+    return "does not hold" if hi < -tolerance or lo > tolerance else "not resolved"

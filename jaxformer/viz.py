@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import textwrap
 from pathlib import Path
 
 import jax
@@ -230,12 +231,13 @@ def plot_head_table(table: np.ndarray, *, title: str, dpi: int = 100) -> Figure:
     image = ax.imshow(table, cmap="RdBu_r", vmin=-top, vmax=top, aspect="auto", interpolation="nearest")
     for i in range(layers):
         for j in range(heads):
-            ax.text(j, i, f"{table[i, j]:.2g}", ha="center", va="center", fontsize=6)
+            ax.text(j, i, f"{table[i, j]:.2g}", ha="center", va="center", fontsize=6,
+                    color="white" if abs(table[i, j]) > 0.6 * top else "black")
     ax.set_xticks(range(heads), [str(h) for h in range(heads)], fontsize=7)
     ax.set_yticks(range(layers), [f"layer {i}" for i in range(layers)], fontsize=7)
     ax.set_xlabel("head", fontsize=7)
     fig.colorbar(image, ax=ax, shrink=0.8).set_label("loss increase when the head is zeroed (nats)", fontsize=7)
-    fig.suptitle(title, fontsize=8, parse_math=False)
+    fig.suptitle(textwrap.fill(title, int(fig.get_figwidth() * 14)), fontsize=8, parse_math=False)
     return fig
 
 

@@ -330,6 +330,9 @@ MUTANTS = (
     Mutant("generate-patch-prefill-only", "generate_lm patches the prompt's prefill, not the generated steps",
            "jaxformer/decode.py", "model.step(t, p, c, segment_ids=seg, layout=layout, patch=patch)",
            "model.step(t, p, c, segment_ids=seg, layout=layout)", ("tests/test_sites.py", "-k", "generate_lm")),
+    Mutant("mup-edge-optimum-taken", "a best learning rate at the grid's edge taken as the optimum",
+           "jaxformer/mup.py", "        return -np.inf if i == 0 else np.inf\n", "        return float(x[i])\n",
+           ("tests/test_mup.py", "-k", "optimum")),
     Mutant("padding-target-is-token-zero", "a held-out window's padding targets token 0 (a pretrained tokenizer's "
            "real token)", "jaxformer/data/tokens.py", "targets = np.where(seg[:, 1:] != 0, rows[:, 1:], ignore)",
            "targets = rows[:, 1:]", ("tests/test_sft.py", "-k", "held_out")),

@@ -410,6 +410,54 @@ def _local_attention() -> tuple[str, str]:
             f"against global (±{mod.MARGIN} margin): " + "; ".join(out))
 
 
+def _scaling() -> tuple[str, str]:
+    """The scaling sweep's fits (docs/ablations/scaling_scaling.json, written by its report)."""
+    fits = {f["x"]: f for f in result("docs/ablations/scaling_scaling.json")}
+    iv = lambda f, k: f"{f[k]:.3g} [{f['intervals'][k][0]:.3g}, {f['intervals'][k][1]:.3g}]"      # noqa: E731
+    p, ne = fits["params"], fits["non_embedding_params"]
+    sizes = sorted({pt[1] for pt in p["points"]})
+    measured = (f"tiny Shakespeare char model, {p['n_sizes']} widths ({sizes[0]:,.0f} to {sizes[-1]:,.0f} "
+                f"parameters) × 3 seeds, equal steps and tokens: held-out loss = E + A·N^(−α) with α = "
+                f"{iv(p, 'alpha')}, E = {iv(p, 'E')} (95% bootstrap over seeds; lack-of-fit p = "
+                f"{p['lack_of_fit_p']:.2g}); against non-embedding parameters α = {iv(ne, 'alpha')} (p = "
+                f"{ne['lack_of_fit_p']:.2g})")
+    ok = [f["intervals"]["alpha"][0] > 0 and f["lack_of_fit_p"] >= 0.05 for f in (p, ne)]
+    verdict = ("holds at a fixed token budget: the law fits within the seeds' scatter" if all(ok) else
+               "does not hold here: " + ", ".join(f"{x} ({'interval reaches 0' if f['intervals']['alpha'][0] <= 0 else 'lack of fit'})"
+                                                   for (x, f), good in zip(fits.items(), ok) if not good))
+    return measured, verdict + " (the exponent is not Kaplan's α_N: these models are not trained to convergence)"
+
+
+def _mup_transfer() -> tuple[str, str]:
+    """The learning-rate transfer sweep (docs/ablations/mup_transfer_runs.csv), as its summary decides it."""
+    from importlib import util
+
+    from jaxformer.mup import lr_optimum, optimum_shift, transfer_verdict
+    spec = util.spec_from_file_location("mup_sweep", ROOT / "configs" / "sweeps" / "mup_transfer.py")
+    mod = util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    loss = lambda par, w: [list(x) for x in zip(*(values("mup_transfer", f"{par}, D={w}, lr={lr}", mod.METRIC)  # noqa: E731
+                                                  for lr in mod.LRS))]
+    parts, words, last_shifts = [], [], []
+    for par, name in (("sp", "SP"), ("mup", "µP")):
+        base = loss(par, mod.WIDTHS[0])
+        shifts = [(w, *optimum_shift(mod.LRS, base, loss(par, w))) for w in mod.WIDTHS[1:]]
+        parts.append(f"{name}: optimum lr {2 ** lr_optimum(mod.LRS, base):.2g} at D={mod.WIDTHS[0]}, shift "
+                     + ", ".join(f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}] at D={w}" for w, d, lo, hi in shifts))
+        last_shifts.append(shifts[-1])
+        each = [transfer_verdict(lo, hi) for _, _, lo, hi in shifts]
+        words.append(f"{name} " + ("holds" if set(each) == {"holds"} else "does not hold" if "does not hold" in each
+                                   else "not resolved"))
+    last = {name: d for name, (w, d, _, _) in zip(("SP", "µP"), last_shifts)}
+    words.append(f"at {mod.WIDTHS[-1] // mod.WIDTHS[0]}× the width µP moves the optimum {abs(last['µP']):.2f} "
+                 f"factors of 2, SP {abs(last['SP']):.2f}")
+    return (f"tiny Shakespeare char model, 2 layers, widths {', '.join(map(str, mod.WIDTHS))}, {mod.STEPS} steps, "
+            f"{len(mod.LRS)} peak rates × 3 seeds; the optimum's shift from D={mod.WIDTHS[0]} in factors of 2 (95% bootstrap "
+            "over seeds): " + "; ".join(parts),
+            "; ".join(words) + f" (transfer: the interval within ±0.5, a factor √2; widths to {mod.WIDTHS[-1]} "
+            "only: 1,024 is hours of CPU)")
+
+
 NOT_MEASURED = [
     ("000: cross-attention without the encoder memory never learns", "—",
      "not measured: needs an ablation that feeds the decoder's cross-attention zeros (or its own states) instead of "
@@ -499,6 +547,10 @@ def claims() -> str:
          sweep("optimizers")),
         ("sliding-window layers with a global one every few (\"LLLG\") lose nothing against global attention "
          "(Gemma 2/3, Mistral)", *_local_attention(), sweep("local_attention")),
+        ("loss falls as a power law in model size toward an irreducible loss, L = E + A·N^(−α) (Kaplan et al. "
+         "2020, Hoffmann et al. 2022)", *_scaling(), sweep("scaling")),
+        ("µP: the learning rate tuned at a small width holds at larger ones; under SP it does not (Yang et al. "
+         "2022)", *_mup_transfer(), sweep("mup_transfer")),
     ] + NOT_MEASURED
     out = ["| seed's claim | measured here (mean ± std over 3 seeds) | verdict | regenerate |", "|---|---|---|---|"]
     return "\n".join(out + [f"| {' | '.join(r)} |" for r in rows])

@@ -395,7 +395,19 @@ def lora_memory() -> str:
     return "\n".join(out)
 
 
-TABLES = {"hf_keys": hf_keys, "lora_memory": lora_memory, "performance": performance, "levers": levers, "make_run": make_run, "claims": claims,
+def mup_check() -> str:
+    """µP's coordinate check (docs/mup/mup_check.json, `jaxformer mup-check`): per site, the slope of log mean|x|
+    against log width after the last step, under SP and µP."""
+    r = json.loads((ROOT / "docs" / "mup" / "mup_check.json").read_text(encoding="utf-8"))
+    out = [f"| site (mean abs value after {r['steps']} steps) | SP slope | µP slope |", "|---|---:|---:|"]
+    out += [f"| {s} | {r['slopes']['sp'][s]:+.2f} | {r['slopes']['mup'][s]:+.2f} |" for s in r["sites"]]
+    out += ["", f"Widths {', '.join(map(str, r['widths']))} (µP's base: {r['widths'][0]}), lr {r['lr']:g}: SP "
+            f"{r['verdict']['sp']}; µP {r['verdict']['mup']}. `{r['command']}` on {r['machine']}, {r['date']} "
+            "([docs/mup/mup_check.png](docs/mup/mup_check.png))."]
+    return "\n".join(out)
+
+
+TABLES = {"hf_keys": hf_keys, "mup_check": mup_check, "lora_memory": lora_memory, "performance": performance, "levers": levers, "make_run": make_run, "claims": claims,
           "attention": attention, "moe_quantize": moe_quantize, "step_profile": step_profile, "tokenizers": tokenizers}
 
 
