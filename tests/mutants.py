@@ -606,8 +606,8 @@ MUTANTS = (
            "w2_out_in=decode.w2_out_in,", "w2_out_in=None,",
            ("tests/test_decode_layout.py", "-k", "row_by_row")),
     Mutant("token-loop-without-layout", "generate_lm's token loop steps the scanned stack",
-           "jaxformer/decode.py", "    step = lambda c, t, p: model.step(t, p, c, segment_ids=seg, layout=layout)",
-           "    step = lambda c, t, p: model.step(t, p, c, segment_ids=seg, layout=None)",
+           "jaxformer/decode.py", "segment_ids=seg, layout=layout, patch=patch)  # noqa: E731",
+           "segment_ids=seg, layout=None, patch=patch)  # noqa: E731",
            ("tests/test_decode_layout.py", "-k", "slices_no_stacked")),
 )
 

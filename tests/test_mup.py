@@ -156,15 +156,15 @@ def test_the_optimum_and_its_shift_from_a_grid_of_learning_rates():
 def test_mup_check_flat_under_mup_growing_under_sp(tmp_path, capsys):
     import json
     from helpers import ROOT
-    args = ["mup-check", str(ROOT / "configs/shakespeare_char.py"), "--set", "model.num_decoder_layers=2",
-            "--set", "optim.lr=0.01", "--set", "model.runtime.remat=none", "--set", "data.num_chars=20000",
-            "--widths", "64", "128", "256", "--steps", "4", "--out", str(tmp_path)]
+    args = ["mup-check", str(ROOT / "configs/alice.py"), "--set", "model.norm.position=pre",     # built-in text
+            "--set", "optim.lr=0.01", "--set", "model.d_ff=128", "--widths", "64", "128", "256", "--steps", "4",
+            "--out", str(tmp_path)]
     assert cli_main(args) == 0
     r = json.loads((tmp_path / "mup_check.json").read_text())
     assert r["verdict"]["mup"].startswith("flat") and r["verdict"]["sp"].startswith("grows"), r["verdict"]
     assert max(r["slopes"]["sp"].values()) > 0.5
     assert (tmp_path / "mup_check.png").read_bytes()[:4] == b"\x89PNG"
     assert "µP: flat" in capsys.readouterr().out
-    assert cli_main(["mup-check", str(ROOT / "configs/shakespeare_char.py"), "--widths", "30", "64"]) != 0
+    assert cli_main(["mup-check", str(ROOT / "configs/alice.py"), "--widths", "30", "64"]) != 0
     captured = capsys.readouterr()
     assert "mup-check width 30 is not a multiple of model.num_heads=4" in captured.out + captured.err

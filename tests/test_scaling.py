@@ -158,7 +158,7 @@ def _fake_sweep(tmp_path, widths=(16, 24, 32, 48), seeds=(0, 1)):
     their parameter count: a report over them needs no training."""
     from jaxformer.sweep import Sweep, runs
     sweep = Sweep(name="fake_scaling", base="configs/alice.py", seeds=seeds,
-                  grid={"model.d_model": widths}, set=("model.vocab_size=40",),
+                  grid={"model.d_model": widths}, set=("model.vocab_size=40",), curves=(),
                   scaling=(Scaling("held-out loss", x="params", bootstrap=50),))
     for r in runs(sweep, tmp_path):
         cfg = tiny_lm(*r.overrides)
