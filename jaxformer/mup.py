@@ -5,6 +5,7 @@ train like its base: hyperparameters tuned at D₀ (the learning rate first) hol
 Lion (µP's Table 3 in the form of the `mup` package: output multiplier, not a zero-initialised readout):
 
   hidden matrices (attention q, k, v, o; FFN)   init as SP (variance ∝ 1/fan)     learning rate × 1/m
+  MoE router [D, E] (fan-in the width)          init as SP                        learning rate × 1/m
   token embedding (and learned positions)       N(0, 1/D₀), multiplier √D₀        learning rate unchanged
   output logits (tied or untied head)           × 1/m                             learning rate unchanged
   attention logits                              q·k · √H₀ / H instead of q·k/√H   —
@@ -155,17 +156,37 @@ def lr_optimum(lrs, losses) -> float:
     return float(-b / (2 * a))                        # a > 0: the middle point is the lowest of the three
 
 
-def optimum_shift(lrs, base: list, other: list, n: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+def optimum_shift(lrs, base: list, other: list, n: int = 2000, seed: int = 0,
+                  other_lrs=None) -> tuple[float, float, float]:
     """How far the loss-minimising learning rate moves from one width to another, in factors of 2: (shift,
     lo, hi), the point estimate and its 95% bootstrap interval over seeds (each width's seeds resampled with
-    replacement, both optima refitted). base, other: losses [seeds][len(lrs)] of the two widths."""
+    replacement, both optima refitted; an unbracketed optimum counts with the whole range it can lie in, so a
+    best rate at the edge of a grid that stops short of the other width's optimum leaves the interval open on
+    that side). base: losses [seeds][len(lrs)] of one width; other: losses [seeds][len(other_lrs)] of the
+    other, at its own grid of rates (default: lrs)."""
     base, other = np.asarray(base, np.float64), np.asarray(other, np.float64)
+    olrs = lrs if other_lrs is None else other_lrs
     rng = np.random.default_rng(seed)
-    shift = lr_optimum(lrs, other) - lr_optimum(lrs, base)
-    boot = [lr_optimum(lrs, other[rng.integers(0, len(other), len(other))])
-            - lr_optimum(lrs, base[rng.integers(0, len(base), len(base))]) for _ in range(n)]
-    lo, hi = np.percentile(boot, [2.5, 97.5])                  # an unbracketed optimum makes it infinite
+    shift = lr_optimum(olrs, other) - lr_optimum(lrs, base)
+    boot = []
+    for _ in range(n):
+        o_lo, o_hi = _optimum_range(olrs, other[rng.integers(0, len(other), len(other))])
+        b_lo, b_hi = _optimum_range(lrs, base[rng.integers(0, len(base), len(base))])
+        boot.append((o_lo - b_hi, o_hi - b_lo))
+    boot = np.asarray(boot)
+    # the order statistics themselves (no interpolation: between two infinite ends it is undefined)
+    lo, hi = np.percentile(boot[:, 0], 2.5, method="lower"), np.percentile(boot[:, 1], 97.5, method="higher")
     return float(shift), float(lo), float(hi)
+
+
+def _optimum_range(lrs, losses) -> tuple[float, float]:
+    """Where the optimum can lie (log2 lr): the vertex twice when bracketed; below the grid's second rate when
+    the best is the lowest rate (the loss rises from there), above the second-highest when it is the highest."""
+    v = lr_optimum(lrs, losses)
+    x = np.log2(np.asarray(lrs, np.float64))
+    if v == -np.inf:
+        return -np.inf, float(x[1])
+    return (float(x[-2]), np.inf) if v == np.inf else (v, v)
 
 
 def transfer_verdict(lo: float, hi: float, tolerance: float = 0.5) -> str:

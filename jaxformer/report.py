@@ -172,15 +172,15 @@ class Report:
         return self.out / name, f"![{suffix}]({name})"
 
     def sizes(self, axis: str, arm: Arm) -> list:
-        """Each run's size (jaxformer.scaling.AXES: params, tokens, ...) from its resolved config; None for
-        a run that has not finished."""
+        """Each run's size (jaxformer.scaling.AXES: params, tokens, ...) from its resolved config (read once per
+        arm: its runs differ only in the seed); None for a run that has not finished."""
         from jaxformer.runs import RunDir
         from jaxformer.scaling import run_size
         cache = self.__dict__.setdefault("_sizes", {})
-        for r in self.runs_of(arm):
-            if r.id not in cache and self.status[r.id] is not None:
-                cache[r.id] = run_size(RunDir(r.workdir).read_config())
-        return [cache[r.id][axis] if r.id in cache else None for r in self.runs_of(arm)]
+        done = [r for r in self.runs_of(arm) if self.status[r.id] is not None]
+        if arm.name not in cache and done:
+            cache[arm.name] = run_size(RunDir(done[0].workdir).read_config())
+        return [cache[arm.name][axis] if r in done else None for r in self.runs_of(arm)]
 
     def wall_s(self) -> float:
         return sum(st.get("wall_s", 0.0) for st in self.status.values() if st)

@@ -333,6 +333,13 @@ MUTANTS = (
     Mutant("mup-edge-optimum-taken", "a best learning rate at the grid's edge taken as the optimum",
            "jaxformer/mup.py", "        return -np.inf if i == 0 else np.inf\n", "        return float(x[i])\n",
            ("tests/test_mup.py", "-k", "optimum")),
+    Mutant("mup-router-lr-unscaled", "µP leaves the MoE router's update at SP's (its logits sum over the width)",
+           "jaxformer/nn/moe.py", '("embed", None), matrix=True, hidden=True)', '("embed", None), matrix=True)',
+           ("tests/test_mup.py", "-k", "one_over_m")),
+    Mutant("mup-edge-optimum-a-point", "an unbracketed optimum counts as a point at the grid's edge side (±inf), "
+           "not as the range beyond the edge's neighbour", "jaxformer/mup.py",
+           "    return (float(x[-2]), np.inf) if v == np.inf else (v, v)", "    return v, v",
+           ("tests/test_mup.py", "-k", "optimum")),
     Mutant("padding-target-is-token-zero", "a held-out window's padding targets token 0 (a pretrained tokenizer's "
            "real token)", "jaxformer/data/tokens.py", "targets = np.where(seg[:, 1:] != 0, rows[:, 1:], ignore)",
            "targets = rows[:, 1:]", ("tests/test_sft.py", "-k", "held_out")),

@@ -75,12 +75,15 @@ def test_each_mup_rule_on_the_models_own_activations():
     np.testing.assert_allclose(logits, cap["final_norm"] @ model.embed.head[...] / M, rtol=1e-5, atol=1e-6)
 
 
-def test_mup_scales_the_hidden_matrices_updates_by_one_over_m():
-    """One step of the same gradients: µP's update of an attention or FFN matrix is SP's / m; of the embedding,
-    the head and the norms, SP's."""
+@pytest.mark.parametrize("ffn", [(), pytest.param(("model.ffn=moe", "model.moe.num_experts=4", "model.moe.top_k=2"),
+                                                  marks=pytest.mark.slow)], ids=["dense", "moe"])    # ~4 s each
+def test_mup_scales_the_hidden_matrices_updates_by_one_over_m(ffn):
+    """One step of the same gradients: µP's update of an attention or FFN matrix (an expert's too) and of the
+    MoE router (its fan-in is the width: its logits sum over it) is SP's / m; of the embedding, the head and
+    the norms, SP's."""
     ups = {}
     for par in ("sp", "mup"):
-        cfg = _cfg(par=par)
+        cfg = _cfg(D0 * M, par, D0, *ffn)
         graphs, state = init_state(cfg)
         model = nnx.merge(graphs.model, state["model"])
         opt = nnx.merge(graphs.opt, state["opt"])
@@ -90,13 +93,14 @@ def test_mup_scales_the_hidden_matrices_updates_by_one_over_m():
         opt.update(model, grads)
         ups[par] = jax.tree.map(lambda a, b: np.asarray(a) - b, nnx.state(model, nnx.Param), before)
     flat_sp, flat_mup = nnx.to_flat_state(ups["sp"]), nnx.to_flat_state(ups["mup"])
-    seen = set()
+    seen, routers = set(), 0
     for (path, a), (_, b) in zip(flat_sp, flat_mup):
         name = "/".join(str(p) for p in path)
-        hidden = any(w in name for w in ("/wq", "/wk", "/wv", "/wo", "/w1", "/w2", "/wg"))
+        hidden = any(w in name for w in ("/wq", "/wk", "/wv", "/wo", "/w1", "/w2", "/wg", "/router"))
         seen.add(hidden)
-        np.testing.assert_allclose(b[...], a[...] / (M if hidden else 1), rtol=1e-5, atol=1e-9, err_msg=name)
-    assert seen == {True, False}
+        routers += "/router" in name
+        np.testing.assert_allclose(b[...], a[...] / (M if hidden else 1), rtol=1e-5, atol=1e-7, err_msg=name)
+    assert seen == {True, False} and routers == (1 if ffn else 0)
 
 
 def test_mup_refuses_what_it_does_not_cover():
@@ -134,7 +138,7 @@ def test_verdict_is_decided_by_the_slopes():
 def test_the_optimum_and_its_shift_from_a_grid_of_learning_rates():
     """A loss that is a parabola in log2 lr: the vertex through the best grid point and its neighbours is exact;
     a best rate at the grid's edge is unbracketed (±inf); the shift of a parabola moved by one factor of 2 is −1,
-    its bootstrap interval excludes 0, and a width against itself gives 0."""
+    its bootstrap interval excludes 0, and a width against itself gives 0; the other width may have its own grid."""
     from jaxformer.mup import lr_optimum, optimum_shift, transfer_verdict
     lrs = [2.0 ** k for k in range(-3, 4)]
     rng = np.random.default_rng(0)
@@ -147,6 +151,18 @@ def test_the_optimum_and_its_shift_from_a_grid_of_learning_rates():
     assert shift == pytest.approx(-1.0, abs=0.15) and lo < shift < hi < -0.5
     same = optimum_shift(lrs, base, base, n=500)
     assert same[0] == 0.0 and same[1] < 0 < same[2]
+    # another width on its own, shorter grid: a bracketed optimum is still exact; a best rate at the edge of a grid
+    # that stops short counts with the range it can lie in (beyond the edge's neighbour), not as a point at ±inf
+    near = [2.0 ** k for k in (-2, -1, 0, 1)]
+    own = lambda c: [[(math.log2(lr) - c) ** 2 for lr in near]] * 3          # noqa: E731
+    assert optimum_shift(lrs, base, own(-0.6), n=200, other_lrs=near)[0] == pytest.approx(-1.0, abs=0.15)
+    low = [2.0 ** k for k in (-3, -2, -1)]
+    below = optimum_shift(lrs, base, [[(math.log2(lr) + 5) ** 2 for lr in low]] * 3, n=200, other_lrs=low)
+    assert below[0] == -np.inf and below[1] == -np.inf and below[2] == pytest.approx(-2.0 - 0.4, abs=0.2)
+    assert transfer_verdict(*below[1:]) == "does not hold"
+    rising = optimum_shift(lrs, base, [[(math.log2(lr) - 5) ** 2 for lr in low]] * 3, n=200, other_lrs=low)
+    assert rising[0] == np.inf and rising[1] == pytest.approx(-2.0 - 0.4, abs=0.2) and rising[2] == np.inf
+    assert transfer_verdict(*rising[1:]) == "not resolved"          # above −2.4 factors of 2: anything from there
     assert transfer_verdict(-0.3, 0.2) == "holds" and transfer_verdict(-1.2, -0.7) == "does not hold"
     assert transfer_verdict(-np.inf, -np.inf) == "does not hold" and transfer_verdict(-np.inf, 0.1) == "not resolved"
     assert transfer_verdict(float("nan"), 0.1) == "not resolved"

@@ -24,7 +24,7 @@ class MoEFeedForward(nnx.Module):
         self.activation, self.use_bias = cfg.activation, cfg.has_bias("ffn")
         self.top_k = cfg.moe.top_k
         self.capacity_factor, self.dropless = cfg.runtime.moe_capacity_factor, cfg.runtime.moe_dropless
-        self.router = param(rngs, init.weight(cfg, "router"), (d, e), ("embed", None), matrix=True)
+        self.router = param(rngs, init.weight(cfg, "router"), (d, e), ("embed", None), matrix=True, hidden=True)
         w = lambda role, shape, axes: param(rngs, init.weight(cfg, role, experts=True, stack=stack), shape, axes,  # noqa: E731
                                             matrix=True, quantizable=True)
         self.w1 = w("ffn_in", (e, d, f), ("expert", "embed", "mlp"))

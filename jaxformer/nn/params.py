@@ -21,15 +21,17 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 
 
 def param(rngs: nnx.Rngs, init: Init, shape: tuple[int, ...], axes: tuple[str, ...], dtype=jnp.float32, *,
-          matrix: bool = False, quantizable: bool = False) -> nnx.Param:
+          matrix: bool = False, quantizable: bool = False, hidden: bool | None = None) -> nnx.Param:
     """An nnx.Param whose metadata `out_sharding` holds its logical axis names (not applied eagerly).
     matrix=True marks a weight matrix (a projection), as opposed to a bias, a norm scale or an embedding
     table: AdamW decays only these by default (optim.weight_decay_mask='matrices'). quantizable=True marks a
-    projection that post-training quantization may replace (its matmul goes through `project`)."""
+    projection that post-training quantization may replace (its matmul goes through `project`). hidden: a
+    matrix whose fan-in grows with the width and whose update µP scales by 1/m (`hidden_mask`); default
+    quantizable."""
     if len(axes) != len(shape):
         raise ValueError(f"axes {axes} do not match shape {shape}")
     return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=axes, eager_sharding=False, matrix=matrix,
-                     quantizable=quantizable)
+                     quantizable=quantizable, hidden=quantizable if hidden is None else hidden)
 
 
 def project(eq: str, x: jax.Array, w) -> jax.Array:
@@ -153,10 +155,11 @@ def matrix_mask(module: nnx.Module, wrt=nnx.Param) -> nnx.State:
 
 
 def hidden_mask(module: nnx.Module, wrt=nnx.Param) -> nnx.State:
-    """nnx.state(module, wrt) with True for the hidden matrices (the projections, quantizable=True: attention
-    and FFN, whose fan-in and fan-out both grow with the width; µP scales their learning rate), False for the
-    rest (embeddings, the output head, the router, biases, norms, adapters)."""
-    return jax.tree.map(lambda v: bool(v.get_metadata().get("quantizable", False)), nnx.state(module, wrt),
+    """nnx.state(module, wrt) with True for the hidden matrices (`param(hidden=True)`: the attention and FFN
+    projections, whose fan-in and fan-out both grow with the width, and the MoE router, whose fan-in does: µP
+    scales their Adam update by 1/m so that the change of their outputs, a sum over the width, stays of one
+    size), False for the rest (embeddings, the output head, biases, norms, adapters)."""
+    return jax.tree.map(lambda v: bool(v.get_metadata().get("hidden", False)), nnx.state(module, wrt),
                         is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
