@@ -124,7 +124,7 @@ def test_a_token_equal_to_the_pad_id_attends_normally_with_segment_ids():
     assert np.abs(padded - want)[:, 2:].max() > 1e-3                  # segment 0: padding, never seen
 
 
-@pytest.mark.parametrize("backend", ["reference", "chunked"])
+@pytest.mark.parametrize("backend", [pytest.param("reference", marks=pytest.mark.slow), "chunked"])   # ~3 s each
 def test_packed_seq2seq_pairs_equal_each_pair_alone(backend):
     """Three (source, target) pairs packed in one row each side: cross-attention stays within its pair."""
     m = model(arch="encoder_decoder", positional="sinusoidal", runtime__attention_backend=backend,

@@ -165,7 +165,7 @@ def test_padding_inside_a_document_never_restarts_its_positions():
     np.testing.assert_allclose(la[0, :3], lb[0, :3], rtol=0, atol=1e-6)        # the future never reaches back
 
 
-@pytest.mark.parametrize("arch", ["decoder_only", "encoder_decoder"])
+@pytest.mark.parametrize("arch", ["decoder_only", pytest.param("encoder_decoder", marks=pytest.mark.slow)])  # ~5 s
 def test_the_adapters_prompt_batch_decodes_each_prompt_as_alone(arch):
     """What `jaxformer generate` runs: prompts of different lengths, padded by the adapter, whose segment ids
     reach the decoder."""

@@ -214,7 +214,7 @@ def test_the_ema_of_an_adapted_run_averages_only_the_adapters():
     assert differs and {p[-1] for p in differs} <= {"a", "b"}
 
 
-@pytest.mark.parametrize("base", ["float32", "int8"])
+@pytest.mark.parametrize("base", [pytest.param("float32", marks=pytest.mark.slow), "int8"])   # ~4 s each
 def test_cached_decoding_of_an_adapted_model_equals_its_forward(base):
     from helpers import cached_and_full
     from jaxformer.decode import generate_lm

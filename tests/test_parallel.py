@@ -63,11 +63,11 @@ def _worker(job: dict, tmp) -> dict:
     return json.loads((tmp / "out.json").read_text())
 
 
-# The default lane's worker (~30 s alone on 2 cores) covers data parallel and the 3-axis mesh (data x fsdp x
-# tensor) against one device, the refused meshes and the shipped configs; the slow lane's second worker (~80 s)
-# adds the other strategies (FSDP alone among them), the expert axis, checkpoints resharded across meshes and
-# sharded decoding.
-DEFAULT_STRATEGIES = ("data parallel", "data x fsdp x tensor")
+# The default lane's worker covers the 3-axis mesh (data x fsdp x tensor: a batch split over data and fsdp,
+# parameters over fsdp and tensor) against one device, the refused meshes and the shipped configs; the slow lane's
+# second worker (~80 s) adds the other strategies (data parallel and FSDP alone among them), the expert axis,
+# checkpoints resharded across meshes and sharded decoding.
+DEFAULT_STRATEGIES = ("data x fsdp x tensor",)
 
 
 def _strategy(name):
@@ -214,7 +214,7 @@ def test_fsdp_holds_an_eighth_of_each_sharded_array_per_device(eight, eight_more
     for part in ("model", "opt"):
         total, per_device = r["bytes"][part]["total"], r["bytes"][part]["per_device_max"]
         assert per_device < total / 4
-    dp = eight["strategies"]["data parallel"]["bytes"]["model"]
+    dp = eight_more["strategies"]["data parallel"]["bytes"]["model"]
     assert dp["per_device_max"] == dp["total"]                   # data parallel replicates
     assert r["bytes"]["model"]["per_device_max"] <= r["bytes"]["model"]["total"] / 8 + replicated_extra
 
@@ -333,15 +333,15 @@ def _tails(outs) -> str:
 
 
 @pytest.mark.slow          # two 4-device processes against one: ~55 s on 2 cores (make test-all)
-def test_two_processes_train_like_one_process_and_one_device(eight, tmp_path):
+def test_two_processes_train_like_one_process_and_one_device(eight_more, tmp_path):
     procs = _launch(tmp_path / "run", ["train.steps=5", "train.log_every=1", "train.eval_every=5"])
     outs = _wait(procs)
     assert [p.returncode for p in procs] == [0, 0], _tails(outs)
     assert "process 0 of 2, 4 local devices of 8" in outs[0][1]
     assert "status: completed" in outs[0][0] and "status: completed" not in outs[1][0]   # process 0 reports
     losses = [train_losses(tmp_path / "run")[s] for s in range(1, 6)]
-    np.testing.assert_allclose(losses, eight["strategies"]["data parallel"]["losses"], rtol=RTOL)
-    np.testing.assert_allclose(losses, eight["strategies"]["one device"]["losses"], rtol=RTOL)
+    np.testing.assert_allclose(losses, eight_more["strategies"]["data parallel"]["losses"], rtol=RTOL)
+    np.testing.assert_allclose(losses, eight_more["strategies"]["one device"]["losses"], rtol=RTOL)
     # the same command with more steps resumes both processes from the checkpoint
     procs = _launch(tmp_path / "run", ["train.steps=7", "train.log_every=1", "train.eval_every=5"])
     outs = _wait(procs)

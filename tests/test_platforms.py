@@ -99,7 +99,7 @@ def test_off_platform_the_gradient_is_plain_jax_and_the_same(monkeypatch):
             assert train_compiler_options() is None
 
 
-@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("batch", [pytest.param(1, marks=pytest.mark.slow), 2])             # ~3 s each
 def test_cached_decoding_equals_the_full_forward_with_every_lever_off(batch):
     model = _model()
     x = jnp.asarray(np.random.default_rng(1).integers(1, 40, (batch, 9)), jnp.int32)

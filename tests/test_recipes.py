@@ -69,7 +69,9 @@ def _run(index: int) -> None:
     pytest.fail(message, pytrace=False)
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[h for h, _, _ in BLOCKS])
+@pytest.mark.parametrize("index", [pytest.param(i, marks=pytest.mark.slow) if h.startswith("7.") else i
+                                   for i, (h, _, _) in enumerate(BLOCKS)],
+                         ids=[h for h, _, _ in BLOCKS])       # 7 (trains a model, then four instruments): ~8 s
 def test_recipe(index):
     while _state["ran"] <= index:          # earlier blocks first (they define names later ones use)
         if _state["failed"] is not None:

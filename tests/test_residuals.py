@@ -67,8 +67,8 @@ def test_deepnorm_constants_and_beta_scaled_init():
         np.testing.assert_array_equal(blk(deep, *kept), blk(post, *kept))
 
 
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if k in ("post", "pre") else k
-                                  for k in KINDS])              # post and pre: covered across the suite already
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if k in ("post", "pre", "sandwich") else k
+                                  for k in KINDS])  # post, pre: everywhere; sandwich: its formula test stays
 def test_each_variant_decodes_like_the_full_forward_and_has_gradients(kind):
     cfg = replaced(tiny_lm("model.positional=rope", "model.runtime.dropout=0.0").model, vocab_size=20,
                               norm__position=kind, num_decoder_layers=2)

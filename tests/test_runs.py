@@ -252,7 +252,7 @@ def _endless_training(tmp_path, **popen):
 @pytest.mark.parametrize("sigs", [
     pytest.param((signal.SIGTERM,), marks=pytest.mark.slow, id="SIGTERM"),
     pytest.param((signal.SIGINT,), marks=pytest.mark.slow, id="SIGINT"),
-    pytest.param((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), id="SIGHUP-then-two-more")])
+    pytest.param((signal.SIGHUP, signal.SIGTERM, signal.SIGINT), marks=pytest.mark.slow, id="SIGHUP-then-two-more")])
 def test_a_signal_saves_a_checkpoint_and_exits_128_plus_signum(tmp_path, sigs):
     """SIGTERM (a scheduler), SIGINT (Ctrl-C) and SIGHUP (the terminal closed) stop at the current step with a
     checkpoint; signals that follow the first are held until it is written, so they cannot discard it."""

@@ -86,6 +86,7 @@ def test_a_resampled_sizes_mean_varies_as_its_standard_error():
         assert means[:, k].var() == pytest.approx(ly.var(ddof=1) / 3, rel=0.1)      # plain: 2/3 of it
 
 
+@pytest.mark.slow          # 80 synthetic sweeps × a bootstrap each (~6 s)
 def test_bootstrap_interval_covers_the_truth_and_narrows_with_less_noise():
     """Over 40 synthetic sweeps of 5 sizes × 3 seeds, 1% noise: the 95% interval holds the true exponent in at
     least 80% (measured 89% over 80 such sweeps; 85% without the small-sample rescaling, which the test above

@@ -172,7 +172,7 @@ def test_activation_patching_localises_the_digit_being_copied(tmp_path):
         assert max(abs(c) for i, c in enumerate(curve) if i != p) < 0.2, curve
 
 
-@pytest.mark.parametrize("layout", [False, True])
+@pytest.mark.parametrize("layout", [False, pytest.param(True, marks=pytest.mark.slow)])      # the laid-out step: ~5 s
 def test_a_patch_acts_in_cached_decoding_as_in_the_forward_pass(layout):
     """A steering vector added to layer 1's residual stream: prefill then one-token cached steps (scanned, or
     laid out for a token loop) give the patched forward pass's logits."""
@@ -194,6 +194,7 @@ def test_a_patch_acts_in_cached_decoding_as_in_the_forward_pass(layout):
     np.testing.assert_allclose(np.asarray(jnp.concatenate(got, 1)), np.asarray(want), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow          # ~5 s: generate_lm's compiled loop with a patch
 def test_generate_lm_decodes_the_patched_model():
     """A steering vector through `generate_lm(..., patch=)`: the greedy tokens are those of the patched forward
     pass recomputed for every new token (and differ from the unpatched model's)."""
