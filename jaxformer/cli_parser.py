@@ -120,7 +120,8 @@ def _studies(sub) -> None:
     v.add_argument("--plot", action="append", choices=("attention", "lens", "heads"),
                    help="what to draw (repeatable; default attention): attention heatmaps per layer; lens: the "
                    "logit lens of each prompt (each layer's probability of the next token); heads: the loss "
-                   "increase when each head is zeroed, over the prompts")
+                   "increase when each head is zeroed, over the prompts (an encoder-decoder: a table each for the "
+                   "self-attention, cross-attention and encoder heads)")
 
 
 def _data(sub) -> None:

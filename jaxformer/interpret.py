@@ -42,16 +42,24 @@ def token_losses(logits: jax.Array, targets: jax.Array, weights: jax.Array | Non
     return jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1.0)
 
 
+HEAD_SITES = ("z", "cross_z", "encoder.z")
+
+
 def head_ablation(model, *inputs, targets: jax.Array, weights: jax.Array | None = None, how: str = "zero",
-                  **forward_kw) -> jax.Array:
-    """Loss increase when one attention head's output (site `z`, [B,T,N,H]) is replaced, for every layer and
-    head: -> [L,N] (ablated loss − clean loss, `token_losses` of targets [B,T]). how: "zero" (the head's output
-    set to 0: the same as zeroing its slice of the output projection) or "mean" (its mean over batch and
-    positions: removes what the head says about this input, keeps its constant part). An encoder-decoder's
-    table is its decoder's self-attention heads. forward_kw: more of `model.forward`'s keywords."""
+                  site: str = "z", **forward_kw) -> jax.Array:
+    """Loss increase when one attention head's output (a head-wise site, [B,T,N,H]) is replaced, for every layer
+    and head: -> [L,N] (ablated loss − clean loss, `token_losses` of targets [B,T]). how: "zero" (the head's
+    output set to 0: the same as zeroing its slice of the output projection) or "mean" (its mean over batch and
+    positions: removes what the head says about this input, keeps its constant part). site: "z" (the decoder's
+    self-attention), and in an encoder-decoder "cross_z" (its cross-attention) or "encoder.z" (the encoder's
+    self-attention: L = model.num_encoder_layers). forward_kw: more of `model.forward`'s keywords."""
     if how not in ("zero", "mean"):
         raise ConfigError(f"head_ablation how={how!r} must be 'zero' or 'mean'")
+    if site not in HEAD_SITES or site not in model.sites():
+        raise ConfigError(f"head_ablation site={site!r} is not a head-wise site of this model "
+                          f"({[s for s in HEAD_SITES if s in model.sites()]})")
     cfg = model.cfg
+    layers = cfg.num_encoder_layers if site == "encoder.z" else cfg.num_decoder_layers
     graphdef, state = nnx.split(model)
 
     def loss(state, layer, head):
@@ -59,16 +67,15 @@ def head_ablation(model, *inputs, targets: jax.Array, weights: jax.Array | None 
             fill = jnp.zeros_like(z[:, :, 0]) if how == "zero" else jnp.broadcast_to(
                 z[:, :, head].mean(axis=(0, 1), keepdims=True), z[:, :, 0].shape)
             return jnp.where(at == layer, z.at[:, :, head].set(fill.astype(z.dtype)), z)
-        logits = nnx.merge(graphdef, state).forward(*inputs, patch={"z": patch}, **forward_kw)[0]
+        logits = nnx.merge(graphdef, state).forward(*inputs, patch={site: patch}, **forward_kw)[0]
         return token_losses(logits, targets, weights)
 
     @jax.jit
     def table(state):
         clean = loss(state, -1, 0)                                    # layer −1: no layer patched
-        lh = jnp.stack(jnp.meshgrid(jnp.arange(cfg.num_decoder_layers), jnp.arange(cfg.num_heads),
-                                    indexing="ij"), -1).reshape(-1, 2)
-        return jax.lax.map(lambda p: loss(state, p[0], p[1]), lh).reshape(cfg.num_decoder_layers,
-                                                                        cfg.num_heads) - clean
+        lh = jnp.stack(jnp.meshgrid(jnp.arange(layers), jnp.arange(cfg.num_heads), indexing="ij"),
+                       -1).reshape(-1, 2)
+        return jax.lax.map(lambda p: loss(state, p[0], p[1]), lh).reshape(layers, cfg.num_heads) - clean
     return table(state)
 
 

@@ -241,11 +241,16 @@ def plot_head_table(table: np.ndarray, *, title: str, dpi: int = 100) -> Figure:
     return fig
 
 
+HEAD_TABLES = (("z", "heads", "self-attention"), ("cross_z", "heads-cross", "cross-attention"),
+               ("encoder.z", "heads-encoder", "the encoder's self-attention"))    # site, file name, what it is
+
+
 def write_probes(workdir: str | Path, prompts: list[str] | None = None, plots=("lens", "heads"),
                  which: str = "best", out: str | Path | None = None, *, dpi: int = 100,
                  weights: str = "trained") -> list[Path]:
-    """The logit lens of each prompt (OUT/prompt{i}-lens.png) and the head-ablation table over all of them
-    (OUT/heads.png), `jaxformer.interpret`'s, for a run's best (or latest) model. -> the written paths."""
+    """The logit lens of each prompt (OUT/prompt{i}-lens.png) and the head-ablation tables over all of them
+    (OUT/heads.png; an encoder-decoder's cross-attention and encoder too: heads-cross.png, heads-encoder.png),
+    `jaxformer.interpret`'s, for a run's best (or latest) model. -> the written paths."""
     from jaxformer.interpret import head_ablation, logit_lens
     run = load_model(workdir, which, weights=weights)
     prompts = list(prompts) if prompts else default_prompts(run)
@@ -263,11 +268,14 @@ def write_probes(workdir: str | Path, prompts: list[str] | None = None, plots=("
             fig = plot_lens(probs, top, label(q), dpi=dpi, title=f"logit lens — prompt {b}: {p[:60]!r}")
             paths.append(out / f"prompt{b}-lens.png")
             fig.savefig(paths[-1], dpi=dpi)
-    if "heads" in plots:
-        table = np.asarray(head_ablation(run.model, *nt.args, targets=nt.targets, weights=nt.weights, **nt.kw))
-        fig = plot_head_table(table, dpi=dpi, title=f"head ablation over {len(prompts)} prompt(s): loss increase "
-                              "on the next tokens when one head's output is zeroed")
-        paths.append(out / "heads.png")
+    for site, name, what in HEAD_TABLES if "heads" in plots else ():
+        if site not in run.model.sites():
+            continue
+        table = np.asarray(head_ablation(run.model, *nt.args, targets=nt.targets, weights=nt.weights, site=site,
+                                         **nt.kw))
+        fig = plot_head_table(table, dpi=dpi, title=f"head ablation ({what}) over {len(prompts)} prompt(s): loss "
+                              "increase on the next tokens when one head's output is zeroed")
+        paths.append(out / f"{name}.png")
         fig.savefig(paths[-1], dpi=dpi)
     log.info("%s: %s checkpoint (step %d); %s of %d prompt(s) into %s", workdir, run.which, run.step,
              "/".join(p for p in plots if p != "attention"), len(prompts), out)

@@ -333,6 +333,12 @@ MUTANTS = (
     Mutant("mup-edge-optimum-taken", "a best learning rate at the grid's edge taken as the optimum",
            "jaxformer/mup.py", "        return -np.inf if i == 0 else np.inf\n", "        return float(x[i])\n",
            ("tests/test_mup.py", "-k", "optimum")),
+    Mutant("head-table-patches-self-attention", "the cross-attention and encoder head tables zero the decoder's "
+           "self-attention heads", "jaxformer/interpret.py", "patch={site: patch}", 'patch={"z": patch}',
+           ("tests/test_interpret.py", "-k", "three_head_tables")),
+    Mutant("head-table-decoder-depth", "the encoder's head table has the decoder's number of layers",
+           "jaxformer/interpret.py", 'layers = cfg.num_encoder_layers if site == "encoder.z" else cfg.num_decoder_layers',
+           "layers = cfg.num_decoder_layers", ("tests/test_interpret.py", "-k", "three_head_tables")),
     Mutant("mup-router-lr-unscaled", "µP leaves the MoE router's update at SP's (its logits sum over the width)",
            "jaxformer/nn/moe.py", '("embed", None), matrix=True, hidden=True)', '("embed", None), matrix=True)',
            ("tests/test_mup.py", "-k", "one_over_m")),

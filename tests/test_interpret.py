@@ -76,6 +76,30 @@ def test_head_ablation_is_zeroing_that_heads_output_projection():
         head_ablation(m, TOKENS, targets=TARGETS, how="max")
 
 
+def test_an_encoder_decoders_three_head_tables_zero_their_own_output_projections():
+    """site="encoder.z" / "cross_z" / "z": each cell equals zeroing that head's slice of the encoder's
+    self-attention, the decoder's cross-attention or its self-attention output projection (a table read from
+    the wrong stack, or the wrong layer count, fails)."""
+    cfg = replaced(ModelConfig(), arch="encoder_decoder", vocab_size=40, d_model=32, num_heads=N, d_ff=48,
+                   num_encoder_layers=2, num_decoder_layers=3, max_len=16, norm__position="pre",
+                   runtime__dropout=0.0)
+    m = build_model(cfg)
+    src = TOKENS[:, ::-1]
+    clean = token_losses(m(src, TOKENS), TARGETS)
+    for site, layers, path in (("encoder.z", 2, ("encoder", "self_attn")), ("cross_z", 3, ("decoder", "cross_attn")),
+                               ("z", 3, ("decoder", "self_attn"))):
+        table = head_ablation(m, src, TOKENS, targets=TARGETS, site=site)
+        assert table.shape == (layers, N), site
+        layer, head = layers - 1, 2
+        cut = nnx.clone(m)
+        wo = getattr(getattr(cut, path[0]).layers.blocks, path[1]).wo
+        wo.set_value(wo[...].at[layer, head].set(0.0))
+        assert float(table[layer, head]) == pytest.approx(float(token_losses(cut(src, TOKENS), TARGETS) - clean),
+                                                         abs=2e-5), site
+    with pytest.raises(ConfigError, match="site='cross_z' is not a head-wise site of this model"):
+        head_ablation(lm(), TOKENS, targets=TARGETS, site="cross_z")
+
+
 def test_patching_restores_a_one_token_corruption_only_at_its_position_before_layer_0():
     m = lm()
     c = 4

@@ -151,9 +151,10 @@ def test_viz_draws_the_logit_lens_and_the_head_ablation_table(runs, tmp_path, ca
     assert cli_main(["viz", "--workdir", str(s2s), "--prompt", "123", "--prompt", "98765", "--plot", "lens",
                      "--plot", "heads", "--plot", "attention", "--out", str(tmp_path / "a")]) == 0
     names = {p.name for p in (tmp_path / "a").iterdir()}
-    assert {"prompt0-lens.png", "prompt1-lens.png", "heads.png", "prompt1-decoder_cross-layer0.png"} <= names
-    assert len(names) == 9 and _pngs((tmp_path / "a").iterdir())
-    assert "9 figure(s) written (lens, heads, attention)" in capsys.readouterr().out
+    assert {"prompt0-lens.png", "prompt1-lens.png", "heads.png", "heads-cross.png", "heads-encoder.png",
+            "prompt1-decoder_cross-layer0.png"} <= names
+    assert len(names) == 11 and _pngs((tmp_path / "a").iterdir())
+    assert "11 figure(s) written (lens, heads, attention)" in capsys.readouterr().out
     assert cli_main(["viz", "--workdir", str(lm), "--plot", "lens", "--out", str(tmp_path / "b")]) == 0
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [f"prompt{i}-lens.png" for i in range(3)]
     run = load_model(lm, "best")
