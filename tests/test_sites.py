@@ -109,12 +109,56 @@ def test_capture_and_patch_under_jit_grad_and_the_backends(backend, remat):
     np.testing.assert_allclose(np.asarray(cap["pattern"]), np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
+def _pattern_patch(layer, head, fill):
+    """Layer `layer`, query head `head`: its attention probabilities replaced by fill(probabilities of that head)."""
+    return lambda p, i: jnp.where(i == layer, p.at[:, head].set(fill(p[:, head])), p)
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked"])
+def test_a_patched_pattern_is_what_the_heads_read(backend):
+    """Query head 2 of layer 1 made to attend to key 0 alone: its output z is key 0's value of kv head 1 (head n
+    reads kv head n // (N/K); n % K would read kv head 0) at every query; the layer's other heads read as before;
+    zeroing that head's pattern is zeroing its z (a fused backend's probabilities, recomputed, patched too)."""
+    m = lm(runtime__attention_backend=backend, runtime__attention_block=4)
+    layer, head = 1, 2
+    hot = _pattern_patch(layer, head, lambda p: jnp.zeros_like(p).at[..., 0].set(1.0))
+    _, clean = m.forward(TOKENS, capture=("z",))
+    _, aux = m.forward(TOKENS, capture=("v", "z"), patch={"pattern": hot})
+    z, v = np.asarray(aux["captured"]["z"]), np.asarray(aux["captured"]["v"])
+    np.testing.assert_allclose(z[layer, :, :, head], np.broadcast_to(v[layer, :, :1, head // 2], z[layer, :, :, head].shape),
+                               rtol=1e-5, atol=1e-6)
+    others = [h for h in range(4) if h != head]
+    np.testing.assert_allclose(z[layer][:, :, others], np.asarray(clean["captured"]["z"])[layer][:, :, others],
+                               rtol=1e-5, atol=1e-5)
+    zero_p = m.forward(TOKENS, patch={"pattern": _pattern_patch(layer, head, jnp.zeros_like)})[0]
+    zero_z = m.forward(TOKENS, patch={"z": lambda x, i: jnp.where(i == layer, x.at[:, :, head].set(0.0), x)})[0]
+    np.testing.assert_allclose(np.asarray(zero_p), np.asarray(zero_z), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_patched_pattern_in_cached_decoding_is_the_patched_forward_pass(layout):
+    """A head's pattern zeroed at layer 1: the prefill and the cached steps (cache slots and new keys as two
+    segments; laid out heads-major) give the patched forward pass's logits."""
+    m = lm()
+    patch = {"pattern": _pattern_patch(1, 2, jnp.zeros_like)}
+    want, _ = m.forward(TOKENS, patch=patch)
+    assert not np.allclose(np.asarray(want), np.asarray(m(TOKENS)), atol=1e-3)
+    b, t = TOKENS.shape
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), TOKENS.shape)
+    lay = m.decoding_layout(b) if layout else None
+    cache = m.init_cache(b, t, layout=lay)
+    out, cache = m.step(TOKENS[:, :4], pos[:, :4], cache, prefill=True, layout=lay, patch=patch)
+    got = [out]
+    for i in range(4, t):
+        out, cache = m.step(TOKENS[:, i:i + 1], pos[:, i:i + 1], cache, layout=lay, patch=patch)
+        got.append(out)
+    np.testing.assert_allclose(np.asarray(jnp.concatenate(got, 1)), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
 def test_bad_sites_are_named_errors():
     m = lm()
     with pytest.raises(ConfigError, match="'resid' does not exist"):
         m.forward(TOKENS, capture=("resid",))
-    with pytest.raises(ConfigError, match="captured, not patched"):
-        m.forward(TOKENS, patch={"pattern": lambda v, i: v})
     with pytest.raises(ConfigError, match="must be a function"):
         m.forward(TOKENS, patch={"z": 0.0})
     with pytest.raises(ConfigError, match="does not exist"):

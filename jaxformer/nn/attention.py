@@ -139,7 +139,9 @@ class MultiHeadAttention(nnx.Module):
         ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, weights or sites.wants("pattern"),
                               "BKSH" if heads_first else "BSKH")
         if sites.wants("pattern"):
-            sites("pattern", w)
+            patched = sites("pattern", w)
+            if sites.patches("pattern"):                          # the context from the replaced probabilities
+                ctx = mix(patched, values, heads_first).astype(ctx.dtype)
         ctx = checkpoint_name(sites("z", ctx), "attention_out")   # what model.runtime.remat="dots_attention" keeps
         if "kv" in aux and lever("cache_write_order"):
             aux["kv"] = _after(aux["kv"], ctx)
@@ -164,6 +166,18 @@ class MultiHeadAttention(nnx.Module):
                                         softcap=cfg.attention.softcap, kv_layout=kv_layout,
                                         softmax_grad="gemv" if lever("softmax_gemv") else "jax")
         return res.out, res.weights
+
+
+def mix(w: jax.Array, values, heads_first: bool = False) -> jax.Array:
+    """Attention probabilities w [B,N,T,S] applied to values [B,S,K,H] (heads_first: [B,K,S,H]; or a tuple of
+    segments along S) -> the context [B,T,N,H], query head n reading kv head n // (N/K): what a patched `pattern`
+    site gives (no attention dropout)."""
+    values = values if isinstance(values, tuple) else (values,)
+    v = jnp.concatenate([jnp.swapaxes(s, 1, 2) if heads_first else s for s in values], axis=1)   # [B,S,K,H]
+    b, n, t, s = w.shape
+    k = v.shape[2]
+    ctx = jnp.einsum("BKGTS,BSKH->BTKGH", w.reshape(b, k, n // k, t, s), v.astype(jnp.float32))
+    return ctx.reshape(b, t, n, v.shape[-1])
 
 
 def logit_scale(cfg) -> float | None:

@@ -12,8 +12,9 @@ K kv heads, H head dim, F FFN width, V vocab):
           output head's input: after the final norm where the model has one); logits [B,T,V]
   layer   resid_pre [B,T,D]; attn_in [B,T,D] (what the self-attention reads: normalised with pre-LN);
           q [B,T,N,H], k [B,S,K,H], v [B,S,K,H] (after QK-norm and RoPE, as attention uses them);
-          pattern [B,N,T,S] (attention probabilities, float32; capture only: fused backends recompute them from
-          their log-sum-exp as the heatmaps do); z [B,T,N,H] (each head's output, before the output projection:
+          pattern [B,N,T,S] (attention probabilities, float32: fused backends recompute them from their
+          log-sum-exp as the heatmaps do; a patched pattern makes the context its own probabilities times the
+          values, without attention dropout); z [B,T,N,H] (each head's output, before the output projection:
           head-wise, so zeroing z[..., h, :] ablates head h); attn_out [B,T,D]; resid_mid [B,T,D];
           mlp_in [B,T,D]; mlp_hidden [B,T,F] (a dense FFN's activation output); mlp_out [B,T,D]; resid_post [B,T,D]
 
@@ -35,7 +36,6 @@ MODEL_SITES = ("embed", "final_norm", "logits")
 LAYER_SITES = ("resid_pre", "attn_in", "q", "k", "v", "pattern", "z", "attn_out", "resid_mid", "mlp_in",
                "mlp_hidden", "mlp_out", "resid_post")
 CROSS_SITES = ("cross_in", "cross_q", "cross_k", "cross_v", "cross_pattern", "cross_z", "cross_out", "resid_cross")
-CAPTURE_ONLY = ("pattern", "cross_pattern", "encoder.pattern")
 
 Patch = Callable[[jax.Array, "jax.Array | None"], jax.Array]
 
@@ -61,15 +61,13 @@ class Probe(NamedTuple):
 
 def probe(capture=(), patch=None, available: tuple[str, ...] = MODEL_SITES + LAYER_SITES) -> Probe | None:
     """A validated Probe (None when nothing is asked). ConfigError naming an unknown site, a patch that is not
-    callable, or a patch of a capture-only site."""
+    callable."""
     capture = (capture,) if isinstance(capture, str) else tuple(capture or ())
     patch = dict(patch or {})
     for name in (*capture, *patch):
         if name not in available:
             raise ConfigError(f"activation site {name!r} does not exist; the model's sites: {list(available)}")
     for name, fn in patch.items():
-        if name in CAPTURE_ONLY:
-            raise ConfigError(f"activation site {name!r} can be captured, not patched")
         if not callable(fn):
             raise ConfigError(f"patch[{name!r}] must be a function (value, layer) -> value; got {type(fn).__name__}")
     return Probe(capture, tuple(patch.items())) if capture or patch else None
@@ -93,6 +91,9 @@ class Sites:
 
     def wants(self, name: str) -> bool:
         return self.probe is not None and self.probe.wants(self._full(name))
+
+    def patches(self, name: str) -> bool:
+        return self.probe is not None and any(n == self._full(name) for n, _ in self.probe.patch)
 
     def __call__(self, name: str, value):
         if self.probe is None:
