@@ -143,16 +143,7 @@ def test_a_patched_pattern_in_cached_decoding_is_the_patched_forward_pass(layout
     patch = {"pattern": _pattern_patch(1, 2, jnp.zeros_like)}
     want, _ = m.forward(TOKENS, patch=patch)
     assert not np.allclose(np.asarray(want), np.asarray(m(TOKENS)), atol=1e-3)
-    b, t = TOKENS.shape
-    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), TOKENS.shape)
-    lay = m.decoding_layout(b) if layout else None
-    cache = m.init_cache(b, t, layout=lay)
-    out, cache = m.step(TOKENS[:, :4], pos[:, :4], cache, prefill=True, layout=lay, patch=patch)
-    got = [out]
-    for i in range(4, t):
-        out, cache = m.step(TOKENS[:, i:i + 1], pos[:, i:i + 1], cache, layout=lay, patch=patch)
-        got.append(out)
-    np.testing.assert_allclose(np.asarray(jnp.concatenate(got, 1)), np.asarray(want), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_decoded(m, patch, layout), np.asarray(want), rtol=1e-4, atol=1e-4)
 
 
 def test_bad_sites_are_named_errors():
@@ -216,6 +207,20 @@ def test_activation_patching_localises_the_digit_being_copied(tmp_path):
         assert max(abs(c) for i, c in enumerate(curve) if i != p) < 0.2, curve
 
 
+def _decoded(m, patch, layout: bool) -> np.ndarray:
+    """TOKENS' logits from a 4-token prefill then one-token cached steps (scanned, or laid out), patched."""
+    b, t = TOKENS.shape
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), TOKENS.shape)
+    lay = m.decoding_layout(b) if layout else None
+    cache = m.init_cache(b, t, layout=lay)
+    out, cache = m.step(TOKENS[:, :4], pos[:, :4], cache, prefill=True, layout=lay, patch=patch)
+    got = [out]
+    for i in range(4, t):
+        out, cache = m.step(TOKENS[:, i:i + 1], pos[:, i:i + 1], cache, layout=lay, patch=patch)
+        got.append(out)
+    return np.asarray(jnp.concatenate(got, 1))
+
+
 @pytest.mark.parametrize("layout", [False, pytest.param(True, marks=pytest.mark.slow)])      # the laid-out step: ~5 s
 def test_a_patch_acts_in_cached_decoding_as_in_the_forward_pass(layout):
     """A steering vector added to layer 1's residual stream: prefill then one-token cached steps (scanned, or
@@ -226,16 +231,7 @@ def test_a_patch_acts_in_cached_decoding_as_in_the_forward_pass(layout):
              "logits": lambda v, i: v * 1.5}
     want, _ = m.forward(TOKENS, patch=patch)
     assert not np.allclose(np.asarray(want), np.asarray(m(TOKENS)), atol=1e-2)
-    b, t = TOKENS.shape
-    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), TOKENS.shape)
-    lay = m.decoding_layout(b) if layout else None
-    cache = m.init_cache(b, t, layout=lay)
-    out, cache = m.step(TOKENS[:, :4], pos[:, :4], cache, prefill=True, layout=lay, patch=patch)
-    got = [out]
-    for i in range(4, t):
-        out, cache = m.step(TOKENS[:, i:i + 1], pos[:, i:i + 1], cache, layout=lay, patch=patch)
-        got.append(out)
-    np.testing.assert_allclose(np.asarray(jnp.concatenate(got, 1)), np.asarray(want), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_decoded(m, patch, layout), np.asarray(want), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow          # ~5 s: generate_lm's compiled loop with a patch
