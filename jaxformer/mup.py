@@ -146,12 +146,19 @@ def log2_widths(lo: int, hi: int) -> tuple[int, ...]:
 def lr_optimum(lrs, losses) -> float:
     """log2 of the loss-minimising learning rate: the vertex of the parabola through the grid's best mean loss
     and its two neighbours (log2 lr against loss); losses [seeds][len(lrs)]. A best rate at the grid's edge is
-    not bracketed: -inf (the lowest rate) or +inf (the highest), so an interval that reaches it is unresolved."""
+    not bracketed: -inf (the lowest rate) or +inf (the highest), so an interval that reaches it is unresolved.
+    NaN where no rate has a loss yet, or the best one's neighbour has none (a sweep still running)."""
     x = np.log2(np.asarray(lrs, np.float64))
-    y = np.nanmean(np.asarray(losses, np.float64), axis=0)
+    y = np.asarray(losses, np.float64)
+    seen = (~np.isnan(y)).sum(axis=0)
+    y = np.where(seen > 0, np.nansum(y, axis=0) / np.maximum(seen, 1), np.nan)      # mean over the seeds that ran
+    if np.isnan(y).all():
+        return float("nan")
     i = int(np.nanargmin(y))
     if i == 0 or i == len(y) - 1:
         return -np.inf if i == 0 else np.inf
+    if np.isnan(y[i - 1:i + 2]).any():
+        return float("nan")
     a, b, _ = np.polyfit(x[i - 1:i + 2], y[i - 1:i + 2], 2)
     return float(-b / (2 * a))                        # a > 0: the middle point is the lowest of the three
 
@@ -187,6 +194,16 @@ def _optimum_range(lrs, losses) -> tuple[float, float]:
     if v == -np.inf:
         return -np.inf, float(x[1])
     return (float(x[-2]), np.inf) if v == np.inf else (v, v)
+
+
+def shift_text(shift: float, lo: float, hi: float) -> str:
+    """An optimum's shift and its interval as a report writes them: "-0.46 [-0.68, -0.30]"; an unbracketed
+    optimum (its best rate at the grid's edge) as "below its grid [-inf, -3.29]" or "above its grid [...]"; a
+    missing one (runs not finished) as "not measured"."""
+    if math.isnan(shift):
+        return "not measured"
+    point = f"{shift:+.2f}" if math.isfinite(shift) else f"{'below' if shift < 0 else 'above'} its grid"
+    return f"{point} [{lo:+.2f}, {hi:+.2f}]"
 
 
 def transfer_verdict(lo: float, hi: float, tolerance: float = 0.5) -> str:

@@ -139,13 +139,18 @@ def test_the_optimum_and_its_shift_from_a_grid_of_learning_rates():
     """A loss that is a parabola in log2 lr: the vertex through the best grid point and its neighbours is exact;
     a best rate at the grid's edge is unbracketed (±inf); the shift of a parabola moved by one factor of 2 is −1,
     its bootstrap interval excludes 0, and a width against itself gives 0; the other width may have its own grid."""
-    from jaxformer.mup import lr_optimum, optimum_shift, transfer_verdict
+    from jaxformer.mup import lr_optimum, optimum_shift, shift_text, transfer_verdict
     lrs = [2.0 ** k for k in range(-3, 4)]
     rng = np.random.default_rng(0)
     curve = lambda c, noise: [[(math.log2(lr) - c) ** 2 + 2.0 + noise * rng.standard_normal() for lr in lrs]  # noqa: E731
                               for _ in range(3)]
     assert lr_optimum(lrs, curve(0.3, 0.0)) == pytest.approx(0.3)
     assert lr_optimum(lrs, curve(-2.9, 0.0)) == -np.inf and lr_optimum(lrs, curve(5.0, 0.0)) == np.inf
+    unfinished = np.asarray(curve(0.3, 0.0))
+    unfinished[1:, 3] = np.nan                                      # two seeds of one rate still running
+    assert lr_optimum(lrs, unfinished) == pytest.approx(0.3)
+    unfinished[:, 2] = np.nan                                       # the best rate's neighbour: no run yet
+    assert np.isnan(lr_optimum(lrs, unfinished)) and np.isnan(lr_optimum(lrs, np.full((3, 7), np.nan)))
     base, moved = curve(0.4, 0.05), curve(-0.6, 0.05)
     shift, lo, hi = optimum_shift(lrs, base, moved, n=500)
     assert shift == pytest.approx(-1.0, abs=0.15) and lo < shift < hi < -0.5
@@ -160,6 +165,8 @@ def test_the_optimum_and_its_shift_from_a_grid_of_learning_rates():
     below = optimum_shift(lrs, base, [[(math.log2(lr) + 5) ** 2 for lr in low]] * 3, n=200, other_lrs=low)
     assert below[0] == -np.inf and below[1] == -np.inf and below[2] == pytest.approx(-2.0 - 0.4, abs=0.2)
     assert transfer_verdict(*below[1:]) == "does not hold"
+    assert shift_text(*below) == f"below its grid [-inf, {below[2]:+.2f}]"
+    assert shift_text(-0.456, -0.68, -0.3) == "-0.46 [-0.68, -0.30]" and shift_text(np.nan, np.nan, np.nan) == "not measured"
     rising = optimum_shift(lrs, base, [[(math.log2(lr) - 5) ** 2 for lr in low]] * 3, n=200, other_lrs=low)
     assert rising[0] == np.inf and rising[1] == pytest.approx(-2.0 - 0.4, abs=0.2) and rising[2] == np.inf
     assert transfer_verdict(*rising[1:]) == "not resolved"          # above −2.4 factors of 2: anything from there
