@@ -207,6 +207,7 @@ def test_a_decoding_layout_refuses_to_train_and_leaves_its_model_as_it_was():
     assert not hasattr(model.decoder.layers, "unstacked")
 
 
+@pytest.mark.slow          # ~4 s: a lowering's structure; the layout's values: the equality tests above
 def test_the_laid_out_step_projects_q_k_v_in_one_matmul():
     cfg = _cfg(num_kv_heads=2, num_decoder_layers=2)
     n, k, h, d = cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.d_model

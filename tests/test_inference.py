@@ -62,6 +62,7 @@ def _forward(graph):
     return jax.jit(lambda state, x: nnx.merge(graph, state)(x))
 
 
+@pytest.mark.slow          # ~3 s; cached decoding = the full forward: tests/test_decode.py
 def test_reversal_generate_equals_full_recomputation_decoding(reversal_run):
     run = load_model(reversal_run)
     prompts = ["123", "908172", "5"]
@@ -88,6 +89,7 @@ def test_lm_generate_batches_ragged_prompts_like_each_alone_and_like_recomputati
     assert a == generate_text(run, prompts, max_new=8, temperature=1.0, top_k=5, seed=3)
 
 
+@pytest.mark.slow          # ~3 s
 def test_cli_generate_prints_prompts_and_answers(reversal_run, capsys):
     assert cli_main(["generate", "--workdir", str(reversal_run), "--prompt", "4321", "--prompt", "77"]) == 0
     out = capsys.readouterr().out

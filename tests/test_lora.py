@@ -204,6 +204,7 @@ def test_function_ignores_the_adapters():
     assert dataclasses.replace(cfg, d_model=64).function() != lm_cfg().function()
 
 
+@pytest.mark.slow          # ~3 s
 def test_the_ema_of_an_adapted_run_averages_only_the_adapters():
     from jaxformer.inference.weights import evaluated
     cfg, graphs, before, state = train_one(["model.lora.rank=4", "optim.ema=0.5", "optim.lr=0.01"])

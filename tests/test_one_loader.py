@@ -22,6 +22,8 @@ from jaxformer.inference import load_model
 from jaxformer.inference.weights import item_for
 from jaxformer.runs import RunDir
 
+pytestmark = pytest.mark.slow      # three CLI trainings (~12 s) before the first test; plain runs load everywhere
+
 ARMS = {"schedule_free": ["optim.name=schedule_free", "optim.schedule=constant", "optim.lr=3e-3",
                           "optim.warmup_steps=2"],
         "ema": ["optim.ema=0.9", "optim.lr=1e-2"],

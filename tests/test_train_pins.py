@@ -238,6 +238,7 @@ def _assert_grads(got: dict, want: dict):
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5 * scale, err_msg=k)
 
 
+@pytest.mark.slow          # ~5 s; the router losses' plain value: tests/test_moe_model.py
 def test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged():
     """optim.accumulate=2: micro-batch i holds rows i, i+2, ... and is routed on its own; the gradient is that of
     Σ_i token objective_i / batch tokens + mean_i (α·balance_i + β·z_i), and the logged moe_balance / moe_z are
@@ -350,6 +351,7 @@ def test_a_run_restores_the_ema_of_its_saved_per_step_weights(tmp_path):
 
 # ------------------------------------------------------------------------------------ DeepNorm per stack
 
+@pytest.mark.slow          # ~4 s; DeepNorm's formula and init: tests/test_residuals.py
 def test_deepnorm_gives_each_stack_of_an_encoder_decoder_its_own_alpha_and_beta():
     """DeepNet (Wang et al. 2022), N = 2 encoder and M = 3 decoder layers: encoder α = 0.81·(N⁴M)^(1/16),
     β = 0.87·(N⁴M)^(−1/16); decoder α = (3M)^(1/4), β = (12M)^(−1/4). α read off every residual of the built
