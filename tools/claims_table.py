@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import functools
 import json
+import math
 import re
 from pathlib import Path
 from typing import NamedTuple
@@ -432,30 +433,36 @@ def _mup_transfer() -> tuple[str, str]:
     """The learning-rate transfer sweep (docs/ablations/mup_transfer_runs.csv), as its summary decides it."""
     from importlib import util
 
-    from jaxformer.mup import lr_optimum, optimum_shift, transfer_verdict
+    from jaxformer.mup import lr_optimum, optimum_shift, shift_text, transfer_verdict
     spec = util.spec_from_file_location("mup_sweep", ROOT / "configs" / "sweeps" / "mup_transfer.py")
     mod = util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     loss = lambda par, w: [list(x) for x in zip(*(values("mup_transfer", f"{par}, D={w}, lr={lr}", mod.METRIC)  # noqa: E731
-                                                  for lr in mod.LRS))]
+                                                  for lr in mod.rates(par, w)))]
     parts, words, last_shifts = [], [], []
     for par, name in (("sp", "SP"), ("mup", "µP")):
         base = loss(par, mod.WIDTHS[0])
-        shifts = [(w, *optimum_shift(mod.LRS, base, loss(par, w))) for w in mod.WIDTHS[1:]]
+        shifts = [(w, *optimum_shift(mod.LRS, base, loss(par, w), other_lrs=mod.rates(par, w))) for w in mod.WIDTHS[1:]]
+        steps = [(a, b, *optimum_shift(mod.rates(par, a), loss(par, a), loss(par, b), other_lrs=mod.rates(par, b)))
+                 for a, b in zip(mod.WIDTHS, mod.WIDTHS[1:])]
         parts.append(f"{name}: optimum lr {2 ** lr_optimum(mod.LRS, base):.2g} at D={mod.WIDTHS[0]}, shift "
-                     + ", ".join(f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}] at D={w}" for w, d, lo, hi in shifts))
+                     + ", ".join(f"{shift_text(d, lo, hi)} at D={w}" for w, d, lo, hi in shifts)
+                     + "; width to width " + ", ".join(f"{a}→{b} {shift_text(d, lo, hi)}" for a, b, d, lo, hi in steps))
         last_shifts.append(shifts[-1])
         each = [transfer_verdict(lo, hi) for _, _, lo, hi in shifts]
-        words.append(f"{name} " + ("holds" if set(each) == {"holds"} else "does not hold" if "does not hold" in each
-                                   else "not resolved"))
-    last = {name: d for name, (w, d, _, _) in zip(("SP", "µP"), last_shifts)}
-    words.append(f"at {mod.WIDTHS[-1] // mod.WIDTHS[0]}× the width µP moves the optimum {abs(last['µP']):.2f} "
-                 f"factors of 2, SP {abs(last['SP']):.2f}")
+        words.append(f"{name} from D={mod.WIDTHS[0]} "
+                     + ("holds" if set(each) == {"holds"} else "does not hold" if "does not hold" in each
+                        else "not resolved") + ", width to width "
+                     + ", ".join(f"{a}→{b} {transfer_verdict(lo, hi)}" for a, b, _, lo, hi in steps))
+    moved = lambda d, lo, hi: (f"{abs(d):.2f}" if math.isfinite(d) else                      # noqa: E731
+                               f"more than {abs(hi if d < 0 else lo):.2f}")
+    last = {name: moved(*s[1:]) for name, s in zip(("SP", "µP"), last_shifts)}
+    words.append(f"at {mod.WIDTHS[-1] // mod.WIDTHS[0]}× the width µP moves the optimum {last['µP']} "
+                 f"factors of 2, SP {last['SP']}")
     return (f"tiny Shakespeare char model, 2 layers, widths {', '.join(map(str, mod.WIDTHS))}, {mod.STEPS} steps, "
-            f"{len(mod.LRS)} peak rates × 3 seeds; the optimum's shift from D={mod.WIDTHS[0]} in factors of 2 (95% bootstrap "
+            f"{len(mod.LRS)} peak rates{mod.rate_subsets()} × 3 seeds; the optimum's shift from D={mod.WIDTHS[0]} in factors of 2 (95% bootstrap "
             "over seeds): " + "; ".join(parts),
-            "; ".join(words) + f" (transfer: the interval within ±0.5, a factor √2; widths to {mod.WIDTHS[-1]} "
-            "only: 1,024 is hours of CPU)")
+            "; ".join(words) + " (transfer: the interval within ±0.5, a factor √2)")
 
 
 NOT_MEASURED = [
