@@ -289,7 +289,7 @@ def cmd_export_hf(args) -> int:
     what = "" if args.weights == "trained" else f", its {args.weights} weights"
     if args.adapter:
         console.print(f"exported the adapters of {args.workdir} ({args.which} checkpoint{what}) to {args.out}: "
-                      f"LoRA r={written['r']} on {', '.join(written['target_modules'])}", markup=False)
+                      f"LoRA r={written['r']} on {', '.join(written['target_modules'])}, {args.dtype}", markup=False)
         return 0
     console.print(f"exported {args.workdir} ({args.which} checkpoint{what}) to {args.out}: {written['model_type']}, "
                   f"{args.dtype}", markup=False)

@@ -8,10 +8,10 @@ being built) is ever on the host, and a model larger than one device's memory ne
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import jax
+import ml_dtypes
 import numpy as np
 from flax import nnx
 
@@ -172,27 +172,42 @@ def _host(x) -> np.ndarray:
 
 def save_pretrained(model, path: str | Path, *, family: str | None = None, dtype: str = "float32",
                     max_shard_bytes: int = 5 << 30, token_ids: dict | None = None) -> dict:
-    """Write `model` as a Hugging Face checkpoint folder: config.json (its family's, `family_for` unless given)
-    and safetensors files of at most `max_shard_bytes` each (several: with model.safetensors.index.json),
-    tensors in `dtype` (float32 | bfloat16 | float16). token_ids: bos/eos/pad ids for config.json.
-    Returns the config written. The folder must not hold a checkpoint already. A model with low-rank adapters
-    (model.lora) is written with them merged into its weights (`nn.lora.merged`, on a copy)."""
-    from safetensors.numpy import save_file
-    import ml_dtypes
-    if model.cfg.lora.rank:
-        model = merged(nnx.clone(model))
+    """Write `model` as a Hugging Face checkpoint folder (`write_pretrained`), whole or not at all: `path` must
+    not exist or be empty (`hf.staging`: written to PATH.partial, renamed when complete; nothing already there is
+    ever replaced). Returns the config written."""
+    from jaxformer.hf.staging import staged
+    exported_config(model, family, dtype, token_ids)            # refused before anything is written
+    with staged(path) as tmp:
+        return write_pretrained(model, tmp, family=family, dtype=dtype, max_shard_bytes=max_shard_bytes,
+                                token_ids=token_ids)
+
+
+def exported_config(model, family: str | None, dtype: str, token_ids: dict | None = None) -> dict:
+    """The config.json `model` exports as: its family's (`family_for` unless given, held to `check_family`) with
+    torch_dtype and token_ids. HFError: no family (or not the one given) expresses it, or an unknown dtype."""
     cfg = model.cfg.function()
     family = family or family_for(cfg)
     check_family(cfg, family)                      # forced or chosen: it must write this very model
-    hf = to_hf_config(cfg, family)
-    np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}.get(dtype)
-    if np_dtype is None:
+    if dtype not in DTYPES:
         raise HFError(f"dtype={dtype!r}: expected float32, bfloat16 or float16")
+    hf = to_hf_config(cfg, family)
     hf.update({"torch_dtype": dtype, **(token_ids or {})})
+    return hf
+
+
+def write_pretrained(model, path: str | Path, *, family: str | None = None, dtype: str = "float32",
+                     max_shard_bytes: int = 5 << 30, token_ids: dict | None = None) -> dict:
+    """Write `model` into the empty folder `path` (an export's staging folder, `hf.staging`): config.json
+    (`exported_config`) and safetensors files of at most `max_shard_bytes` each (several: with
+    model.safetensors.index.json), tensors in `dtype` (float32 | bfloat16 | float16). token_ids: bos/eos/pad ids
+    for config.json. Returns the config written. A model with low-rank adapters (model.lora) is written with them
+    merged into its weights (`nn.lora.merged`, on a copy)."""
+    from safetensors.numpy import save_file
+    hf = exported_config(model, family, dtype, token_ids)
+    family, cfg, np_dtype = hf["model_type"], model.cfg.function(), DTYPES[dtype]
+    if model.cfg.lora.rank:
+        model = merged(nnx.clone(model))
     path = Path(path)
-    if (path / "config.json").exists():
-        raise HFError(f"{path} already holds a checkpoint (config.json); choose another folder")
-    path.mkdir(parents=True, exist_ok=True)
     state = {tuple(str(k) for k in p): v for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     specs = tensors(cfg, family)
     written = {(p, t.layer) for t in specs for p in t.ours}
@@ -201,22 +216,7 @@ def save_pretrained(model, path: str | Path, *, family: str | None = None, dtype
     if written != need:
         raise HFError(f"the {family} mapping does not write every parameter exactly once: "
                       f"{sorted('/'.join(p) for p, _ in need ^ written)[:8]}")
-    cache: dict = {}
-
-    def ours(p, layer):
-        if p not in cache:
-            cache.clear()
-            cache[p] = _host(state[p][...])
-        return cache[p] if layer is None else cache[p][layer]
-
-    shards, current, size = [], {}, 0
-    for t in sorted(specs, key=lambda t: (t.ours[0], t.layer or 0)):    # one parameter on the host at a time
-        arr = np.ascontiguousarray(t.save(*(ours(p, t.layer) for p in t.ours))).astype(np_dtype)
-        if current and size + arr.nbytes > max_shard_bytes:
-            shards.append(current)
-            current, size = {}, 0
-        current[t.name], size = arr, size + arr.nbytes
-    shards.append(current)
+    shards = _shards(specs, state, np_dtype, max_shard_bytes)
     total = sum(a.nbytes for s in shards for a in s.values())
     names = [SINGLE] if len(shards) == 1 else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
                                                for i in range(len(shards))]
@@ -226,7 +226,30 @@ def save_pretrained(model, path: str | Path, *, family: str | None = None, dtype
         index = {"metadata": {"total_size": total},
                  "weight_map": {k: n for n, s in zip(names, shards) for k in sorted(s)}}
         (path / INDEX).write_text(json.dumps(index, indent=1), encoding="utf-8")
-    tmp = path / "config.json.partial"
-    tmp.write_text(json.dumps(hf, indent=1), encoding="utf-8")
-    os.replace(tmp, path / "config.json")                   # last: a folder with config.json is complete
+    (path / "config.json").write_text(json.dumps(hf, indent=1), encoding="utf-8")
     return hf
+
+
+DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def _shards(specs: list[Tensor], state: dict, np_dtype, max_shard_bytes: int) -> list[dict]:
+    """The tensors of `specs` in `np_dtype`, filled from `state` one parameter on the host at a time, cut into
+    shards of at most `max_shard_bytes` (a tensor larger than that alone in its shard)."""
+    cache: dict = {}
+
+    def ours(p, layer):
+        if p not in cache:
+            cache.clear()
+            cache[p] = _host(state[p][...])
+        return cache[p] if layer is None else cache[p][layer]
+
+    shards, current, size = [], {}, 0
+    for t in sorted(specs, key=lambda t: (t.ours[0], t.layer or 0)):
+        arr = np.ascontiguousarray(t.save(*(ours(p, t.layer) for p in t.ours))).astype(np_dtype)
+        if current and size + arr.nbytes > max_shard_bytes:
+            shards.append(current)
+            current, size = {}, 0
+        current[t.name], size = arr, size + arr.nbytes
+    shards.append(current)
+    return shards

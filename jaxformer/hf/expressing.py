@@ -95,8 +95,17 @@ def family_for(cfg: ModelConfig) -> str:
     raise HFError(f"biases {biases}: no family (Qwen2: q, k, v; Llama: attention and/or FFN)")
 
 
-_RESPELLED = ("pad_id", "use_bias", "biases", "num_kv_heads", "head_dim", "norm.final", "attention.windows",
-              "attention.scale_dim")
+# Every ModelConfig field (its key under model.), classified for the export check (`function_of`, `expresses`).
+# A field in none of these tables is compared as it is, so a field added later and set away from its default is
+# refused by every export until it is classified here (tests/test_export_safety.py asserts every field is).
+COMPARED = ("arch", "vocab_size", "d_model", "num_heads", "d_ff", "num_decoder_layers", "max_len", "positional",
+            "activation", "ffn", "tie_embeddings", "scale_embeddings", "logit_softcap",
+            "parametrization", "base_width",                # both SP's at µP's base width (µP is SP there)
+            "norm.position", "norm.type", "norm.eps", "attention.scale", "attention.softcap", "attention.qk_norm",
+            "ablation.mask_value", "ablation.causal")
+# compared in one spelling (function_of's key), whichever way the config says it
+RESPELLED = {"num_kv_heads": "kv_heads", "head_dim": "head_size", "use_bias": "biases", "biases": "biases",
+             "norm.final": "final_norm", "attention.windows": "windows", "attention.scale_dim": "attention_scale_dim"}
 _ROPE_SCALING = {"none": (), "linear": ("rope.factor",),
                  "llama3": ("rope.factor", "rope.original_max_len", "rope.low_freq_factor", "rope.high_freq_factor"),
                  "yarn": ("rope.factor", "rope.original_max_len", "rope.beta_fast", "rope.beta_slow",
@@ -104,23 +113,37 @@ _ROPE_SCALING = {"none": (), "linear": ("rope.factor",),
                  "dynamic": ("rope.factor", "rope.original_max_len")}
 
 
+def _rope_uses(key: str):
+    return lambda c: c.positional == "rope" and (key in ("rope.base", "rope.scaling")
+                                                 or key in _ROPE_SCALING.get(c.rope.scaling, ()))
+
+
+# compared only where the model uses them (elsewhere they change nothing)
+APPLIES = {"num_encoder_layers": lambda c: c.arch == "encoder_decoder",
+           **{f"rope.{k}": _rope_uses(f"rope.{k}") for k in ("base", "scaling", "factor", "original_max_len",
+                                                            "low_freq_factor", "high_freq_factor", "beta_fast",
+                                                            "beta_slow", "attention_factor", "truncate")},
+           **{f"moe.{k}": (lambda c: c.ffn == "moe") for k in ("num_experts", "top_k", "every")}}
+_RUNTIME = "model.runtime: how the model runs, not what its weights compute (ModelConfig.function)"
+_LORA = "the adapters are merged into the weights they adapt before the export (nn.lora.merged)"
+# change nothing in the exported model, each with the reason
+UNCHANGED = {"pad_id": "the tokenizer's padding id: masks come from segment ids, never from it",
+             **{f"runtime.{k}": _RUNTIME for k in ("dtype", "param_dtype", "kv_cache_dtype", "attention_backend",
+                                                   "attention_block", "remat", "dropout", "init",
+                                                   "moe_capacity_factor", "moe_dropless")},
+             **{f"lora.{k}": _LORA for k in ("rank", "alpha", "dropout", "targets", "base")}}
+
+
 def function_of(cfg: ModelConfig) -> dict:
-    """The fields of `cfg` that decide the function its model computes, each in one spelling: the projections
-    with a bias, K and H, the final norm, each layer's window; RoPE's settings only where they apply, MoE's
-    only for an MoE model (model.runtime is not the function). Two configs with equal function_of compute the
-    same logits from the same weights."""
-    d = {k: v for k, v in flat_items(cfg).items() if not k.startswith("runtime.") and k not in _RESPELLED}
+    """The fields of `cfg` that decide the function its model computes, each in one spelling: every field but
+    those that change nothing (UNCHANGED) or do not apply to this model (APPLIES), the respelled ones (RESPELLED)
+    as the projections with a bias, K and H, the final norm, each layer's window. A field no table names is kept
+    as it is. Two configs with equal function_of compute the same logits from the same weights."""
+    d = {k: v for k, v in flat_items(cfg).items()
+         if k not in UNCHANGED and k not in RESPELLED and APPLIES.get(k, lambda c: True)(cfg)}
     d.update(biases=tuple(b for b in ("q", "k", "v", "o", "ffn") if cfg.has_bias(b)), kv_heads=cfg.kv_heads,
              head_size=cfg.head_size, final_norm=cfg.use_final_norm, windows=cfg.layer_windows(),
              attention_scale_dim=cfg.attention.scale_dim or cfg.head_size)
-    rope = ("rope.base", "rope.scaling") + _ROPE_SCALING.get(cfg.rope.scaling, ())
-    for k in [k for k in d if k.startswith("rope.") and (cfg.positional != "rope" or k not in rope)]:
-        del d[k]
-    if cfg.ffn != "moe":
-        for k in [k for k in d if k.startswith("moe.")]:
-            del d[k]
-    if cfg.arch == "decoder_only":
-        del d["num_encoder_layers"]
     if cfg.width_mult == 1.0:                       # µP at its base width is SP (`jaxformer.mup`)
         d.update(parametrization="sp", base_width=0)
     return d
@@ -134,7 +157,8 @@ def expresses(cfg: ModelConfig, family: str) -> list[str]:
     except HFError as e:
         return [str(e)]
     ours, theirs = function_of(cfg), function_of(back)
-    return [f"model.{k}={ours.get(k)!r} (a {family} config gives {theirs.get(k)!r})"
+    return [f"model.{k}={ours.get(k)!r} (a {family} config gives {theirs.get(k)!r})" if k in theirs else
+            f"model.{k}={ours.get(k)!r} (a {family} config cannot say it)"
             for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
 
 

@@ -1,0 +1,68 @@
+"""Writing an export folder whole or not at all, as `jaxformer data prepare` writes its shards: everything goes to
+OUT.partial (a sibling folder, marked as jaxformer's by a file `.jaxformer-partial` in it), which is renamed to OUT
+once complete.
+
+OUT must not exist or be an empty folder: a folder holding anything (a file a user put there, an earlier export)
+is refused, naming what it holds, and nothing in it is ever replaced or removed; export to a new folder instead.
+An interrupted or failed export leaves no OUT (a stop signal held by the command line is honoured before the
+rename; an error removes OUT.partial); OUT.partial left behind by a killed process is removed by the next export
+to OUT, because it is marked; an unmarked OUT.partial (not jaxformer's) is refused and left as it is.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+from jaxformer.errors import Interrupted
+from jaxformer.hf.families import HFError
+from jaxformer.signals import pending
+
+MARK = ".jaxformer-partial"        # the name `jaxformer.data.prepare` marks its OUT.partial with
+
+
+def check_free(out: str | Path) -> Path:
+    """OUT as an absolute path when an export may be written there (absent, or an empty folder); HFError naming
+    what it holds otherwise."""
+    out = Path(os.path.abspath(out))
+    if not out.name:
+        raise HFError(f"--out {str(out)!r} names no folder an export can be written to")
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise HFError(f"--out {out} exists and is not a folder; it is left as it is: choose another --out")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if held:
+        names = ", ".join(held[:6]) + (f" and {len(held) - 6} more" if len(held) > 6 else "")
+        raise HFError(f"--out {out} is not empty (it holds {names}); an export is written only to a new or empty "
+                      f"folder and never replaces a file: choose another --out, or move those files away")
+    return out
+
+
+@contextlib.contextmanager
+def staged(out: str | Path, command: str = "export-hf") -> Iterator[Path]:
+    """Yield a fresh, marked OUT.partial to write an export into; when the block ends without an error, rename it
+    to OUT (module docstring). HFError: OUT not free, an unmarked OUT.partial, OUT filled meanwhile.
+    Interrupted: a stop signal arrived while writing (nothing is left at OUT)."""
+    out = check_free(out)
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.is_symlink() or tmp.exists():
+        if tmp.is_symlink() or not (tmp / MARK).is_file():
+            raise HFError(f"{tmp} exists and was not made by jaxformer (no {MARK} in it); it is left as it is: "
+                          f"move it away or choose another --out")
+        shutil.rmtree(tmp)                  # an interrupted earlier export: start afresh
+    tmp.mkdir(parents=True)
+    (tmp / MARK).write_text(f"unfinished output of jaxformer {command}; removed by the next export to {out.name}\n")
+    try:
+        yield tmp
+        if pending():
+            raise Interrupted(f"jaxformer {command} stopped on {pending()}: nothing was written to {out}")
+        (tmp / MARK).unlink()
+        try:
+            os.rename(tmp, out)             # POSIX: replaces an empty folder, fails on a non-empty one
+        except OSError as e:
+            raise HFError(f"--out {out} could not be replaced by the finished export ({e.strerror}): it was "
+                          f"filled while the export ran; it is left as it is, choose another --out") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
