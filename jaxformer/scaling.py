@@ -33,6 +33,7 @@ import math
 import numpy as np
 
 from jaxformer.errors import ConfigError, SweepError
+from jaxformer.stats import resample, resampled  # noqa: F401  (the shared resampler; re-exported)
 
 AXES = ("params", "non_embedding_params", "tokens", "flops")
 METHODS = ("lsq", "huber")
@@ -112,28 +113,6 @@ def bootstrap(x, y, groups, n: int, method: str = "lsq", irreducible: bool = Tru
         law = fit_power_law(x[order], yb, method, irreducible, start)
         out[i] = (law.E, law.A, law.alpha)
     return out
-
-
-def resampled(y, groups, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """One stratified resample of the losses y: -> (order, y'), y'[i] standing for point order[i]. Within each
-    group (an arm, one size) of m runs, m of them drawn with replacement, their deviations from the group's mean
-    log L scaled by √(m/(m−1)): a resample of m values has (m−1)/m of their variance, so without it the group
-    mean would vary less than its standard error says (with 3 seeds, a third less)."""
-    ly, groups = np.log(np.asarray(y, np.float64)), np.asarray(groups)
-    keys = list(dict.fromkeys(groups.tolist()))
-    order = np.concatenate([np.flatnonzero(groups == k) for k in keys])
-    mean = np.concatenate([np.full(int(np.sum(groups == k)), ly[groups == k].mean()) for k in keys])
-    m = np.concatenate([np.full(int(np.sum(groups == k)), np.sum(groups == k)) for k in keys])
-    scale = np.sqrt(m / np.maximum(m - 1, 1))
-    return order, np.exp(mean + scale * (ly[resample(groups, rng)] - mean))
-
-
-def resample(groups, rng: np.random.Generator) -> np.ndarray:
-    """Indices of one stratified resample: for each group, len(group) of its indices with replacement."""
-    groups = np.asarray(groups)
-    parts = [rng.choice(np.flatnonzero(groups == g), size=int(np.sum(groups == g)), replace=True)
-             for g in dict.fromkeys(groups.tolist())]
-    return np.concatenate(parts)
 
 
 def fit(spec: Scaling, points: list[tuple[str, float, float]]) -> Fit:

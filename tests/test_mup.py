@@ -73,6 +73,17 @@ def test_each_mup_rule_on_the_models_own_activations():
     want = jax.nn.softmax(jnp.where(causal, s, -jnp.inf), axis=-1)
     np.testing.assert_allclose(cap["pattern"][0], want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(logits, cap["final_norm"] @ model.embed.head[...] / M, rtol=1e-5, atol=1e-6)
+    # the untied readout starts as at the base width (microsoft/mup's MuReadout: SP's init × √m), not SP's 1/√D
+    assert float(jnp.std(model.embed.head[...])) == pytest.approx(D0 ** -0.5, rel=0.05)
+
+
+def test_mup_scales_a_tied_head_too():
+    """A tied head reads the embedding table (N(0, 1/D₀) under µP) and its logits are × 1/m like an untied one's."""
+    cfg = _cfg(D0 * M, "mup", D0, "model.tie_embeddings=true")
+    model = build_model(cfg.model)
+    logits, aux = model.forward(_batch()["inputs"], capture=("final_norm",))
+    table = model.embed.tokens[...]
+    np.testing.assert_allclose(logits, aux["captured"]["final_norm"] @ table.T / M, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("ffn", [(), pytest.param(("model.ffn=moe", "model.moe.num_experts=4", "model.moe.top_k=2"),
@@ -83,7 +94,7 @@ def test_mup_scales_the_hidden_matrices_updates_by_one_over_m(ffn):
     the norms, SP's."""
     ups = {}
     for par in ("sp", "mup"):
-        cfg = _cfg(D0 * M, par, D0, *ffn)
+        cfg = _cfg(D0 * M, par, D0, *ffn, "optim.weight_decay=0.0")    # the head's init differs (µP's readout)
         graphs, state = init_state(cfg)
         model = nnx.merge(graphs.model, state["model"])
         opt = nnx.merge(graphs.opt, state["opt"])

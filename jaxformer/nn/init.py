@@ -4,10 +4,12 @@ Axis legend: D model width, N query heads, K kv heads, H head dim, F FFN width, 
 
 - glorot (the default): Glorot-uniform over each projection's own fan-in and fan-out (q, k, v and o apart);
   token embedding and untied head N(0, 1/D); learned positions N(0, 0.02²). Under µP (model.parametrization
-  "mup") the token embedding is N(0, 1/D₀), D₀ = model.base_width: its coordinates do not shrink with width.
+  "mup") the token embedding and the untied head are N(0, 1/D₀), D₀ = model.base_width: as at the base width
+  (microsoft/mup's MuReadout rescales its SP init by √m to exactly this), so the head's learned update, not its
+  init, sets the logits as the width grows (a tied head is the embedding table: N(0, 1/D₀) already).
 - pytorch: what PyTorch's modules do by default (nn.MultiheadAttention, nn.Linear, nn.Embedding): Xavier-uniform
   over the fused q/k/v block [D, N·H + 2·K·H]; the attention output, the FFN matrices and an untied head
-  kaiming-uniform(a=√5), i.e. U(±1/√fan_in); FFN biases U(±1/√fan_in); attention biases 0; embeddings N(0, 1).
+  kaiming-uniform(a=√5), i.e. U(±1/√fan_in) (the head's fan-in D₀ under µP); FFN biases U(±1/√fan_in); attention biases 0; embeddings N(0, 1).
 - gpt2: every matrix and embedding N(0, 0.02²), the residual outputs (attention o, FFN w2) N(0, (0.02/√(2L))²)
   with L all the model's layers; biases 0.
 
@@ -63,6 +65,7 @@ def weight(cfg, role: str, experts: bool = False, stack: str = "decoder") -> Ini
 def _weight(cfg, role: str, experts: bool) -> Init:
     scheme = cfg.runtime.init
     d, n, k, h, f = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.d_ff
+    base = d / cfg.width_mult                   # D₀ under µP (model.base_width), else D
     e = 1 if experts else 0                      # the expert axis comes first
     if role == "router":
         return _normal(0.02) if scheme == "gpt2" else dense_init(0, 1)
@@ -70,10 +73,10 @@ def _weight(cfg, role: str, experts: bool) -> Init:
         return {"q": dense_init(0, (1, 2)), "k": dense_init(0, (1, 2)), "v": dense_init(0, (1, 2)),
                 "o": dense_init((0, 1), 2), "ffn_in": dense_init(e, e + 1, (0,) if experts else ()),
                 "ffn_out": dense_init(e, e + 1, (0,) if experts else ()),
-                "embed": _normal((d / cfg.width_mult) ** -0.5),              # µP: the base width's table
-                "head": _normal(d ** -0.5), "positions": _normal(0.02)}[role]
+                "embed": _normal(base ** -0.5), "head": _normal(base ** -0.5),   # µP: as at the base width
+                "positions": _normal(0.02)}[role]
     if scheme == "pytorch":
-        fan_in = {"o": n * h, "ffn_in": d, "ffn_out": f, "head": d}
+        fan_in = {"o": n * h, "ffn_in": d, "ffn_out": f, "head": base}
         if role in ("q", "k", "v"):
             return _uniform(math.sqrt(6.0 / (d + n * h + 2 * k * h)))
         if role in fan_in:
