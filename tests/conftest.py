@@ -7,16 +7,20 @@ max_examples (the expensive properties ask for fewer).
 
 JAX: float32 matmuls at "highest" precision, so float32 tolerances hold on GPUs/TPUs (whose default matmul
 precision is TF32 / bfloat16 passes) as they do on CPU. Compiled programs go to a persistent compilation cache in
-.pytest_cache/ (shared by the xdist workers and by the CLI subprocesses some tests start): the many small
-trainings compile the same few programs, and a cache hit skips XLA's compile, not any computation. The tests'
-programs are tiny and compiling them costs far more than running them, so XLA:CPU compiles them cheaply: LLVM
-optimisation level 0 (about 30% off the suite) and the classic elemental emitters instead of the MLIR fusion
-emitters (compiling a small train step 2.5x faster: 1.7 s -> 0.7 s). Both are code-generation settings: no change
-to the HLO, nor to what the tests compute, only to how fast the machine code is made and runs. Each is added only
-where this jaxlib's XLA accepts it (probed once in a child process: XLA aborts on a flag it does not know, and jax
-0.11's does not know these); JAXFORMER_TEST_FLAGS records what was added.
-On a GPU, memory is allocated on demand so that the two xdist workers can share it; the scale-out tests run their
-8 (or 2 × 4) devices as fake CPU devices in their own processes on any machine (tests/test_parallel.py).
+the user's cache folder ($XDG_CACHE_HOME or ~/.cache, jaxformer/jax-compilation-cache; JAX_COMPILATION_CACHE_DIR
+overrides it), shared by the xdist workers, by the CLI subprocesses some tests start and by every clone on the
+machine (a fresh clone's CI reuses what earlier runs compiled; an entry is keyed by the program, the jax version
+and the flags, so a stale one is a miss, never a wrong hit; no size cap: jax's eviction takes a file lock with a 10
+s timeout, which the parallel workers could hit): the many small trainings compile the same few programs, and a
+cache hit skips XLA's compile, not any computation. The tests' programs are tiny and compiling them costs far more
+than running them, so XLA:CPU compiles them cheaply: LLVM optimisation level 0 (about 30% off the suite) and the
+classic elemental emitters instead of the MLIR fusion emitters (compiling a small train step 2.5x faster: 1.7 s ->
+0.7 s). Both are code-generation settings: no change to the HLO, nor to what the tests compute, only to how fast
+the machine code is made and runs. Each is added only where this jaxlib's XLA accepts it (probed once in a child
+process: XLA aborts on a flag it does not know, and jax 0.11's does not know these); JAXFORMER_TEST_FLAGS records
+what was added. On a GPU, memory is allocated on demand so that the two xdist workers can share it; the scale-out
+tests run their 8 (or 2 × 4) devices as fake CPU devices in their own processes on any machine
+(tests/test_parallel.py).
 """
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
-                      str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax-compilation-cache"))
+                      str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jaxformer"
+                          / "jax-compilation-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # on a GPU, the xdist workers share its memory
