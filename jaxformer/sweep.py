@@ -13,6 +13,8 @@ Runs live in ROOT/NAME/ARM/seed-S (ROOT default runs/sweeps). Each is `jaxformer
 a run with that file (completed, or diverged: a non-finite loss) is finished and skipped on rerun, any other
 run resumes from its checkpoints. `jaxformer sweep FILE --run I` runs one run, which is also what `--jobs N`
 launches and what `--print-commands` prints for a scheduler (a SLURM job array: `--run $SLURM_ARRAY_TASK_ID`).
+SIGINT/SIGTERM/SIGHUP stop a sweep within seconds: no further run starts, the running ones (sent the signal,
+under --jobs) stop with a checkpoint, and the command exits 128 + the signal's number; rerun it to go on.
 `jaxformer report FILE` aggregates the runs (jaxformer.report).
 
 Small runs spend most of their time compiling, and the runs of one arm compile the same programs (the seed is
@@ -21,12 +23,12 @@ sweep uses ROOT/.jax-cache, so every seed after the first, and every rerun, load
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import itertools
 import json
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -35,9 +37,11 @@ from typing import Any, Callable
 
 from jaxformer.config import SECTIONED, Config
 from jaxformer.configio import apply_overrides, load_config_file, load_python
-from jaxformer.errors import ConfigError, JaxformerError, NonFiniteLoss, SweepError
+from jaxformer.errors import ConfigError, Interrupted, JaxformerError, NonFiniteLoss, SweepError
 from jaxformer.runs import RunDir
 from jaxformer.scaling import Scaling
+from jaxformer.signals import Held
+from jaxformer.signals import pending as signal_pending
 
 FINISHED = ("completed", "diverged")
 
@@ -205,16 +209,19 @@ def finished(run: Run) -> bool:
 
 def run_one(sweep: Sweep, run: Run) -> dict:
     """Train one run (resuming if it has checkpoints), then its extra evaluations; write RUN/sweep.json.
-    A non-finite loss finishes the run as "diverged". Returns the status dict."""
+    A non-finite loss finishes the run as "diverged". Returns the status dict, with "signal": the stop signal
+    that training received (its name; None if none), also when that came at the last step (completed)."""
     from jaxformer.train.loop import train
     if finished(run):
         return read_status(run)
     cfg = apply_overrides(base_config(sweep), list(run.overrides))
     t0 = time.perf_counter()
+    signame = None
     try:
         out = train(cfg, run.workdir, progress="none")
         status = {"status": "completed" if out["status"] == "completed" else "interrupted", "step": out["step"],
                   "eval": out["eval"]}
+        signame = out["signal"]
     except NonFiniteLoss as e:
         status = {"status": "diverged", "error": str(e), "eval": {}}
     if status["status"] == "completed":
@@ -225,7 +232,7 @@ def run_one(sweep: Sweep, run: Run) -> dict:
         RunDir(run.workdir).write_partial_wall(status["wall_s"])
     else:
         RunDir(run.workdir).write_sweep_status(status)
-    return status
+    return status | {"signal": signame}
 
 
 def _earlier_wall(run: Run) -> float:
@@ -274,23 +281,27 @@ def run_sweep(sweep: Sweep, root: str | Path = "runs/sweeps", jobs: int = 1, onl
               echo: Callable[[str], None] = print) -> dict[str, int]:
     """Run every unfinished run (or the selected ones), one after another in this process, or `jobs` at a
     time as child processes (`jaxformer sweep FILE --run I`, output in RUN/sweep.log). Returns counts per
-    status ("skipped" = finished before). SweepError at the end if any run failed."""
+    status ("skipped" = finished before). SweepError at the end if any run failed. A stop signal
+    (SIGINT/SIGTERM/SIGHUP) starts no further run, stops the running ones with their checkpoints (sent on to
+    the children) and raises Interrupted, exit code 128 + the signal's number; the same call resumes."""
     all_runs = runs(sweep, root)
     check(sweep, all_runs)
     use_compilation_cache(root)
     todo = select(all_runs, only) if only else all_runs
     counts: dict[str, int] = {}
-    pending = []
+    left = []
     for r in todo:
         if finished(r):
             counts["skipped"] = counts.get("skipped", 0) + 1
         else:
-            pending.append(r)
-    echo(f"sweep {sweep.name}: {len(all_runs)} runs, {len(todo) - len(pending)} finished before, "
-         f"{len(pending)} to run" + (f", {jobs} at a time" if jobs > 1 else ""))
+            left.append(r)
+    echo(f"sweep {sweep.name}: {len(all_runs)} runs, {len(todo) - len(left)} finished before, "
+         f"{len(left)} to run" + (f", {jobs} at a time" if jobs > 1 else ""))
     failed = []
     if jobs <= 1:
-        for r in pending:
+        for i, r in enumerate(left):
+            if signal_pending():            # between runs (e.g. during the last one's extra evaluations)
+                raise interrupted(sweep, signal_pending(), [], len(left) - i)
             echo(f"[{r.index + 1}/{len(all_runs)}] {r.id}")
             try:
                 st = run_one(sweep, r)
@@ -300,24 +311,80 @@ def run_sweep(sweep: Sweep, root: str | Path = "runs/sweeps", jobs: int = 1, onl
                 failed.append(r)
                 continue
             counts[st["status"]] = counts.get(st["status"], 0) + 1
-            if st["status"] == "interrupted":
-                raise KeyboardInterrupt
+            if st.get("signal"):              # stopped with a checkpoint (or at its last step: finished)
+                raise interrupted(sweep, st["signal"], [r] if st["status"] == "interrupted" else [],
+                                  len(left) - i - 1)
     else:
-        def child(r: Run) -> tuple[Run, int]:
-            r.workdir.mkdir(parents=True, exist_ok=True)
-            argv = [sys.executable, "-m", "jaxformer.cli", "sweep", sweep.source, "--run", str(r.index),
-                    "--root", str(root)]
-            with open(r.workdir / "sweep.log", "a") as log:
-                return r, subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT).returncode
-        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            for r, rc in pool.map(child, pending):
-                st = read_status(r)
-                status = st["status"] if st else "failed"
-                counts[status] = counts.get(status, 0) + 1
-                echo(f"{r.id}: {status}" + (f" (exit {rc}, see {r.workdir / 'sweep.log'})" if rc else ""))
-                if status not in FINISHED:
-                    failed.append(r)
+        def done(r: Run, rc: int) -> None:
+            st = read_status(r)
+            status = st["status"] if st else "interrupted" if rc > 128 else "failed"
+            counts[status] = counts.get(status, 0) + 1
+            echo(f"{r.id}: {status}" + (f" (exit {rc}, see {r.workdir / 'sweep.log'})" if rc else ""))
+            if status not in FINISHED:
+                failed.append(r)
+        with Held("the running runs have stopped, each with its checkpoint") as sig:
+            signame, stopped, unstarted = run_children(left, lambda r: _start_child(sweep, root, r), jobs,
+                                                       lambda: sig.received, done)
+        if signame is not None:                   # those that ended with it, finished, are not "stopped"
+            raise interrupted(sweep, signame, [r for r in stopped if r in failed], unstarted)
     echo("sweep " + sweep.name + ": " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     if failed:
         raise SweepError(f"{len(failed)} run(s) did not finish: " + ", ".join(r.id for r in failed))
     return counts
+
+
+def _start_child(sweep: Sweep, root: str | Path, r: Run) -> subprocess.Popen:
+    """`jaxformer sweep FILE --run I` in a process of its own, its output appended to RUN/sweep.log."""
+    r.workdir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "jaxformer.cli", "sweep", sweep.source, "--run", str(r.index), "--root", str(root)]
+    with open(r.workdir / "sweep.log", "a") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+
+def run_children(left: list[Run], start: Callable[[Run], Any], jobs: int, stop: Callable[[], str | None],
+                 done: Callable[[Run, int], None], poll_s: float = 0.1) -> tuple[str | None, list[Run], int]:
+    """Run `left` in order, `jobs` at a time: start(run) -> a child (a subprocess.Popen, or anything with
+    poll(), send_signal(signum), wait()); done(run, returncode) as each one ends. stop() -> the name of a stop
+    signal received ("SIGTERM"), or None; once it names one, no further child starts, the signal is sent to
+    each running child and this waits until they have ended (each stops with a checkpoint). An error here
+    (e.g. stdout closed) stops the running children likewise, with SIGTERM, before it propagates.
+    -> (that signal's name or None, the runs that were running when it came, how many never started)."""
+    queue, live, signame = list(left), [], None
+    try:
+        while (queue or live) and signame is None:
+            while queue and len(live) < jobs and stop() is None:
+                r = queue.pop(0)
+                live.append((r, start(r)))
+            for r, child in list(live):
+                rc = child.poll()
+                if rc is not None:
+                    live.remove((r, child))
+                    done(r, rc)
+            if live and stop() is None:
+                time.sleep(poll_s)
+            signame = stop()
+    except BaseException:
+        _stop_children(live, "SIGTERM", lambda r, rc: None)
+        raise
+    _stop_children(live, signame, done)
+    return signame, [r for r, _ in live], len(queue)
+
+
+def _stop_children(live: list[tuple[Run, Any]], signame: str | None, done: Callable[[Run, int], None]) -> None:
+    """Send each running child the signal, then wait for each to end (done(run, returncode))."""
+    for _, child in live if signame else ():
+        child.send_signal(signal.Signals[signame])
+    for r, child in live:
+        done(r, child.wait())
+
+
+def interrupted(sweep: Sweep, signame: str, stopped: list[Run], unstarted: int) -> Interrupted:
+    """The sweep's Interrupted error: which runs were stopped, how many never started, how to resume; its
+    exit_code is 128 + the signal's number (143 for SIGTERM, 130 for SIGINT, 129 for SIGHUP)."""
+    ran = (f"stopped {', '.join(r.id for r in stopped)} (each keeps its checkpoints)" if stopped
+           else "no run was stopped mid-way")
+    e = Interrupted(f"sweep {sweep.name} stopped on {signame}: {ran}, {unstarted} run(s) not started; the same "
+                    f"`jaxformer sweep` command resumes the grid (finished runs are skipped, stopped ones resume "
+                    f"from their checkpoints)")
+    e.exit_code = 128 + signal.Signals[signame].value
+    return e
