@@ -35,8 +35,9 @@ def _tasks(sub) -> None:
     t.add_argument("--max-new", type=int, default=64, help="generation tasks: tokens to generate at most")
     t.add_argument("--until", action="append", help="generation tasks: a stop string (repeatable; default a blank "
                    "line)")
-    t.add_argument("--answer-regex", help="generation tasks: compare the first match of this regex (its group 1 "
-                   "if it has one) in the output and in the answer, e.g. '#### (-?[0-9.,]+)' for GSM8K")
+    t.add_argument("--answer-regex", help="generation tasks: compare the first match of this regex (its first "
+                   "non-empty group if it has groups) in the output and in the answer, e.g. '#### (-?[0-9.,]+)' "
+                   "for GSM8K")
     t.add_argument("--batch-rows", type=int, default=32, help="rows per compiled scoring call")
     t.add_argument("--chat-template", metavar="DIR", help="render each context/prompt as a user turn with this "
                    "pretrained folder's chat template (for a chat-tuned run)")
@@ -151,11 +152,14 @@ def _data(sub) -> None:
                     "train; model.runtime.*, e.g. model.runtime.dropout)")
     eh = sub.add_parser("export-hf", help="a run's best (or latest) checkpoint -> a Hugging Face checkpoint folder")
     eh.add_argument("--workdir", required=True)
-    eh.add_argument("--out", required=True)
+    eh.add_argument("--out", required=True, help="output folder (must not exist or be empty; written as "
+                    "OUT.partial first, renamed when complete)")
     eh.add_argument("--which", choices=("best", "latest"), default="best")
     eh.add_argument("--weights", choices=WEIGHTS, default="trained", help=WEIGHTS_HELP)
-    eh.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    eh.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                    help="the tensors' dtype (with --adapter: the adapters')")
     eh.add_argument("--adapter", action="store_true", help="only the run's low-rank adapters (model.lora), as a "
                     "PEFT adapter folder over the model it started from; default: the model, adapters merged")
     eh.add_argument("--family", choices=("llama", "qwen2", "qwen3", "mistral", "gpt2", "gemma"),
-                    help="default: the one family whose config expresses the model")
+                    help="default: the one family whose config expresses the model (with --adapter: the base "
+                    "model's; a family that cannot express the model is refused)")

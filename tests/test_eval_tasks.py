@@ -120,7 +120,7 @@ def test_standard_error_is_the_samples():
 
 def test_bad_task_files_are_named_errors_and_the_cli_writes_results(run_dir, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
-    for text, match in (('{"context": "a", "choices": ["b"], "answer": 3}\n', "example 1 is neither"),
+    for text, match in (('{"context": "a", "choices": ["b"], "answer": 3}\n', 'bad.jsonl:1: "answer" 3 is not an'),
                         ('{"question": "a"}\n', "neither multiple choice"), ("not json\n", "bad.jsonl:1: not a JSON"),
                         ("\n", "has no examples")):
         bad.write_text(text)

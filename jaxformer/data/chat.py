@@ -42,14 +42,21 @@ def _environment():
 
 
 class ChatTemplate:
-    """template: the Jinja source; special: {bos_token: "<s>", ...} (the strings the template may print)."""
+    """template: the Jinja source; special: {bos_token: "<s>", ...} (the strings the template may print); source:
+    the file it came from, which errors name. DataError: an empty template (it would drop every message), or
+    one that does not parse."""
 
-    def __init__(self, template: str, special: dict[str, str] | None = None):
+    def __init__(self, template: str, special: dict[str, str] | None = None, source: str | Path | None = None):
         jinja2 = _jinja2()
+        self.name = f"the chat template of {source}" if source else "the chat template"
+        if not template.strip():
+            raise DataError(f"{self.name} is empty: it would render every conversation as nothing")
         try:
             self.compiled = _environment().from_string(template)
         except jinja2.exceptions.TemplateSyntaxError as e:
-            raise DataError(f"the chat template does not parse: {e.message} (line {e.lineno})") from None
+            raise DataError(f"{self.name} does not parse: {e.message} (line {e.lineno})") from None
+        except Exception as e:              # a compile-time error of any other kind (e.g. RecursionError)
+            raise DataError(f"{self.name} does not compile: {type(e).__name__}: {str(e)[:200]}") from None
         self.template, self.special = template, dict(special or {})
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
@@ -62,7 +69,9 @@ class ChatTemplate:
             return self.compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                         **self.special)
         except jinja2.exceptions.TemplateError as e:
-            raise DataError(f"the chat template refused the conversation: {e}") from None
+            raise DataError(f"{self.name} refused the conversation: {type(e).__name__}: {str(e)[:200]}") from None
+        except Exception as e:              # the template's own arithmetic, types, recursion ...
+            raise DataError(f"{self.name} failed on the conversation: {type(e).__name__}: {str(e)[:200]}") from None
 
     def assistant_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
         """-> (the whole conversation rendered, the [start, end) character span each assistant message added: from
@@ -76,7 +85,7 @@ class ChatTemplate:
             before = self.render(messages[:i], add_generation_prompt=True)
             upto = self.render(messages[:i + 1])
             if not (upto.startswith(before) and text.startswith(upto)):
-                raise DataError(f"the chat template does not render message {i} (assistant) as an extension of the "
+                raise DataError(f"{self.name} does not render message {i} (assistant) as an extension of the "
                                 f"conversation before it: its loss span cannot be found")
             spans.append((len(before), len(upto)))
         return text, spans
@@ -91,9 +100,14 @@ def read_chat_template(folder: str | Path) -> ChatTemplate | None:
         cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.is_file() else {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(f"{cfg_file} is unreadable: {type(e).__name__}: {e}") from None
+    if not isinstance(cfg, dict):
+        raise DataError(f"{cfg_file} is not a JSON object")
     template = cfg.get("chat_template")
     if (folder / "chat_template.jinja").is_file():
-        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+        try:
+            template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(f"{folder / 'chat_template.jinja'} is unreadable: {type(e).__name__}: {e}") from None
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         if "default" not in named:
@@ -103,10 +117,11 @@ def read_chat_template(folder: str | Path) -> ChatTemplate | None:
         return None
     if not isinstance(template, str):
         raise DataError(f"{cfg_file}: chat_template is neither a string nor a list of named templates")
+    source = folder / "chat_template.jinja" if (folder / "chat_template.jinja").is_file() else cfg_file
     special = {}
     for k in SPECIAL:
         v = cfg.get(k)
         v = v.get("content") if isinstance(v, dict) else v
         if isinstance(v, str):
             special[k] = v
-    return ChatTemplate(template, special)
+    return ChatTemplate(template, special, source)

@@ -8,11 +8,13 @@ A task file is JSONL, one example per line; its kind is read from the first line
       (lm-evaluation-harness's acc_norm, which divides by the choice's length in bytes).
   generation       {"prompt": str, "answer": str}                             (GSM8K style)
       the greedy continuation (`generate_until`: up to --max-new tokens, cut at the first stop string, default
-      "\\n\\n"), exact_match: it equals the answer after stripping whitespace (and, with --answer-regex, after
-      taking the first match of that regex in each: GSM8K's "#### 42").
+      "\\n\\n"), exact_match: it equals the answer (a JSON number: its text) after stripping whitespace (and,
+      with --answer-regex, after taking the first match of that regex in each, its first non-empty group if it
+      has groups: GSM8K's "#### 42"; an output without a match is wrong, an answer without one refused).
 Every metric is a mean over examples with its standard error, sqrt(p(1 − p) / (n − 1)) (the sample standard
 deviation of the per-example scores / sqrt(n), as lm-evaluation-harness reports it). Results and per-example
-predictions are written to RUN/eval_tasks/NAME.json.
+predictions are written whole to RUN/eval_tasks/NAME.json, NAME the file's stem (with the folders that tell
+apart two files of one stem: `task_names`) as each task finishes; a stop signal ends the run at the next batch.
 
 `HarnessModel` implements lm-evaluation-harness's model API (`loglikelihood`, `loglikelihood_rolling`,
 `generate_until`, each over requests with `.args`), so that its task library can drive a jaxformer model where a
@@ -22,13 +24,18 @@ Tokenization follows lm-evaluation-harness: trailing whitespace of a context mov
 is encoded whole, and the continuation's tokens are those after the context's (so a word is tokenized as it is
 in running text); the run's BOS opens each row where its tokenizer has one (a pretrained model's), else its
 end-of-document token opens a row whose context is empty. Rows longer than model.max_len keep their last
-max_len tokens. Scoring is batched in rows padded to a power of two (few compiled shapes), one jitted forward.
+max_len tokens; a generation prompt keeps its last model.max_len - max_new (lm-evaluation-harness's cut, with a
+warning). Scoring is batched in rows padded to a power of two (few compiled shapes), one jitted forward.
 """
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import math
+import os
 import re
+import signal
 from pathlib import Path
 
 import jax
@@ -36,57 +43,38 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer.errors import ConfigError, DataError
-from jaxformer.inference.generate import generate_text
+from jaxformer.arch import adapter
+from jaxformer.errors import ConfigError, DataError, Interrupted
+from jaxformer.inference.generate import prompt_ids
 from jaxformer.inference.restore import LoadedModel
+from jaxformer.inference.task_files import read_task, task_names
+from jaxformer.signals import Held
+
+log = logging.getLogger("jaxformer")
 
 
-def read_task(path: str | Path) -> tuple[str, list[dict]]:
-    """-> (kind "multiple_choice" | "generation", examples); DataError naming the file and line otherwise."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"task file {str(path)!r} not found")
-    rows = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{i}: not a JSON line ({e.msg})") from None
-    if not rows:
-        raise DataError(f"task file {path} has no examples")
-    kind = "multiple_choice" if "choices" in rows[0] else "generation" if "prompt" in rows[0] else None
-    need = {"multiple_choice": ("context", "choices", "answer"), "generation": ("prompt", "answer")}.get(kind)
-    for i, r in enumerate(rows, 1):
-        bad = need is None or any(k not in r for k in need) or (
-            kind == "multiple_choice" and not (isinstance(r["choices"], list) and r["choices"]
-                                               and isinstance(r["answer"], int) and 0 <= r["answer"] < len(r["choices"])))
-        if bad:
-            raise DataError(f"{path}: example {i} is neither multiple choice ({{context, choices, answer: index}}) "
-                            f"nor generation ({{prompt, answer}}): {json.dumps(r)[:200]}")
-    return kind, rows
+@functools.partial(jax.jit, static_argnums=0)
+def _token_scores(graph, state, tokens, seg):
+    """-> (log P(token i+1 | tokens ..i) [B,T-1], whether it is the argmax [B,T-1]) of the model (graph, state)."""
+    logits = nnx.merge(graph, state)(tokens, segment_ids=seg).astype(jnp.float32)
+    lp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    nxt = tokens[:, 1:]
+    return jnp.take_along_axis(lp, nxt[..., None], -1)[..., 0], lp.argmax(-1) == nxt
 
 
 class HarnessModel:
     """A loaded run as an lm-evaluation-harness model (its LM API, duck-typed: lm_eval is not a dependency).
-    batch_rows: scoring rows per compiled call."""
+    batch_rows: scoring rows per compiled call. before_batch: called before each compiled call (a stop check)."""
 
-    def __init__(self, run: LoadedModel, batch_rows: int = 32):
+    def __init__(self, run: LoadedModel, batch_rows: int = 32, before_batch=lambda: None):
         if run.cfg.model.arch != "decoder_only":
             raise ConfigError(f"eval-tasks scores language models; {run.cfg.model.arch!r} runs are evaluated by "
                               f"`jaxformer eval`")
-        self.run, self.tok, self.rows = run, run.tokenizer, batch_rows
+        self.run, self.tok, self.rows, self.before_batch = run, run.tokenizer, batch_rows, before_batch
+        self.task = None                # what warnings name the requests by (eval-tasks: the task file)
         self.max_len = run.cfg.model.max_len
-        graph, state = nnx.split(run.model)
-        self._state = state
-
-        def scores(st, tokens, seg):
-            logits = nnx.merge(graph, st)(tokens, segment_ids=seg).astype(jnp.float32)
-            lp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-            nxt = tokens[:, 1:]
-            return jnp.take_along_axis(lp, nxt[..., None], -1)[..., 0], lp.argmax(-1) == nxt
-        self._scores = jax.jit(scores)
+        graph, self._state = nnx.split(run.model)
+        self._scores = functools.partial(_token_scores, graph)       # compiled once per model and shape
 
     def _opening(self) -> list[int]:
         bos = getattr(self.tok, "bos_id", None)
@@ -112,6 +100,7 @@ class HarnessModel:
         """(log P(continuation | prefix), whether greedy decoding gives the continuation) per pair, batched."""
         out = []
         for i in range(0, len(pairs), self.rows):
+            self.before_batch()
             chunk = pairs[i:i + self.rows]
             rows = [(p + c)[-self.max_len:] for p, c in chunk]
             width = 1 << max(1, math.ceil(math.log2(max(len(r) for r in rows))))
@@ -147,17 +136,40 @@ class HarnessModel:
 
     def generate_until(self, requests) -> list[str]:
         """requests with .args = (context, {"until": [stop strings], "max_gen_toks": n}) -> greedy continuations
-        (batched, up to n tokens within model.max_len), each cut at its first stop string."""
+        (batched, n tokens at most: the largest n of the requests), each cut at its first stop string. A context
+        longer than model.max_len - n tokens keeps its last ones, as lm-evaluation-harness cuts it (one warning
+        line counts them)."""
+        if not requests:
+            return []
+        n = max(int(r.args[1].get("max_gen_toks", 64)) for r in requests)
+        arch, room = adapter("decoder_only"), prompt_room(self.run, n)
+        ids = [prompt_ids(self.tok, r.args[0]) for r in requests]
+        cut = sum(len(x) > room for x in ids)
+        if cut:
+            log.warning("%s%d of %d prompts are longer than model.max_len=%d - %d new tokens: each keeps its last "
+                        "%d tokens (lm-evaluation-harness's rule)", f"{self.task}: " if self.task else "", cut,
+                        len(requests), self.max_len, n, room)
         out = []
         for i in range(0, len(requests), self.rows):
-            chunk = requests[i:i + self.rows]
-            longest = max(len(self.tok.encode(r.args[0])) + len(self._opening()) for r in chunk)
-            n = max(int(r.args[1].get("max_gen_toks", 64)) for r in chunk)
-            texts = generate_text(self.run, [r.args[0] for r in chunk], max_new=max(1, min(n, self.max_len - longest)))
-            for r, text in zip(chunk, texts):
+            self.before_batch()
+            batch, seg = arch.prompt_batch([arch.prompt_row(self.tok, x[-room:]) for x in ids[i:i + self.rows]],
+                                           self.run.cfg.model.pad_id)
+            new = arch.generate(self.run.model, self.tok, batch, seg, max_new=n, key=jax.random.key(0))
+            for r, row in zip(requests[i:i + self.rows], np.asarray(new)):
+                text = self.tok.decode(row)
                 cuts = [text.find(s) for s in r.args[1].get("until", []) if s and s in text]
                 out.append(text[:min(cuts)] if cuts else text)
         return out
+
+
+def prompt_room(run: LoadedModel, max_new: int) -> int:
+    """The prompt tokens a generation of max_new tokens leaves room for within model.max_len (after the BOS of a
+    tokenizer with one). ConfigError: none."""
+    room = run.cfg.model.max_len - max_new - (getattr(run.tokenizer, "bos_id", None) is not None)
+    if room < 1:
+        raise ConfigError(f"--max-new {max_new} leaves no room for a prompt within model.max_len="
+                          f"{run.cfg.model.max_len}")
+    return room
 
 
 class _Request:
@@ -187,19 +199,27 @@ def score_multiple_choice(hm: HarnessModel, rows: list[dict]) -> tuple[dict, lis
     return {"acc": _stat(acc), "acc_norm": _stat(norm)}, preds
 
 
+def extract(pattern: re.Pattern | None, text: str) -> str | None:
+    """What exact_match compares: the text stripped; with a pattern, its first match's first group that took part
+    and is not empty (lm-evaluation-harness's regex filter), or the whole match if it has no group; None: no
+    match (never equal to anything)."""
+    if pattern is None:
+        return text.strip()
+    m = pattern.search(text)
+    if m is None:
+        return None
+    found = [g for g in m.groups() if g] if m.groups() else [m.group(0)]
+    return found[0].strip() if found else None
+
+
 def score_generation(hm: HarnessModel, rows: list[dict], max_new: int, until: list[str],
                      answer_regex: str | None) -> tuple[dict, list[dict]]:
     outs = hm.generate_until([_Request(r["prompt"], {"until": until, "max_gen_toks": max_new}) for r in rows])
     pattern = re.compile(answer_regex) if answer_regex else None
-
-    def final(text: str) -> str:
-        if pattern is None:
-            return text.strip()
-        m = pattern.search(text)
-        return (m.group(1) if m.groups() else m.group(0)).strip() if m else ""
-    em = [float(final(o) == final(r["answer"])) for o, r in zip(outs, rows)]
-    return {"exact_match": _stat(em)}, [{"output": o, "extracted": final(o), "answer": r["answer"]}
-                                        for o, r in zip(outs, rows)]
+    got = [extract(pattern, o) for o in outs]
+    em = [float(g is not None and g == extract(pattern, r["answer"])) for g, r in zip(got, rows)]
+    return {"exact_match": _stat(em)}, [{"output": o, "extracted": g or "", "answer": r["answer"]}
+                                        for o, g, r in zip(outs, got, rows)]
 
 
 def as_chat(rows: list[dict], kind: str, folder: str | Path, tok) -> list[dict]:
@@ -224,34 +244,67 @@ def reading(tok, special: bool):
     return tok.reading_special_tokens() if special else contextlib.nullcontext()
 
 
+def _read_all(run: LoadedModel, tasks: list[str], max_new: int, answer_regex: str | None,
+              chat_template) -> list[tuple[str, str, str, list[dict]]]:
+    """Every task file read and checked before any is scored -> [(name, path, kind, examples)]."""
+    try:
+        pattern = re.compile(answer_regex) if answer_regex else None
+    except re.error as e:
+        raise ConfigError(f"--answer-regex {answer_regex!r} is not a regular expression ({e})") from None
+    read = [(name, path, *read_task(path)) for name, path in zip(task_names(tasks), tasks)]
+    for _, path, kind, rows in read:
+        if kind == "generation":
+            prompt_room(run, max_new)
+            for n, r in enumerate(rows, 1):
+                if extract(pattern, r["answer"]) is None:
+                    raise DataError(f"{path}: example {n}: --answer-regex {answer_regex!r} finds nothing in its "
+                                    f"answer {r['answer'][:80]!r}")
+    if chat_template is not None:
+        read = [(name, path, kind, as_chat(rows, kind, chat_template, run.tokenizer))
+                for name, path, kind, rows in read]
+    return read
+
+
+def _write_whole(path: Path, record: dict) -> None:
+    """A results file written whole or not at all (a temporary file renamed over it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def evaluate_tasks(run: LoadedModel, workdir: str | Path, tasks: list[str], *, max_new: int = 64,
                    until: tuple[str, ...] = ("\n\n",), answer_regex: str | None = None,
                    batch_rows: int = 32, chat_template: str | Path | None = None) -> dict:
     """Score each task file with the run's model -> {task name: {kind, metrics, file}}; each task's results and
-    per-example predictions written to WORKDIR/eval_tasks/NAME.json as it finishes. chat_template: a pretrained
-    folder whose chat template renders each context (prompt) as a user turn followed by the assistant's
-    generation prompt, its special tokens read as their ids (lm-evaluation-harness's --apply_chat_template)."""
-    if answer_regex:
-        try:
-            re.compile(answer_regex)
-        except re.error as e:
-            raise ConfigError(f"--answer-regex {answer_regex!r} is not a regular expression ({e})") from None
-    read = [(path, *read_task(path)) for path in tasks]          # every file checked before any is scored
-    if chat_template is not None:
-        read = [(path, kind, as_chat(rows, kind, chat_template, run.tokenizer)) for path, kind, rows in read]
-    hm = HarnessModel(run, batch_rows)
+    per-example predictions written whole to WORKDIR/eval_tasks/NAME.json (`task_names`) as it finishes.
+    chat_template: a pretrained folder whose chat template renders each context (prompt) as a user turn
+    followed by the assistant's generation prompt, its special tokens read as their ids
+    (lm-evaluation-harness's --apply_chat_template). SIGINT/SIGTERM/SIGHUP stop it before the next batch:
+    Interrupted (exit 128 + the signal's number), the finished tasks' files kept, the one in hand not written."""
+    read = _read_all(run, tasks, max_new, answer_regex, chat_template)
     out_dir = Path(workdir) / "eval_tasks"
     out_dir.mkdir(exist_ok=True)
-    results = {}
-    for path, kind, rows in read:
-        with reading(run.tokenizer, chat_template is not None):
-            if kind == "multiple_choice":
-                metrics, preds = score_multiple_choice(hm, rows)
-            else:
-                metrics, preds = score_generation(hm, rows, max_new, list(until), answer_regex)
-        name = Path(path).stem
-        rec = {"task": name, "file": str(path), "kind": kind, "checkpoint": {"which": run.which, "step": run.step},
-               "metrics": metrics, "predictions": preds}
-        (out_dir / f"{name}.json").write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
-        results[name] = {k: rec[k] for k in ("kind", "metrics", "file")}
+    results, doing = {}, None
+    with Held(until="the batch in hand is scored") as sig:
+        def stop_if_asked():
+            if sig.received:
+                kept = (f"results of {', '.join(results)} kept in {out_dir}" if results else "no results written")
+                e = Interrupted(f"eval-tasks stopped on {sig.received} "
+                                f"{f'while scoring {doing} (not written)' if doing else 'after its last task'}; {kept}")
+                e.exit_code = 128 + signal.Signals[sig.received].value
+                raise e
+        hm = HarnessModel(run, batch_rows, before_batch=stop_if_asked)
+        for name, path, kind, rows in read:
+            doing = hm.task = name
+            with reading(run.tokenizer, chat_template is not None):
+                if kind == "multiple_choice":
+                    metrics, preds = score_multiple_choice(hm, rows)
+                else:
+                    metrics, preds = score_generation(hm, rows, max_new, list(until), answer_regex)
+            rec = {"task": name, "file": str(path), "kind": kind, "checkpoint": {"which": run.which,
+                   "step": run.step}, "metrics": metrics, "predictions": preds}
+            _write_whole(out_dir / f"{name}.json", rec)
+            results[name] = {k: rec[k] for k in ("kind", "metrics", "file")}
+        doing = None
+        stop_if_asked()
     return results
