@@ -330,7 +330,8 @@ def main(argv=None) -> int:
             raise ConfigError("--workdir '' names no directory")
         with _log_to_console():
             if pending():                    # Ctrl-C while Python started: nothing done yet
-                raise Interrupted(f"jaxformer {args.cmd} stopped on {pending()} before it started; nothing was done")
+                raise Interrupted(f"jaxformer {args.cmd} stopped on {pending()} before it started; nothing was done",
+                                  pending())
             rc = cmds[args.cmd](args)
             if pending() and rc == 0:        # a short command holds a signal until it is done
                 console.print(f"[red]interrupted:[/red] {pending()} arrived while jaxformer {args.cmd} ran; it "

@@ -52,6 +52,13 @@ class BackendError(JaxformerError, ValueError):
 
 class Interrupted(JaxformerError):
     """A command other than training was stopped by SIGINT/SIGTERM/SIGHUP at a point where stopping was safe;
-    the message says what was kept (training itself saves a checkpoint and returns normally)."""
+    the message says what was kept (training itself saves a checkpoint and returns normally). exit_code: 128 +
+    the signal's number (130 SIGINT, 143 SIGTERM, 129 SIGHUP), as a shell reports a process the signal ended."""
     exit_code = 130
     label = "interrupted"
+
+    def __init__(self, message: str, signame: str | None = None):
+        super().__init__(message)
+        if signame:
+            import signal
+            self.exit_code = 128 + signal.Signals[signame].value

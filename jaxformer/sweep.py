@@ -383,8 +383,6 @@ def interrupted(sweep: Sweep, signame: str, stopped: list[Run], unstarted: int) 
     exit_code is 128 + the signal's number (143 for SIGTERM, 130 for SIGINT, 129 for SIGHUP)."""
     ran = (f"stopped {', '.join(r.id for r in stopped)} (each keeps its checkpoints)" if stopped
            else "no run was stopped mid-way")
-    e = Interrupted(f"sweep {sweep.name} stopped on {signame}: {ran}, {unstarted} run(s) not started; the same "
-                    f"`jaxformer sweep` command resumes the grid (finished runs are skipped, stopped ones resume "
-                    f"from their checkpoints)")
-    e.exit_code = 128 + signal.Signals[signame].value
-    return e
+    return Interrupted(f"sweep {sweep.name} stopped on {signame}: {ran}, {unstarted} run(s) not started; the same "
+                       f"`jaxformer sweep` command resumes the grid (finished runs are skipped, stopped ones resume "
+                       f"from their checkpoints)", signame)

@@ -261,3 +261,11 @@ def test_sighup_to_a_sequential_sweep_exits_129_and_the_same_command_resumes(tmp
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("signame,code", [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129), (None, 130)])
+def test_every_interrupted_command_exits_128_plus_the_signals_number(signame, code):
+    """One rule for every command that stops on a signal (sweep, eval-tasks, export-hf, import-hf, data
+    prepare): the shell's 128 + signum. Before: 130 for SIGTERM everywhere but the sweep."""
+    from jaxformer.errors import Interrupted
+    assert Interrupted("stopped", signame).exit_code == code

@@ -166,7 +166,7 @@ def _progress(total: int, label: str, enabled: bool):
 def _stop_if_asked(kept: str) -> None:
     """Between pieces: Interrupted once the command line held a stop signal (signals.pending)."""
     if pending():
-        raise Interrupted(f"data prepare stopped on {pending()}: {kept}")
+        raise Interrupted(f"data prepare stopped on {pending()}: {kept}", pending())
 
 
 def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str = "bpe", vocab_size: int = 2048,

@@ -56,7 +56,7 @@ def staged(out: str | Path, command: str = "export-hf") -> Iterator[Path]:
     try:
         yield tmp
         if pending():
-            raise Interrupted(f"jaxformer {command} stopped on {pending()}: nothing was written to {out}")
+            raise Interrupted(f"jaxformer {command} stopped on {pending()}: nothing was written to {out}", pending())
         (tmp / MARK).unlink()
         try:
             os.rename(tmp, out)             # POSIX: replaces an empty folder, fails on a non-empty one

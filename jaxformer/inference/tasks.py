@@ -35,7 +35,6 @@ import logging
 import math
 import os
 import re
-import signal
 from pathlib import Path
 
 import jax
@@ -289,10 +288,8 @@ def evaluate_tasks(run: LoadedModel, workdir: str | Path, tasks: list[str], *, m
         def stop_if_asked():
             if sig.received:
                 kept = (f"results of {', '.join(results)} kept in {out_dir}" if results else "no results written")
-                e = Interrupted(f"eval-tasks stopped on {sig.received} "
-                                f"{f'while scoring {doing} (not written)' if doing else 'after its last task'}; {kept}")
-                e.exit_code = 128 + signal.Signals[sig.received].value
-                raise e
+                where = f"while scoring {doing} (not written)" if doing else "after its last task"
+                raise Interrupted(f"eval-tasks stopped on {sig.received} {where}; {kept}", sig.received)
         hm = HarnessModel(run, batch_rows, before_batch=stop_if_asked)
         for name, path, kind, rows in read:
             doing = hm.task = name

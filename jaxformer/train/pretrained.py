@@ -27,7 +27,7 @@ def import_run(source: str | Path, workdir: str | Path, *, data: str | Path | No
     with Held(until="the import reaches a safe point") as sig:
         def stop_if_asked(kept: str):
             if sig.received:
-                raise Interrupted(f"import-hf stopped on {sig.received}: {kept}")
+                raise Interrupted(f"import-hf stopped on {sig.received}: {kept}", sig.received)
         metrics = _import(Path(source).absolute(), workdir, data, overrides, progress, stop_if_asked)
         stop_if_asked(f"the import had finished: {workdir} holds step 0")
     return metrics
