@@ -191,9 +191,8 @@ def cmd_params(args) -> int:
     import jax
     from jaxformer.arch import adapter
     from jaxformer.nn import build_model
-    from jaxformer.quantize import frozen_base
     cfg = _config(args, resolved=True)
-    model = frozen_base(build_model(cfg.model))
+    model = build_model(cfg.model)
     console.print(params_table(model))
     arch = adapter(cfg.model.arch)
     batch = arch.example_batch(2, 8)

@@ -16,7 +16,6 @@ from jaxformer.errors import CheckpointError, ConfigError
 from jaxformer.inference.weights import evaluated, item_for
 from jaxformer.nn import build_model
 from jaxformer.nn.lora import merged
-from jaxformer.quantize import frozen_base
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
 from jaxformer.runs import RunDir
 
@@ -36,7 +35,7 @@ def abstract_model(cfg: Config, plan: Plan | None = None):
     """(graphdef, abstract model state) of a resolved config: shapes and dtypes with shardings (the plan's, else
     one device), nothing allocated; the target to restore a model into."""
     with no_mesh():
-        graph, abstract = nnx.split(nnx.eval_shape(lambda: frozen_base(build_model(cfg.model, seed=cfg.train.seed))))
+        graph, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg.model, seed=cfg.train.seed)))
     return graph, abstract_with_shardings(abstract, plan)
 
 

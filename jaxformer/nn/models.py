@@ -353,15 +353,26 @@ class TransformerLM(_Model):
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer | TransformerLM:
-    """The model class named by cfg.arch, initialised from `seed`, with model.lora's adapters. Raises BackendError (before anything is
-    traced) when cfg.runtime.attention_backend cannot run on this machine."""
+    """The configured model: the class named by cfg.arch, initialised from `seed`, its parameters in
+    model.runtime.param_dtype, with model.lora's adapters around a frozen base in model.lora.base (`configured`).
+    Raises BackendError (before anything is traced) when cfg.runtime.attention_backend cannot run on this
+    machine."""
     why = ops.fused.problem(cfg.runtime.attention_backend, dtype=DTYPES[cfg.runtime.dtype])
     if why:
         raise BackendError(f"model.runtime.attention_backend={cfg.runtime.attention_backend!r}: {why}")
     check_model_size(cfg)                               # by arithmetic, before any table or array exists
     cls = Transformer if cfg.arch == "encoder_decoder" else TransformerLM
     model = with_param_dtype(cls(cfg, rngs=nnx.Rngs(params=seed)))    # initialised in float32, rounded once
-    return with_adapters(model, cfg.lora, seed)                                 # model.lora (none at rank 0)
+    return configured(model, cfg, seed)
+
+
+def configured(model, cfg: ModelConfig, seed: int | jax.Array = 0):
+    """A built model (weights as initialised, trained or imported) with what cfg adds around its weights, in
+    place; returned: model.lora's adapters (none at rank 0; A drawn from `seed`) and their frozen base in
+    model.lora.base (bfloat16 or int8, `quantize.frozen_base`). The one place a model becomes what its config
+    says (`build_model`, and fine-tuning around given weights: `train.step.state_around`)."""
+    from jaxformer.quantize import frozen_base
+    return frozen_base(with_adapters(model, cfg.lora, seed), cfg.lora)
 
 
 def with_param_dtype(model):

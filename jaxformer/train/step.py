@@ -22,14 +22,13 @@ from jax.sharding import PartitionSpec as P
 from jaxformer.arch import adapter
 from jaxformer.config import Config, LoraConfig, OptimConfig
 from jaxformer.nn import build_model
-from jaxformer.nn.lora import trainable, with_adapters
-from jaxformer.nn.models import with_param_dtype
+from jaxformer.nn.lora import trainable
+from jaxformer.nn.models import configured, with_param_dtype
 from jaxformer.nn.params import hidden_mask, matrix_mask, muon_dims
 from jaxformer.nn.stack import blocks_path
 from jaxformer.ops.losses import chunked_token_losses, token_losses
 from jaxformer.parallel import Plan, abstract_with_shardings, no_mesh
 from jaxformer.platforms import enabled
-from jaxformer.quantize import frozen_base
 from jaxformer.platforms.lowering import train_compiler_options, unrolled_threefry
 from jaxformer.train.weights import with_ema, with_master_weights
 
@@ -147,7 +146,7 @@ class Graphs(NamedTuple):
 
 
 def _build(cfg: Config, key: jax.Array | None = None):
-    model = frozen_base(build_model(cfg.model, seed=cfg.train.seed if key is None else key))   # model.lora.base
+    model = build_model(cfg.model, seed=cfg.train.seed if key is None else key)
     return model, _optimizer_of(cfg, model)
 
 
@@ -200,8 +199,7 @@ def state_around(cfg: Config, model_state: nnx.State, plan: Plan | None = None) 
         plain = dataclasses.replace(cfg.model, lora=LoraConfig())
         with no_mesh():
             graph = nnx.graphdef(nnx.eval_shape(lambda: build_model(plain)))
-        model = with_adapters(nnx.merge(graph, model_state), cfg.model.lora, cfg.train.seed)
-        model = frozen_base(model, cfg.model.lora)          # the graph of `plain`'s: its cfg has no adapters
+        model = configured(nnx.merge(graph, model_state), cfg.model, cfg.train.seed)   # `plain`'s graph
     else:
         model = nnx.merge(graphs.model, model_state)
     model_state = nnx.state(with_param_dtype(model))                  # e.g. float32 weights, bf16
