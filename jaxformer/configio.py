@@ -175,13 +175,27 @@ def override(cfg: Any, key: str, raw: str) -> Any:
 def apply_overrides(cfg: Any, pairs: list[str]) -> Any:
     """Apply `key=value` strings in order, then validate the result once: intermediate states may be
     invalid (e.g. data.block_size=5000 before model.max_len=10000)."""
+    given = {}                               # current key -> (the name it was set under, its value)
     with _deferred_validation():
         for p in pairs:
             if "=" not in p:
                 raise ConfigError(f"override {p!r} must look like key=value")
             k, v = p.split("=", 1)
-            cfg = _set(cfg, _moved(k.strip()), v.strip())
+            key = _moved(k.strip())
+            cfg = _set(cfg, key, v.strip())
+            value = _get(cfg, key)
+            if key in given and given[key][0] != k.strip() and given[key][1] != value:
+                (old, ov), (new, nv) = sorted([given[key], (k.strip(), value)], key=lambda g: g[0] == key)
+                raise ConfigError(f"{old}={ov!r} and {new}={nv!r}: {old} is the old name of {new}; keep one")
+            given[key] = (k.strip(), value)
     cfg.validate()
+    return cfg
+
+
+def _get(cfg: Any, key: str) -> Any:
+    """The value of dotted `key` in the config tree `cfg`."""
+    for name in key.split("."):
+        cfg = getattr(cfg, name)
     return cfg
 
 

@@ -21,9 +21,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from jaxformer.errors import ConfigError
+from jaxformer.errors import ConfigError, DataError
 from jaxformer.platforms.lowering import unrolled_threefry
 from jaxformer.ops.masks import positions_from_segments
 from jaxformer.parallel import replicate
@@ -87,6 +88,22 @@ def _sampling(temperature: float, top_k: int, top_p: float, vocab_size: int) -> 
     return float(temperature), int(top_k), float(top_p)
 
 
+def _check_padding(model, tokens, segment_ids, what: str) -> None:
+    """DataError when `tokens` [B,P] hold the model's padding id (model.pad_id; -1: none) and no segment ids say
+    which tokens are real: the padding would be read, and continued, as tokens. Concrete arrays only (a traced or
+    another process's array is not looked at)."""
+    pad_id = model.cfg.pad_id
+    if segment_ids is not None or pad_id < 0 or isinstance(tokens, jax.core.Tracer) \
+            or not getattr(tokens, "is_fully_addressable", True):
+        return
+    hits = np.argwhere(np.asarray(tokens) == pad_id)         # a refusal, never a mask: segment ids say what is real
+    if len(hits):
+        r, c = (int(x) for x in hits[0])
+        raise DataError(f"{what} {list(np.shape(tokens))}: row {r} holds the padding id (model.pad_id={pad_id}) at "
+                        f"position {c} and no segment_ids are given, so the padding would be decoded as tokens; "
+                        f"pass segment_ids (0 on padding, `arch.prompt_batch` makes them) or unpadded rows")
+
+
 def _check_room(cfg, prompt_len: int, max_new: int, cache_len: int | None):
     if max_new < 1:
         raise ConfigError(f"max_new={max_new} must be >= 1")
@@ -130,7 +147,9 @@ def generate_lm(model, prompts, *, max_new: int, key=None, temperature: float = 
     real is said by segment_ids alone. kv_cache: "auto" (the model's) or "int8". patch: activation sites
     replaced at every step, prefill included ({site: fn(value, layer)}, `nn.sites`; e.g. a steering vector);
     the functions are constants of the compiled program (a new function compiles a new one).
-    -> [B,max_new] new tokens (pad after EOS). One compiled program: prefill + while_loop of cached steps."""
+    -> [B,max_new] new tokens (pad after EOS). One compiled program: prefill + while_loop of cached steps.
+    DataError for prompts that hold the pad id without segment_ids (`_check_padding`)."""
+    _check_padding(model, prompts, segment_ids, "prompts")
     unrolled_threefry()                                            # sampling's bits: jaxformer.platforms.lowering
     prompts = jnp.asarray(prompts, jnp.int32)
     cache_len = cache_len or prompts.shape[1] + max_new
@@ -169,7 +188,8 @@ def generate_seq2seq(model, src, *, max_new: int, bos_id: int, eos_id: int | Non
                      segment_ids=None):
     """Encoder-decoder sampling. src [B,S] (segment_ids [B,S]: 0 on padding; None = every token real) ->
     [B,max_new] (pad after EOS). The encoder and the cross-attention k/v run once; the decoder runs cached steps
-    in a while_loop."""
+    in a while_loop. DataError for sources that hold the pad id without segment_ids (`_check_padding`)."""
+    _check_padding(model, src, segment_ids, "src")
     _check_room(model.cfg, 0, max_new, None)                       # positions 0 .. max_new-1
     unrolled_threefry()                                            # sampling's bits: jaxformer.platforms.lowering
     graphdef, state = nnx.split(model)
@@ -204,6 +224,7 @@ def _greedy_naive(graphdef, state, src, segment_ids, *, max_new, bos_id, eos_id,
 def greedy_naive(model, src: jax.Array, max_new: int, *, bos_id: int, eos_id: int, segment_ids=None) -> jax.Array:
     """Encoder-decoder greedy decoding by full recomputation (no cache). src [B,S] (segment_ids as
     `generate_seq2seq`) -> [B,max_new]."""
+    _check_padding(model, src, segment_ids, "src")
     graphdef, state = nnx.split(model)
     return _greedy_naive(graphdef, state, jnp.asarray(src), _ids(segment_ids), max_new=max_new, bos_id=bos_id, eos_id=eos_id,
                          pad_id=model.cfg.pad_id)
@@ -260,6 +281,7 @@ def beam_search(model, src, *, max_new: int, bos_id: int, eos_id: int | None, be
     beam has finished."""
     if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1 or beam > model.cfg.vocab_size:
         raise ConfigError(f"beam={beam!r} must be an integer in [1, vocab_size={model.cfg.vocab_size}]")
+    _check_padding(model, src, segment_ids, "src")
     _check_room(model.cfg, 0, max_new, None)
     graphdef, state = nnx.split(model)
     return _beam_search(graphdef, state, jnp.asarray(src, jnp.int32), _ids(segment_ids), max_new=max_new, bos_id=bos_id,

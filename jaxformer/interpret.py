@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxformer.errors import ConfigError
+from jaxformer.errors import ConfigError, DataError
 
 
 def logit_lens(model, *inputs, **forward_kw) -> jax.Array:
@@ -52,9 +52,16 @@ def head_ablation(model, *inputs, targets: jax.Array, weights: jax.Array | None 
     output set to 0: the same as zeroing its slice of the output projection) or "mean" (its mean over batch and
     positions: removes what the head says about this input, keeps its constant part). site: "z" (the decoder's
     self-attention), and in an encoder-decoder "cross_z" (its cross-attention) or "encoder.z" (the encoder's
-    self-attention: L = model.num_encoder_layers). forward_kw: more of `model.forward`'s keywords."""
+    self-attention: L = model.num_encoder_layers). forward_kw: more of `model.forward`'s keywords. DataError
+    when no position is scored (no targets, or weights 0 everywhere)."""
     if how not in ("zero", "mean"):
         raise ConfigError(f"head_ablation how={how!r} must be 'zero' or 'mean'")
+    empty = not isinstance(targets, jax.core.Tracer) and jnp.size(targets) == 0
+    unweighted = weights is not None and not isinstance(weights, jax.core.Tracer) and not bool(jnp.any(weights))
+    if empty or unweighted:                  # concrete inputs only: under a trace there is nothing to look at
+        raise DataError(f"head_ablation: {'no targets' if empty else 'weights 0 at every position'}: no token to "
+                        f"score, every head's loss increase would be 0 (a language model's prompt needs at least "
+                        f"2 tokens: each predicts the next)")
     if site not in HEAD_SITES or site not in model.sites():
         raise ConfigError(f"head_ablation site={site!r} is not a head-wise site of this model "
                           f"({[s for s in HEAD_SITES if s in model.sites()]})")

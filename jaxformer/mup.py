@@ -17,8 +17,10 @@ rules and are refused.
 
 `coord_check(cfg, widths, steps)` is the paper's coordinate check: the same batches through models of each
 width, under SP and under µP (base width = the first width), the mean |x| of each activation site at
-initialisation and after each of the first steps; `verdict` fits the slope of log mean|x| against log width at
-the last step: flat (|slope| ≤ FLAT at every site) is what µP promises, growth is what SP does with Adam.
+initialisation and after each of the first steps (an encoder-decoder's decoder sites, and its encoder's too:
+ENCODER_SITES); `verdict` fits the slope of log mean|x| against log width at the last step: flat (|slope| ≤
+FLAT at every site) is what µP promises, growth is what SP does with Adam. The widths must be distinct; two
+give a slope without an interval (a line through two points), which the verdict says.
 `jaxformer mup-check CONFIG` runs it, plots it and prints the verdicts.
 """
 from __future__ import annotations
@@ -33,8 +35,11 @@ from flax import nnx
 from jaxformer.config import Config
 from jaxformer.configio import apply_overrides
 from jaxformer.errors import ConfigError
+from jaxformer.nn.sites import available as available_sites
 
 SITES = ("embed", "attn_out", "mlp_out", "resid_post", "logits")
+ENCODER_SITES = ("encoder.attn_out", "encoder.mlp_out", "memory")      # an encoder-decoder's encoder
+_WHOLE = ("embed", "logits", "memory")                               # model-level sites (the others: per layer)
 FLAT = 0.15                   # |slope| of log mean|x| per log width that still counts as flat
 
 
@@ -54,9 +59,7 @@ def coord_check(cfg: Config, widths: tuple[int, ...], steps: int = 4, seed: int 
     per-layer sites are read at the last layer. Every width sees the same batches and initialisation seed."""
     from jaxformer.data.build import resolve
     from jaxformer.train.step import init_state, make_train_step
-    widths = tuple(sorted(widths))
-    if len(widths) < 2 or widths[0] <= 0:
-        raise ConfigError(f"mup-check widths={widths!r}: give at least two positive widths")
+    widths = _check_widths(widths)
     for w in widths:
         if w % cfg.model.num_heads:
             raise ConfigError(f"mup-check width {w} is not a multiple of model.num_heads={cfg.model.num_heads}")
@@ -64,50 +67,82 @@ def coord_check(cfg: Config, widths: tuple[int, ...], steps: int = 4, seed: int 
     rows = cfg.data.batch_size
     it = iter(task.train_dataset(rows, seed))
     batches = [jax.tree.map(jnp.asarray, next(it)) for _ in range(steps + 1)]
-    out = {"widths": list(widths), "steps": steps, "sites": list(SITES), "lr": cfg.optim.lr}
+    sites = SITES + tuple(s for s in ENCODER_SITES if s in available_sites(cfg.model))
+    out = {"widths": list(widths), "steps": steps, "sites": list(sites), "lr": cfg.optim.lr}
     for par in ("sp", "mup"):
-        table = {s: [[0.0] * len(widths) for _ in range(steps + 1)] for s in SITES}
+        table = {s: [[0.0] * len(widths) for _ in range(steps + 1)] for s in sites}
         for j, w in enumerate(widths):
             c = apply_overrides(widened(cfg, w, par, widths[0]), [f"train.seed={seed}"])
             graphs, state = init_state(c)
             train_step = make_train_step(graphs, c)
-            sizes = _sizes_fn(graphs.model)
+            sizes = _sizes_fn(graphs.model, sites)
             for t in range(steps + 1):
                 if t:
                     state, _ = train_step(state, batches[t], jax.random.key(seed))
-                for s, v in zip(SITES, np.asarray(sizes(state["model"], batches[0]))):
+                for s, v in zip(sites, np.asarray(sizes(state["model"], batches[0]))):
                     table[s][t][j] = float(v)
             if log:
-                log(f"{par} D={w}: " + ", ".join(f"{s} {table[s][-1][j]:.3g}" for s in SITES))
+                log(f"{par} D={w}: " + ", ".join(f"{s} {table[s][-1][j]:.3g}" for s in sites))
         out[par] = table
     return out
 
 
-def _sizes_fn(graphdef):
+def _check_widths(widths) -> tuple[int, ...]:
+    """The widths sorted; ConfigError unless they are at least two, positive and distinct (a repeated width is
+    no second point of the slope's fit)."""
+    widths = tuple(sorted(widths))
+    if not widths or widths[0] <= 0:
+        raise ConfigError(f"mup-check widths={list(widths)!r}: give at least two distinct positive widths")
+    repeated = sorted({w for w in widths if widths.count(w) > 1})
+    if repeated:
+        raise ConfigError(f"mup-check widths={list(widths)!r}: width {repeated[0]} is given more than once; "
+                          f"give at least two distinct widths")
+    if len(widths) < 2:
+        raise ConfigError(f"mup-check widths={list(widths)!r}: a slope per width needs at least two distinct "
+                          f"widths (three or more for it to have an interval)")
+    return widths
+
+
+def _sizes_fn(graphdef, sites: tuple[str, ...]):
+    """jit(model state, batch) -> [len(sites)] mean |x| of each site (a per-layer one at the last layer)."""
     @jax.jit
     def sizes(model_state, batch):
         model = nnx.merge(graphdef, model_state)
-        _, aux = model.forward(batch["inputs"], positions=batch.get("positions"),
-                               segment_ids=batch.get("segment_ids"), capture=SITES)
-        cap = aux["captured"]
-        return jnp.stack([jnp.mean(jnp.abs((cap[s] if s in ("embed", "logits") else cap[s][-1])
-                                           .astype(jnp.float32))) for s in SITES])
+        args, kw = _forward_args(batch)
+        cap = model.forward(*args, **kw, capture=sites)[1]["captured"]
+        return jnp.stack([jnp.mean(jnp.abs((cap[s] if s in _WHOLE else cap[s][-1]).astype(jnp.float32)))
+                          for s in sites])
     return sizes
 
 
+def _forward_args(batch: dict) -> tuple[tuple, dict]:
+    """`model.forward`'s arguments and keywords for a training batch of either layout (`jaxformer.arch`): an
+    encoder-decoder's {"src", "tgt_in", ...} or a language model's {"inputs", ...}."""
+    if "src" in batch:
+        return (batch["src"], batch["tgt_in"]), {f"{side}_{k}": batch.get(f"{side}_{k}") for side in ("src", "tgt")
+                                                  for k in ("positions", "segment_ids")}
+    return (batch["inputs"],), {"positions": batch.get("positions"), "segment_ids": batch.get("segment_ids")}
+
+
 def slopes(result: dict, par: str, step: int = -1) -> dict[str, float]:
-    """Per site: the least-squares slope of log mean|x| against log width at `step` (default the last)."""
+    """Per site: the least-squares slope of log mean|x| against log width at `step` (default the last).
+    ConfigError unless the widths are at least two and distinct."""
+    _check_widths(result["widths"])
     lw = np.log(np.asarray(result["widths"], np.float64))
     return {s: float(np.polyfit(lw, np.log(np.asarray(result[par][s][step], np.float64)), 1)[0])
             for s in result["sites"]}
 
 
 def verdict(result: dict, par: str) -> str:
-    """"flat" when every site's slope at the last step is within ±FLAT, else "grows" naming the steepest."""
+    """"flat" when every site's slope at the last step is within ±FLAT, else "grows" naming the steepest; from
+    two widths it says that the slopes have no interval."""
     sl = slopes(result, par)
     site = max(sl, key=lambda s: abs(sl[s]))
     word = "flat" if abs(sl[site]) <= FLAT else ("grows" if sl[site] > 0 else "shrinks")
-    return f"{word} (steepest: {site}, slope {sl[site]:+.2f} per log width; flat is within ±{FLAT})"
+    two = len(result["widths"]) == 2
+    return (f"{word} (steepest: {site}, slope {sl[site]:+.2f} per log width; flat is within ±{FLAT}"
+            + ("; from 2 widths: a line through two points, with no interval (give 3 or more widths for one)"
+               if two else "") + ")")
 
 
 def plot(result: dict, path) -> None:

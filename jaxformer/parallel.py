@@ -267,8 +267,23 @@ def min_param_bytes(cfg) -> tuple[int, int]:
     enc = cfg.num_encoder_layers * (attn + ffn) if cfg.arch == "encoder_decoder" else 0
     cross = cfg.num_decoder_layers * attn if cfg.arch == "encoder_decoder" else 0
     table = cfg.max_len * d if cfg.positional == "learned" else 0
-    params = v * d * (1 if cfg.tie_embeddings else 2) + enc + dec + cross + table
+    params = v * d * (1 if cfg.tie_embeddings else 2) + enc + dec + cross + table + _lora_params(cfg)
     return 4 * params, (8 * cfg.max_len * d if cfg.positional == "sinusoidal" else 0)
+
+
+def _lora_params(cfg) -> int:
+    """model.lora's adapter parameters: r·(in + out) per target projection of every attention (self, cross,
+    the encoder's) and dense FFN layer (`jaxformer.nn.lora`)."""
+    r, d, f = cfg.lora.rank, cfg.d_model, cfg.d_ff
+    if not r:
+        return 0
+    nh, kh = cfg.num_heads * cfg.head_size, cfg.kv_heads * cfg.head_size
+    sizes = {"q": d + nh, "k": d + kh, "v": d + kh, "o": nh + d, "gate": d + f, "up": d + f, "down": f + d}
+    attn = sum(sizes[t] for t in cfg.lora.targets if t in ("q", "k", "v", "o"))
+    ffn = sum(sizes[t] for t in cfg.lora.targets if t in ("gate", "up", "down"))
+    enc = cfg.num_encoder_layers if cfg.arch == "encoder_decoder" else 0
+    attentions = cfg.num_decoder_layers * (2 if enc else 1) + enc
+    return r * (attentions * attn + (cfg.num_decoder_layers + enc) * ffn)       # FFN targets: dense FFNs only
 
 
 def check_model_size(cfg) -> None:
@@ -290,7 +305,9 @@ def check_model_size(cfg) -> None:
     if over:
         raise ConfigError(f"the model (model.d_model={cfg.d_model}, model.d_ff={cfg.d_ff}, model.vocab_size="
                           f"{cfg.vocab_size}, model.max_len={cfg.max_len}, {cfg.num_encoder_layers}+"
-                          f"{cfg.num_decoder_layers} layers) needs at least " + " and ".join(over)
+                          f"{cfg.num_decoder_layers} layers"
+                          + (f", model.lora.rank={cfg.lora.rank}" if cfg.lora.rank else "") + ") needs at least "
+                          + " and ".join(over)
                           + ", counted before anything is allocated: make it smaller")
 
 

@@ -250,11 +250,16 @@ def write_probes(workdir: str | Path, prompts: list[str] | None = None, plots=("
                  weights: str = "trained") -> list[Path]:
     """The logit lens of each prompt (OUT/prompt{i}-lens.png) and the head-ablation tables over all of them
     (OUT/heads.png; an encoder-decoder's cross-attention and encoder too: heads-cross.png, heads-encoder.png),
-    `jaxformer.interpret`'s, for a run's best (or latest) model. -> the written paths."""
+    `jaxformer.interpret`'s, for a run's best (or latest) model. -> the written paths. DataError for a bad
+    prompt, or with "heads" a prompt of one token (nothing to score), before anything is written."""
     from jaxformer.interpret import head_ablation, logit_lens
     run = load_model(workdir, which, weights=weights)
     prompts = list(prompts) if prompts else default_prompts(run)
     nt = next_tokens(run, prompts)
+    lone = [p for p, w in zip(prompts, nt.weights) if not w.any()]
+    if "heads" in plots and lone:               # its row would add 0 to every head's loss increase
+        raise DataError(f"--plot heads: prompt {lone[0][:40]!r} is a single token, with no next token to score; "
+                        f"a head's loss increase needs prompts of at least 2 tokens")
     out = RunDir(workdir).viz_path if out is None else Path(out)
     out.mkdir(parents=True, exist_ok=True)
     label = lambda xs: [token_label(run.tokenizer, x) for x in xs]                    # noqa: E731

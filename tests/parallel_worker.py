@@ -117,8 +117,9 @@ def reshard(spec: dict) -> dict:
         loaded = load_model(spec["workdir"], "latest", plan)
         state = nnx.state(loaded.model)
         with plan.use():
-            greedy = generate_seq2seq(loaded.model, src, max_new=7, bos_id=1, eos_id=2)
-            beam = beam_search(loaded.model, src, max_new=7, bos_id=1, eos_id=2, beam=3)
+            seg = (src != 0).astype(np.int32)                     # the padding, said explicitly
+            greedy = generate_seq2seq(loaded.model, src, max_new=7, bos_id=1, eos_id=2, segment_ids=seg)
+            beam = beam_search(loaded.model, src, max_new=7, bos_id=1, eos_id=2, beam=3, segment_ids=seg)
         out[name] = {"specs": specs(state), "greedy": np.asarray(greedy).tolist(), "beam": np.asarray(beam).tolist(),
                      "values": {k: hashlib.sha256(np.asarray(v).tobytes()).hexdigest()     # bitwise equality
                                 for k, v in zip(specs(state), jax.tree.leaves(state))}}
@@ -155,8 +156,9 @@ def lm_decode(meshes: dict) -> dict:
         graphs, state = init_state(cfg, plan)
         model = nnx.merge(graphs.model, state["model"])
         with plan.use():
-            greedy = generate_lm(model, prompts, max_new=8)
-            sampled = generate_lm(model, prompts, max_new=8, temperature=1.0, key=jax.random.key(3))
+            seg = (prompts != 0).astype(np.int32)                 # the padding, said explicitly
+            greedy = generate_lm(model, prompts, max_new=8, segment_ids=seg)
+            sampled = generate_lm(model, prompts, max_new=8, temperature=1.0, key=jax.random.key(3), segment_ids=seg)
         out[name] = {"greedy": np.asarray(greedy).tolist(), "sampled": np.asarray(sampled).tolist()}
     return out
 

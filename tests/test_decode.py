@@ -234,8 +234,13 @@ def s2s_case():
     src = np.zeros((12, 6), np.int32)
     for r, n in enumerate(rng.integers(1, 7, 12)):
         src[r, :n] = rng.integers(2, V, n)
-    free = np.asarray(generate_seq2seq(model, src, max_new=8, bos_id=BOS, eos_id=None))
+    free = np.asarray(generate_seq2seq(model, src, max_new=8, bos_id=BOS, eos_id=None, segment_ids=real(src)))
     return model, src, free
+
+
+def real(src):
+    """Segment ids of sources right-padded with 0: the test's own padding, said explicitly."""
+    return (np.asarray(src) != 0).astype(np.int32)
 
 
 def first_hits(rows, token):
@@ -255,7 +260,7 @@ def test_seq2seq_batched_equals_alone_and_stops_at_eos():
     eos = max(spread, key=lambda t: (spread[t], -t))
     hits = first_hits(free, eos)
     assert len(set(hits) - {-1}) >= 2 and (hits == -1).any() and (hits >= 1).any(), hits   # premise
-    out = np.asarray(generate_seq2seq(model, src, max_new=8, bos_id=BOS, eos_id=eos))
+    out = np.asarray(generate_seq2seq(model, src, max_new=8, bos_id=BOS, eos_id=eos, segment_ids=real(src)))
     for r, h in enumerate(hits):
         if h < 0:                                        # never emits EOS: unaffected by the rows that stopped
             np.testing.assert_array_equal(out[r], free[r])
@@ -265,9 +270,11 @@ def test_seq2seq_batched_equals_alone_and_stops_at_eos():
     # the pad id is never generated (it would be indistinguishable from the padding after EOS), and the result
     # is the uncached full-recomputation greedy decoder's
     assert not (free == model.cfg.pad_id).any()
-    np.testing.assert_array_equal(np.asarray(greedy_naive(model, src, 8, bos_id=BOS, eos_id=eos)), out)
+    np.testing.assert_array_equal(np.asarray(greedy_naive(model, src, 8, bos_id=BOS, eos_id=eos,
+                                                          segment_ids=real(src))), out)
     for r in range(src.shape[0]):
-        alone = np.asarray(generate_seq2seq(model, src[r:r + 1], max_new=8, bos_id=BOS, eos_id=eos))[0]
+        alone = np.asarray(generate_seq2seq(model, src[r:r + 1], max_new=8, bos_id=BOS, eos_id=eos,
+                                            segment_ids=real(src[r:r + 1])))[0]
         np.testing.assert_array_equal(alone, out[r])
 
 
@@ -383,7 +390,7 @@ def s2s_next_logp():
     @jax.jit
     def f(state, src, tgt):
         m = nnx.merge(graphdef, state)
-        memory = m.encode(src)
+        memory = m.encode(src, segment_ids=(src != 0).astype(jnp.int32))
         pos = jnp.broadcast_to(jnp.arange(tgt.shape[1]), tgt.shape)
         y = m.decoder(m.embed(tgt, pos), Context(pos, ops.causal_mask(tgt.shape[1]), memory=memory.x,
                                                  memory_mask=memory.valid[:, None, None, :])).x
@@ -448,11 +455,11 @@ def test_beam_search_equals_a_recomputed_beam_search_and_beats_greedy():
     length penalty changes the winner (so ranking by raw score fails)."""
     model, src, free = s2s_case()
     eos, max_new, beam, alpha = 8, 7, 4, 2.0
-    greedy = np.asarray(generate_seq2seq(model, src, max_new=max_new, bos_id=BOS, eos_id=eos))
-    np.testing.assert_array_equal(
-        np.asarray(beam_search(model, src, max_new=max_new, bos_id=BOS, eos_id=eos, beam=1)), greedy)
+    greedy = np.asarray(generate_seq2seq(model, src, max_new=max_new, bos_id=BOS, eos_id=eos, segment_ids=real(src)))
+    np.testing.assert_array_equal(np.asarray(beam_search(model, src, max_new=max_new, bos_id=BOS, eos_id=eos,
+                                                         beam=1, segment_ids=real(src))), greedy)
 
-    got = np.asarray(beam_search(model, src, max_new=max_new, bos_id=BOS, eos_id=eos, beam=beam,
+    got = np.asarray(beam_search(model, src, max_new=max_new, bos_id=BOS, eos_id=eos, beam=beam, segment_ids=real(src),
                                  length_penalty=alpha))
     want, finals, gap = reference_beam_search(src, beam=beam, max_new=max_new, eos=eos, length_penalty=alpha)
     assert gap > 1e-3, gap           # premise: no near-ties, so float32 rounding cannot change any decision

@@ -108,7 +108,8 @@ def test_ragged_prompts_decode_as_each_alone_from_their_segment_ids():
     prompts, seg = pad_rows(rows, PAD, left=True)
     out = np.asarray(generate_lm(model, prompts, max_new=4, segment_ids=seg))
     for i, r in enumerate(rows):
-        np.testing.assert_array_equal(out[i], np.asarray(generate_lm(model, r[None], max_new=4))[0])
+        every = np.ones((1, len(r)), np.int32)              # every token real, the 0 too: said explicitly
+        np.testing.assert_array_equal(out[i], np.asarray(generate_lm(model, r[None], max_new=4, segment_ids=every))[0])
 
 
 def test_padded_sources_decode_as_each_alone_from_their_segment_ids():

@@ -167,7 +167,7 @@ def test_exact_match_counts_exactly_the_answers_that_equal_their_targets(reversa
     task = build_task(run.cfg.data, run.tokenizer)
     tok, want = run.tokenizer, task.eval["tgt_out"].copy()
     pred = np.asarray(generate_seq2seq(run.model, task.eval["src"], max_new=want.shape[1], bos_id=tok.bos_id,
-                                       eos_id=tok.eos_id))
+                                       eos_id=tok.eos_id, segment_ids=task.eval["src_segment_ids"]))
     want[::2] = pred[::2]
     task = dataclasses.replace(task, eval={**task.eval, "tgt_out": want})
     expected = float(np.mean((pred == want).all(1)))

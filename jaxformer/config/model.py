@@ -259,6 +259,9 @@ class ModelConfig(_Validated):
         if self.base_width and self.parametrization != "mup":
             raise ConfigError(f"model.base_width={self.base_width} means nothing with model.parametrization="
                               f"{self.parametrization!r} (set model.parametrization=mup)")
+        if self.base_width and self.head_dim is None and self.base_width % self.num_heads:   # as d_model's
+            raise ConfigError(f"model.base_width={self.base_width} is not a multiple of model.num_heads="
+                              f"{self.num_heads} (µP's base model has heads of base_width / num_heads)")
 
     def _check_sizes(self) -> None:
         """The architecture and its sizes: layers, heads, widths."""
