@@ -7,7 +7,7 @@ Lion (µP's Table 3 in the form of the `mup` package: output multiplier, not a z
   hidden matrices (attention q, k, v, o; FFN)   init as SP (variance ∝ 1/fan)     learning rate × 1/m
   MoE router [D, E] (fan-in the width)          init as SP                        learning rate × 1/m
   token embedding (and learned positions)       N(0, 1/D₀), multiplier √D₀        learning rate unchanged
-  output logits (tied or untied head)           × 1/m                             learning rate unchanged
+  output head (untied; a tied one is the table)  N(0, 1/D₀) (MuReadout), × 1/m     learning rate unchanged
   attention logits                              q·k · √H₀ / H instead of q·k/√H   —
   biases, norm scales                           unchanged                         unchanged
 
@@ -18,7 +18,8 @@ rules and are refused.
 `coord_check(cfg, widths, steps)` is the paper's coordinate check: the same batches through models of each
 width, under SP and under µP (base width = the first width), the mean |x| of each activation site at
 initialisation and after each of the first steps (an encoder-decoder's decoder sites, and its encoder's too:
-ENCODER_SITES); `verdict` fits the slope of log mean|x| against log width at the last step: flat (|slope| ≤
+ENCODER_SITES), and the learned logit update (how far training moved the correct token's logit: a head left at
+SP's init shrinks it with width, while mean |logits| shrinks by design); `verdict` fits the slope of log mean|x| against log width at the last step: flat (|slope| ≤
 FLAT at every site) is what µP promises, growth is what SP does with Adam. The widths must be distinct; two
 give a slope without an interval (a line through two points), which the verdict says.
 `jaxformer mup-check CONFIG` runs it, plots it and prints the verdicts.
@@ -36,10 +37,12 @@ from jaxformer.config import Config
 from jaxformer.configio import apply_overrides
 from jaxformer.errors import ConfigError
 from jaxformer.nn.sites import available as available_sites
+from jaxformer.stats import resampled
 
-SITES = ("embed", "attn_out", "mlp_out", "resid_post", "logits")
+SITES = ("embed", "attn_out", "mlp_out", "resid_post", "logits", "logit_update")
 ENCODER_SITES = ("encoder.attn_out", "encoder.mlp_out", "memory")      # an encoder-decoder's encoder
 _WHOLE = ("embed", "logits", "memory")                               # model-level sites (the others: per layer)
+LEARNED = "logit_update"      # not an activation: |correct token's logit now − at init|, averaged (coord_check)
 FLAT = 0.15                   # |slope| of log mean|x| per log width that still counts as flat
 
 
@@ -56,7 +59,10 @@ def widened(cfg: Config, width: int, parametrization: str, base: int) -> Config:
 
 def coord_check(cfg: Config, widths: tuple[int, ...], steps: int = 4, seed: int = 0, log=None) -> dict:
     """{"widths", "steps", "sites", "sp"/"mup": {site: [steps+1][widths] mean |x|}} (module docstring); the
-    per-layer sites are read at the last layer. Every width sees the same batches and initialisation seed."""
+    per-layer sites are read at the last layer. Every width sees the same batches and initialisation seed.
+    "logit_update" is what training did to the output: the mean |z_t − z_0| of the correct next token's logit
+    z on the first batch (0 at step 0). µP makes it Θ(1) in width; an output head left at SP's init (std 1/√D
+    under the 1/m multiplier) makes it shrink, which mean |logits| alone does not show (it shrinks by design)."""
     from jaxformer.data.build import resolve
     from jaxformer.train.step import init_state, make_train_step
     widths = _check_widths(widths)
@@ -75,12 +81,16 @@ def coord_check(cfg: Config, widths: tuple[int, ...], steps: int = 4, seed: int 
             c = apply_overrides(widened(cfg, w, par, widths[0]), [f"train.seed={seed}"])
             graphs, state = init_state(c)
             train_step = make_train_step(graphs, c)
-            sizes = _sizes_fn(graphs.model, sites)
+            sizes = _sizes_fn(graphs.model, tuple(s for s in sites if s != LEARNED))
+            z0 = None
             for t in range(steps + 1):
                 if t:
                     state, _ = train_step(state, batches[t], jax.random.key(seed))
-                for s, v in zip(sites, np.asarray(sizes(state["model"], batches[0]))):
+                size, z = sizes(state["model"], batches[0])
+                z0 = z if z0 is None else z0
+                for s, v in zip([s for s in sites if s != LEARNED], np.asarray(size)):
                     table[s][t][j] = float(v)
+                table[LEARNED][t][j] = float(jnp.mean(jnp.abs(z - z0)))
             if log:
                 log(f"{par} D={w}: " + ", ".join(f"{s} {table[s][-1][j]:.3g}" for s in sites))
         out[par] = table
@@ -104,14 +114,17 @@ def _check_widths(widths) -> tuple[int, ...]:
 
 
 def _sizes_fn(graphdef, sites: tuple[str, ...]):
-    """jit(model state, batch) -> [len(sites)] mean |x| of each site (a per-layer one at the last layer)."""
+    """jit(model state, batch) -> ([len(sites)] mean |x| of each site (a per-layer one at the last layer), the
+    correct next token's logit [B,T] float32)."""
     @jax.jit
     def sizes(model_state, batch):
         model = nnx.merge(graphdef, model_state)
         args, kw = _forward_args(batch)
-        cap = model.forward(*args, **kw, capture=sites)[1]["captured"]
+        cap = model.forward(*args, **kw, capture=sites + ("logits",))[1]["captured"]
+        targets = batch["targets"] if "targets" in batch else batch["tgt_out"]
+        z = jnp.take_along_axis(cap["logits"].astype(jnp.float32), targets[..., None], axis=-1)[..., 0]
         return jnp.stack([jnp.mean(jnp.abs((cap[s] if s in _WHOLE else cap[s][-1]).astype(jnp.float32)))
-                          for s in sites])
+                          for s in sites]), z
     return sizes
 
 
@@ -202,7 +215,8 @@ def optimum_shift(lrs, base: list, other: list, n: int = 2000, seed: int = 0,
                   other_lrs=None) -> tuple[float, float, float]:
     """How far the loss-minimising learning rate moves from one width to another, in factors of 2: (shift,
     lo, hi), the point estimate and its 95% bootstrap interval over seeds (each width's seeds resampled with
-    replacement, both optima refitted; an unbracketed optimum counts with the whole range it can lie in, so a
+    replacement, a seed's losses at every rate together, their spread rescaled for the small sample as the
+    scaling fits' are: `stats.resampled`; both optima refitted; an unbracketed optimum counts with the whole range it can lie in, so a
     best rate at the edge of a grid that stops short of the other width's optimum leaves the interval open on
     that side). base: losses [seeds][len(lrs)] of one width; other: losses [seeds][len(other_lrs)] of the
     other, at its own grid of rates (default: lrs)."""
@@ -212,8 +226,8 @@ def optimum_shift(lrs, base: list, other: list, n: int = 2000, seed: int = 0,
     shift = lr_optimum(olrs, other) - lr_optimum(lrs, base)
     boot = []
     for _ in range(n):
-        o_lo, o_hi = _optimum_range(olrs, other[rng.integers(0, len(other), len(other))])
-        b_lo, b_hi = _optimum_range(lrs, base[rng.integers(0, len(base), len(base))])
+        o_lo, o_hi = _optimum_range(olrs, resampled(other, np.zeros(len(other)), rng)[1])
+        b_lo, b_hi = _optimum_range(lrs, resampled(base, np.zeros(len(base)), rng)[1])
         boot.append((o_lo - b_hi, o_hi - b_lo))
     boot = np.asarray(boot)
     # the order statistics themselves (no interpolation: between two infinite ends it is undefined)

@@ -202,3 +202,15 @@ def test_mup_check_flat_under_mup_growing_under_sp(tmp_path, capsys):
     assert cli_main(["mup-check", str(ROOT / "configs/alice.py"), "--widths", "30", "64"]) != 0
     captured = capsys.readouterr()
     assert "mup-check width 30 is not a multiple of model.num_heads=4" in captured.out + captured.err
+
+
+@pytest.mark.slow          # 2 parametrizations × 2 widths × 2 steps (~10 s); the site's sizes: tests/test_r4_inputs.py
+def test_the_coordinate_checks_logit_update_is_what_training_moved_the_correct_logit():
+    """mup-check's learned site: 0 at initialisation, then |z_t − z_0| of the correct token's logit on the
+    first batch, which Adam's first step moves (a measure from the previous step, or of |z_t|, would not be 0
+    at step 0 or would not grow from it)."""
+    from jaxformer.mup import LEARNED, coord_check
+    r = coord_check(tiny_lm("model.vocab_size=0", "data.batch_size=2", "data.block_size=8"), (D0, 2 * D0), steps=2)
+    for par in ("sp", "mup"):
+        first, second, third = r[par][LEARNED]
+        assert first == [0.0, 0.0] and all(0 < a < b for a, b in zip(second, third)), r[par][LEARNED]

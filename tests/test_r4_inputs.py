@@ -105,9 +105,9 @@ def test_mup_sizes_of_an_encoder_decoder_read_its_decoder_and_encoder_sites():
     from jaxformer.arch import adapter
     cfg = tiny_reverse()
     graph, state = nnx.split(_abstract(cfg))
-    sites = mup.SITES + mup.ENCODER_SITES
-    out = jax.eval_shape(mup._sizes_fn(graph, sites), state, adapter(cfg.model.arch).example_batch(2, 5))
-    assert out.shape == (len(sites),)
+    sites = tuple(s for s in mup.SITES if s != mup.LEARNED) + mup.ENCODER_SITES
+    out, z = jax.eval_shape(mup._sizes_fn(graph, sites), state, adapter(cfg.model.arch).example_batch(2, 5))
+    assert out.shape == (len(sites),) and z.shape == (2, 5)
 
 
 @pytest.mark.slow          # 2 parametrizations x 2 widths of a 1+1-layer encoder-decoder (~30-70 s on 2 cores)
@@ -115,7 +115,8 @@ def test_mup_check_runs_on_an_encoder_decoder():
     from jaxformer import mup
     r = mup.coord_check(tiny_reverse("model.d_model=16", "model.d_ff=32"), (8, 16), steps=1)
     assert r["sites"] == list(mup.SITES + mup.ENCODER_SITES)
-    assert all(np.isfinite(v) and v > 0 for par in ("sp", "mup") for s in r["sites"] for row in r[par][s] for v in row)
+    assert all(np.isfinite(v) and (v > 0 or (s == mup.LEARNED and t == 0)) for par in ("sp", "mup")
+               for s in r["sites"] for t, row in enumerate(r[par][s]) for v in row)
     assert "from 2 widths" in mup.verdict(r, "mup")
 
 
