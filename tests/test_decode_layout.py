@@ -3,16 +3,17 @@ stacked, scanned step computes, and leaves the model as it was; the compiled tok
 projections contract in the weight's own order.
 
 Wrong implementations these tests catch: a per-layer block given another layer's weights or cache (layer order
-lost in `lay_out` / `_layer`); a per-layer cache written at the wrong axis (the stacked one's), not written at
-all, or not stored heads-major [B,K,S,H]; `take` / `without_slots` on the wrong axis of a per-layer cache; a
-decode program that forgets to lay its model out (the loop then slices every layer's weights per token);
-`contract` ordering contracting dimensions as jnp.einsum does (H before N: XLA then copies wo at every call) or
-dropping the output permutation; the fused q/k/v matrix of the layout (`fused_qkv`) split at the wrong
-offsets (GQA: K < N heads), in the wrong order (k and v swapped), without its biases or QK-norm, or never used
-by the step (three matmuls again), or built from quantized weights, which bring their own matmul; the
-one-row layout's FFN output weight (`FeedForward.output_out_in`) not transposed, never used by the step, laid out for
-a batch of more rows too (where it is slower), or built from quantized weights; a layout that changes the model
-it was made from (attributes added to its modules, as `for_decoding` once did).
+lost in `lay_out` / `_layer`), or told another layer's index for its activation patches; a per-layer cache
+written at the wrong axis (the stacked one's), not written at all, or not stored heads-major [B,K,S,H]; `take` /
+`without_slots` on the wrong axis of a per-layer cache; a decode program that forgets to lay its model out (the
+loop then slices every layer's weights per token); `contract` ordering contracting dimensions as jnp.einsum does
+(H before N: XLA then copies wo at every call) or dropping the output permutation; the fused q/k/v matrix of the
+layout (`fused_qkv`) split at the wrong offsets (GQA: K < N heads), in the wrong order (k and v swapped), without
+its biases or QK-norm, or never used by the step (three matmuls again), or built from quantized weights, which
+bring their own matmul; the one-row layout's FFN output weight (`FeedForward.output_out_in`) not transposed,
+never used by the step, laid out for a batch of more rows too (where it is slower), or built from quantized
+weights; a layout that changes the model it was made from (attributes added to its modules, as `for_decoding`
+once did).
 """
 import jax
 import jax.numpy as jnp
@@ -93,6 +94,28 @@ def test_laid_out_decoding_equals_the_stacked_step(case):
                                                atol=64 * EPS32 * float(jnp.max(jnp.abs(b))) + 1e-30)
     np.testing.assert_array_equal(np.asarray(got_cache.positions), np.asarray(ref_cache.positions))
     np.testing.assert_array_equal(np.asarray(got_cache.segments), np.asarray(ref_cache.segments))
+
+
+def test_a_laid_out_step_tells_each_layers_patch_its_own_index():
+    """Activation patches (`nn.sites`) in the laid-out step, the token loop's: each block told its own layer
+    index, as the scanned stack tells it. A steering vector scaled by the layer's index + 1, in a laid-out
+    prefill: the patched forward pass's logits (every layer told 0, or its neighbour's index, gives others)."""
+    graphdef, state = nnx.split(build_model(_cfg(num_decoder_layers=2), seed=3))
+    steer = jax.random.normal(jax.random.key(5), (32,))
+    patch = {"resid_post": lambda v, i: v + (i + 1).astype(v.dtype) * steer}
+    tokens = jax.random.randint(jax.random.key(1), (2, 5), 1, V)
+
+    @jax.jit
+    def both(state):                                       # one program: eager dispatch costs more than compiling
+        model = nnx.merge(graphdef, state)
+        layout = model.decoding_layout(2)
+        pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
+        got, _ = model.step(tokens, pos, model.init_cache(2, 5, layout=layout), prefill=True, layout=layout,
+                            patch=patch)
+        return got, model.forward(tokens, patch=patch)[0], model(tokens)
+    got, want, plain = both(state)
+    assert not np.allclose(np.asarray(want), np.asarray(plain), atol=1e-2)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
 
 
 def test_per_layer_cache_take_and_cut_match_the_stacked_ones():
@@ -207,8 +230,8 @@ def test_a_decoding_layout_refuses_to_train_and_leaves_its_model_as_it_was():
     assert not hasattr(model.decoder.layers, "unstacked")
 
 
-@pytest.mark.slow          # ~4 s: a lowering's structure; the layout's values: the equality tests above
 def test_the_laid_out_step_projects_q_k_v_in_one_matmul():
+    """A trace, no compilation (~0.3 s); a quantized model's layout: the test below."""
     cfg = _cfg(num_kv_heads=2, num_decoder_layers=2)
     n, k, h, d = cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.d_model
     model = build_model(cfg)
@@ -225,7 +248,13 @@ def test_the_laid_out_step_projects_q_k_v_in_one_matmul():
               and e.invars[1].aval.shape[0] == d and e.invars[0].aval.shape[-1] == d]
     assert widths.count((n + 2 * k) * h) == cfg.num_decoder_layers      # one q/k/v matmul per layer
     assert widths.count(n * h) == 0 and widths.count(k * h) == 0          # and no separate q, k or v one
-    # quantized weights bring their own matmul: they stay apart (and the step still runs)
+
+
+@pytest.mark.slow          # ~4 s: an int8 model's eager step
+def test_a_quantized_models_layout_keeps_q_k_v_apart():
+    """Quantized weights bring their own matmul: they stay apart (and the step still runs)."""
+    cfg = _cfg(num_kv_heads=2, num_decoder_layers=2)
+    tok = jnp.ones((1, 1), jnp.int32)
     from jaxformer.quantize import quantize_model
     q = quantize_model(build_model(cfg), "int8")
     layout = q.decoding_layout()

@@ -3,10 +3,11 @@ probe, each against an independent computation.
 
 Wrong implementations these catch: a lens read before each layer instead of after it, or past the final norm
 (row l compared with the same weights cut to l layers); an ablation table with layers and heads swapped or the
-wrong head zeroed (compared with zeroing that head's slice of the output projection); a patching curve that
-patches every position or every layer at once, or takes the value from the corrupted run (a one-token
-corruption is restored exactly at its position before layer 0 and nowhere else); a probe fitted on its test
-rows (random labels would then be learned).
+wrong head zeroed (compared with zeroing that head's slice of the output projection), or a mean ablation that
+averages each position apart instead of over the batch and positions; a patching curve that patches every
+position or every layer at once, or takes the value from the corrupted run (a one-token corruption is restored
+exactly at its position before layer 0 and nowhere else); a probe fitted on its test rows (random labels would
+then be learned).
 """
 from __future__ import annotations
 
@@ -72,6 +73,12 @@ def test_head_ablation_is_zeroing_that_heads_output_projection():
     assert len(np.unique(np.round(np.asarray(table), 6))) == L * N              # every cell its own head
     mean = head_ablation(m, TOKENS, targets=TARGETS, how="mean")
     assert not np.allclose(mean, table, atol=1e-4)
+    # how="mean": the head's output replaced by one vector, its mean over the batch and the positions
+    layer, head = 1, 2
+    z = np.asarray(m.forward(TOKENS, capture=("z",))[1]["captured"]["z"], np.float64)      # [L,B,T,N,H]
+    fill = jnp.asarray(z[layer, :, :, head].mean((0, 1)), jnp.float32)
+    ablated = m.forward(TOKENS, patch={"z": lambda v, i: jnp.where(i == layer, v.at[:, :, head].set(fill), v)})[0]
+    assert float(mean[layer, head]) == pytest.approx(float(token_losses(ablated, TARGETS) - clean), abs=2e-5)
     with pytest.raises(ConfigError, match="how='max'"):
         head_ablation(m, TOKENS, targets=TARGETS, how="max")
 

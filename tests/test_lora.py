@@ -4,7 +4,8 @@ moves only the adapters, merging, the frozen base in bfloat16/int8, the PEFT ada
 Wrong implementations these catch: the update scaled by alpha instead of alpha/r; B initialised randomly (a
 fresh adapter would change the model); gradients or optimizer state for the frozen weights (the base moves, or
 memory for moments of every weight); A·B merged in the wrong axis order (a [N,H,D] output weight merged as
-[D,N,H]); PEFT's lora_A/lora_B written untransposed; dropout applied at evaluation.
+[D,N,H]); PEFT's lora_A/lora_B written untransposed; dropout applied at evaluation, or its kept inputs not
+scaled by 1/(1 − rate).
 """
 from __future__ import annotations
 
@@ -156,6 +157,18 @@ def test_dropout_on_the_adapter_input_is_training_only():
     t1 = model.forward(x, rngs=nnx.Rngs(dropout=1))[0]
     t2 = model.forward(x, rngs=nnx.Rngs(dropout=2))[0]
     assert not np.allclose(np.asarray(t1), np.asarray(t2))
+
+
+def test_the_adapters_input_dropout_keeps_the_expected_update():
+    """Inverted dropout: the kept inputs scaled by 1/(1 − rate), so the update's mean over 4096 rows (each its own
+    mask) is the update without dropout (unscaled, it would be (1 − rate) of it)."""
+    rng = np.random.default_rng(0)
+    a, b = rng.uniform(0.5, 1.0, (6, 3)), rng.uniform(0.5, 1.0, (3, 5))          # positive: nothing cancels
+    lw = LoraWeight(jnp.zeros((6, 5)), jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32),
+                    jax.random.key(0), scale=0.5, rate=0.5)
+    got = np.asarray(lw.project("BTD,DF->BTF", jnp.ones((1, 4096, 6))), np.float64)
+    assert np.unique(got[0, :, 0]).size > 3                                       # the rows' masks differ
+    np.testing.assert_allclose(got.mean((0, 1)), 0.5 * np.ones(6) @ a @ b, rtol=0.03)
 
 
 def test_peft_tensors_are_the_merged_update_in_torch_layout():

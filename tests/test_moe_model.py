@@ -151,6 +151,57 @@ def test_router_receives_gradient_from_the_balancing_loss_alone():
     assert float(jnp.abs(w1).max()) == 0                  # the balancing loss does not reach the experts
 
 
+def test_the_objective_adds_the_router_losses_averaged_over_layers_weighted_and_shared():
+    """`moe_metrics`: each router statistic averaged over the MoE layers; `objective`: token objective / tokens
+    + (α·balance + β·z) / shards (the micro-batches or devices whose gradients are summed). Pure functions; the
+    train step's use of them: the test below, and tests/test_train_pins.py (slow) against a hand-written
+    gradient."""
+    from jaxformer.config import OptimConfig
+    from jaxformer.ops.moe import MoEStats
+    from jaxformer.train.step import moe_metrics, objective
+    st = MoEStats(balance=jnp.asarray([1.0, 3.0]), z=jnp.asarray([2.0, 4.0]), dropped=jnp.asarray([0.0, 0.5]),
+                  load=jnp.asarray([[0.5, 0.5, 0.0], [0.0, 0.5, 0.5]]))               # two MoE layers, E = 3
+    m = moe_metrics({"moe": st})
+    assert [float(m[k]) for k in ("moe_balance", "moe_z", "moe_dropped")] == [2.0, 3.0, 0.25]
+    np.testing.assert_allclose(np.asarray(m["moe_load"]), [0.25, 0.5, 0.25])
+    assert moe_metrics({}) == {}
+    s, opt = {"objective": jnp.float32(6.0), "count": jnp.float32(3.0)}, OptimConfig(moe_balance_weight=0.1,
+                                                                                     moe_z_weight=0.01)
+    assert float(objective(s, {}, opt)) == pytest.approx(2.0)
+    assert float(objective(s, m, opt)) == pytest.approx(2.0 + 0.1 * 2.0 + 0.01 * 3.0)
+    assert float(objective(s, m, opt, jnp.float32(12.0), shards=4)) == pytest.approx(0.5 + (0.2 + 0.03) / 4)
+
+
+def test_accumulated_micro_batches_of_a_moe_model_equal_the_batch_they_repeat():
+    """optim.accumulate=2 on a batch whose rows come in identical pairs (row r in micro-batch r mod 2: both
+    micro-batches are the same rows): the same SGD step (lr 1: minus the gradient) and logged router losses as
+    the batch in one (each micro-batch's router losses counted 1/2, its tokens over the whole batch's). Summing
+    the micro-batches' router losses or their logged values, or each over its own tokens, doubles them. Two
+    compiled steps (~2 s); against a hand-written gradient: tests/test_train_pins.py (slow)."""
+    from jaxformer.data import resolve
+    from jaxformer.train.step import init_state, make_train_step
+    moe_sgd = ["model.ffn=moe", "model.moe.num_experts=4", "model.moe.top_k=2", "model.runtime.moe_capacity_factor=0",
+               "model.runtime.dropout=0.0", "optim.moe_balance_weight=1.0", "optim.moe_z_weight=0.1",
+               "optim.name=sgd", "optim.lr=1.0", "optim.schedule=constant", "optim.warmup_steps=0",
+               "optim.clip_norm=0", "data.batch_size=8", "data.num_chars=600"]
+    c, task = resolve(tiny_lm(*moe_sgd))
+    graphs, state = init_state(c)
+    batch = {n: jnp.asarray(np.repeat(v[:4], 2, axis=0)) for n, v in task.train.items()}
+    before = jax.tree.map(np.asarray, nnx.to_pure_dict(state["model"]))
+    out = []
+    for k in (1, 2):
+        new, m = make_train_step(graphs, replaced(c, optim__accumulate=k))(jax.tree.map(jnp.copy, state), batch,
+                                                                           jax.random.key(0))
+        moved = jax.tree.map(lambda b, a: b - np.asarray(a), before, nnx.to_pure_dict(new["model"]))
+        out.append((moved, float(m["moe_balance"]), float(m["moe_z"])))
+    (one, bal1, z1), (acc, bal2, z2) = out
+    assert bal1 > 1.0 and z1 > 0
+    np.testing.assert_allclose([bal2, z2], [bal1, z1], rtol=1e-5)
+    scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(one))
+    for a, b in zip(jax.tree.leaves(acc), jax.tree.leaves(one)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * scale)
+
+
 def test_moe_lm_cached_decoding_equals_the_full_forward():
     c = cfg(ffn="moe", moe__num_experts=4, moe__top_k=2, moe__every=2, num_decoder_layers=2)
     model = build_model(c, seed=5)

@@ -22,7 +22,7 @@ def prepared(cfg):
     return cfg, task, graphs, state
 
 
-@pytest.mark.slow          # ~13 s; the default lane accumulates in test_train_pins (MoE router losses)
+@pytest.mark.slow          # ~13 s; the default lane accumulates in test_moe_model (repeated rows, MoE)
 def test_accumulated_micro_batches_equal_one_batch():
     """Reversal rows of different lengths: the two micro-batches hold different numbers of target tokens, so
     averaging their mean losses (equal weights) would differ from the batch; summing token-weighted does not."""

@@ -67,6 +67,35 @@ def test_deepnorm_constants_and_beta_scaled_init():
         np.testing.assert_array_equal(blk(deep, *kept), blk(post, *kept))
 
 
+def test_an_encoder_decoders_deepnorm_gives_each_stack_its_own_alpha_and_beta():
+    """N = 2 encoder and M = 3 decoder layers (N != M, so that swapping them shows): encoder
+    α = 0.81·(N⁴M)^(1/16), β = 0.87·(N⁴M)^(−1/16); decoder α = (3M)^¼, β = (12M)^(−¼), read off one encoder
+    block and one decoder block as built: α of each residual, β as the ratio of the v, o and FFN weights to
+    post-LN's from the same keys (q and k unscaled). Whole models: tests/test_train_pins.py (slow)."""
+    from helpers import tiny_reverse
+    from jaxformer.nn.layers import DecoderBlock, EncoderBlock
+    n, m = 2, 3
+    want = {"encoder": (0.81 * (n ** 4 * m) ** (1 / 16), 0.87 * (n ** 4 * m) ** (-1 / 16)),
+            "decoder": ((3 * m) ** 0.25, (12 * m) ** -0.25)}
+    deep = dataclasses.replace(tiny_reverse("model.norm.position=deepnorm", f"model.num_encoder_layers={n}",
+                                            f"model.num_decoder_layers={m}").model, vocab_size=20)
+    make = {"encoder": lambda c: EncoderBlock(c, rngs=nnx.Rngs(0)),
+            "decoder": lambda c: DecoderBlock(c, cross=True, rngs=nnx.Rngs(0))}
+    residuals = {"encoder": ("res_attn", "res_ffn"), "decoder": ("res_self", "res_cross", "res_ffn")}
+    for stack, (alpha, beta) in want.items():
+        block, post = make[stack](deep), make[stack](replaced(deep, norm__position="post"))
+        for r in residuals[stack]:
+            assert getattr(block, r).alpha == pytest.approx(alpha, rel=1e-12), (stack, r)
+        attn = ("self_attn", "cross_attn") if stack == "decoder" else ("self_attn",)
+        w = lambda b, sub, name: np.asarray(getattr(getattr(b, sub), name)[...])     # noqa: E731
+        for sub, name in [(a, x) for a in attn for x in ("wv", "wo")] + [("ffn", "w1"), ("ffn", "w2")]:
+            np.testing.assert_allclose(w(block, sub, name), beta * w(post, sub, name), rtol=1e-6,
+                                       err_msg=f"{stack} {sub}.{name}")
+        for sub, name in [(a, x) for a in attn for x in ("wq", "wk")]:
+            np.testing.assert_array_equal(w(block, sub, name), w(post, sub, name), err_msg=f"{stack} {sub}.{name}")
+    assert abs(want["encoder"][0] - want["decoder"][0]) > 0.1 and abs(want["encoder"][1] - want["decoder"][1]) > 0.1
+
+
 @pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if k in ("post", "pre", "sandwich") else k
                                   for k in KINDS])  # post, pre: everywhere; sandwich: its formula test stays
 def test_each_variant_decodes_like_the_full_forward_and_has_gradients(kind):

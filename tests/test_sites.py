@@ -1,10 +1,12 @@
 """Activation sites (`jaxformer.nn.sites`): capture and patch named activations of a language model's forward pass
 under jit, grad and the scanned layer stack.
 
-Wrong implementations these catch: a per-layer site recorded from the wrong layer or not stacked in layer order
-(compared with blocks applied one at a time by hand); a patch applied at the wrong layer (the head ablation would
-remove another layer's head); a patch whose result is not what flows on (the write-back and ablation tests);
-probabilities of a fused backend not recomputed; unknown site names accepted silently.
+Wrong implementations these catch: a per-layer site recorded from the wrong layer or not stacked in layer order,
+or a sublayer's output site (attn_out, mlp_out) taken after its residual add (compared with blocks applied one
+at a time by hand); a patch applied at the wrong layer (the head ablation would remove another layer's head); a
+patch whose result is not what flows on (the write-back and ablation tests), or a captured site recorded before
+its patch; generate_lm patching its prefill alone; probabilities of a fused backend not recomputed; unknown site
+names accepted silently.
 """
 from __future__ import annotations
 
@@ -23,9 +25,9 @@ from jaxformer.nn.sites import LAYER_SITES, MODEL_SITES
 L = 3
 
 
-def lm(**kw):
+def lm(layers=L, **kw):
     cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=40, d_model=32, num_heads=4, num_kv_heads=2,
-                   d_ff=48, num_decoder_layers=L, max_len=16, positional="rope", activation="swiglu",
+                   d_ff=48, num_decoder_layers=layers, max_len=16, positional="rope", activation="swiglu",
                    norm__position="pre", runtime__dropout=0.0, **kw)
     return build_model(cfg)
 
@@ -50,7 +52,8 @@ def test_every_site_is_listed_and_captured_in_its_shape():
 
 def test_the_captured_residual_stream_is_the_blocks_applied_by_hand():
     m = lm()
-    logits, aux = m.forward(TOKENS, capture=("embed", "resid_pre", "resid_mid", "resid_post", "final_norm"))
+    logits, aux = m.forward(TOKENS, capture=("embed", "resid_pre", "attn_in", "attn_out", "resid_mid", "mlp_in",
+                                             "mlp_out", "resid_post", "final_norm"))
     cap = aux["captured"]
     side = AttentionInputs(m.cfg, TOKENS, None, None)
     pos = side.positions
@@ -60,10 +63,15 @@ def test_the_captured_residual_stream_is_the_blocks_applied_by_hand():
     for i in range(L):
         block = m.decoder.layers.layer(i)
         np.testing.assert_allclose(cap["resid_pre"][i], x, rtol=1e-5, atol=1e-5)
-        mid = x + block.self_attn(block.res_self.norm(x), mask=ctx.mask, positions=pos)[0]
+        np.testing.assert_allclose(cap["attn_in"][i], block.res_self.norm(x), rtol=1e-5, atol=1e-5)
+        attn = block.self_attn(block.res_self.norm(x), mask=ctx.mask, positions=pos)[0]     # before the residual
+        np.testing.assert_allclose(cap["attn_out"][i], attn, rtol=1e-5, atol=1e-5)
+        mid = x + attn
         np.testing.assert_allclose(cap["resid_mid"][i], mid, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(cap["mlp_in"][i], block.res_ffn.norm(mid), rtol=1e-5, atol=1e-5)
         x = block(x, ctx).x
         np.testing.assert_allclose(cap["resid_post"][i], x, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(cap["mlp_out"][i], x - mid, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(cap["final_norm"], m.decoder.final_norm(x), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(logits, m.embed.logits(cap["final_norm"]), rtol=1e-5, atol=1e-5)
 
@@ -81,7 +89,10 @@ def test_writing_back_the_captured_values_changes_nothing():
 def test_zero_ablating_a_head_is_dropping_its_slice_of_the_output_projection():
     m = lm()
     layer, head = 2, 1
-    ablated, _ = m.forward(TOKENS, patch={"z": lambda z, i: jnp.where(i == layer, z.at[:, :, head].set(0.0), z)})
+    ablated, aux = m.forward(TOKENS, capture=("z",),
+                             patch={"z": lambda z, i: jnp.where(i == layer, z.at[:, :, head].set(0.0), z)})
+    z = np.asarray(aux["captured"]["z"])                                   # recorded after its patch
+    assert not z[layer, :, :, head].any() and np.abs(z[layer - 1, :, :, head]).max() > 1e-3
     cut = nnx.clone(m)
     wo = cut.decoder.layers.blocks.self_attn.wo
     wo.set_value(wo[...].at[layer, head].set(0.0))                       # wo [L,N,H,D]
@@ -234,7 +245,19 @@ def test_a_patch_acts_in_cached_decoding_as_in_the_forward_pass(layout):
     np.testing.assert_allclose(_decoded(m, patch, layout), np.asarray(want), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.slow          # ~5 s: generate_lm's compiled loop with a patch
+def test_generate_lm_patches_every_generated_token():
+    """A patch that forces token 7 through `generate_lm(..., patch=)` (one layer, two new tokens): every new token
+    is 7, the generated step's as well as the prefill's, where the model alone would follow a 7 with another
+    token (an untied head: a tied one repeats its input). The test below decodes a steering vector."""
+    from jaxformer.decode import generate_lm
+    m = lm(layers=1, tie_embeddings=False)
+    prompts = TOKENS[:, :4]
+    assert (np.asarray(m(jnp.concatenate([prompts, jnp.full((2, 1), 7)], 1))[:, -1].argmax(-1)) != 7).all()
+    forced = generate_lm(m, prompts, max_new=2, patch={"logits": lambda v, i: v.at[..., 7].add(100.0)})
+    np.testing.assert_array_equal(np.asarray(forced), 7)
+
+
+@pytest.mark.slow          # ~5 s: generate_lm's compiled loop with a patch; its every step patched: the test above
 def test_generate_lm_decodes_the_patched_model():
     """A steering vector through `generate_lm(..., patch=)`: the greedy tokens are those of the patched forward
     pass recomputed for every new token (and differ from the unpatched model's)."""

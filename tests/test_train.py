@@ -87,7 +87,7 @@ def test_adamw_weight_decay_applies_to_matrices_only_by_default(mask):
         np.testing.assert_allclose(np.asarray(flat_u[k][...]), want, rtol=1e-6, atol=1e-8, err_msg=str(k))
 
 
-@pytest.mark.slow          # three trainings; test_resume_with_dropout_is_bitwise_equal is the default lane's
+@pytest.mark.slow          # three trainings; the default lane resumes (with dropout) in tests/test_runs.py
 def test_resume_is_bitwise_equal_with_vocab_from_the_data(tmp_path):
     """configs/alice.py (model.vocab_size=0, the built-in corpus): a run interrupted at step 3 and rerun with
     the same command gives the same per-step losses, bit for bit, and one record per step."""

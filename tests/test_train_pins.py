@@ -304,7 +304,7 @@ def test_moe_router_losses_under_shard_map_are_each_devices_averaged(tmp_path):
 
 # ----------------------------------------------------------------------------------------- restoring the EMA
 
-@pytest.mark.slow          # ~8 s; EMA runs also load and evaluate in tests/test_one_loader.py
+@pytest.mark.slow          # ~8 s; the EMA, its checkpoint item and its refusal: tests/test_weights.py
 def test_a_run_restores_the_ema_of_its_saved_per_step_weights(tmp_path):
     """Two steps with optim.ema = d = 0.6, a checkpoint after each: weights="ema" restores
     d²·θ0 + (1−d)·(d·θ1 + θ2) (θ0 the initial weights, θt read from step t's checkpoint), not θ2; and

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from helpers import records, tiny_lm
-from jaxformer.config import ConfigError, resolve_vocab
+from jaxformer.config import ConfigError, OptimConfig, resolve_vocab
 from jaxformer.data import build_task
 from jaxformer.ops.losses import token_losses
 from jaxformer.train.step import forward, init_state, make_train_step
@@ -77,9 +77,10 @@ def test_schedule_free_adamw_steps_y_and_evaluates_x_as_the_paper_writes_them():
     step(state, batches[0], jax.random.key(9))                                   # and can still be donated
 
 
-def test_the_ema_averages_the_weights_after_each_update_from_the_initial_ones():
-    """EMA ← d·EMA + (1 − d)·θ_t after every update, starting at θ_0. Wrong versions this catches: the weights
-    before the update (one step late), d and 1 − d swapped, starting from zeros, and overwriting the model."""
+@pytest.fixture(scope="module")
+def ema_run():
+    """Three updates with optim.ema = 0.7 -> (cfg, task, graphs, state, the EMA recomputed here: float64 leaves
+    of every nnx.Param, the compiled step). Tests must not donate `state` to the step (they step a copy)."""
     d = 0.7
     cfg, task, graphs, state = _setup("optim.ema=0.7", "optim.lr=1e-2", "optim.warmup_steps=0")
     step = make_train_step(graphs, cfg)
@@ -88,11 +89,57 @@ def test_the_ema_averages_the_weights_after_each_update_from_the_initial_ones():
         state, _ = step(state, {k: jnp.asarray(v[8 * c:8 * c + 8]) for k, v in task.train.items()},
                         jax.random.key(c))
         ema = [d * e + (1 - d) * p for e, p in zip(ema, _params(graphs, state["model"]))]
+    return cfg, task, graphs, state, ema, step
+
+
+def test_the_ema_averages_the_weights_after_each_update_from_the_initial_ones(ema_run):
+    """EMA ← d·EMA + (1 − d)·θ_t after every update, starting at θ_0. Wrong versions this catches: the weights
+    before the update (one step late), d and 1 − d swapped, starting from zeros, and overwriting the model."""
+    cfg, task, graphs, state, ema, step = ema_run
     out = evaluated(cfg.optim, graphs.model, state["model"], state["opt"])
     for got, want in zip(_params(graphs, out["eval_ema"]), ema):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
     assert out["eval"] is state["model"]
-    step(state, {k: jnp.asarray(v[:8]) for k, v in task.train.items()}, jax.random.key(5))
+    step(jax.tree.map(jnp.copy, state), {k: jnp.asarray(v[:8]) for k, v in task.train.items()}, jax.random.key(5))
+
+
+def test_a_checkpoint_holds_the_ema_as_its_own_item_and_weights_ema_reads_it(ema_run):
+    """What a checkpoint saves (`checkpoint_items`) and what `load_model(weights=...)` restores (`item_for`): the
+    EMA as item "eval_ema" (not the trained "model"); schedule-free's averaged iterate as "eval"; a checkpoint
+    saved before those items: the EMA computed from its optimizer state as saved, not its model item. (Whole
+    runs saved and loaded: tests/test_one_loader.py, slow.)"""
+    from jaxformer.inference.restore import _restore_item
+    from jaxformer.inference.weights import checkpoint_items, item_for
+    cfg, _, graphs, state, ema, _ = ema_run
+    items = checkpoint_items(cfg.optim, graphs.model, state)
+    assert set(items) == {"model", "opt", "eval_ema"}
+    for got, want in zip(_params(graphs, items["eval_ema"]), ema):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    assert max(np.abs(a - b).max() for a, b in zip(ema, _params(graphs, state["model"]))) > 1e-4
+    assert (item_for(cfg.optim, "ema"), item_for(cfg.optim, "trained")) == ("eval_ema", "model")
+    sf = OptimConfig(name="schedule_free", schedule="constant")
+    assert (item_for(sf, "trained"), item_for(OptimConfig(), "trained")) == ("eval", "model")
+
+    class Legacy:                                    # a checkpoint with the items "model" and "opt" only
+        steps = staticmethod(lambda kind: [3])
+        has_item = staticmethod(lambda kind, step, item: item in ("model", "opt"))
+        restore = staticmethod(lambda target, kinds: type("R", (), {"step": 3, "items": {
+            "model": state["model"], "opt": nnx.to_pure_dict(state["opt"])}}))
+    got, step = _restore_item(Legacy, "latest", "eval_ema", cfg, graphs.model, state["model"], [])
+    assert step == 3
+    for g, want in zip(_params(graphs, got), ema):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-7)
+
+
+def test_weights_ema_of_a_run_without_an_ema_is_a_named_error(ema_run, tmp_path):
+    import dataclasses
+    from jaxformer.inference import load_model
+    from jaxformer.runs import RunDir
+    cfg, task, *_ = ema_run
+    run = RunDir(tmp_path)
+    run.write(dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, ema=0.0)), task.tokenizer)
+    with pytest.raises(ConfigError, match="trained without an EMA"):
+        load_model(tmp_path, "latest", weights="ema")
 
 
 @pytest.mark.slow          # a training run (~10 s); the default lane checks the EMA itself above
