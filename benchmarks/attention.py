@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jaxformer import ops  # noqa: E402
-from jaxformer.report import machine  # noqa: E402
+from jaxformer.stats import machine  # noqa: E402
 
 H = 64
 

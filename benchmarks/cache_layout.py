@@ -87,7 +87,7 @@ def main():
                 row[variant + "_ms"] = median_ms(decode_loop(variant, args.steps), args.reps, make) / args.steps
             rows.append(row)
             print(row, flush=True)
-    from jaxformer.report import machine as describe_machine
+    from jaxformer.stats import machine as describe_machine
     machine = describe_machine()                     # the CPU model, cores, OS, devices, library versions
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)

@@ -44,8 +44,9 @@ from flax import nnx
 from jaxformer.config import ModelConfig, replaced
 from jaxformer.decode import generate_lm
 from jaxformer.nn import build_model
+from jaxformer.stats import against, paired_ratio
 from decode_sizes import SIZES, VOCAB  # benchmarks/decode_sizes.py (torch_decoder.py reads it too)
-from timing import against, median_ms, paired_ratio, paired_times_ms, times_ms  # benchmarks/timing.py
+from timing import median_ms, paired_times_ms, times_ms  # benchmarks/timing.py
 
 try:
     import torch_decoder  # benchmarks/torch_decoder.py (needs torch; sets torch's threads to os.cpu_count())
@@ -269,7 +270,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
-    from jaxformer.report import machine as machine_line
+    from jaxformer.stats import machine as machine_line
     machine = machine_line()
     try:
         import torch

@@ -180,7 +180,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/decode_profile"))
     a = p.parse_args(argv)
-    from jaxformer.report import machine
+    from jaxformer.stats import machine
     nbytes = weight_bytes("base")
     readings = [stream_bandwidth(7, nbytes)]
     rows = [profile(b, c, a.steps) for b in a.batches for c in a.contexts]

@@ -66,7 +66,7 @@ from jaxformer.nn import build_model  # noqa: E402
 from jaxformer.ops.attention import BACKENDS  # noqa: E402
 from jaxformer.ops.fused import problem  # noqa: E402
 from jaxformer.parallel import Plan  # noqa: E402
-from jaxformer.report import machine  # noqa: E402
+from jaxformer.stats import machine  # noqa: E402
 from jaxformer.train.step import abstract_state, init_state, make_train_step  # noqa: E402
 
 import gpu_levers  # noqa: E402

@@ -180,7 +180,7 @@ def main(argv=None) -> None:
         if done.returncode:
             raise SystemExit(f"{fw} child failed: {done.stderr.strip().splitlines()[-1:]}")
         res[fw] = json.loads(done.stdout.strip().splitlines()[-1])
-    from jaxformer.report import machine
+    from jaxformer.stats import machine
     import torch
     rows = []
     for label in res["jax"]:

@@ -11,7 +11,7 @@ replaced, restored by a patch or a config value while that program is traced) an
 any, works against the lever); then, after one untimed block each, blocks of steps alternate between them
 (before/after, then after/before, ...; `benchmarks/timing.paired_times_ms`), each program threading its own
 training state. Every pair of blocks gives one ratio after/before of ms per step; the
-verdict follows from the 95% Student-t interval of the mean log ratio (`jaxformer.verdicts`): "faster" or "slower"
+verdict follows from the 95% Student-t interval of the mean log ratio (`jaxformer.stats`): "faster" or "slower"
 when the interval excludes 1, "no difference beyond ±2%" when it lies within 0.98–1.02, else "not resolved". Pairing
 within one process is what makes a few-percent effect measurable on a VM whose step time drifts by more than that
 between processes (benchmarks/train_step.py's min–max). Also recorded: each program's first call (trace + compile +
@@ -197,7 +197,7 @@ def first_call(lever: Lever, which: str, step, state, batch, key):
 
 def paired(before: list[float], after: list[float]) -> dict:
     """Per-pair log(after/before) -> ratio after/before with its 95% Student-t interval and the verdict."""
-    from jaxformer.verdicts import equivalence, paired_difference
+    from jaxformer.stats import equivalence, paired_difference
     d = paired_difference([math.log(a) for a in after], [math.log(b) for b in before])
     word = equivalence(d, math.log(1 + MARGIN)).split(" (")[0]
     verdict = {"equivalent": f"no difference beyond ±{MARGIN:.0%}", "lower": "faster",
@@ -316,7 +316,7 @@ def main(argv=None) -> None:
     p.add_argument("--merge", action="store_true", help="keep the results file's other rows: this run's rows "
                    "replace those of the same lever and config (the file must name this machine)")
     a = p.parse_args(argv)
-    from jaxformer.report import machine
+    from jaxformer.stats import machine
     rows = []
     for name in a.levers:
         lever = LEVERS[name]

@@ -74,7 +74,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
-    from jaxformer.report import machine
+    from jaxformer.stats import machine
     rows = [measure(n, lora) for n, lora in ARMS]
     res = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "model": MODEL,
            "batch": [8, 512], "rows": rows}

@@ -113,7 +113,7 @@ def main(argv=None) -> None:
         p.error(f"--against {a.against!r}: not a commit of this repository")
     from jaxformer.config import Config  # noqa: F401  (fail here, not in a child, if the package is missing)
     from jaxformer.configio import load_config_file
-    from jaxformer.report import machine
+    from jaxformer.stats import machine
     cfg = load_config_file(str(ROOT / a.config))
     runs, theirs = [], []
     with worktree(a.against) as other:

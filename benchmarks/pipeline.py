@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from jaxformer.config import DataConfig  # noqa: E402
 from jaxformer.data.prepare import prepare  # noqa: E402
 from jaxformer.data.tokens import TokensTask  # noqa: E402
-from jaxformer.report import machine  # noqa: E402
+from jaxformer.stats import machine  # noqa: E402
 
 SHAPES = {"base": (16, 64), "gpt": (12, 64)}      # (batch, tokens) of benchmarks/train_step.py's configs
 

@@ -202,7 +202,7 @@ def main():
     ap.add_argument("--runs", default=str(ROOT / "runs/quantize"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
-    from jaxformer.report import machine
+    from jaxformer.stats import machine
     acc = accuracy(Path(args.runs))
     size = sizes()
     rows = speed((1, 8), args.context, args.steps, args.reps, args.rounds)

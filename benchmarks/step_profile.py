@@ -363,7 +363,7 @@ def _copies_line(ours: dict) -> list[str]:
 
 def report(results: dict, command: str) -> str:
     import train_step as ts
-    from jaxformer.report import machine
+    from jaxformer.stats import machine
     lines = ["# Where the train step's time goes", "", f"`{command}`", "", f"Machine: {machine()}", "",
              __doc__.split("\n\n", 2)[2].split("Writes")[0].strip(), ""]
     for name, r in results.items():

@@ -1,7 +1,7 @@
-"""Shared timing for the benchmark scripts: wall times after a warm-up call, setup outside the timed region."""
+"""Shared timing for the benchmark scripts: wall times after a warm-up call, setup outside the timed region. The
+statistics of paired rounds (`paired_ratio`, `against`) are `jaxformer.stats`'s."""
 from __future__ import annotations
 
-import math
 import statistics
 import time
 
@@ -40,18 +40,3 @@ def paired_times_ms(fns: dict, reps: int, setups: dict | None = None) -> dict[st
             jax.block_until_ready(fns[n](*a))
             out[n].append(1e3 * (time.perf_counter() - t))
     return out
-
-
-def paired_ratio(num_ms: list[float], den_ms: list[float]) -> dict | None:
-    """num/den from paired rounds (round i of each measured together): the geometric mean of the per-round ratios
-    with the 95% Student-t interval of the mean log ratio -> {ratio, lo, hi, rounds}; None under two rounds."""
-    from jaxformer.verdicts import paired_difference
-    d = paired_difference([math.log(x) for x in num_ms], [math.log(x) for x in den_ms])
-    return None if d is None else {"ratio": math.exp(d.mean), "lo": math.exp(d.lo), "hi": math.exp(d.hi),
-                                   "rounds": d.n}
-
-
-def against(r: dict, target: float) -> str:
-    """A paired ratio against the target "ratio >= target": "met" when its whole interval is at or above it,
-    "missed" when all of it is below, else "not resolved"."""
-    return "met" if r["lo"] >= target else "missed" if r["hi"] < target else "not resolved"

@@ -259,16 +259,16 @@ def run_child(framework: str, name: str, steps: int, script: str = __file__, env
 # ---------------------------------------------------------------------------------------------- parent
 def paired_ratio(runs: dict) -> dict | None:
     """runs {"jax": [...], "torch": [...]} (round i's two children ran back to back) -> ours/PyTorch tokens/s as
-    `timing.paired_ratio` of the rounds where neither child failed; None with fewer than two such rounds."""
-    from timing import paired_ratio as ratio
+    `stats.paired_ratio` of the rounds where neither child failed; None with fewer than two such rounds."""
+    from jaxformer.stats import paired_ratio as ratio
     pairs = [(j["s_per_step"], t["s_per_step"]) for j, t in zip(runs["jax"], runs["torch"])
              if "error" not in j and "error" not in t]
     return ratio([t for _, t in pairs], [j for j, _ in pairs])                  # tokens/s ratio = time ratio⁻¹
 
 
 def target_verdict(r: dict | None, target: float | None) -> str:
-    """The target "ours/PyTorch >= target" against a paired ratio (`timing.against`)."""
-    from timing import against
+    """The target "ours/PyTorch >= target" against a paired ratio (`stats.against`)."""
+    from jaxformer.stats import against
     if target is None:
         return "—"
     return f"≥ {target:g}×: " + ("not measured" if r is None else against(r, target))
@@ -328,7 +328,7 @@ def main(argv=None) -> None:
 
 def write(a, argv, peaks, results) -> None:
     from jaxformer.platforms.launch import malloc_env
-    from jaxformer.report import machine
+    from jaxformer.stats import machine
     cmd = shlex.join(["python", "benchmarks/train_step.py", *argv])
     tv = next((r.get("torch") for res in results.values() for r in res["runs"]["torch"] if "torch" in r), "?")
     gf = lambda x: f"{x / 1e9:.1f}"

@@ -14,7 +14,7 @@ import numpy as np
 from jaxformer.configio import load_config_file
 from jaxformer.nn import build_model, count_params
 from jaxformer.ops.positional import sinusoidal_table
-from jaxformer.report import machine
+from jaxformer.stats import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 

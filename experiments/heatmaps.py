@@ -75,7 +75,7 @@ def main() -> int:
 
     layers, heads = mass.shape
     showing = [(layer, h) for layer in range(layers) for h in range(heads) if mass[layer, h] >= THRESHOLD]
-    from jaxformer.report import machine
+    from jaxformer.stats import machine
     cmd = "python experiments/heatmaps.py" + ("" if trained else f" --workdir {args.workdir}")
     m = run.cfg.model
     md = ["# Attention heatmaps: digit reversal", "",

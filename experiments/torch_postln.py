@@ -31,7 +31,7 @@ from torch import nn
 
 from jaxformer.configio import load_config_file
 from jaxformer.data import resolve
-from jaxformer.report import machine
+from jaxformer.stats import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "ablations" / "depth_torch.json"

@@ -169,7 +169,7 @@ def cmd_mup_check(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result["verdict"] = {p: mup.verdict(result, p) for p in ("sp", "mup")}
     result["slopes"] = {p: mup.slopes(result, p) for p in ("sp", "mup")}
-    from jaxformer.report import machine
+    from jaxformer.stats import machine
     result["command"] = "jaxformer mup-check " + " ".join(
         [args.config, *(f"--set {s}" for s in args.set or []), "--widths", *map(str, args.widths),
          "--steps", str(args.steps)])

@@ -25,7 +25,8 @@ def parser() -> argparse.ArgumentParser:
 def _tasks(sub) -> None:
     """eval-tasks: downstream evaluation of a language-model run on local task files."""
     t = sub.add_parser("eval-tasks", help="score a language-model run on task files (JSONL): multiple choice by "
-                       "log-likelihood (acc, acc_norm), generation by exact match; results to RUN/eval_tasks/")
+                       "log-likelihood (acc, acc_norm, acc_bytes), generation by exact match; results to "
+                       "RUN/eval_tasks/")
     t.add_argument("--workdir", required=True)
     t.add_argument("--tasks", nargs="+", required=True, metavar="FILE", help="JSONL task files: {context, choices, "
                    "answer} (multiple choice) or {prompt, answer} (generation) per line")

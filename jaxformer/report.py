@@ -20,11 +20,8 @@ Metric specs (a sweep's `metrics`, label -> spec):
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import math
-import os
-import platform
 import re
 import statistics
 import time
@@ -32,58 +29,12 @@ from pathlib import Path
 
 from jaxformer.errors import SweepError
 from jaxformer.runs import read_metrics
-from jaxformer.sweep import Arm, Run, Sweep, finished, read_status, runs, short_name
+from jaxformer.stats import Stat, machine, stat
+from jaxformer.sweep import (Arm, Run, Sweep, computed_sizes, finished, read_status, recorded_sizes, runs,
+                             short_name)
 
 _SPEC = re.compile(r"^(?P<split>[A-Za-z_]+)/(?P<key>[A-Za-z_0-9.]+)(?:(?P<op>[<>])(?P<x>[-+0-9.eE]+)(?:~(?P<w>\d+))?"
                    r"|@(?P<at>first|min|max|median|tail:(?P<n>\d+)))?$")
-
-
-def machine() -> str:
-    """CPU model, cores, OS and library versions: the line every report and benchmark names."""
-    import flax
-    import jax
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    dev = jax.devices()[0]
-    where = f"{jax.device_count()} {dev.platform} device(s)" + ("" if dev.platform == "cpu" else f" ({dev.device_kind})")
-    return (f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}, {where}, "
-            f"jax {jax.__version__}, flax {flax.__version__}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Stat:
-    """Summary of one metric over an arm's seeds (values that exist)."""
-    n: int              # values present
-    total: int          # runs in the arm
-    mean: float
-    std: float          # sample standard deviation (0 for one value)
-    lo: float           # 95% Student-t interval of the mean (= mean for one value)
-    hi: float
-
-    def fmt(self, digits: int = 3) -> str:
-        f = lambda v: f"{v:.{digits}g}"
-        s = f"{f(self.mean)} ± {f(self.std)}" + (f" [{f(self.lo)}, {f(self.hi)}]" if self.n > 1 else "")
-        return s + (f" ({self.n}/{self.total})" if self.n < self.total else "")
-
-
-def stat(values: list, total: int | None = None) -> Stat | None:
-    xs = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-    if not xs:
-        return None
-    m = statistics.fmean(xs)
-    s = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    if len(xs) > 1:
-        from scipy.stats import t
-        h = float(t.ppf(0.975, len(xs) - 1)) * s / math.sqrt(len(xs))
-    else:
-        h = 0.0
-    return Stat(len(xs), total if total is not None else len(values), m, s, m - h, m + h)
 
 
 def metric_value(spec: str, status: dict | None, records: list[dict]):
@@ -172,15 +123,18 @@ class Report:
         return self.out / name, f"![{suffix}]({name})"
 
     def sizes(self, axis: str, arm: Arm) -> list:
-        """Each run's size (jaxformer.scaling.AXES: params, tokens, ...) from its resolved config (read once per
-        arm: its runs differ only in the seed); None for a run that has not finished."""
-        from jaxformer.runs import RunDir
-        from jaxformer.scaling import run_size
+        """Each run's size (jaxformer.scaling.AXES: params, tokens, ...) as its sweep.json records it; None for a
+        run that has not finished. A run recorded before sweeps kept sizes has its sizes computed from its config
+        (`sweep.computed_sizes`, once per arm: its runs differ only in the seed)."""
         cache = self.__dict__.setdefault("_sizes", {})
-        done = [r for r in self.runs_of(arm) if self.status[r.id] is not None]
-        if arm.name not in cache and done:
-            cache[arm.name] = run_size(RunDir(done[0].workdir).read_config())
-        return [cache[arm.name][axis] if r in done else None for r in self.runs_of(arm)]
+        out = []
+        for r in self.runs_of(arm):
+            st = self.status[r.id]
+            sizes = None if st is None else recorded_sizes(st)
+            if st is not None and sizes is None:
+                sizes = cache[arm.name] = cache.get(arm.name) or computed_sizes(r)
+            out.append(None if sizes is None else sizes[axis])
+        return out
 
     def wall_s(self) -> float:
         return sum(st.get("wall_s", 0.0) for st in self.status.values() if st)

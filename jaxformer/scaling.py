@@ -20,10 +20,11 @@ synthetic laws with 1% noise the 95% interval covers the true exponent in about 
 size (tests/test_scaling.py): few seeds make any such interval somewhat optimistic.
 An arm with fewer than two finished runs leaves no seed variation to resample: no interval, said so.
 
-Sizes come from a run's resolved config: parameters by `count_params` on the abstract model (no weights
-allocated), non-embedding parameters without the token embedding, learned positions and an untied head (Kaplan
-et al.'s N), training tokens = train.steps × data.batch_size × data.block_size (rows × positions per step), and
-FLOPs = tokens × `train.flops.flops_per_token` (6·P + attention).
+Sizes come from each run's record (RUN/sweep.json, `sweep.recorded_sizes`), written by the sweep when the run
+finished (`train.flops.run_size`, with the model code): parameters by `count_params` on the abstract model,
+non-embedding parameters without the token embedding, learned positions and an untied head (Kaplan et al.'s N),
+training tokens = train.steps × data.batch_size × data.block_size, and FLOPs = tokens × flops per token
+(6·P + attention). This module imports no model code.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import math
 import numpy as np
 
 from jaxformer.errors import ConfigError, SweepError
-from jaxformer.stats import resample, resampled  # noqa: F401  (the shared resampler; re-exported)
+from jaxformer.stats import resampled
 
 AXES = ("params", "non_embedding_params", "tokens", "flops")
 METHODS = ("lsq", "huber")
@@ -156,19 +157,6 @@ def lack_of_fit(law: PowerLaw, groups, x, y, n_params: int) -> float | None:
     if pure == 0:
         return 0.0 if lof > 0 else 1.0
     return float(f_dist.sf((lof / (k - n_params)) / (pure / (n - k)), k - n_params, n - k))
-
-
-def run_size(cfg) -> dict[str, float]:
-    """A run's sizes (AXES) from its resolved Config (module docstring)."""
-    from flax import nnx
-
-    from jaxformer.nn import build_model, count_params
-    from jaxformer.train.flops import flops_per_token
-    counts = count_params(nnx.eval_shape(lambda: build_model(cfg.model)))
-    embedding = sum(counts.get(k, 0) for k in ("embedding", "learned positions", "output head"))
-    tokens = cfg.train.steps * cfg.data.batch_size * cfg.data.block_size
-    return {"params": float(counts["total"]), "non_embedding_params": float(counts["total"] - embedding),
-            "tokens": float(tokens), "flops": float(tokens * flops_per_token(cfg, counts["total"]))}
 
 
 def _positive(v) -> bool:

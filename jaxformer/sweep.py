@@ -9,10 +9,11 @@ A sweep file is a Python file with `get_sweep() -> Sweep` (configs/sweeps/ has t
                      seeds=(0, 1, 2), metrics={"held-out loss": "eval/loss"})
 
 Runs live in ROOT/NAME/ARM/seed-S (ROOT default runs/sweeps). Each is `jaxformer train BASE --set ...
---workdir DIR`, followed by the sweep's extra held-out evaluations (`evals`), and ends by writing DIR/sweep.json;
-a run with that file (completed, or diverged: a non-finite loss) is finished and skipped on rerun, any other
-run resumes from its checkpoints. `jaxformer sweep FILE --run I` runs one run, which is also what `--jobs N`
-launches and what `--print-commands` prints for a scheduler (a SLURM job array: `--run $SLURM_ARRAY_TASK_ID`).
+--workdir DIR`, followed by the sweep's extra held-out evaluations (`evals`), and ends by writing DIR/sweep.json
+(its status, evaluations and sizes: what the report reads); a run with that file (completed, or diverged: a
+non-finite loss) is finished and skipped on rerun, any other run resumes from its checkpoints. `jaxformer sweep
+FILE --run I` runs one run, which is also what `--jobs N` launches and what `--print-commands` prints for a
+scheduler (a SLURM job array: `--run $SLURM_ARRAY_TASK_ID`).
 SIGINT/SIGTERM/SIGHUP stop a sweep within seconds: no further run starts, the running ones (sent the signal,
 under --jobs) stop with a checkpoint, and the command exits 128 + the signal's number; rerun it to go on.
 `jaxformer report FILE` aggregates the runs (jaxformer.report).
@@ -39,7 +40,7 @@ from jaxformer.config import SECTIONED, Config
 from jaxformer.configio import apply_overrides, load_config_file, load_python
 from jaxformer.errors import ConfigError, Interrupted, JaxformerError, NonFiniteLoss, SweepError
 from jaxformer.runs import RunDir
-from jaxformer.scaling import Scaling
+from jaxformer.scaling import AXES, Scaling
 from jaxformer.signals import Held
 from jaxformer.signals import pending as signal_pending
 
@@ -194,6 +195,22 @@ def read_status(run: Run) -> dict | None:
     return RunDir(run.workdir).read_sweep_status()
 
 
+def recorded_sizes(status: dict) -> dict[str, float] | None:
+    """A finished run's sizes (scaling.AXES -> number) as its sweep.json records them (`run_one`); None for a
+    record without them all (written before sweeps kept sizes, or before an axis was added)."""
+    sizes = status.get("sizes")
+    ok = isinstance(sizes, dict) and all(isinstance(sizes.get(k), (int, float)) for k in AXES)
+    return {k: float(sizes[k]) for k in AXES} if ok else None
+
+
+def computed_sizes(run: Run) -> dict[str, float]:
+    """A run's sizes (AXES) from its resolved config.json (`train.flops.run_size`): what `run_one` records, and
+    a report's fallback for a run recorded without them (a rerun of `jaxformer sweep` skips finished runs, so
+    would not record them). The one place a report reaches the model code, imported only here."""
+    from jaxformer.train.flops import run_size
+    return run_size(RunDir(run.workdir).read_config())
+
+
 def finished(run: Run) -> bool:
     """The run has its sweep.json (completed or diverged). SweepError if that run was made with other
     overrides: the sweep file changed under finished runs, whose results would otherwise be mixed in."""
@@ -231,6 +248,7 @@ def run_one(sweep: Sweep, run: Run) -> dict:
     if status["status"] == "interrupted":       # resumed later: its wall time so far counts then
         RunDir(run.workdir).write_partial_wall(status["wall_s"])
     else:
+        status["sizes"] = computed_sizes(run)     # read by the report (scaling fits) without the model code
         RunDir(run.workdir).write_sweep_status(status)
     return status | {"signal": signame}
 

@@ -1,21 +1,18 @@
-"""Verdicts that follow from the statistics, and published reports checked against their own data.
-
-`difference` and `equivalence` decide an equality claim on Welch's 95% interval of the difference against a
-declared margin; `CSVReport` reads a report back from its committed CSV, so that `verdict_from_csv` can recompute
-the verdict a published report states (`jaxformer report SWEEP --verdict-only`; tests/test_reports.py).
+"""Published reports checked against their own data: `CSVReport` reads a report back from its committed CSV, so
+that `verdict_from_csv` can recompute the verdict a published report states (`jaxformer report SWEEP
+--verdict-only`; tests/test_reports.py). The verdict functions a sweep's summary calls (`difference`,
+`equivalence`, `within`, ...) live in `jaxformer.stats`.
 """
 from __future__ import annotations
 
 import csv
 import io
 import json
-import math
 import re
-import statistics
 from pathlib import Path
 
 from jaxformer.errors import SweepError
-from jaxformer.report import Report, Stat, _unique_arms
+from jaxformer.report import Report, _unique_arms
 from jaxformer.sweep import Arm, Sweep, runs
 
 
@@ -135,94 +132,6 @@ def _field(path: Path, line: int, name: str, cell: str, typ: type):
     except ValueError:
         what = "an integer" if typ is int else "a number"
         raise SweepError(f"{path} line {line}, column {name!r}: {cell[:40]!r} is not {what}") from None
-
-
-def difference(a: list, b: list) -> Stat | None:
-    """mean(a) − mean(b) with Welch's 95% Student-t interval (unequal variances; Welch–Satterthwaite degrees of
-    freedom). The `total`/`n` fields count a's values. None when either side has fewer than two values."""
-    xs = [float(v) for v in a if isinstance(v, (int, float)) and math.isfinite(v)]
-    ys = [float(v) for v in b if isinstance(v, (int, float)) and math.isfinite(v)]
-    if len(xs) < 2 or len(ys) < 2:
-        return None
-    from scipy.stats import t
-    va, vb = statistics.variance(xs) / len(xs), statistics.variance(ys) / len(ys)
-    d, se = statistics.fmean(xs) - statistics.fmean(ys), math.sqrt(va + vb)
-    if se == 0:
-        return Stat(len(xs), len(a), d, 0.0, d, d)
-    df = (va + vb) ** 2 / (va ** 2 / (len(xs) - 1) + vb ** 2 / (len(ys) - 1))
-    h = float(t.ppf(0.975, df)) * se
-    return Stat(len(xs), len(a), d, se, d - h, d + h)
-
-
-def paired_difference(a: list, b: list) -> Stat | None:
-    """mean(a_i − b_i) over pairs measured together (e.g. two programs timed in alternating blocks), with the
-    95% Student-t interval of that mean (n − 1 degrees of freedom). Pairing removes what the two share (a
-    machine's drift between pairs), which `difference` (Welch, unpaired) would count as noise. None with fewer
-    than two pairs. Raises ValueError when a and b differ in length."""
-    if len(a) != len(b):
-        raise ValueError(f"paired values need equal lengths; got {len(a)} and {len(b)}")
-    ds = [float(x) - float(y) for x, y in zip(a, b) if math.isfinite(float(x)) and math.isfinite(float(y))]
-    if len(ds) < 2:
-        return None
-    from scipy.stats import t
-    m, s = statistics.fmean(ds), statistics.stdev(ds)
-    h = float(t.ppf(0.975, len(ds) - 1)) * s / math.sqrt(len(ds))
-    return Stat(len(ds), len(a), m, s, m - h, m + h)
-
-
-def within(st: Stat, lo: float, hi: float) -> str:
-    """The verdict on a threshold or tolerance claim ("the mean lies in [lo, hi]") from the 95% interval of the
-    mean: "holds" when the interval lies inside, "does not hold" when it lies wholly outside, else "not
-    resolved"."""
-    if lo <= st.lo and st.hi <= hi:
-        return "holds"
-    if st.hi < lo or st.lo > hi:
-        return "does not hold"
-    return "not resolved"
-
-
-def above(st: Stat | None, x: float) -> str:
-    """The verdict on "the mean is at least x" from its 95% interval: "holds" when the whole interval is ≥ x,
-    "does not hold" when it lies wholly below, else "not resolved" (also with no values)."""
-    if st is None:
-        return "not resolved"
-    return "holds" if st.lo >= x else "does not hold" if st.hi < x else "not resolved"
-
-
-def below(st: Stat | None, x: float) -> str:
-    """The verdict on "the mean is below x" from its 95% interval (the mirror of `above`)."""
-    if st is None:
-        return "not resolved"
-    return "holds" if st.hi < x else "does not hold" if st.lo >= x else "not resolved"
-
-
-def more_often(k1: int, n1: int, k2: int, n2: int) -> tuple[str, float]:
-    """Does an event happen more often in group 1 (k1 of n1 runs) than in group 2 (k2 of n2)? One-sided Fisher
-    exact test -> ("holds" when p < 0.05, else "not resolved"; "does not hold" when group 1's rate is not
-    higher at all, p)."""
-    from scipy.stats import fisher_exact
-    p = float(fisher_exact([[k1, n1 - k1], [k2, n2 - k2]], alternative="greater").pvalue)
-    if k1 * n2 <= k2 * n1:
-        return "does not hold", p
-    return ("holds" if p < 0.05 else "not resolved"), p
-
-
-def equivalence(diff: Stat | None, margin: float) -> str:
-    """The verdict on "a equals b" from the 95% interval of their difference a − b and a declared margin (a
-    difference smaller than `margin` is one we call negligible). It starts with one of: "equivalent" (the whole
-    interval lies within ±margin); "lower" / "higher" (the interval excludes 0; "by more than the margin" when
-    it lies wholly beyond it); "not resolved" (neither: more seeds would tell). Overlapping intervals of a and b
-    alone are no evidence of equality."""
-    if diff is None:
-        return "not resolved (fewer than two values per arm)"
-    ci = f"difference {diff.mean:+.3g}, 95% interval [{diff.lo:+.3g}, {diff.hi:+.3g}], margin ±{margin:g}"
-    if -margin < diff.lo and diff.hi < margin:
-        return f"equivalent ({ci})"
-    if diff.hi < 0 or diff.lo > 0:
-        word = "lower" if diff.hi < 0 else "higher"
-        beyond = diff.hi <= -margin or diff.lo >= margin
-        return f"{word}{' by more than the margin' if beyond else ''} ({ci})"
-    return f"not resolved ({ci})"
 
 
 _VERDICT = re.compile(r"(?ms)^## Verdict\n\n(.*?)\n\n## ")

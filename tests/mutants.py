@@ -6,7 +6,9 @@ tests meant to catch it, and report which mutants survive (a survivor is a test 
 Each mutant replaces one exact snippet of one file (the script fails loudly if the snippet is gone, so the list
 cannot rot silently) and names the pytest selection that must fail on it. The copy is imported through
 PYTHONPATH, ahead of the editable install, so the working tree is never touched. The named tests run whatever their
-lane (a mutant's killer may be a slow test: CI's slow lane runs it too). Not collected by pytest.
+lane (a mutant's killer may be a slow test: CI's slow lane runs it too); `--default-lane` runs them in plain
+pytest's lane only (`-m 'not slow and not gpu'`), so a mutant that only a slow test kills survives there. Not
+collected by pytest.
 """
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ MUTANTS = (
            ("tests/test_bad_inputs.py", "-k", "gradient")),
     Mutant("dropout-keys-restart", "dropout keys restart from the first step on resume", "jaxformer/train/loop.py",
            "jax.random.fold_in(base_key, step - 1)", "jax.random.fold_in(base_key, step - 1 - p.start)",
-           ("tests/test_train.py", "-k", "dropout")),
+           ("tests/test_runs.py", "-k", "truncated-arrays")),
     Mutant("no-clipping", "optim.clip_norm is ignored", "jaxformer/train/step.py",
            "tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx) if cfg.clip_norm > 0 else tx", "pass",
            ("tests/test_train.py", "-k", "clipping")),
@@ -80,28 +82,28 @@ MUTANTS = (
            "        logp = jnp.where(finished[..., None], only_pad, _no_pad(logp, pad))",
            "        logp = _no_pad(logp, pad)", ("tests/test_decode.py", "-k", "beam")),
     Mutant("overlap-means-equal", "equality decided by overlapping intervals of the two arms",
-           "jaxformer/verdicts.py", "    if -margin < diff.lo and diff.hi < margin:\n",
+           "jaxformer/stats.py", "    if -margin < diff.lo and diff.hi < margin:\n",
            "    if diff.lo <= 0 <= diff.hi:\n", ("tests/test_reports.py", "-k", "equivalence")),
-    Mutant("pooled-variance", "a pooled-variance (Student) interval where Welch's is claimed", "jaxformer/verdicts.py",
+    Mutant("pooled-variance", "a pooled-variance (Student) interval where Welch's is claimed", "jaxformer/stats.py",
            "    df = (va + vb) ** 2 / (va ** 2 / (len(xs) - 1) + vb ** 2 / (len(ys) - 1))",
            "    df = len(xs) + len(ys) - 2", ("tests/test_reports.py", "-k", "welch")),
     Mutant("tolerance-edges-swapped", "a tolerance verdict that holds when the interval merely touches the range",
-           "jaxformer/verdicts.py", "    if lo <= st.lo and st.hi <= hi:\n", "    if st.lo <= hi and lo <= st.hi:\n",
+           "jaxformer/stats.py", "    if lo <= st.lo and st.hi <= hi:\n", "    if st.lo <= hi and lo <= st.hi:\n",
            ("tests/test_reports.py", "-k", "within")),
     Mutant("second-signal-interrupts", "a second signal interrupts the stop checkpoint", "jaxformer/signals.py",
            '        stderr_line(f"{signal.Signals(signum).name} received while stopping',
            '        raise KeyboardInterrupt\n        stderr_line(f"{signal.Signals(signum).name} received while stopping',
-           ("tests/test_runs.py", "-k", "SIGHUP")),
+           ("tests/test_runs.py", "-k", "held_not_raised")),
     Mutant("data-state-unchecked", "a data state the pipeline cannot take is restored anyway",
            "jaxformer/train/loop.py", "data=True, check=fits)", "data=True)",
            ("tests/test_runs.py", "-k", "another-shape")),
     Mutant("shared-barrier-names", "both checkpoint managers use orbax's step-named barriers (two processes clash)",
            "jaxformer/checkpoints.py", 'barrier_sync_key_prefix=f"jaxformer_{kind}"', "barrier_sync_key_prefix=None",
            ("tests/test_parallel.py", "-k", "both_managers")),
-    Mutant("threshold-on-the-mean", "a threshold claim decided on the mean, not its interval", "jaxformer/verdicts.py",
+    Mutant("threshold-on-the-mean", "a threshold claim decided on the mean, not its interval", "jaxformer/stats.py",
            '    return "holds" if st.lo >= x else "does not hold" if st.hi < x else "not resolved"',
            '    return "holds" if st.mean >= x else "does not hold"', ("tests/test_reports.py", "-k", "threshold")),
-    Mutant("counts-compared", "more failures decided by comparing the counts, without a test", "jaxformer/verdicts.py",
+    Mutant("counts-compared", "more failures decided by comparing the counts, without a test", "jaxformer/stats.py",
            '    return ("holds" if p < 0.05 else "not resolved"), p', '    return "holds", p',
            ("tests/test_reports.py", "-k", "fisher")),
     Mutant("stale-claims-figure", "a claims-table figure that ignores its results file", "tools/claims_table.py",
@@ -150,7 +152,7 @@ MUTANTS = (
            "        nll = nll + z_loss * jnp.square(log_z)\n", ("tests/test_stability.py", "-k", "z_loss")),
     Mutant("accumulate-unweighted", "micro-batches each normalised by their own tokens (equal weights)",
            "jaxformer/train/step.py", "jax.random.fold_in(rng, i), total, k)", "jax.random.fold_in(rng, i), None, k)",
-           ("tests/test_optimizers.py", "-k", "accumulated")),
+           ("tests/test_moe_model.py", "-k", "they_repeat")),
     Mutant("ema-one-step-late", "the EMA averages the weights from before each update",
            "jaxformer/train/weights.py", "decay * e + (1.0 - decay) * p.astype(jnp.float32), state.ema, new)",
            "decay * e + (1.0 - decay) * p.astype(jnp.float32), state.ema, params)",
@@ -164,13 +166,13 @@ MUTANTS = (
     # issue 45 (V.3): one loader, the evaluated weights as checkpoint items
     Mutant("views-not-saved", "checkpoints keep only model and opt (the views recomputed from the optimizer)",
            "jaxformer/inference/weights.py", "    return {**state, **{k: v for k, v in views.items()",
-           "    return {**state, **{k: v for k, v in {}.items()", ("tests/test_one_loader.py", "-k", "hold")),
+           "    return {**state, **{k: v for k, v in {}.items()", ("tests/test_weights.py", "-k", "own_item")),
     Mutant("schedule-free-loads-y", "a schedule-free run loads its model item (y), not its averaged iterate",
            "jaxformer/inference/weights.py", '    return "eval" if optim.name == "schedule_free" else "model"',
-           '    return "model"', ("tests/test_one_loader.py", "-k", "ones_the_run_evaluated")),
+           '    return "model"', ("tests/test_weights.py", "-k", "own_item")),
     Mutant("legacy-loads-model", "a checkpoint saved before the view items loads the trained weights",
            "jaxformer/inference/restore.py", "abstract, views[item]), restored.step",
-           'abstract, restored.items["model"]), restored.step', ("tests/test_one_loader.py", "-k", "before")),
+           'abstract, restored.items["model"]), restored.step', ("tests/test_weights.py", "-k", "own_item")),
     # issue 45 (V.1): the platform seam
     Mutant("levers-on-every-platform", "a lever gated by nothing but itself: on for GPU and TPU too",
            "jaxformer/platforms/__init__.py", "    return current() in LEVERS[name].on\n", "    return True\n",
@@ -193,7 +195,7 @@ MUTANTS = (
            "jaxformer/train/weights.py", "        return (jax.tree.map(lambda m, p: m - p.astype(jnp.float32), master, params),",
            "        return (steps,", ("tests/test_param_dtype.py", "-k", "accumulate or rounded_master")),
     Mutant("constants-rounded", "the sinusoidal table rounded to bfloat16 with the parameters",
-           "jaxformer/nn/models.py", "    params = nnx.state(model, nnx.Param)\n", "    params = nnx.state(model)\n",
+           "jaxformer/nn/build.py", "    params = nnx.state(model, nnx.Param)\n", "    params = nnx.state(model)\n",
            ("tests/test_param_dtype.py", "-k", "rounded_master")),
     # issue 47 (M.1): published configs
     Mutant("any-key-accepted", "config.json keys nobody reads accepted silently", "jaxformer/hf/families.py",
@@ -231,7 +233,7 @@ MUTANTS = (
            "        if spaces:\n            context, continuation", "        if False:\n            context, continuation",
            ("tests/test_eval_tasks.py", "-k", "unbatched")),
     Mutant("acc-norm-unnormalised", "acc_norm the raw log-likelihood's argmax", "jaxformer/inference/tasks.py",
-           "per_byte = [s / max(1, len(c.encode(\"utf-8\"))) for", "per_byte = [s for",
+           "per_char = [s / max(1, len(c)) for", "per_char = [s for",
            ("tests/test_eval_tasks.py", "-k", "harness_defines")),
     Mutant("stderr-population", "the standard error of the population (n), not the sample (n - 1)",
            "jaxformer/inference/tasks.py", "/ (n - 1) if n > 1", "/ n if n > 1",
@@ -261,6 +263,9 @@ MUTANTS = (
            "jaxformer/nn/lora.py", "return LoraWeight(self.base[...], self.a[...], self.b[...], None, self.scale, self.rate)",
            "return LoraWeight(self.base[...], self.a[...], self.b[...], jax.random.key(0), self.scale, self.rate)",
            ("tests/test_lora.py", "-k", "dropout")),
+    Mutant("lora-dropout-unscaled", "the adapter's input dropout keeps its inputs unscaled (not by 1/(1 − rate))",
+           "jaxformer/nn/lora.py", "x = jnp.where(keep, x / (1.0 - self.rate), 0).astype(x.dtype)",
+           "x = jnp.where(keep, x, 0).astype(x.dtype)", ("tests/test_lora.py", "-k", "expected_update")),
     Mutant("peft-a-reshaped", "PEFT's lora_A [r, in] written as a reshape of A, not its transpose",
            "jaxformer/hf/adapters.py", "np.ascontiguousarray(a.reshape(-1, r).T)", "np.ascontiguousarray(a.reshape(r, -1))",
            ("tests/test_lora.py", "-k", "peft")),
@@ -282,19 +287,38 @@ MUTANTS = (
            ("tests/test_sites.py", "-k", "ablating")),
     Mutant("sites-layout-layer-zero", "a decoding layout tells every layer's patch it is layer 0",
            "jaxformer/nn/stack.py", "extra[\"layer\"] = jnp.asarray(i, jnp.int32)",
-           "extra[\"layer\"] = jnp.asarray(0, jnp.int32)", ("tests/test_sites.py", "-k", "cached")),
+           "extra[\"layer\"] = jnp.asarray(0, jnp.int32)", ("tests/test_decode_layout.py", "-k", "its_own_index")),
+    Mutant("sites-layout-layer-shifted", "a decoding layout tells each layer's patch its neighbour's index",
+           "jaxformer/nn/stack.py", "extra[\"layer\"] = jnp.asarray(i, jnp.int32)",
+           "extra[\"layer\"] = jnp.asarray(i + 1, jnp.int32)", ("tests/test_decode_layout.py", "-k", "its_own_index")),
+    Mutant("sites-captured-before-patch", "a captured site records its value before its patch, not after",
+           "jaxformer/nn/sites.py", "        for n, fn in self.probe.patch:\n            if n == name:\n"
+           "                value = fn(value, self.layer)\n        if name in self.probe.capture:\n"
+           "            self.captured[name] = value\n",
+           "        if name in self.probe.capture:\n            self.captured[name] = value\n"
+           "        for n, fn in self.probe.patch:\n            if n == name:\n"
+           "                value = fn(value, self.layer)\n", ("tests/test_sites.py", "-k", "ablating")),
+    Mutant("attn-out-after-residual", "the attn_out site taken after the residual add (the residual stream)",
+           "jaxformer/nn/layers.py", 'x, a = self.res_self(x, lambda y: sites.output("attn_out", self.self_attn(\n'
+           '            sites("attn_in", y), mask=mask, positions=ctx.positions, kv_positions=ctx.kv_positions, '
+           'cache=cache,\n            weights=ctx.weights, wqkv=decode.wqkv, rngs=rngs, sites=sites)), rngs)\n'
+           '        x = sites("resid_mid", x)\n',
+           'x, a = self.res_self(x, lambda y: self.self_attn(\n'
+           '            sites("attn_in", y), mask=mask, positions=ctx.positions, kv_positions=ctx.kv_positions, '
+           'cache=cache,\n            weights=ctx.weights, wqkv=decode.wqkv, rngs=rngs, sites=sites), rngs)\n'
+           '        x = sites("resid_mid", sites("attn_out", x))\n', ("tests/test_sites.py", "-k", "by_hand")),
     Mutant("sites-unknown-accepted", "a misspelt site name captures nothing, silently", "jaxformer/nn/sites.py",
            "        if name not in available:\n", "        if False:\n", ("tests/test_sites.py", "-k", "bad_sites")),
     Mutant("scaling-exponent-sign", "the law's exponent with the wrong sign (x^α)", "jaxformer/scaling.py",
            "    return np.logaddexp(a - alpha * lx, e) - ly\n", "    return np.logaddexp(a + alpha * lx, e) - ly\n",
            ("tests/test_scaling.py", "-k", "exact_law or curve_fit")),
     Mutant("scaling-bootstrap-no-replacement", "the bootstrap draws each arm's runs without replacement",
-           "jaxformer/scaling.py", "size=int(np.sum(groups == g)), replace=True)",
+           "jaxformer/stats.py", "size=int(np.sum(groups == g)), replace=True)",
            "size=int(np.sum(groups == g)), replace=False)", ("tests/test_scaling.py", "-k", "resample or bootstrap")),
     Mutant("scaling-bootstrap-uncorrected", "the bootstrap resamples seeds without the small-sample rescaling",
-           "jaxformer/scaling.py", "    scale = np.sqrt(m / np.maximum(m - 1, 1))\n", "    scale = np.ones_like(m)\n",
+           "jaxformer/stats.py", "    scale = np.sqrt(m / np.maximum(m - 1, 1))\n", "    scale = np.ones_like(m)\n",
            ("tests/test_scaling.py", "-k", "standard_error")),
-    Mutant("scaling-tokens-without-batch", "a run's tokens forget the batch", "jaxformer/scaling.py",
+    Mutant("scaling-tokens-without-batch", "a run's tokens forget the batch", "jaxformer/train/flops.py",
            "    tokens = cfg.train.steps * cfg.data.batch_size * cfg.data.block_size\n",
            "    tokens = cfg.train.steps * cfg.data.block_size\n", ("tests/test_scaling.py", "-k", "run_size")),
     Mutant("lens-before-each-layer", "the logit lens reads each layer's input instead of its output",
@@ -309,6 +333,9 @@ MUTANTS = (
            "jax.lax.map(lambda p: loss(state, p[0], p[1]), lh)",
            "jax.lax.map(lambda p: loss(state, p[1] % cfg.num_decoder_layers, p[0] % cfg.num_heads), lh)",
            ("tests/test_interpret.py", "-k", "ablation")),
+    Mutant("head-mean-per-position", 'head_ablation(how="mean") averages each position over the batch alone',
+           "jaxformer/interpret.py", "z[:, :, head].mean(axis=(0, 1), keepdims=True)",
+           "z[:, :, head].mean(axis=0, keepdims=True)", ("tests/test_interpret.py", "-k", "zeroing_that_heads")),
     Mutant("patching-every-position", "the patching curve writes the clean value at every position of the layer",
            "jaxformer/interpret.py", "jnp.where((at == layer) & here,", "jnp.where((at == layer) | (here & False),",
            ("tests/test_interpret.py", "-k", "patching")),
@@ -329,7 +356,7 @@ MUTANTS = (
            "            x = x * math.sqrt(self.cfg.d_model)", ("tests/test_mup.py", "-k", "own_activations")),
     Mutant("generate-patch-prefill-only", "generate_lm patches the prompt's prefill, not the generated steps",
            "jaxformer/decode.py", "model.step(t, p, c, segment_ids=seg, layout=layout, patch=patch)",
-           "model.step(t, p, c, segment_ids=seg, layout=layout)", ("tests/test_sites.py", "-k", "generate_lm")),
+           "model.step(t, p, c, segment_ids=seg, layout=layout)", ("tests/test_sites.py", "-k", "every_generated")),
     Mutant("mup-edge-optimum-taken", "a best learning rate at the grid's edge taken as the optimum",
            "jaxformer/mup.py", "        return -np.inf if i == 0 else np.inf\n", "        return float(x[i])\n",
            ("tests/test_mup.py", "-k", "optimum")),
@@ -534,29 +561,34 @@ MUTANTS = (
     Mutant("schedule-free-default-b2", "schedule-free AdamW's RMS decay fixed at 0.999, not optim.b2",
            "jaxformer/train/step.py", "optax.scale_by_rms(decay=cfg.b2,", "optax.scale_by_rms(decay=0.999,",
            ("tests/test_train_pins.py", "-k", "schedule_free")),
-    # killed by test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged
+    # killed by test_accumulated_micro_batches_of_a_moe_model_equal_the_batch_they_repeat (and by
+    # test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged, slow)
     Mutant("moe-losses-summed-over-micro-batches", "each micro-batch adds its whole router losses (k× too heavy)",
            "jaxformer/train/step.py", "jax.random.fold_in(rng, i), total, k)", "jax.random.fold_in(rng, i), total)",
-           ("tests/test_train_pins.py", "-k", "accumulation")),
-    # killed by test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged
+           ("tests/test_moe_model.py", "-k", "they_repeat")),
+    # killed by test_accumulated_micro_batches_of_a_moe_model_equal_the_batch_they_repeat (and by
+    # test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged, slow)
     Mutant("moe-metrics-summed-over-micro-batches", "the logged router losses are the micro-batches' sum",
            "jaxformer/train/step.py", "return (s, jax.tree.map(lambda x: x / k, moe)), grads",
-           "return (s, moe), grads", ("tests/test_train_pins.py", "-k", "accumulation")),
-    # killed by test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged
+           "return (s, moe), grads", ("tests/test_moe_model.py", "-k", "they_repeat")),
+    # killed by test_the_objective_adds_the_router_losses_averaged_over_layers_weighted_and_shared (and
+    # by test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged, slow)
     Mutant("moe-losses-summed-over-layers", "the router losses summed over the MoE layers, not averaged",
            "jaxformer/train/step.py", '{"moe_balance": st.balance.mean(), "moe_z": st.z.mean(),',
            '{"moe_balance": st.balance.sum(), "moe_z": st.z.sum(),',
-           ("tests/test_train_pins.py", "-k", "accumulation")),
-    # killed by test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged
+           ("tests/test_moe_model.py", "-k", "weighted_and_shared")),
+    # killed by test_the_objective_adds_the_router_losses_averaged_over_layers_weighted_and_shared (and
+    # by test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged, slow)
     Mutant("moe-losses-not-shared", "the objective's router losses not divided by the groups",
            "jaxformer/train/step.py",
            'cfg.moe_z_weight * moe["moe_z"]) / shards', 'cfg.moe_z_weight * moe["moe_z"])',
-           ("tests/test_train_pins.py", "-k", "accumulation")),
-    # killed by test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged
+           ("tests/test_moe_model.py", "-k", "weighted_and_shared")),
+    # killed by test_the_objective_adds_the_router_losses_averaged_over_layers_weighted_and_shared (and
+    # by test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged, slow)
     Mutant("moe-loss-weights-swapped", "α weighs the z-loss and β the balance loss", "jaxformer/train/step.py",
            'cfg.moe_balance_weight * moe["moe_balance"] + cfg.moe_z_weight * moe["moe_z"]',
            'cfg.moe_z_weight * moe["moe_balance"] + cfg.moe_balance_weight * moe["moe_z"]',
-           ("tests/test_train_pins.py", "-k", "accumulation")),
+           ("tests/test_moe_model.py", "-k", "weighted_and_shared")),
     # killed by test_moe_router_losses_under_shard_map_are_each_devices_averaged (slow lane)
     Mutant("moe-losses-summed-over-devices", "each device's router losses all-reduced whole (devices× too heavy)",
            "jaxformer/train/step.py", "(model, batch, rng, total,\n", "(model, batch, rng, total, 1,\n",
@@ -565,36 +597,43 @@ MUTANTS = (
     Mutant("moe-metrics-summed-over-devices", "the logged router losses are the devices' sum",
            "jaxformer/train/step.py", "moe = jax.lax.pmean(moe, axes)", "moe = jax.lax.psum(moe, axes)",
            ("tests/test_train_pins.py", "-k", "shard_map")),
-    # killed by test_a_run_restores_the_ema_of_its_saved_per_step_weights
+    # killed by test_a_checkpoint_holds_the_ema_as_its_own_item_and_weights_ema_reads_it (and by
+    # test_a_run_restores_the_ema_of_its_saved_per_step_weights, slow)
     Mutant("ema-restores-trained", 'weights="ema" restores the trained weights', "jaxformer/inference/weights.py",
            '    if weights == "ema":\n        return "eval_ema"\n', '',
-           ("tests/test_train_pins.py", "-k", "restores_the_ema")),
-    # killed by test_a_run_restores_the_ema_of_its_saved_per_step_weights
+           ("tests/test_weights.py", "-k", "own_item")),
+    # killed by test_the_ema_averages_the_weights_after_each_update_from_the_initial_ones (and by
+    # test_a_run_restores_the_ema_of_its_saved_per_step_weights, slow)
     Mutant("ema-starts-at-zero", "the EMA starts from zeros, not the initial weights", "jaxformer/train/weights.py",
            "return EmaState(inner.init(params), jax.tree.map(lambda p: jnp.array(p, jnp.float32, copy=True), params))",
            "return EmaState(inner.init(params), jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))",
-           ("tests/test_train_pins.py", "-k", "restores_the_ema")),
-    # killed by test_a_run_restores_the_ema_of_its_saved_per_step_weights
+           ("tests/test_weights.py", "-k", "ema_averages")),
+    # killed by test_weights_ema_of_a_run_without_an_ema_is_a_named_error (and by
+    # test_a_run_restores_the_ema_of_its_saved_per_step_weights, slow)
     Mutant("ema-without-ema-unchecked", 'weights="ema" of a run without an EMA is not refused by name',
            "jaxformer/inference/restore.py", '    if weights == "ema" and not cfg.optim.ema:\n', "    if False:\n",
-           ("tests/test_train_pins.py", "-k", "restores_the_ema")),
-    # killed by test_deepnorm_gives_each_stack_of_an_encoder_decoder_its_own_alpha_and_beta
+           ("tests/test_weights.py", "-k", "without_an_ema")),
+    # killed by test_an_encoder_decoders_deepnorm_gives_each_stack_its_own_alpha_and_beta (and by
+    # test_deepnorm_gives_each_stack_of_an_encoder_decoder_its_own_alpha_and_beta, slow)
     Mutant("deepnorm-encoder-alpha-of-decoder", "the encoder's attention residual scaled by the decoder's α",
            "jaxformer/nn/layers.py", 'self.res_attn = Residual(cfg, stack="encoder", rngs=rngs)',
-           "self.res_attn = Residual(cfg, rngs=rngs)", ("tests/test_train_pins.py", "-k", "deepnorm")),
-    # killed by test_deepnorm_gives_each_stack_of_an_encoder_decoder_its_own_alpha_and_beta
+           "self.res_attn = Residual(cfg, rngs=rngs)", ("tests/test_residuals.py", "-k", "each_stack_its_own")),
+    # killed by test_an_encoder_decoders_deepnorm_gives_each_stack_its_own_alpha_and_beta (and by
+    # test_deepnorm_gives_each_stack_of_an_encoder_decoder_its_own_alpha_and_beta, slow)
     Mutant("deepnorm-one-alpha", "every residual takes the decoder stack's α", "jaxformer/nn/layers.py",
            "init.deepnorm(cfg, stack)[0]", 'init.deepnorm(cfg, "decoder")[0]',
-           ("tests/test_train_pins.py", "-k", "deepnorm")),
-    # killed by test_deepnorm_gives_each_stack_of_an_encoder_decoder_its_own_alpha_and_beta
+           ("tests/test_residuals.py", "-k", "each_stack_its_own")),
+    # killed by test_an_encoder_decoders_deepnorm_gives_each_stack_its_own_alpha_and_beta (and by
+    # test_deepnorm_gives_each_stack_of_an_encoder_decoder_its_own_alpha_and_beta, slow)
     Mutant("deepnorm-encoder-ffn-beta-of-decoder", "the encoder's FFN initialised with the decoder's β",
            "jaxformer/nn/layers.py", 'self.ffn = make_ffn(cfg, moe, rngs, stack="encoder")',
-           "self.ffn = make_ffn(cfg, moe, rngs)", ("tests/test_train_pins.py", "-k", "deepnorm")),
-    # killed by test_deepnorm_gives_each_stack_of_an_encoder_decoder_its_own_alpha_and_beta
+           "self.ffn = make_ffn(cfg, moe, rngs)", ("tests/test_residuals.py", "-k", "each_stack_its_own")),
+    # killed by test_an_encoder_decoders_deepnorm_gives_each_stack_its_own_alpha_and_beta (and by
+    # test_deepnorm_gives_each_stack_of_an_encoder_decoder_its_own_alpha_and_beta, slow)
     Mutant("deepnorm-n-m-swapped", "the encoder's α and β with N and M swapped", "jaxformer/nn/init.py",
            "0.81 * (n ** 4 * m) ** (1 / 16), 0.87 * (n ** 4 * m) ** (-1 / 16)",
            "0.81 * (m ** 4 * n) ** (1 / 16), 0.87 * (m ** 4 * n) ** (-1 / 16)",
-           ("tests/test_train_pins.py", "-k", "deepnorm")),
+           ("tests/test_residuals.py", "-k", "each_stack_its_own")),
     # V.5: masks from explicit inputs only
     Mutant("model-infers-pad", "without segment ids the model still treats the pad id as padding",
            "jaxformer/nn/inputs.py", "self.segments, self.valid = None, jnp.ones(tokens.shape, bool)",
@@ -628,6 +667,59 @@ MUTANTS = (
            "jaxformer/decode.py", "segment_ids=seg, layout=layout, patch=patch)  # noqa: E731",
            "segment_ids=seg, layout=None, patch=patch)  # noqa: E731",
            ("tests/test_decode_layout.py", "-k", "slices_no_stacked")),
+    # T3: eval-tasks / HarnessModel score as lm-evaluation-harness's HFLM
+    Mutant("acc-norm-bytes-swapped", "acc_norm divides by UTF-8 bytes and acc_bytes by characters",
+           "jaxformer/inference/tasks.py", '"pick_norm": int(np.argmax(per_char)),\n'
+           '                 "pick_bytes": int(np.argmax(per_byte))}', '"pick_norm": int(np.argmax(per_byte)),\n'
+           '                 "pick_bytes": int(np.argmax(per_char))}',
+           ("tests/test_harness_parity.py", "-k", "divides_by_characters")),
+    Mutant("rolling-skips-window-edge", "each rolling window predicts max_len - 1 tokens, skipping one at its edge",
+           "jaxformer/inference/tasks.py", "stop = min(end + self.max_len, len(ids))",
+           "stop = min(end + self.max_len - 1, len(ids))",
+           ("tests/test_harness_parity.py", "-k", "rolling_windows_are_hflms")),
+    Mutant("rolling-windows-max-len-minus-one", "rolling windows of max_len - 1 predictions (T3's old rule)",
+           "jaxformer/inference/tasks.py", "for end in range(1, len(ids), self.max_len):\n"
+           "            stop = min(end + self.max_len, len(ids))", "for end in range(1, len(ids), self.max_len - 1):\n"
+           "            stop = min(end + self.max_len - 1, len(ids))",
+           ("tests/test_harness_parity.py", "-k", "rolling_windows_are_hflms")),
+    Mutant("pair-past-window-short-context", "a pair past the window keeps max_len tokens, one of context less",
+           "jaxformer/inference/tasks.py", "rows = [(p + c)[-(self.max_len + 1):] for p, c in chunk]",
+           "rows = [(p + c)[-self.max_len:] for p, c in chunk]",
+           ("tests/test_harness_parity.py", "-k", "pair_past_the_window_keeps")),
+    Mutant("generation-bos-kept-on-top", "a cut prompt keeps its BOS on top of its last max_len - n - 1 tokens",
+           "jaxformer/inference/tasks.py", "batch, seg = arch.prompt_batch([x[-room:] for x in",
+           "batch, seg = arch.prompt_batch([x[:1] + x[1 - room:] if len(x) > room and self._opening() else "
+           "x[-room:] for x in", ("tests/test_harness_parity.py", "-k", "long_prompt_keeps")),
+    Mutant("rows-wider-than-max-len", "scoring rows padded to the next power of two past model.max_len",
+           "jaxformer/inference/tasks.py", "width = min(self.max_len, 1 << max(1,",
+           "width = max(self.max_len, 1 << max(1,",
+           ("tests/test_harness_parity.py", "-k", "no_wider_than_max_len")),
+    Mutant("generation-largest-max-gen-toks", "every request generates the largest max_gen_toks of the batch",
+           "jaxformer/inference/tasks.py", 'groups.setdefault(int(r.args[1].get("max_gen_toks", MAX_GEN_TOKS)), [])',
+           'groups.setdefault(max(int(q.args[1].get("max_gen_toks", MAX_GEN_TOKS)) for q in requests), [])',
+           ("tests/test_harness_parity.py", "-k", "long_prompt_keeps")),
+    Mutant("mup-readout-sp-init", "µP's untied head keeps SP's init N(0, 1/D) (not as at the base width)",
+           "jaxformer/nn/init.py", '"head": _normal(base ** -0.5)', '"head": _normal(d ** -0.5)',
+           ("tests/test_mup.py", "-k", "each_mup_rule")),
+    Mutant("mup-tied-head-unscaled", "µP's output multiplier skips a tied head", "jaxformer/nn/models.py",
+           "out = out * mult if mult != 1.0 else out", "out = out * mult if mult != 1.0 and not tied else out",
+           ("tests/test_mup.py", "-k", "tied")),
+    Mutant("bootstrap-without-rescaling", "a plain resample of m seeds (variance (m-1)/m of the squared "
+           "standard error)", "jaxformer/stats.py", "scale = np.sqrt(m / np.maximum(m - 1, 1))", "scale = 1.0",
+           ("tests/test_stats.py",)),
+    Mutant("mup-logit-update-from-last-step", "the learned logit update measured from the previous step, not "
+           "from init", "jaxformer/mup.py", "z0 = z if z0 is None else z0", "z0, z_prev = z, z0",
+           ("tests/test_mup.py", "-k", "logit_update")),
+    Mutant("scan-window-of-next-layer", "the scanned stack tells each block the next layer's index (so its window)",
+           "jaxformer/nn/stack.py", "per_layer[\"layer\"] = jnp.arange(self.num_layers, dtype=jnp.int32)",
+           "per_layer[\"layer\"] = jnp.arange(1, self.num_layers + 1, dtype=jnp.int32) % self.num_layers",
+           ("tests/test_decode_layout.py", "-k", "own_window")),
+    Mutant("layout-window-of-layer-zero", "the token loop tells every block it is layer 0 (so layer 0's window)",
+           "jaxformer/nn/stack.py", "extra[\"layer\"] = jnp.asarray(i, jnp.int32)",
+           "extra[\"layer\"] = jnp.asarray(0, jnp.int32)", ("tests/test_decode_layout.py", "-k", "own_window")),
+    Mutant("windows-ignore-the-layer", "every layer takes the first layer's window", "jaxformer/nn/per_layer.py",
+           "jnp.asarray(windows, jnp.int32)[layer]", "jnp.asarray(windows, jnp.int32)[0]",
+           ("tests/test_decode_layout.py", "-k", "own_window")),
 )
 
 
@@ -642,7 +734,7 @@ def copy_tree(dest: Path) -> None:
             shutil.copy2(src, dest / rel)
 
 
-def run(m: Mutant, tree: Path) -> dict:
+def run(m: Mutant, tree: Path, markers: str = "slow or not slow") -> dict:
     target = tree / m.path
     original = target.read_text()
     if original.count(m.old) != 1:
@@ -653,11 +745,14 @@ def run(m: Mutant, tree: Path) -> dict:
     try:
         env = {**os.environ, "PYTHONPATH": str(tree)}
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o",
-                               "addopts=-m 'slow or not slow'", *m.tests],
+                               f"addopts=-m '{markers}'", *m.tests],
                               cwd=tree, env=env, capture_output=True, text=True)
     finally:
         target.write_text(original)
     lines = proc.stdout.strip().splitlines() or [""]
+    if proc.returncode == 5 and markers != "slow or not slow":          # every named test is of another lane
+        return {"name": m.name, "why": m.why, "killed": False, "tests": " ".join(m.tests),
+                "seconds": round(time.perf_counter() - t0, 1), "pytest": f"no test of the lane -m '{markers}'"}
     if proc.returncode not in (0, 1):        # not a test verdict: the mutant broke collection (a bad snippet)
         raise SystemExit(f"mutant {m.name}: pytest exited {proc.returncode} (no test verdict):\n" +
                          "\n".join(lines[-15:]))
@@ -670,6 +765,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--only", nargs="+", help="mutant names")
     p.add_argument("--out", help="write the results as JSON")
+    p.add_argument("--default-lane", action="store_true", help="run the named tests of the default lane only")
     args = p.parse_args()
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
     rows = []
@@ -677,7 +773,7 @@ def main() -> int:
         tree = Path(d)
         copy_tree(tree)
         for m in chosen:
-            rows.append(run(m, tree))
+            rows.append(run(m, tree, "not slow and not gpu" if args.default_lane else "slow or not slow"))
             r = rows[-1]
             print(f"{'killed  ' if r['killed'] else 'SURVIVED'} {r['name']:26} {r['seconds']:6.1f}s  {r['pytest']}",
                   flush=True)

@@ -118,6 +118,36 @@ def test_a_laid_out_step_tells_each_layers_patch_its_own_index():
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
 
 
+def test_each_decoding_path_gives_each_layer_its_own_window():
+    """A per-layer setting follows from the layer index every block is given (`nn.per_layer`): with windows
+    (2, 0) (layer 0 sliding, layer 1 global), a prompt prefilled then decoded a token at a time, through the
+    scanned stack and through the token loop's layout, gives the forward pass's logits at every position (a
+    layer told another's index would see another window)."""
+    graphdef, state = nnx.split(build_model(_cfg(num_decoder_layers=2, attention__windows=(2, 0)), seed=4))
+    tokens = jax.random.randint(jax.random.key(2), (2, 6), 1, V)
+    pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
+
+    @jax.jit
+    def paths(state):                                      # one program: eager dispatch costs more than compiling
+        model = nnx.merge(graphdef, state)
+        out = [model(tokens)]
+        for layout in (None, model.decoding_layout(2)):
+            cache = model.init_cache(2, 6, layout=layout)
+            first, cache = model.step(tokens[:, :3], pos[:, :3], cache, prefill=True, layout=layout)
+            rest = []
+            for t in range(3, 6):
+                logits, cache = model.step(tokens[:, t:t + 1], pos[:, t:t + 1], cache, layout=layout)
+                rest.append(logits)
+            out.append(jnp.concatenate([first, *rest], axis=1))
+        return out
+    want, scanned, laid_out = paths(state)
+    for got in (scanned, laid_out):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+    for same in ((2,), (0,)):                  # the same weights with one window everywhere: other logits
+        other = build_model(_cfg(num_decoder_layers=2, attention__windows=same), seed=4)(tokens)
+        assert not np.allclose(np.asarray(other), np.asarray(want), atol=1e-3), same
+
+
 def test_per_layer_cache_take_and_cut_match_the_stacked_ones():
     keys = jax.random.split(jax.random.key(0), 2)
     k, v = (jax.random.normal(kk, (3, 4, 6, 2, 5)) for kk in keys)                  # [L,B,S,K,H]

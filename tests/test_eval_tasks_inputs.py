@@ -29,7 +29,7 @@ from jaxformer.errors import ConfigError, DataError, Interrupted
 from jaxformer.inference import generate_text, tasks
 from jaxformer.inference.restore import LoadedModel
 from jaxformer.inference.tasks import HarnessModel, _Request, as_chat, evaluate_tasks, read_task, score_generation
-from jaxformer.nn.models import build_model
+from jaxformer.nn.build import build_model
 from jaxformer.signals import Held
 
 

@@ -4,8 +4,12 @@ Prefixes match on dotted names: "jaxformer.nn" matches jaxformer.nn and jaxforme
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 from typing import NamedTuple
+
+import pytest
 
 
 class Rule(NamedTuple):
@@ -20,8 +24,8 @@ TOP = ("jaxformer",)  # every module of the package
 RULES = (
     Rule(("jaxformer.ops",), only=("jaxformer.ops", "jaxformer.errors"),
          reason="ops is pure math: no Flax-facing code, no config"),
-    Rule(("jaxformer.nn",), never=("jaxformer.train", "jaxformer.runs", "jaxformer.decode", "jaxformer.quantize",
-                                   "jaxformer.cli", "jaxformer.inference", "jaxformer.sweep", "jaxformer.report",
+    Rule(("jaxformer.nn",), never=("jaxformer.train", "jaxformer.runs", "jaxformer.decode", "jaxformer.cli",
+                                   "jaxformer.inference", "jaxformer.sweep", "jaxformer.report",
                                    "jaxformer.verdicts", "jaxformer.viz", "jaxformer.checkpoints"),
          reason="nn is modules built from ops and config, below everything that uses them"),
     Rule(("jaxformer.decode",), never=("jaxformer.train", "jaxformer.runs", "jaxformer.config", "jaxformer.configio",
@@ -31,10 +35,16 @@ RULES = (
     Rule(("jaxformer.runs",), never=("jaxformer.nn", "jaxformer.train", "jaxformer.decode", "jaxformer.inference",
                                      "jaxformer.quantize"),
          reason="the run directory is files; restoring a model is inference's job"),
-    Rule(TOP, unless=("jaxformer.train", "jaxformer.cli", "jaxformer.sweep", "jaxformer.scaling", "jaxformer.mup"),
+    Rule(TOP, unless=("jaxformer.train", "jaxformer.cli", "jaxformer.sweep", "jaxformer.mup"),
          never=("jaxformer.train",),
-         reason="train is imported only by train itself, cli, sweep, scaling (a run's FLOPs by the same formula) "
+         reason="train is imported only by train itself, cli, sweep (it trains the runs and records their sizes) "
                 "and mup (its coordinate check trains a few steps)"),
+    Rule(("jaxformer.stats",), only=("jaxformer.errors",),
+         reason="stats is the ground floor of the statistics: numpy, scipy and the standard library"),
+    Rule(("jaxformer.report", "jaxformer.verdicts", "jaxformer.scaling"),
+         never=("jaxformer.nn", "jaxformer.train", "jaxformer.inference", "jaxformer.decode", "jaxformer.arch"),
+         reason="reports and fits read the runs' records: a run's sizes come from its sweep.json (the sweep "
+                "writes them; sweep.computed_sizes is the one fallback to the model code)"),
     Rule(TOP, unless=("jaxformer.cli", "jaxformer.__main__"), never=("jaxformer.cli",),
          reason="cli is the top: nothing in the package imports it"),
     Rule(("jaxformer.ops",), never=("jaxformer.platforms",),
@@ -43,8 +53,10 @@ RULES = (
          reason="the platform seam sits below the model: it knows compilers and processes, not models"),
     Rule(("jaxformer.nn",), unless=("jaxformer.nn.params",), never=("jaxformer.platforms",),
          reason="the model reaches the platform seam from one place (nn.params.lever)"),
-    Rule(("jaxformer.nn", "jaxformer.ops", "jaxformer.decode"), never=("jaxformer.quantize",),
-         reason="quantization sits above the math, the modules and decoding: they do not depend on it"),
+    Rule(("jaxformer.nn", "jaxformer.ops", "jaxformer.decode"), unless=("jaxformer.nn.build",),
+         never=("jaxformer.quantize",),
+         reason="quantization sits above the math, the modules and decoding: they do not depend on it (the "
+                "builder, nn.build, makes a frozen int8 LoRA base with it)"),
 )
 
 
@@ -226,3 +238,78 @@ def test_the_layer_stack_has_one_spelling_and_it_is_the_models():
             assert leading == {cfg.num_encoder_layers if stack == "encoder" else cfg.num_decoder_layers}
     spelled = [f for f in PACKAGE.rglob("*.py") if '"layers", "blocks"' in f.read_text()]
     assert spelled == [PACKAGE / "nn" / "stack.py"], spelled
+
+
+STATS_FLOOR = {"numpy", "scipy", "jaxformer"} | set(sys.stdlib_module_names)
+
+
+def test_the_statistics_ground_floor_imports_numpy_scipy_and_the_standard_library_only():
+    """jaxformer/stats.py (Stat, the verdicts, paired intervals, the bootstrap resampler) imports nothing but
+    numpy, scipy, the standard library and jaxformer.errors (the layer rule), and jax only inside `machine`
+    (it names the devices a result was measured on). Before: Stat and the verdicts lived in report.py and
+    verdicts.py, over the sweep and its runs."""
+    tree = ast.parse((PACKAGE / "stats.py").read_text())
+    outside = {}
+    for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)] + [tree]:
+        body = fn.body if fn is tree else ast.walk(fn)
+        for node in body:
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for top in {n.split(".")[0] for n in names} - STATS_FLOOR - {"__future__"}:
+                outside.setdefault(top, set()).add("<module>" if fn is tree else fn.name)
+    assert outside == {"jax": {"machine"}}, outside
+
+
+def _run_at_import(node: ast.AST):
+    """The nodes of a module that run when it is imported: all but the bodies of functions (and lambdas)."""
+    for child in ast.iter_child_nodes(node):
+        yield child
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            yield from _run_at_import(child)
+
+
+def module_level_closure(root: Path, start: tuple[str, ...]) -> set[str]:
+    """Every module that importing `start` loads by the package's module-level imports (those inside functions
+    wait for a call): package modules by name, and the top-level names of what else they import."""
+    modules = module_names(root)
+    seen, todo = set(), list(start)
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for parent in (".".join(parts[:i]) for i in range(1, len(parts) + 1)):    # a module loads its packages
+            if parent in seen:
+                continue
+            seen.add(parent)
+            file = modules.get(parent)
+            if file is None:
+                continue
+            package = parent if file.name == "__init__.py" else parent.rpartition(".")[0]
+            for sub in _run_at_import(ast.parse(file.read_text(), filename=str(file))):
+                if isinstance(sub, ast.Import):
+                    todo += [a.name for a in sub.names]
+                elif isinstance(sub, ast.ImportFrom) and sub.module != "__future__":
+                    up = package.split(".")
+                    base = (".".join(up[:len(up) - sub.level + 1] + ([sub.module] if sub.module else []))
+                            if sub.level else sub.module)
+                    todo += [base] + [f"{base}.{a.name}" for a in sub.names if f"{base}.{a.name}" in modules]
+    return {n if n.startswith("jaxformer") else n.split(".")[0] for n in seen}
+
+
+REPORTS = ("jaxformer.report", "jaxformer.scaling", "jaxformer.verdicts", "jaxformer.stats")
+
+
+def test_importing_the_reports_loads_no_model_code():
+    """The import graph at module level: the reports, the fits and the statistics reach neither jaxformer.nn nor
+    jaxformer.train nor flax (the slow lane runs the same check in a fresh interpreter)."""
+    loaded = module_level_closure(PACKAGE, REPORTS)
+    assert {"jaxformer.sweep", "jaxformer.stats", "numpy"} <= loaded            # the closure is followed
+    model = sorted(m for m in loaded if matches(m, ("jaxformer.nn", "jaxformer.train", "flax")))
+    assert not model, model
+
+
+@pytest.mark.slow                    # a fresh interpreter importing jax (~2 s)
+def test_importing_the_reports_loads_no_model_code_in_a_fresh_interpreter():
+    code = (f"import {', '.join(REPORTS)}; import sys; print(sorted(m for m in sys.modules if "
+            f"m.startswith('jaxformer.nn') or m.startswith('jaxformer.train') or m.startswith('flax')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

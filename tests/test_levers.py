@@ -135,7 +135,7 @@ def test_decode_target_is_judged_on_each_rows_paired_interval():
     met, line = decode.torch_target([row(1.02, 0.9, 1.1), row(0.8, 0.75, 0.85)])
     assert met is False and "not met" in line and "0.75, 0.85" in line
     ours, theirs = [2.0, 3.0, 1.0, 2.5], [4.0, 6.1, 2.0, 5.0]
-    r = decode.paired_ratio(theirs, ours)                           # timing.paired_ratio, as decode.py calls it
+    r = decode.paired_ratio(theirs, ours)                           # stats.paired_ratio, as decode.py calls it
     assert r["rounds"] == 4 and 1.95 < r["lo"] < r["ratio"] < r["hi"] < 2.1
 
 

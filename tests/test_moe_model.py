@@ -94,7 +94,7 @@ def test_moe_every_second_layer_equals_its_layers_applied_one_by_one():
         h, loads = model.embed(x, pos), []
         for i in range(4):
             h, extras, _ = model.decoder.layers.layer(i)(h, Context(pos, decoder_self_mask(c, pos, pos, valid),
-                                                                 valid=valid))
+                                                                 valid=valid), layer=i)
             assert ("moe" in extras) == (i % 2 == 1)
             loads += [extras["moe"].load] if "moe" in extras else []
         return logits, aux, model.embed.logits(model.decoder.final_norm(h)), jnp.stack(loads), valid

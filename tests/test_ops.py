@@ -597,7 +597,7 @@ def test_check_grads_encoder_block_wrt_input(norm_position):
     x = jnp.asarray(rand(161, (1, 4, 16)))
     mask = jnp.asarray(np.array([[[[1, 1, 1, 0]]]], bool))
     pos = jnp.arange(4)[None]
-    f = jax.jit(lambda x: block(x, Context(pos, mask))[0])  # parameters are closed-over constants
+    f = jax.jit(lambda x: block(x, Context(pos, mask), layer=0)[0])  # parameters are closed-over constants
     assert f(x).shape == x.shape
     check_grads(f, (x,), order=1, modes=["rev"], eps=1e-2, atol=2e-2, rtol=2e-2)
 

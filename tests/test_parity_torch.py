@@ -301,7 +301,7 @@ def test_encoder_block_parity(norm_first, activation):
 
     x = randn(rng, B, S, D)
     valid = lens_valid(SRC_LENS, S)
-    out = ours(jnp.asarray(x), Context(mask=pad_mask(valid))).x
+    out = ours(jnp.asarray(x), Context(mask=pad_mask(valid)), layer=0).x
     assert torch.is_grad_enabled()
     ref = tl(tt(x), src_key_padding_mask=tt(~valid))   # grad on + params require grad: no fast path
     name = f"encoder_block[{'pre' if norm_first else 'post'},{activation}]"
@@ -323,7 +323,8 @@ def test_decoder_block_parity(norm_first, activation):
     y, mem = randn(rng, B, T, D), randn(rng, B, S, D)
     tv, sv = lens_valid(TGT_LENS, T), lens_valid(SRC_LENS, S)
     self_mask = ops.combine_masks(ops.causal_mask(T), pad_mask(tv))
-    out = ours(jnp.asarray(y), Context(mask=self_mask, memory=jnp.asarray(mem), memory_mask=pad_mask(sv))).x
+    out = ours(jnp.asarray(y), Context(mask=self_mask, memory=jnp.asarray(mem), memory_mask=pad_mask(sv)),
+               layer=0).x
     ref = tl(tt(y), tt(mem), tgt_mask=torch_causal(T), tgt_key_padding_mask=tt(~tv),
              memory_key_padding_mask=tt(~sv))
     check(f"decoder_block[{'pre' if norm_first else 'post'},{activation}]", out, ref)
@@ -388,7 +389,7 @@ def test_layer_stack_layer_matches_torch_layer():
     _load_stacks(tr, enc, dec)
     x = randn(rng, B, S, D)
     sv = lens_valid(SRC_LENS, S)
-    out = enc.layers.layer(1)(jnp.asarray(x), Context(mask=pad_mask(sv))).x
+    out = enc.layers.layer(1)(jnp.asarray(x), Context(mask=pad_mask(sv)), layer=1).x
     check("stack.layer(1)", out, tr.encoder.layers[1](tt(x), src_key_padding_mask=tt(~sv)))
 
 

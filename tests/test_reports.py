@@ -12,9 +12,9 @@ from scipy import stats
 
 from helpers import ROOT
 from jaxformer.report import metric_value
-from jaxformer.verdicts import (committed_verdict, difference, equivalence, paired_difference, verdict_from_csv,
-                                within)
+from jaxformer.stats import Stat, difference, equivalence, paired_difference, within
 from jaxformer.sweep import load_sweep
+from jaxformer.verdicts import committed_verdict, verdict_from_csv
 
 SWEEPS = sorted((ROOT / "configs" / "sweeps").glob("*.py"))
 
@@ -163,7 +163,6 @@ def test_the_quoted_ffn_parameter_count_is_the_models_and_the_formula():
 def test_within_decides_a_tolerance_claim_on_the_whole_interval(lo, hi, verdict):
     """Seed 000's "loss ≈ 1.8" with ±10% ([1.62, 1.98]): an interval that merely touches the range is not a
     verdict either way (the old width rule called it "holds")."""
-    from jaxformer.report import Stat
     assert within(Stat(3, 3, (lo + hi) / 2, 0.1, lo, hi), 1.62, 1.98) == verdict
 
 
@@ -174,8 +173,7 @@ def test_within_decides_a_tolerance_claim_on_the_whole_interval(lo, hi, verdict)
 def test_threshold_verdicts_use_the_whole_interval(lo, hi, at_least, under):
     """A threshold claim (exact match ≥ 50%, loss below x) holds or fails only when the whole 95% interval of the
     mean is on one side: a mean on the right side with an interval across the line is "not resolved"."""
-    from jaxformer.report import Stat
-    from jaxformer.verdicts import above, below
+    from jaxformer.stats import above, below
     st = Stat(3, 3, (lo + hi) / 2, 0.1, lo, hi)
     assert above(st, 0.5) == at_least and below(st, 0.5) == under
     assert above(None, 0.5) == below(None, 0.5) == "not resolved"
@@ -186,7 +184,7 @@ def test_more_often_is_a_one_sided_fisher_exact_test():
     by hand from the hypergeometric tail as well), not by comparing the two counts."""
     import math
 
-    from jaxformer.verdicts import more_often
+    from jaxformer.stats import more_often
 
     def tail(k1, n1, k2, n2):          # P(X >= k1), X ~ hypergeometric(n1 + n2, k1 + k2, n1)
         total, events = n1 + n2, k1 + k2

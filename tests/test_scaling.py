@@ -17,8 +17,9 @@ from scipy.optimize import curve_fit
 from helpers import tiny_lm
 from jaxformer.config import to_dict
 from jaxformer.errors import ConfigError, SweepError
-from jaxformer.scaling import (PowerLaw, Scaling, bootstrap, fit, fit_power_law, lack_of_fit, resample,
-                               resampled, run_size)
+from jaxformer.scaling import PowerLaw, Scaling, bootstrap, fit, fit_power_law, lack_of_fit
+from jaxformer.stats import resample, resampled
+from jaxformer.train.flops import run_size
 
 TRUE = PowerLaw(E=1.5, A=40.0, alpha=0.35)
 SIZES = np.array([1e4, 3e4, 1e5, 3e5, 1e6])
@@ -155,21 +156,43 @@ def test_run_size_counts_the_models_parameters_tokens_and_flops():
 
 
 def _fake_sweep(tmp_path, widths=(16, 24, 32, 48), seeds=(0, 1)):
-    """Finished runs written by hand (config.json, metrics, sweep.json) whose held-out loss follows a law in
-    their parameter count: a report over them needs no training."""
+    """Finished runs written by hand (config.json, metrics, sweep.json with the run's sizes, as `sweep.run_one`
+    records them) whose held-out loss follows a law in their parameter count: a report over them needs no
+    training."""
     from jaxformer.sweep import Sweep, runs
     sweep = Sweep(name="fake_scaling", base="configs/alice.py", seeds=seeds,
                   grid={"model.d_model": widths}, set=("model.vocab_size=40",), curves=(),
                   scaling=(Scaling("held-out loss", x="params", bootstrap=50),))
+    sizes = {}
     for r in runs(sweep, tmp_path):
         cfg = tiny_lm(*r.overrides)
         r.workdir.mkdir(parents=True)
         (r.workdir / "config.json").write_text(json.dumps(to_dict(cfg)))
-        loss = float(TRUE(run_size(cfg)["params"]) * (1 + 0.003 * (r.seed - 0.5)))
+        size = sizes[r.arm.name] = sizes.get(r.arm.name) or run_size(cfg)
+        loss = float(TRUE(size["params"]) * (1 + 0.003 * (r.seed - 0.5)))
         (r.workdir / "metrics.jsonl").write_text(json.dumps({"step": 1, "split": "eval", "loss": loss}) + "\n")
         (r.workdir / "sweep.json").write_text(json.dumps({"status": "completed", "overrides": list(r.overrides),
-                                                          "wall_s": 1.0, "eval": {}}))
+                                                          "wall_s": 1.0, "eval": {}, "sizes": size}))
     return sweep
+
+
+def test_report_reads_each_runs_sizes_from_its_record_and_computes_them_only_for_older_records(tmp_path):
+    """A run's sizes are what its sweep.json records (the report imports no model code); a record from before
+    sweeps kept sizes falls back to the run's config (`sweep.computed_sizes`). Before: the report built every
+    arm's abstract model (scaling.run_size), whatever the record said."""
+    import jaxformer.sweep as sw
+    from jaxformer.report import Report
+    from jaxformer.scaling import AXES
+    sweep = _fake_sweep(tmp_path, widths=(16, 24), seeds=(0, 1, 2))
+    rs = sw.runs(sweep, tmp_path)
+    status = lambda r: json.loads((r.workdir / "sweep.json").read_text())            # noqa: E731
+    (rs[0].workdir / "sweep.json").write_text(json.dumps(status(rs[0]) | {"sizes": {k: 7.0 for k in AXES}}))
+    (rs[2].workdir / "sweep.json").unlink()                                          # not finished
+    for r in rs[3:]:                                                                 # recorded before sizes were
+        (r.workdir / "sweep.json").write_text(json.dumps({k: v for k, v in status(r).items() if k != "sizes"}))
+    rep = Report(sweep, tmp_path)
+    assert rep.sizes("params", rep.arms[0]) == [7.0, status(rs[1])["sizes"]["params"], None]
+    assert rep.sizes("flops", rep.arms[1]) == [run_size(tiny_lm(*rs[3].overrides))["flops"]] * 3
 
 
 def test_report_writes_the_fit_and_its_verdict_rebuilds_from_the_csv(tmp_path):

@@ -69,7 +69,7 @@ def test_the_captured_residual_stream_is_the_blocks_applied_by_hand():
         mid = x + attn
         np.testing.assert_allclose(cap["resid_mid"][i], mid, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(cap["mlp_in"][i], block.res_ffn.norm(mid), rtol=1e-5, atol=1e-5)
-        x = block(x, ctx).x
+        x = block(x, ctx, layer=i).x
         np.testing.assert_allclose(cap["resid_post"][i], x, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(cap["mlp_out"][i], x - mid, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(cap["final_norm"], m.decoder.final_norm(x), rtol=1e-5, atol=1e-5)

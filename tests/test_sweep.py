@@ -12,7 +12,8 @@ import pytest
 from helpers import ROOT, TINY_LM, records
 from jaxformer.cli import main
 from jaxformer.errors import ConfigError, SweepError
-from jaxformer.report import metric_value, stat, write_report
+from jaxformer.report import metric_value, write_report
+from jaxformer.stats import stat
 from jaxformer.sweep import load_sweep, run_sweep, runs
 from jaxformer.train.loop import train
 
@@ -60,7 +61,7 @@ def test_grid_runs_resume_skip_and_report(tmp_path, capsys):
     for r in rs:
         st = json.loads((r.workdir / "sweep.json").read_text())
         assert st["status"] == "completed" and st["seed"] == r.seed and math.isfinite(st["evals"]["half"]["loss"])
-        assert f"train.seed={r.seed}" in st["overrides"]
+        assert f"train.seed={r.seed}" in st["overrides"] and st["sizes"]["params"] > 0    # for scaling fits
     # seeds differ, arms differ: the runs are not copies of each other
     losses = [json.loads((r.workdir / "sweep.json").read_text())["eval"]["loss"] for r in rs]
     assert len(set(losses)) == 8
@@ -175,6 +176,35 @@ def test_shipped_sweeps_load_and_resolve():
         rs = runs(sweep)
         assert len(sweep.seeds) >= 3 and rs
         check(sweep, rs)
+
+
+def test_a_finished_run_records_its_sizes_for_the_report(tmp_path, monkeypatch):
+    """run_one writes the run's sizes (scaling.AXES, by train.flops.run_size from the resolved config.json that
+    training wrote) into its sweep.json, completed or diverged: the report reads them there, without the model
+    code. Training is faked (it writes the config, then finishes or diverges). Before: no sizes recorded."""
+    import jaxformer.train.loop as loop
+    from jaxformer.config import to_dict
+    from jaxformer.configio import apply_overrides
+    from jaxformer.errors import NonFiniteLoss
+    from jaxformer.sweep import recorded_sizes, run_one
+    from jaxformer.train.flops import run_size
+    sweep = load_sweep(_sweep_file(tmp_path, name="sized", grid={"model.d_model": (16, 24)}))
+    resolved = {}
+
+    def fake_train(cfg, workdir, progress):
+        cfg = resolved[str(workdir)] = apply_overrides(cfg, ["model.vocab_size=40"])    # as the data resolves it
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "config.json").write_text(json.dumps(to_dict(cfg)))
+        if cfg.model.d_model == 24:
+            raise NonFiniteLoss("loss nan at step 3")
+        return {"status": "completed", "step": STEPS, "eval": {"loss": 2.0}, "signal": None}
+    monkeypatch.setattr(loop, "train", fake_train)
+    for r in runs(sweep, tmp_path / "runs")[::2]:
+        st = run_one(sweep, r)
+        written = json.loads((r.workdir / "sweep.json").read_text())
+        assert written["status"] == st["status"] == ("completed" if "d_model=16" in r.id else "diverged")
+        assert recorded_sizes(written) == written["sizes"] == run_size(resolved[str(r.workdir)])
+    assert recorded_sizes({"sizes": {"params": 1.0}}) is None      # an axis missing: computed, not a KeyError
 
 
 def test_torn_and_non_utf8_metric_lines_are_skipped_by_runs_and_report(tmp_path):

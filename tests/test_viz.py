@@ -84,7 +84,7 @@ def test_each_layers_weights_are_that_layers_own_attention(models):
         blk = s2s.encoder.layers.layer(i)
         w = blk.self_attn(_pre(blk.res_attn, x), mask=src_mask, positions=pos, weights=True)[1]["weights"]
         np.testing.assert_allclose(np.asarray(got["encoder_self"][i]), np.asarray(w), atol=TOL)
-        x = blk(x, Context(pos, src_mask))[0]
+        x = blk(x, Context(pos, src_mask), layer=i)[0]
     memory = s2s.encoder.final_norm(x) if s2s.encoder.final_norm is not None else x
     tpos = default_positions(TGT)
     ts = jnp.asarray(TGT_SEG)
@@ -98,7 +98,7 @@ def test_each_layers_weights_are_that_layers_own_attention(models):
         wc = blk.cross_attn(_pre(blk.res_cross, h1), memory, mask=cross_mask, weights=True)[1]["weights"]
         np.testing.assert_allclose(np.asarray(got["decoder_self"][i]), np.asarray(ws), atol=TOL)
         np.testing.assert_allclose(np.asarray(got["decoder_cross"][i]), np.asarray(wc), atol=TOL)
-        h = blk(h, Context(tpos, mask, memory=memory, memory_mask=cross_mask))[0]
+        h = blk(h, Context(tpos, mask, memory=memory, memory_mask=cross_mask), layer=i)[0]
 
     got = lm.attention_weights(TOKENS, segment_ids=SEG)["self"]
     pos, seg = default_positions(TOKENS), jnp.asarray(SEG)
@@ -108,7 +108,7 @@ def test_each_layers_weights_are_that_layers_own_attention(models):
         blk = lm.decoder.layers.layer(i)
         ws = blk.self_attn(_pre(blk.res_self, h), mask=mask, positions=pos, weights=True)[1]["weights"]
         np.testing.assert_allclose(np.asarray(got[i]), np.asarray(ws), atol=TOL)
-        h = blk(h, Context(pos, mask))[0]
+        h = blk(h, Context(pos, mask), layer=i)[0]
 
 
 @pytest.fixture(scope="module")

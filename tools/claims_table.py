@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from jaxformer.verdicts import difference
+from jaxformer.stats import difference
 
 ROOT = Path(__file__).resolve().parents[1]
 ABLATIONS, RESULTS = ROOT / "docs" / "ablations", ROOT / "benchmarks" / "results"

@@ -1,5 +1,5 @@
 """FFN activation at equal parameter count: ReLU and GELU with d_ff=128, SwiGLU with d_ff=85 (3·D·85 ≈ 2·D·128)."""
-from jaxformer.verdicts import difference, equivalence
+from jaxformer.stats import difference, equivalence
 from jaxformer.sweep import Sweep
 
 # The equivalence margin of "GELU ≈ ReLU": a best held-out loss within 0.05 nats per character (~2% of the

@@ -1,6 +1,6 @@
 """Attention logits scaled by 1/sqrt(H) vs not scaled, as the head dim H grows (D=128 fixed: N = 16, 4, 1)."""
+from jaxformer.stats import difference
 from jaxformer.sweep import Sweep
-from jaxformer.verdicts import difference
 
 HEADS = (16, 4, 1)          # H = 128 / N = 8, 32, 128
 

@@ -6,8 +6,8 @@ import json
 import statistics
 from pathlib import Path
 
+from jaxformer.stats import difference, equivalence, more_often
 from jaxformer.sweep import Sweep
-from jaxformer.verdicts import difference, equivalence, more_often
 
 PLACEMENTS = {"post": {"model.norm.position": "post"}, "pre": {"model.norm.position": "pre"},
               "sandwich": {"model.norm.position": "sandwich"}, "deepnorm": {"model.norm.position": "deepnorm"},

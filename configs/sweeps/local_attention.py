@@ -1,8 +1,8 @@
 """Local (sliding-window) against global attention at equal compute on a long-context task: the tiny-Shakespeare
 character model with 256-character blocks, every layer global, every layer local, or three local layers then
 one global ("LLLG")."""
+from jaxformer.stats import difference, equivalence
 from jaxformer.sweep import Sweep
-from jaxformer.verdicts import difference, equivalence
 
 MARGIN = 0.02       # nats per character: a held-out loss difference we call negligible (~1.5% of the loss)
 WINDOW = 16

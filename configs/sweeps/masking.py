@@ -1,6 +1,6 @@
 """Two masking bugs of seed 004 on digit reversal: 0 as the masked-logit value, and triu as the causal mask."""
+from jaxformer.stats import below, difference
 from jaxformer.sweep import Sweep
-from jaxformer.verdicts import below, difference
 
 FAILS = 0.1        # greedy decoding "fails": held-out exact match below 10%
 

@@ -4,7 +4,7 @@ width, each token routed to 2 (its active FFN equals the dense one, its FFN para
 the MoE's total FFN parameters (d_ff doubled)."""
 import time
 
-from jaxformer.verdicts import difference, equivalence
+from jaxformer.stats import difference, equivalence
 from jaxformer.sweep import Sweep
 
 MARGIN = 0.05       # nats per character: a best held-out loss difference we call negligible (~2% of the loss)

@@ -2,8 +2,8 @@
 initialisation (the quantity Xiong et al. 2020 analyse)."""
 import statistics
 
+from jaxformer.stats import more_often
 from jaxformer.sweep import Sweep
-from jaxformer.verdicts import more_often
 
 DEPTHS = (2, 6, 12)
 LRS = (1e-3, 5e-3)

@@ -1,8 +1,8 @@
 """Optimizers and schedules at equal steps on the Alice char LM: AdamW with cosine or warmup-stable-decay, Lion,
 Muon (AdamW for the non-matrix parameters) and schedule-free AdamW, each at three peak learning rates, with an EMA
 of the weights evaluated alongside every non-schedule-free arm."""
+from jaxformer.stats import difference, equivalence
 from jaxformer.sweep import Sweep
-from jaxformer.verdicts import difference, equivalence
 
 MARGIN = 0.02       # nats per character: a held-out loss difference we call negligible (~1% of the loss)
 EMA = 0.98          # the weights' EMA decay (a half-life of ~34 of the 300 steps)

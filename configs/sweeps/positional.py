@@ -1,7 +1,7 @@
 """Positional encodings and length generalisation: train on digit strings of length 3..L (L=8), test on
 strings of exactly L, 1.5L, 2L and 4L digits, for reversal and copy."""
+from jaxformer.stats import above
 from jaxformer.sweep import Sweep
-from jaxformer.verdicts import above
 
 L = 8
 LENGTHS = {"L": L, "1.5L": 3 * L // 2, "2L": 2 * L, "4L": 4 * L}

@@ -1,8 +1,8 @@
 """Seed 004's digit reversal as shipped (configs/reverse.py, the README's main job), over seeds."""
 import math
 
+from jaxformer.stats import within
 from jaxformer.sweep import Sweep
-from jaxformer.verdicts import within
 
 
 def summary(rep) -> str:

@@ -8,8 +8,8 @@ Prepare the three shard folders first (from the repository root; each takes seco
     jaxformer data prepare ../shared/data/tiny_shakespeare.txt --tokenizer bpe --vocab-size 2048 \\
         --out runs/data/shakespeare-bpe2048
 """
+from jaxformer.stats import difference
 from jaxformer.sweep import Sweep
-from jaxformer.verdicts import difference
 
 ARMS = (("char", "runs/data/shakespeare-char"), ("bpe 512", "runs/data/shakespeare-bpe512"),
         ("bpe 2048", "runs/data/shakespeare-bpe2048"))

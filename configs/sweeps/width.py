@@ -1,6 +1,6 @@
 """Seed 000's char LM at three widths: the first 10,000 characters of Alice, D = 32, 64, 128 (d_ff = 2D)."""
+from jaxformer.stats import within
 from jaxformer.sweep import Sweep
-from jaxformer.verdicts import within
 
 
 def summary(rep) -> str:

@@ -4,8 +4,10 @@
 A task file is JSONL, one example per line; its kind is read from the first line's keys:
   multiple choice  {"context": str, "choices": [str, ...], "answer": int}     (ARC, HellaSwag, PIQA converted)
       each choice scored by its log-likelihood given the context, summed over its tokens (`loglikelihood`);
-      acc: the highest-scoring choice is the answer; acc_norm: the highest score per UTF-8 byte of the choice
-      (lm-evaluation-harness's acc_norm, which divides by the choice's length in bytes).
+      acc: the highest-scoring choice is the answer; acc_norm: the highest score per character of the choice
+      (its text as written, a leading space included); acc_bytes: per UTF-8 byte of it (lm-evaluation-harness's
+      three metrics: `ConfigurableTask.process_results` divides by len(choice) for acc_norm, by its UTF-8 length
+      for acc_bytes; they differ only on non-ASCII choices).
   generation       {"prompt": str, "answer": str}                             (GSM8K style)
       the greedy continuation (`generate_until`: up to --max-new tokens, cut at the first stop string, default
       "\\n\\n"), exact_match: it equals the answer (a JSON number: its text) after stripping whitespace (and,
@@ -20,12 +22,20 @@ apart two files of one stem: `task_names`) as each task finishes; a stop signal 
 `generate_until`, each over requests with `.args`), so that its task library can drive a jaxformer model where a
 user has lm_eval and the data: `lm_eval.evaluator.simple_evaluate(model=HarnessModel(run), tasks=[...])`.
 
-Tokenization follows lm-evaluation-harness: trailing whitespace of a context moves to its continuation, the pair
-is encoded whole, and the continuation's tokens are those after the context's (so a word is tokenized as it is
-in running text); the run's BOS opens each row where its tokenizer has one (a pretrained model's), else its
-end-of-document token opens a row whose context is empty. Rows longer than model.max_len keep their last
-max_len tokens; a generation prompt keeps its last model.max_len - max_new (lm-evaluation-harness's cut, with a
-warning). Scoring is batched in rows padded to a power of two (few compiled shapes), one jitted forward.
+Tokenization and windows follow lm-evaluation-harness 0.4's HFLM (`tests/test_harness_parity.py` runs it on the
+same weights): trailing whitespace of a context moves to its continuation, the pair is encoded whole, and the
+continuation's tokens are those after the context's (so a word is tokenized as it is in running text); the run's
+BOS opens each row where its tokenizer has one (a pretrained model's), else its end-of-document token opens a row
+whose context is empty. A pair is scored on the last max_len + 1 tokens of context + continuation: the model
+reads the first max_len of them and the continuation's last token is only a target (HFLM's
+`(context + continuation)[-(max_length + 1):][:-1]`); a continuation longer than max_len tokens is refused.
+`loglikelihood_rolling` scores a text in HFLM's disjoint windows (`get_rolling_token_windows` with
+context_len=1, `make_disjoint_window`): the first predicts the text's first max_len tokens after the BOS (or
+end-of-document) token, each next one the next max_len tokens after as many tokens before them as make max_len
+inputs (a tokenizer with a BOS also opens the text with it, so that BOS is scored after the first, as HFLM scores
+it). A generation prompt (its BOS included) keeps its last model.max_len - max_gen_toks tokens (HFLM's left
+truncation, with a warning), and requests are generated in groups of one max_gen_toks (default 256, HFLM's).
+Scoring is batched in rows padded to a power of two up to max_len (few compiled shapes), one jitted forward.
 """
 from __future__ import annotations
 
@@ -52,13 +62,16 @@ from jaxformer.signals import Held
 log = logging.getLogger("jaxformer")
 
 
+MAX_GEN_TOKS = 256                     # lm-evaluation-harness's max_gen_toks where a request names none
+
+
 @functools.partial(jax.jit, static_argnums=0)
-def _token_scores(graph, state, tokens, seg):
-    """-> (log P(token i+1 | tokens ..i) [B,T-1], whether it is the argmax [B,T-1]) of the model (graph, state)."""
+def _token_scores(graph, state, tokens, targets, seg):
+    """tokens, targets, seg [B,T] -> (log P(targets[:, i] | tokens[:, ..i]) [B,T], whether it is the argmax [B,T])
+    of the model (graph, state)."""
     logits = nnx.merge(graph, state)(tokens, segment_ids=seg).astype(jnp.float32)
-    lp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-    nxt = tokens[:, 1:]
-    return jnp.take_along_axis(lp, nxt[..., None], -1)[..., 0], lp.argmax(-1) == nxt
+    lp = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.take_along_axis(lp, targets[..., None], -1)[..., 0], lp.argmax(-1) == targets
 
 
 class HarnessModel:
@@ -96,54 +109,82 @@ class HarnessModel:
         return prefix, whole[len(ctx):]
 
     def _score_rows(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        """(log P(continuation | prefix), whether greedy decoding gives the continuation) per pair, batched."""
+        """(log P(continuation | prefix), whether greedy decoding gives the continuation) per pair (a continuation
+        of max_len tokens at most), batched. A row is the last max_len + 1 tokens of prefix + continuation, as
+        lm-evaluation-harness cuts it: the model reads all but its last token and predicts all but its first."""
         out = []
         for i in range(0, len(pairs), self.rows):
             self.before_batch()
             chunk = pairs[i:i + self.rows]
-            rows = [(p + c)[-self.max_len:] for p, c in chunk]
-            width = 1 << max(1, math.ceil(math.log2(max(len(r) for r in rows))))
+            rows = [(p + c)[-(self.max_len + 1):] for p, c in chunk]
+            width = min(self.max_len, 1 << max(1, math.ceil(math.log2(max(1, *(len(r) - 1 for r in rows))))))
             b = 1 << max(0, math.ceil(math.log2(len(rows))))
-            tokens, seg = np.zeros((b, width), np.int32), np.zeros((b, width), np.int32)
+            tokens, targets, seg = (np.zeros((b, width), np.int32) for _ in range(3))
             for j, r in enumerate(rows):
-                tokens[j, :len(r)], seg[j, :len(r)] = r, 1
-            lp, greedy = (np.asarray(x) for x in self._scores(self._state, jnp.asarray(tokens), jnp.asarray(seg)))
+                tokens[j, :len(r) - 1], targets[j, :len(r) - 1], seg[j, :len(r) - 1] = r[:-1], r[1:], 1
+            lp, greedy = (np.asarray(x) for x in self._scores(self._state, jnp.asarray(tokens), jnp.asarray(targets),
+                                                              jnp.asarray(seg)))
             for j, ((p, c), r) in enumerate(zip(chunk, rows)):
-                n = min(len(c), len(r) - 1)
+                n = len(c)
                 sl = slice(len(r) - 1 - n, len(r) - 1)                 # predictions of the continuation's tokens
                 out.append((float(lp[j, sl].sum()), bool(greedy[j, sl].all())))
         return out
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-        """requests with .args = (context, continuation) -> [(log-likelihood, is_greedy)]."""
-        return self._score_rows([self._pair(*r.args) for r in requests])
+        """requests with .args = (context, continuation) -> [(log-likelihood, is_greedy)]. DataError: a
+        continuation longer than model.max_len tokens (lm-evaluation-harness scores a continuation in one
+        window)."""
+        pairs = [self._pair(*r.args) for r in requests]
+        for r, (_, c) in zip(requests, pairs):
+            if len(c) > self.max_len:
+                raise DataError(f"{self.task + ': ' if self.task else ''}the continuation {r.args[1][:60]!r} is "
+                                f"{len(c)} tokens, longer than model.max_len={self.max_len}: it cannot be scored "
+                                f"in one window")
+        return self._score_rows(pairs)
 
     def loglikelihood_rolling(self, requests) -> list[float]:
-        """requests with .args = (text,) -> the text's log-likelihood, in windows of up to model.max_len tokens
-        (every token scored once, with as much of the text before it as fits; the first after the run's BOS or
-        end-of-document token, else unscored)."""
+        """requests with .args = (text,) -> the text's log-likelihood over lm-evaluation-harness's disjoint
+        rolling windows (`_windows`): every token scored once; the first after the run's BOS or end-of-document
+        token (HFLM's prefix token), else unscored. A tokenizer with a BOS opens the text with it too (HFLM's
+        tok_encode adds it), so that BOS is scored after the prefix BOS, as HFLM scores it."""
         eod = getattr(self.tok, "eod_id", None)
         head = self._opening() or ([int(eod)] if eod is not None else [])
         out = []
         for r in requests:
-            ids = head + [int(t) for t in self.tok.encode(r.args[0])]
-            pairs = [(ids[max(0, stop - self.max_len):end], ids[end:stop])
-                     for end in range(1, len(ids), self.max_len - 1)
-                     for stop in [min(end + self.max_len - 1, len(ids))]]
+            pairs = self._windows(head + self._opening() + [int(t) for t in self.tok.encode(r.args[0])])
             out.append(sum(s for s, _ in self._score_rows(pairs)) if pairs else 0.0)
         return out
 
+    def _windows(self, ids: list[int]) -> list[tuple[list[int], list[int]]]:
+        """ids [n] -> (prefix, continuation) pairs scoring ids[1:], max_len tokens a window, each continuation
+        after as many tokens before it as make max_len inputs: lm_eval.utils.get_rolling_token_windows with
+        context_len=1 and prefix ids[0], made disjoint by make_disjoint_window."""
+        pairs = []
+        for end in range(1, len(ids), self.max_len):
+            stop = min(end + self.max_len, len(ids))
+            pairs.append((ids[max(0, stop - self.max_len - 1):end], ids[end:stop]))
+        return pairs
+
     def generate_until(self, requests) -> list[str]:
-        """requests with .args = (context, {"until": [stop strings], "max_gen_toks": n}) -> greedy continuations
-        (batched, n tokens at most: the largest n of the requests), each cut at its first stop string. A context
-        longer than model.max_len - n tokens keeps its last ones, as lm-evaluation-harness cuts it (one warning
-        line counts them)."""
-        if not requests:
-            return []
-        n = max(int(r.args[1].get("max_gen_toks", 64)) for r in requests)
+        """requests with .args = (context, {"until": stop string(s), "max_gen_toks": n (default 256)}) -> greedy
+        continuations of n tokens at most (batched per n, as lm-evaluation-harness groups requests by their
+        generation arguments), each cut at its first stop string."""
+        groups: dict[int, list[int]] = {}
+        for k, r in enumerate(requests):
+            groups.setdefault(int(r.args[1].get("max_gen_toks", MAX_GEN_TOKS)), []).append(k)
+        out = [""] * len(requests)
+        for n, ks in groups.items():
+            for k, text in zip(ks, self._generate([requests[k] for k in ks], n)):
+                out[k] = text
+        return out
+
+    def _generate(self, requests, n: int) -> list[str]:
+        """`generate_until` of requests of one max_gen_toks n. A prompt (its BOS included) longer than
+        model.max_len - n tokens keeps its last ones, as lm-evaluation-harness cuts it (one warning line counts
+        them)."""
         arch, room = adapter("decoder_only"), prompt_room(self.run, n)
-        ids = [prompt_ids(self.tok, r.args[0]) for r in requests]
-        cut = sum(len(x) > room for x in ids)
+        rows = [arch.prompt_row(self.tok, prompt_ids(self.tok, r.args[0])) for r in requests]
+        cut = sum(len(x) > room for x in rows)
         if cut:
             log.warning("%s%d of %d prompts are longer than model.max_len=%d - %d new tokens: each keeps its last "
                         "%d tokens (lm-evaluation-harness's rule)", f"{self.task}: " if self.task else "", cut,
@@ -151,20 +192,19 @@ class HarnessModel:
         out = []
         for i in range(0, len(requests), self.rows):
             self.before_batch()
-            batch, seg = arch.prompt_batch([arch.prompt_row(self.tok, x[-room:]) for x in ids[i:i + self.rows]],
-                                           self.run.cfg.model.pad_id)
+            batch, seg = arch.prompt_batch([x[-room:] for x in rows[i:i + self.rows]], self.run.cfg.model.pad_id)
             new = arch.generate(self.run.model, self.tok, batch, seg, max_new=n, key=jax.random.key(0))
             for r, row in zip(requests[i:i + self.rows], np.asarray(new)):
-                text = self.tok.decode(row)
-                cuts = [text.find(s) for s in r.args[1].get("until", []) if s and s in text]
+                text, until = self.tok.decode(row), r.args[1].get("until") or []
+                cuts = [text.find(s) for s in ([until] if isinstance(until, str) else until) if s and s in text]
                 out.append(text[:min(cuts)] if cuts else text)
         return out
 
 
 def prompt_room(run: LoadedModel, max_new: int) -> int:
-    """The prompt tokens a generation of max_new tokens leaves room for within model.max_len (after the BOS of a
-    tokenizer with one). ConfigError: none."""
-    room = run.cfg.model.max_len - max_new - (getattr(run.tokenizer, "bos_id", None) is not None)
+    """The prompt tokens (a tokenizer's BOS among them) a generation of max_new tokens leaves room for within
+    model.max_len: lm-evaluation-harness's max_length - max_gen_toks. ConfigError: none."""
+    room = run.cfg.model.max_len - max_new
     if room < 1:
         raise ConfigError(f"--max-new {max_new} leaves no room for a prompt within model.max_len="
                           f"{run.cfg.model.max_len}")
@@ -184,18 +224,23 @@ def _stat(scores: list[float]) -> dict:
 
 
 def score_multiple_choice(hm: HarnessModel, rows: list[dict]) -> tuple[dict, list[dict]]:
+    """Each example's choices scored by `loglikelihood` -> ({"acc", "acc_norm", "acc_bytes"}: `_stat`, per-example
+    predictions), as lm-evaluation-harness's ConfigurableTask.process_results picks: the choice of the highest
+    log-likelihood (acc), of the highest per character of its text (acc_norm), per UTF-8 byte (acc_bytes)."""
     reqs = [_Request(r["context"], c) for r in rows for c in r["choices"]]
     lls = [s for s, _ in hm.loglikelihood(reqs)]
-    acc, norm, preds, k = [], [], [], 0
+    scores, preds, k = {"acc": [], "acc_norm": [], "acc_bytes": []}, [], 0
     for r in rows:
         ll = lls[k:k + len(r["choices"])]
         k += len(r["choices"])
+        per_char = [s / max(1, len(c)) for s, c in zip(ll, r["choices"])]
         per_byte = [s / max(1, len(c.encode("utf-8"))) for s, c in zip(ll, r["choices"])]
-        pick, pick_norm = int(np.argmax(ll)), int(np.argmax(per_byte))
-        acc.append(float(pick == r["answer"]))
-        norm.append(float(pick_norm == r["answer"]))
-        preds.append({"loglikelihoods": ll, "pick": pick, "pick_norm": pick_norm, "answer": r["answer"]})
-    return {"acc": _stat(acc), "acc_norm": _stat(norm)}, preds
+        picks = {"pick": int(np.argmax(ll)), "pick_norm": int(np.argmax(per_char)),
+                 "pick_bytes": int(np.argmax(per_byte))}
+        for metric, pick in zip(scores, picks.values()):
+            scores[metric].append(float(pick == r["answer"]))
+        preds.append({"loglikelihoods": ll, **picks, "answer": r["answer"]})
+    return {metric: _stat(x) for metric, x in scores.items()}, preds
 
 
 def extract(pattern: re.Pattern | None, text: str) -> str | None:

@@ -21,7 +21,7 @@ from jaxformer.config import ModelConfig
 from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.cache import LayerKV
 from jaxformer.nn.moe import MoEFeedForward
-from jaxformer.nn import init
+from jaxformer.nn import init, per_layer
 from jaxformer.nn.params import lever, ones, param, project, weight, zeros
 from jaxformer.nn.sites import NO_SITES, Sites
 from jaxformer.nn.stack import BlockOut
@@ -189,9 +189,11 @@ class EncoderBlock(nnx.Module):
         self.res_attn = Residual(cfg, stack="encoder", rngs=rngs)
         self.res_ffn = Residual(cfg, stack="encoder", rngs=rngs)
 
-    def __call__(self, x: jax.Array, ctx: Context, *, rngs: nnx.Rngs | None = None, layer=None) -> BlockOut:
+    def __call__(self, x: jax.Array, ctx: Context, *, layer: jax.Array | int,
+                 rngs: nnx.Rngs | None = None) -> BlockOut:
         """x [B,S,D] -> BlockOut([B,S,D], aux, None): aux "self" weights [B,N,S,S] with ctx.weights, "moe" from
-        a MoE FFN, "captured": the activation sites ctx.probe captures (`nn.sites`; layer: this layer's index)."""
+        a MoE FFN, "captured": the activation sites ctx.probe captures (`nn.sites`). layer: this block's index in
+        its stack (`nn.per_layer`)."""
         sites = Sites(ctx.probe, layer)
         x, a = self.res_attn(sites("resid_pre", x), lambda y: sites.output("attn_out", self.self_attn(
             sites("attn_in", y), mask=ctx.mask, positions=ctx.positions, weights=ctx.weights, rngs=rngs,
@@ -207,6 +209,7 @@ class DecoderBlock(nnx.Module):
     Mixture-of-Experts with moe=True)."""
 
     def __init__(self, cfg: ModelConfig, *, cross: bool, moe: bool = False, rngs: nnx.Rngs):
+        self.cfg = cfg
         self.self_attn = MultiHeadAttention(cfg, self_attention=True, rngs=rngs)
         self.res_self = Residual(cfg, rngs=rngs)
         self.cross = cross
@@ -217,21 +220,23 @@ class DecoderBlock(nnx.Module):
         self.ffn = make_ffn(cfg, moe, rngs)
         self.res_ffn = Residual(cfg, rngs=rngs)
 
-    def __call__(self, x: jax.Array, ctx: Context, *, cache: LayerKV | None = None,
-                 memory_kv: LayerKV | None = None, window: jax.Array | None = None,
-                 decode: DecodeWeights | None = None, rngs: nnx.Rngs | None = None, layer=None) -> BlockOut:
+    def __call__(self, x: jax.Array, ctx: Context, *, layer: jax.Array | int, cache: LayerKV | None = None,
+                 memory_kv: LayerKV | None = None, decode: DecodeWeights | None = None,
+                 rngs: nnx.Rngs | None = None) -> BlockOut:
         """x [B,T,D] -> BlockOut([B,T,D], aux, kv).
 
+        layer: this block's index in its stack (what varies with depth follows from it: `nn.per_layer`, e.g. its
+        sliding window, applied to ctx.mask, a lazy ops.masks.CausalMask; activation patches receive it).
         cache: this layer's cached keys/values [B,S,K,H]: the self-attention attends over them followed by the T
         new keys (ctx.mask and ctx.kv_positions cover S+T keys), and kv holds the new keys/values [B,T,K,H] for
         the caller to write into its cache (None without a cache). memory_kv: this layer's cross-attention keys/values of
-        the encoder memory [B,S,K,H] (else they are projected from ctx.memory). window: this layer's sliding
-        window (an int scalar, 0 = global) applied to ctx.mask (a lazy ops.masks.CausalMask). decode: this layer's
+        the encoder memory [B,S,K,H] (else they are projected from ctx.memory). decode: this layer's
         decoding-layout weights (`decode_weights`: a token loop's, from `nn.stack.LayerStack.lay_out`). aux holds
         "self" [B,N,T,S] and "cross" [B,N,T,S_src] weights with ctx.weights (uncached passes), "moe" statistics,
-        "captured": the activation sites ctx.probe captures (`nn.sites`; layer: this layer's index, for patches)."""
+        "captured": the activation sites ctx.probe captures (`nn.sites`)."""
         if ctx.weights and cache is not None:
             raise ValueError("attention weights are for uncached passes (cache=None)")
+        window = per_layer.settings(self.cfg, layer).window
         mask = ctx.mask if window is None else ctx.mask._replace(window=window)
         decode = DecodeWeights() if decode is None else decode
         sites = Sites(ctx.probe, layer)

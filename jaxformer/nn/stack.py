@@ -92,12 +92,14 @@ class LayerStack(nnx.Module):
         return [self.blocks] if self.pattern == 1 else list(self.blocks)
 
     def __call__(self, x: jax.Array, ctx, *, cache: LayerKV | None = None, memory_kv: LayerKV | None = None,
-                 window: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> BlockOut:
-        """Apply the L blocks in order: block(x, ctx, ...) -> BlockOut. x [B,T,D] -> BlockOut(x [B,T,D], aux, kv).
+                 rngs: nnx.Rngs | None = None) -> BlockOut:
+        """Apply the L blocks in order: block(x, ctx, layer=i, ...) -> BlockOut. x [B,T,D] -> BlockOut(x [B,T,D],
+        aux, kv).
 
-        ctx: what every block reads (`nn.layers.Context`). cache, memory_kv, window: per-layer inputs, leaves with
-        a leading axis L (the decoder's cached keys/values; the cross-attention keys/values of the memory; each
-        layer's sliding window, int [L]), sliced per layer and passed to block i under the same names.
+        ctx: what every block reads (`nn.layers.Context`). layer: each block's index (int32, scanned), from which
+        it computes what varies with depth (`nn.per_layer`). cache, memory_kv: per-layer inputs, leaves with a
+        leading axis L (the decoder's cached keys/values; the cross-attention keys/values of the memory), sliced
+        per layer and passed to block i under the same names.
         aux: each key's leaves stacked on a leading axis over the layers that returned it, in layer order (L for
         all layers). kv: with a cache, every layer's new keys/values, stacked [L,B,T,K,H] (a `DecodingLayers`
         keeps them per layer for a per-layer cache). rngs: a dropout stream (training); each layer gets its own key.
@@ -108,10 +110,8 @@ class LayerStack(nnx.Module):
         if rngs is not None:
             keys = jax.random.split(rngs.dropout(), self.num_layers)
             keys = keys.reshape(groups, n, *keys.shape[1:])
-        per_layer = {k: v for k, v in (("cache", cache), ("memory_kv", memory_kv), ("window", window))
-                     if v is not None}
-        if getattr(ctx, "probe", None) is not None:              # activation sites: each block's layer index
-            per_layer["layer"] = jnp.arange(self.num_layers, dtype=jnp.int32)
+        per_layer = {k: v for k, v in (("cache", cache), ("memory_kv", memory_kv)) if v is not None}
+        per_layer["layer"] = jnp.arange(self.num_layers, dtype=jnp.int32)          # every block's index
         per_layer = jax.tree.map(lambda a: a.reshape(groups, n, *a.shape[1:]), per_layer)
 
         def body(h, xs):
@@ -160,18 +160,17 @@ class DecodingLayers(nnx.Module):
         self.weights = nnx.data(tuple(weights))
 
     def __call__(self, x: jax.Array, ctx, *, cache: LayerKV | None = None, memory_kv: LayerKV | None = None,
-                 window: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> BlockOut:
-        """As `LayerStack.__call__`; kv collected in the form of the cache it goes to (`LayerKV.collect`: per
+                 rngs: nnx.Rngs | None = None) -> BlockOut:
+        """As `LayerStack.__call__` (block i is told layer=i); kv collected in the form of the cache it goes to (`LayerKV.collect`: per
         layer for a LayerwiseKV, else stacked)."""
         if rngs is not None:
             raise ValueError("a decoding layout (model.decoding_layout) holds copies of the weights, so it cannot "
                              "train; train the model as built or restored")
-        per_layer = {"cache": cache, "memory_kv": memory_kv, "window": window}
+        per_layer = {"cache": cache, "memory_kv": memory_kv}
         auxes, kvs = [], []
         for i, block in enumerate(self.blocks):
             extra = {name: _layer(v, i) for name, v in per_layer.items() if v is not None}
-            if getattr(ctx, "probe", None) is not None:                # activation sites: the layer's index
-                extra["layer"] = jnp.asarray(i, jnp.int32)
+            extra["layer"] = jnp.asarray(i, jnp.int32)                 # every block's index, as in the scan
             out = block(constrain(x, ACTIVATION), ctx, decode=self.weights[i], **extra)
             x = out.x
             auxes.append(out.aux)
@@ -183,7 +182,7 @@ class DecodingLayers(nnx.Module):
 
 def _layer(x, i: int):
     """Layer i of a per-layer input: keys/values (`LayerKV.layer`: sliced from a stack, or a LayerwiseKV's own
-    layer, heads-major) or a stacked array [L,...] (the windows)."""
+    layer, heads-major) or a stacked array [L,...]."""
     return x.layer(i) if isinstance(x, LayerKV) else x[i]
 
 

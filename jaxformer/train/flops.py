@@ -7,6 +7,9 @@ longest source + target for seq2seq), not halved for causality. MFU = FLOPs per 
 (peak FLOP/s per device × devices). The peak is train.peak_flops when set, else measured once at the start: the
 best of 5 timed float32 [1024,1024] matmuls on the first device (a CPU's real peak is higher: XLA:CPU does not
 reach it, which makes MFU there an upper bound on what the chip's datasheet would give).
+
+`run_size`: a run's sizes (parameters, tokens, FLOPs by the same formula), which a sweep records for its report's
+scaling fits.
 """
 from __future__ import annotations
 
@@ -14,6 +17,9 @@ import time
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer.nn import build_model, count_params
 
 
 def flops_per_token(cfg, params: int) -> float:
@@ -22,6 +28,18 @@ def flops_per_token(cfg, params: int) -> float:
     layers = m.num_decoder_layers + (m.num_encoder_layers if m.arch == "encoder_decoder" else 0)
     context = cfg.data.block_size if m.arch == "decoder_only" else 2 * (cfg.data.eval_lengths[1] + 1)
     return 6.0 * params + 12.0 * layers * m.num_heads * m.head_size * context
+
+
+def run_size(cfg) -> dict[str, float]:
+    """A run's sizes from its resolved Config (`cfg`), the axes of a scaling fit (jaxformer.scaling.AXES):
+    "params" (`count_params` on the abstract model: no weights allocated), "non_embedding_params" (without the
+    token embedding, learned positions and an untied head: Kaplan et al.'s N), "tokens" (train.steps ×
+    data.batch_size × data.block_size: rows × positions per step) and "flops" (tokens × `flops_per_token`)."""
+    counts = count_params(nnx.eval_shape(lambda: build_model(cfg.model)))
+    embedding = sum(counts.get(k, 0) for k in ("embedding", "learned positions", "output head"))
+    tokens = cfg.train.steps * cfg.data.batch_size * cfg.data.block_size
+    return {"params": float(counts["total"]), "non_embedding_params": float(counts["total"] - embedding),
+            "tokens": float(tokens), "flops": float(tokens * flops_per_token(cfg, counts["total"]))}
 
 
 def measure_peak_flops(n: int = 1024, reps: int = 5) -> float:

@@ -23,7 +23,7 @@ from jaxformer.arch import adapter
 from jaxformer.config import Config, LoraConfig, OptimConfig
 from jaxformer.nn import build_model
 from jaxformer.nn.lora import trainable
-from jaxformer.nn.models import configured, with_param_dtype
+from jaxformer.nn.build import configured, with_param_dtype
 from jaxformer.nn.params import hidden_mask, matrix_mask, muon_dims
 from jaxformer.nn.stack import blocks_path
 from jaxformer.ops.losses import chunked_token_losses, token_losses
