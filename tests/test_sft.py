@@ -95,9 +95,11 @@ def test_the_chat_task_masks_everything_but_the_assistant(folder, tmp_path):
 
 def test_bad_chat_data_are_named_errors(folder, tmp_path):
     bad = tmp_path / "bad.jsonl"
-    for text, match in (('{"messages": [{"role": "user"}]}\n', "line 1"), ('not json\n', "line 1"),
-                        ('{"text": "x"}\n', "\"messages\" list")):
-        bad.write_text(text)
+    for text, match in (('{"messages": [{"role": "user"}]}\n', "bad.jsonl:1: \"messages\" must be"),
+                        ('not json\n', "bad.jsonl:1: not a JSON line"), ('[1]\n', "bad.jsonl:1: not a JSON object"),
+                        (b'{"messages": "\xe9"}\n', "bad.jsonl:1: not UTF-8"),
+                        ('{"text": "x"}\n', "bad.jsonl:1: \"messages\" must be a non-empty list")):
+        bad.write_bytes(text if isinstance(text, bytes) else text.encode())
         with pytest.raises(DataError, match=match):
             build_task(chat_cfg(folder, bad).data)
     one = write_chats(tmp_path / "one.jsonl", [CONV])

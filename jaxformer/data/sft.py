@@ -16,12 +16,12 @@ shuffle).
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
 
 from jaxformer.config import DataConfig
+from jaxformer.data import jsonl
 from jaxformer.data.chat import ChatTemplate, read_chat_template
 from jaxformer.data.tasks import Task, attention_fields
 from jaxformer.data.tokenizers import HFTokenizer, pretrained_tokenizer, tokenizer_difference
@@ -34,24 +34,15 @@ def read_conversations(path: str | Path) -> list[list[dict]]:
     if not path.is_file():
         raise DataError(f"data.path={str(path)!r} is not a file (a JSONL file of {{\"messages\": [...]}})")
     out = []
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-                if not line.strip():
-                    continue
-                messages = json.loads(line)["messages"]
-            except UnicodeDecodeError:
-                raise DataError(f"{path}: line {n} is not UTF-8") from None
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise DataError(f"{path}: line {n} is not a JSON object with a \"messages\" list") from None
-            ok = isinstance(messages, list) and messages and all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages)
-            if not ok:
-                raise DataError(f"{path}: line {n}: \"messages\" must be a non-empty list of {{\"role\": str, "
-                                f"\"content\": str}} objects")
-            out.append(messages)
+    for n, obj in jsonl.objects(path):
+        messages = obj.get("messages")
+        ok = isinstance(messages, list) and messages and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages)
+        if not ok:
+            raise DataError(f"{path}:{n}: \"messages\" must be a non-empty list of {{\"role\": str, "
+                            f"\"content\": str}} objects")
+        out.append(messages)
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from jaxformer.data import jsonl
 from jaxformer.errors import DataError
 
 
@@ -52,22 +53,7 @@ def read_task(path: str | Path) -> tuple[str, list[dict]]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"task file {str(path)!r} not found")
-    rows = []
-    with open(path, "rb") as f:
-        for line, raw in enumerate(f, 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise DataError(f"{path}:{line}: not UTF-8") from None
-            if not text.strip():
-                continue
-            try:
-                r = json.loads(text, parse_float=_Number)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{line}: not a JSON line ({e.msg})") from None
-            if not isinstance(r, dict):
-                raise DataError(f"{path}:{line}: not a JSON object: {text.strip()[:80]}")
-            rows.append((line, r))
+    rows = list(jsonl.objects(path, parse_float=_Number))
     if not rows:
         raise DataError(f"task file {path} has no examples")
     first = rows[0][1]
