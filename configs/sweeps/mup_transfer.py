@@ -92,7 +92,13 @@ def get_sweep():
         doc=f"configs/shakespeare_char.py with 2 layers (4 heads, d_ff = 4D, blocks of 64, batch 12, AdamW, "
             f"warmup 30 then cosine, no clipping) at widths {', '.join(map(str, WIDTHS))}, {STEPS} steps, peak "
             f"learning rates {', '.join(f'{x:g}' for x in LRS)}{rate_subsets()}; µP with base width {WIDTHS[0]} "
-            "(jaxformer.mup). Held-out loss on the last 10% of the corpus, evaluated once at the end.",
+            "(jaxformer.mup). Held-out loss on the last 10% of the corpus, evaluated once at the end. The runs are "
+            "those of 2026-12-05 (Intel Xeon, 2 cores; the model ties its head to the embedding, so the untied "
+            "readout's µP init fixed on 2026-12-06 does not change them), laid out again from this report's CSV "
+            "(`python tools/runs_from_csv.py configs/sweeps/mup_transfer.py --step 300 --arm \"sp, \" --arm "
+            "\"mup, \"`) to recompute the intervals with the shared small-sample resampler (jaxformer.stats); "
+            "µP's 42 runs at D=128 and 256, rerun on 2026-12-06 on an AMD EPYC, gave held-out losses within "
+            "0.0086 of these (mean difference −0.0003).",
         arms=arms,
         set=("model.num_decoder_layers=2", "model.runtime.remat=none", f"train.steps={STEPS}",
              "optim.warmup_steps=30", "optim.clip_norm=0.0", f"train.eval_every={STEPS}",
