@@ -141,3 +141,12 @@ def chat_folder(folder, seed: int = 0):
         m.model.embed_tokens.weight.normal_(0, 1.0)
     m.save_pretrained(folder)
     return m
+
+
+def attention_pattern(attn, *args, **kw):
+    """An attention module's probabilities [B,N,T,S] for one call (args as its own): its `pattern` site,
+    captured (the one route to them, `nn.sites`)."""
+    from jaxformer.nn.sites import LAYER_SITES, Sites, probe
+    sites = Sites(probe(("pattern",), None, LAYER_SITES))
+    attn(*args, sites=sites, **kw)
+    return sites.captured["pattern"]

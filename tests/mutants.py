@@ -301,11 +301,11 @@ MUTANTS = (
     Mutant("attn-out-after-residual", "the attn_out site taken after the residual add (the residual stream)",
            "jaxformer/nn/layers.py", 'x, a = self.res_self(x, lambda y: sites.output("attn_out", self.self_attn(\n'
            '            sites("attn_in", y), mask=mask, positions=ctx.positions, kv_positions=ctx.kv_positions, '
-           'cache=cache,\n            weights=ctx.weights, wqkv=decode.wqkv, rngs=rngs, sites=sites)), rngs)\n'
+           'cache=cache,\n            wqkv=decode.wqkv, rngs=rngs, sites=sites)), rngs)\n'
            '        x = sites("resid_mid", x)\n',
            'x, a = self.res_self(x, lambda y: self.self_attn(\n'
            '            sites("attn_in", y), mask=mask, positions=ctx.positions, kv_positions=ctx.kv_positions, '
-           'cache=cache,\n            weights=ctx.weights, wqkv=decode.wqkv, rngs=rngs, sites=sites), rngs)\n'
+           'cache=cache,\n            wqkv=decode.wqkv, rngs=rngs, sites=sites), rngs)\n'
            '        x = sites("resid_mid", sites("attn_out", x))\n', ("tests/test_sites.py", "-k", "by_hand")),
     Mutant("sites-unknown-accepted", "a misspelt site name captures nothing, silently", "jaxformer/nn/sites.py",
            "        if name not in available:\n", "        if False:\n", ("tests/test_sites.py", "-k", "bad_sites")),

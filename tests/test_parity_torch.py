@@ -31,6 +31,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from flax import nnx  # noqa: E402
 
+from helpers import attention_pattern  # noqa: E402
 from jaxformer import ops  # noqa: E402
 from jaxformer.config import ModelConfig, replaced  # noqa: E402
 from jaxformer.nn.layers import Context  # noqa: E402
@@ -251,8 +252,9 @@ def test_mha_parity(mode, use_bias):
     kv = x if mode == "self" else randn(rng, B, S, D)
     valid = lens_valid(TGT_LENS if mode == "self" else SRC_LENS, s)
     mask = ops.combine_masks(ops.causal_mask(T, s)[None, None], pad_mask(valid))   # [B,1,T,S]
-    out, aux = ours(jnp.asarray(x), None if mode == "self" else jnp.asarray(kv), mask=mask, weights=True)
-    w = aux["weights"]
+    args = (jnp.asarray(x), None if mode == "self" else jnp.asarray(kv))
+    out, _ = ours(*args, mask=mask)
+    w = attention_pattern(ours, *args, mask=mask)
 
     ref, ref_w = tm(tt(x), tt(kv), tt(kv), key_padding_mask=tt(~valid), attn_mask=torch_causal(T, s),
                     need_weights=True, average_attn_weights=False)

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import tiny_lm, tiny_reverse
+from helpers import attention_pattern, tiny_lm, tiny_reverse
 
 from jaxformer import ops
 from jaxformer.cli import main as cli_main
@@ -62,8 +62,9 @@ def test_requesting_weights_changes_no_logit_and_works_under_jit(models):
     s2s, lm = models
     for model, args in [(s2s, (SRC, TGT)), (lm, (TOKENS,))]:
         plain = np.asarray(model(*args))
-        logits, aux = model.forward(*args, weights=True)
-        weights = aux["weights"]
+        sites = ("encoder.pattern", "pattern", "cross_pattern") if model is s2s else ("pattern",)
+        logits, aux = model.forward(*args, capture=sites)
+        weights = model.attention_weights(*args)
         np.testing.assert_allclose(np.asarray(logits), plain, rtol=TOL, atol=TOL * np.abs(plain).max())
         graph, state = nnx.split(model)
         jitted = jax.jit(lambda st, *a: nnx.merge(graph, st).attention_weights(*a))(state, *args)
@@ -82,7 +83,7 @@ def test_each_layers_weights_are_that_layers_own_attention(models):
     x = s2s.embed(jnp.asarray(SRC), pos)
     for i in range(cfg.num_encoder_layers):
         blk = s2s.encoder.layers.layer(i)
-        w = blk.self_attn(_pre(blk.res_attn, x), mask=src_mask, positions=pos, weights=True)[1]["weights"]
+        w = attention_pattern(blk.self_attn, _pre(blk.res_attn, x), mask=src_mask, positions=pos)
         np.testing.assert_allclose(np.asarray(got["encoder_self"][i]), np.asarray(w), atol=TOL)
         x = blk(x, Context(pos, src_mask), layer=i)[0]
     memory = s2s.encoder.final_norm(x) if s2s.encoder.final_norm is not None else x
@@ -93,9 +94,9 @@ def test_each_layers_weights_are_that_layers_own_attention(models):
     h = s2s.embed(jnp.asarray(TGT), tpos)
     for i in range(cfg.num_decoder_layers):
         blk = s2s.decoder.layers.layer(i)
-        ws = blk.self_attn(_pre(blk.res_self, h), mask=mask, positions=tpos, weights=True)[1]["weights"]
+        ws = attention_pattern(blk.self_attn, _pre(blk.res_self, h), mask=mask, positions=tpos)
         h1, _ = blk.res_self(h, lambda y: blk.self_attn(y, mask=mask, positions=tpos), None)
-        wc = blk.cross_attn(_pre(blk.res_cross, h1), memory, mask=cross_mask, weights=True)[1]["weights"]
+        wc = attention_pattern(blk.cross_attn, _pre(blk.res_cross, h1), memory, mask=cross_mask)
         np.testing.assert_allclose(np.asarray(got["decoder_self"][i]), np.asarray(ws), atol=TOL)
         np.testing.assert_allclose(np.asarray(got["decoder_cross"][i]), np.asarray(wc), atol=TOL)
         h = blk(h, Context(tpos, mask, memory=memory, memory_mask=cross_mask), layer=i)[0]
@@ -106,7 +107,7 @@ def test_each_layers_weights_are_that_layers_own_attention(models):
     h = lm.embed(jnp.asarray(TOKENS), pos)
     for i in range(lm.cfg.num_decoder_layers):
         blk = lm.decoder.layers.layer(i)
-        ws = blk.self_attn(_pre(blk.res_self, h), mask=mask, positions=pos, weights=True)[1]["weights"]
+        ws = attention_pattern(blk.self_attn, _pre(blk.res_self, h), mask=mask, positions=pos)
         np.testing.assert_allclose(np.asarray(got[i]), np.asarray(ws), atol=TOL)
         h = blk(h, Context(pos, mask), layer=i)[0]
 

@@ -22,8 +22,8 @@ class MultiHeadAttention(nnx.Module):
     """Projections wq [D,N,H], wk/wv [D,K,H], wo [N,H,D] (+ the biases model.has_bias names; QK-norm scales
     q_norm/k_norm [H] with model.attention.qk_norm). RoPE/ALiBi apply to self-attention only.
 
-    Returns (out [B,T,D], aux): aux {"weights": [B,N,T,S] float32} when asked, {"kv": LayerKV} (this call's new
-    keys/values [B,T,K,H]) when a cache is passed; else {}."""
+    Returns (out [B,T,D], aux): aux {"kv": LayerKV} (this call's new keys/values [B,T,K,H]) when a cache is
+    passed; else {}. Its probabilities [B,N,T,S] float32 are the `pattern` site (`nn.sites`)."""
 
     def __init__(self, cfg: ModelConfig, *, self_attention: bool, stack: str = "decoder", rngs: nnx.Rngs):
         d, n, k, h = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size
@@ -96,8 +96,7 @@ class MultiHeadAttention(nnx.Module):
 
     def __call__(self, x: jax.Array, source: jax.Array | LayerKV | None = None, *, mask=None,
                  positions: jax.Array | None = None, kv_positions: jax.Array | None = None,
-                 cache: LayerKV | None = None, weights: bool = False,
-                 wqkv: jax.Array | None = None, rngs: nnx.Rngs | None = None,
+                 cache: LayerKV | None = None, wqkv: jax.Array | None = None, rngs: nnx.Rngs | None = None,
                  sites: Sites = NO_SITES) -> tuple[jax.Array, dict]:
         """x [B,T,D] queries at positions [B,T].
 
@@ -111,7 +110,8 @@ class MultiHeadAttention(nnx.Module):
         visible. Without a cache, kv_positions defaults to positions. wqkv: the decoding layout's fused q/k/v
         weight (`fused_qkv`), used for a self-attention's projections when given. rngs: a training call's dropout
         stream (adapters' input dropout, model.lora). sites: the block's activation sites (q, k, v, pattern, z;
-        `nn.sites`). -> (out [B,T,D], aux)."""
+        `nn.sites`; the attention probabilities are the `pattern` site: capture it to read them). -> (out [B,T,D],
+        aux: "kv", a cached call's new keys/values)."""
         aux = {}
         heads_first = isinstance(cache if source is None else source, HeadsMajorKV)   # [B,K,S,H]: a laid-out cache
         if source is None and wqkv is None and lever("fused_projections"):      # one matmul for q, k and v
@@ -136,7 +136,7 @@ class MultiHeadAttention(nnx.Module):
         else:
             keys, values = source if isinstance(source, LayerKV) else self.project_kv(source, rngs=rngs)
             q, keys, values = sites("q", q), sites("k", keys), sites("v", values)
-        ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, weights or sites.wants("pattern"),
+        ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, sites.wants("pattern"),
                               "BKSH" if heads_first else "BSKH")
         if sites.wants("pattern"):
             patched = sites("pattern", w)
@@ -146,8 +146,6 @@ class MultiHeadAttention(nnx.Module):
         if "kv" in aux and lever("cache_write_order"):
             aux["kv"] = _after(aux["kv"], ctx)
         out = (project("BTNH,NHD->BTD", ctx, weight(self.wo, rngs)) + self._bias("o")).astype(q.dtype)
-        if weights:
-            aux["weights"] = w
         return out, aux
 
     def _attend(self, q, k, v, mask, q_positions, kv_positions, weights: bool, kv_layout: str):

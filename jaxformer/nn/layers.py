@@ -3,9 +3,9 @@
 Axis legend: B batch, T target length, S source length, D model width, F FFN width.
 Norm placement: "post" = LN(x + Sublayer(x)) (2017 paper, seed 000); "pre" = x + Sublayer(LN(x)).
 
-Return convention: every sublayer returns (y, aux), aux a dict that may be empty: "self" / "cross" attention
-weights [B,N,T,S] (when ctx.weights), "moe" router statistics (a MoE FFN) (an attention sublayer given a cache
-also puts its new keys/values under "kv", which its block takes out). Blocks and stacks return a typed
+Return convention: every sublayer returns (y, aux), aux a dict that may be empty: "moe" router statistics (a MoE
+FFN) (an attention sublayer given a cache also puts its new keys/values under "kv", which its block takes out);
+attention probabilities are the `pattern` activation site (`nn.sites`), the one route to them. Blocks and stacks return a typed
 `nn.stack.BlockOut(x, aux, kv)`: kv the new keys/values (a LayerKV [B,T,K,H]) when a cache slice was passed in,
 else None. Leaf layers (Norm) return their one array.
 """
@@ -35,14 +35,14 @@ class Context(NamedTuple):
     then the T new tokens when cached), broadcastable to [B,N,T,S] or a lazy ops.masks.CausalMask.
     kv_positions [B,S] of those keys (None = positions). valid [B,T] bool: real tokens (MoE routing only).
     memory [B,S_src,D]: the encoder output for cross-attention when its keys/values are not precomputed per
-    layer; memory_mask its mask, broadcastable to [B,N,T,S_src]. weights: collect attention weights into aux."""
+    layer; memory_mask its mask, broadcastable to [B,N,T,S_src]. probe: the activation sites asked for
+    (`nn.sites`)."""
     positions: jax.Array | None = None
     mask: Any = None
     kv_positions: jax.Array | None = None
     valid: jax.Array | None = None
     memory: jax.Array | None = None
     memory_mask: Any = None
-    weights: bool = False
     probe: Any = None
 
 
@@ -174,11 +174,6 @@ def make_ffn(cfg: ModelConfig, moe: bool, rngs: nnx.Rngs, stack: str = "decoder"
     return FeedForward(cfg, stack=stack, rngs=rngs)
 
 
-def _renamed(aux: dict, name: str) -> dict:
-    """An attention sublayer's aux with its weights under `name` ("self" / "cross")."""
-    return {(name if k == "weights" else k): v for k, v in aux.items()}
-
-
 class EncoderBlock(nnx.Module):
     """Self-attention -> FFN (dense, or Mixture-of-Experts with moe=True), each wrapped by Residual."""
 
@@ -191,17 +186,15 @@ class EncoderBlock(nnx.Module):
 
     def __call__(self, x: jax.Array, ctx: Context, *, layer: jax.Array | int,
                  rngs: nnx.Rngs | None = None) -> BlockOut:
-        """x [B,S,D] -> BlockOut([B,S,D], aux, None): aux "self" weights [B,N,S,S] with ctx.weights, "moe" from
-        a MoE FFN, "captured": the activation sites ctx.probe captures (`nn.sites`). layer: this block's index in
+        """x [B,S,D] -> BlockOut([B,S,D], aux, None): aux "moe" from a MoE FFN, "captured": the activation sites ctx.probe captures (`nn.sites`). layer: this block's index in
         its stack (`nn.per_layer`)."""
         sites = Sites(ctx.probe, layer)
-        x, a = self.res_attn(sites("resid_pre", x), lambda y: sites.output("attn_out", self.self_attn(
-            sites("attn_in", y), mask=ctx.mask, positions=ctx.positions, weights=ctx.weights, rngs=rngs,
-            sites=sites)), rngs)
+        x, _ = self.res_attn(sites("resid_pre", x), lambda y: sites.output("attn_out", self.self_attn(
+            sites("attn_in", y), mask=ctx.mask, positions=ctx.positions, rngs=rngs, sites=sites)), rngs)
         x, f = self.res_ffn(sites("resid_mid", x), lambda y: sites.output("mlp_out", self.ffn(
             sites("mlp_in", y), ctx.valid, train=rngs is not None, rngs=rngs, sites=sites)), rngs)
         x = sites("resid_post", x)
-        return BlockOut(x, {**_renamed(a, "self"), **f, **({"captured": sites.captured} if sites.captured else {})})
+        return BlockOut(x, {**f, **({"captured": sites.captured} if sites.captured else {})})
 
 
 class DecoderBlock(nnx.Module):
@@ -232,10 +225,7 @@ class DecoderBlock(nnx.Module):
         the caller to write into its cache (None without a cache). memory_kv: this layer's cross-attention keys/values of
         the encoder memory [B,S,K,H] (else they are projected from ctx.memory). decode: this layer's
         decoding-layout weights (`decode_weights`: a token loop's, from `nn.stack.LayerStack.lay_out`). aux holds
-        "self" [B,N,T,S] and "cross" [B,N,T,S_src] weights with ctx.weights (uncached passes), "moe" statistics,
-        "captured": the activation sites ctx.probe captures (`nn.sites`)."""
-        if ctx.weights and cache is not None:
-            raise ValueError("attention weights are for uncached passes (cache=None)")
+        "moe" statistics, "captured": the activation sites ctx.probe captures (`nn.sites`)."""
         window = per_layer.settings(self.cfg, layer).window
         mask = ctx.mask if window is None else ctx.mask._replace(window=window)
         decode = DecodeWeights() if decode is None else decode
@@ -243,23 +233,21 @@ class DecoderBlock(nnx.Module):
         x = sites("resid_pre", x)
         x, a = self.res_self(x, lambda y: sites.output("attn_out", self.self_attn(
             sites("attn_in", y), mask=mask, positions=ctx.positions, kv_positions=ctx.kv_positions, cache=cache,
-            weights=ctx.weights, wqkv=decode.wqkv, rngs=rngs, sites=sites)), rngs)
+            wqkv=decode.wqkv, rngs=rngs, sites=sites)), rngs)
         x = sites("resid_mid", x)
         kv = a.pop("kv", None)
-        aux = _renamed(a, "self")
         if self.cross:
             source = memory_kv if memory_kv is not None else ctx.memory
             cross = sites.view("cross_")
-            x, c = self.res_cross(x, lambda y: cross.output("out", self.cross_attn(
-                cross("in", y), source, mask=ctx.memory_mask, weights=ctx.weights, rngs=rngs, sites=cross)), rngs)
+            x, _ = self.res_cross(x, lambda y: cross.output("out", self.cross_attn(
+                cross("in", y), source, mask=ctx.memory_mask, rngs=rngs, sites=cross)), rngs)
             x = sites("resid_cross", x)
-            aux.update(_renamed(c, "cross"))
         x, f = self.res_ffn(x, lambda y: sites.output("mlp_out", self.ffn(
             sites("mlp_in", y), ctx.valid, train=rngs is not None, w2_out_in=decode.w2_out_in, rngs=rngs,
             sites=sites)), rngs)
         x = sites("resid_post", x)
         captured = {"captured": sites.captured} if sites.captured else {}
-        return BlockOut(x, {**aux, **f, **captured}, kv)
+        return BlockOut(x, {**f, **captured}, kv)
 
     def decode_weights(self, batch: int | None) -> DecodeWeights:
         """This block's decoding layout for a token loop over `batch` rows (None: not known): the arrays its

@@ -4,8 +4,9 @@
 Axis legend: B batch, S source length / cache slots, T target length, D model width, V vocab, L layers, N heads.
 
 Calls: `model(...) -> logits [B,T,V]` (float32); `model.forward(...) -> (logits, aux)` with aux a dict that may
-be empty: "moe" (router statistics stacked over the MoE layers, encoder's first) for a MoE model, "weights" (every
-layer's attention weights, [L,B,N,T,S]) when asked with weights=True.
+be empty: "moe" (router statistics stacked over the MoE layers, encoder's first) for a MoE model, "captured" (the
+activation sites asked for with capture=, `nn.sites`). Attention probabilities are the `pattern` sites, the one
+route to them (`attention_weights` captures them).
 
 Attention inputs are explicit: `positions` and `segment_ids` (int [B,T]: 0 = padding, documents numbered from 1;
 for the encoder-decoder one of each per side). A query sees only keys of its own document (causally in a
@@ -111,7 +112,7 @@ class Encoder(nnx.Module):
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
 
     def __call__(self, x, ctx: Context, *, rngs=None) -> BlockOut:
-        """x [B,S,D] -> BlockOut(memory [B,S,D], aux stacked over layers: "self" weights [L,B,N,S,S], "moe")."""
+        """x [B,S,D] -> BlockOut(memory [B,S,D], aux stacked over layers: "moe", "captured")."""
         out = self.layers(x, ctx, rngs=rngs)
         return out._replace(x=self.final_norm(out.x)) if self.final_norm is not None else out
 
@@ -126,7 +127,7 @@ class Decoder(nnx.Module):
 
     def __call__(self, x, ctx: Context, *, cache: LayerKV | None = None, memory_kv: LayerKV | None = None,
                  layout: DecodingLayers | None = None, rngs=None) -> BlockOut:
-        """x [B,T,D] -> BlockOut(x [B,T,D], aux stacked over layers [L,...]: "self" / "cross" weights, "moe";
+        """x [B,T,D] -> BlockOut(x [B,T,D], aux stacked over layers [L,...]: "moe", "captured";
         kv: the new keys/values when cached). Layers with a sliding window (model.attention.windows) see only
         that many recent positions. layout: the stack laid out for a token loop (`_Model.decoding_layout`),
         applied instead of the scanned stack."""
@@ -169,7 +170,7 @@ class _Model(nnx.Module):
         return self.decoder.layers.lay_out(batch)
 
     def _decoder_pass(self, tokens, side: AttentionInputs, *, memory: Memory | None = None,
-                      cache: KVCache | None = None, prefill: bool = False, rngs=None, weights: bool = False,
+                      cache: KVCache | None = None, prefill: bool = False, rngs=None,
                       layout=None, features: bool = False, probe=None):
         """The forward pass, written once: embed -> decoder stack -> logits. Uncached (cache=None), or over a
         cache: the T new tokens attend over the cache's slots then themselves, and their keys/values are written
@@ -186,7 +187,7 @@ class _Model(nnx.Module):
             k_valid = jnp.concatenate([past.valid, valid], axis=1)
             k_seg = None if side.segments is None else jnp.concatenate([past.segments, side.segments], axis=1)
         mask = decoder_self_mask(self.cfg, pos, kv_pos, k_valid, side.segments, k_seg)
-        ctx = Context(pos, mask, kv_pos, valid, weights=weights,
+        ctx = Context(pos, mask, kv_pos, valid,
                       memory=None if memory is None or memory.kv is not None else memory.x,
                       memory_mask=None if memory is None else side.cross_mask(memory), probe=probe)
         sites = Sites(probe)
@@ -221,10 +222,10 @@ class Transformer(_Model):
         self.encoder = Encoder(cfg, rngs=rngs)
         self.decoder = Decoder(cfg, cross=True, rngs=rngs)
 
-    def _encode(self, src, positions, segment_ids, rngs, weights, probe=None):
+    def _encode(self, src, positions, segment_ids, rngs, probe=None):
         side = AttentionInputs(self.cfg, src, positions, segment_ids)
         enc = None if probe is None else probe._replace(prefix="encoder.")
-        ctx = Context(side.positions, side.self_mask(), valid=side.valid, weights=weights, probe=enc)
+        ctx = Context(side.positions, side.self_mask(), valid=side.valid, probe=enc)
         sites = Sites(probe)
         out = self.encoder(sites("encoder.embed", self.embed(src, side.positions, rngs)), ctx, rngs=rngs)
         memory = Memory(sites("memory", out.x), side.valid, side.segments)
@@ -234,7 +235,7 @@ class Transformer(_Model):
                rngs: nnx.Rngs | None = None) -> Memory:
         """src [B,S] tokens -> the encoder memory (`nn.cache.Memory`: x [B,S,D], the source's validity and
         segment ids)."""
-        return self._encode(src, positions, segment_ids, rngs, False)[0]
+        return self._encode(src, positions, segment_ids, rngs)[0]
 
     def prepare_memory(self, memory: Memory, *, layout: DecodingLayers | None = None) -> Memory:
         """The memory with each decoder layer's cross-attention keys/values computed once (kv [L,B,S,K,H], or
@@ -255,21 +256,17 @@ class Transformer(_Model):
 
     def forward(self, src: jax.Array, tgt: jax.Array, *, src_positions=None, tgt_positions=None,
                 src_segment_ids=None, tgt_segment_ids=None, rngs: nnx.Rngs | None = None,
-                weights: bool = False, features: bool = False, capture=(), patch=None) -> tuple[jax.Array, dict]:
-        """src [B,S], tgt [B,T] (teacher-forced decoder input) -> (logits [B,T,V], aux): "moe" for a MoE model;
-        with weights=True "weights": {"encoder_self": [L,B,N,S,S], "decoder_self": [L,B,N,T,T],
-        "decoder_cross": [L,B,N,T,S]}. features=True: the output head's input [B,T,D] in place of the logits
+                features: bool = False, capture=(), patch=None) -> tuple[jax.Array, dict]:
+        """src [B,S], tgt [B,T] (teacher-forced decoder input) -> (logits [B,T,V], aux): "moe" for a MoE model.
+        features=True: the output head's input [B,T,D] in place of the logits
         (`embed.head_fn()` makes them). capture / patch: activation sites, as `TransformerLM.forward`."""
         probe = sites_probe(capture, patch, self.sites())
-        memory, enc = self._encode(src, src_positions, src_segment_ids, rngs, weights, probe)
+        memory, enc = self._encode(src, src_positions, src_segment_ids, rngs, probe)
         side = AttentionInputs(self.cfg, tgt, tgt_positions, tgt_segment_ids)
-        logits, dec, _ = self._decoder_pass(tgt, side, memory=memory, rngs=rngs, weights=weights, features=features,
-                                            probe=probe)
+        logits, dec, _ = self._decoder_pass(tgt, side, memory=memory, rngs=rngs, features=features, probe=probe)
         aux = _moe_aux(enc, dec)
         if probe is not None and probe.capture:
             aux["captured"] = {**enc.get("captured", {}), **dec.get("captured", {})}
-        if weights:
-            aux["weights"] = {"encoder_self": enc["self"], "decoder_self": dec["self"], "decoder_cross": dec["cross"]}
         return logits, aux
 
     def __call__(self, src: jax.Array, tgt: jax.Array, **kw) -> jax.Array:
@@ -289,8 +286,10 @@ class Transformer(_Model):
     def attention_weights(self, src: jax.Array, tgt: jax.Array, **kw) -> dict[str, jax.Array]:
         """Every layer's attention weights (float32, a distribution over the visible keys; 0 on masked ones) for
         src [B,S] and decoder input tgt [B,T]: {"encoder_self": [L,B,N,S,S], "decoder_self": [L,B,N,T,T],
-        "decoder_cross": [L,B,N,T,S]} (L layers, N heads, T queries, S keys)."""
-        return self.forward(src, tgt, weights=True, **kw)[1]["weights"]
+        "decoder_cross": [L,B,N,T,S]} (L layers, N heads, T queries, S keys): the `pattern` sites, captured."""
+        names = {"encoder_self": "encoder.pattern", "decoder_self": "pattern", "decoder_cross": "cross_pattern"}
+        captured = self.forward(src, tgt, capture=tuple(names.values()), **kw)[1]["captured"]
+        return {key: captured[site] for key, site in names.items()}
 
 
 class TransformerLM(_Model):
@@ -305,19 +304,16 @@ class TransformerLM(_Model):
 
     def forward(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                 segment_ids: jax.Array | None = None, rngs: nnx.Rngs | None = None,
-                weights: bool = False, features: bool = False, capture=(), patch=None) -> tuple[jax.Array, dict]:
-        """tokens [B,T] -> (logits [B,T,V] float32, aux): "moe" for a MoE model; with weights=True "weights":
-        {"self": [L,B,N,T,T]}. The mask is causal over positions (and within documents with segment_ids), so
+                features: bool = False, capture=(), patch=None) -> tuple[jax.Array, dict]:
+        """tokens [B,T] -> (logits [B,T,V] float32, aux): "moe" for a MoE model. The mask is causal over positions (and within documents with segment_ids), so
         left-padded rows with shifted positions work unchanged. features=True: the output head's input [B,T,D]
         in place of the logits (`embed.head_fn()` makes them). capture: activation site names (`sites()`), their
         values in aux["captured"] (per-layer ones [L, ...]); patch: {site: fn(value, layer) -> value}
         (`jaxformer.nn.sites`)."""
         side = AttentionInputs(self.cfg, tokens, positions, segment_ids)
-        logits, aux, _ = self._decoder_pass(tokens, side, rngs=rngs, weights=weights, features=features,
+        logits, aux, _ = self._decoder_pass(tokens, side, rngs=rngs, features=features,
                                             probe=sites_probe(capture, patch, self.sites()))
         out = _moe_aux(aux)
-        if weights:
-            out["weights"] = {"self": aux["self"]}
         if "captured" in aux:
             out["captured"] = aux["captured"]
         return logits, out
@@ -343,5 +339,6 @@ class TransformerLM(_Model):
 
     def attention_weights(self, tokens: jax.Array, **kw) -> dict[str, jax.Array]:
         """Every layer's causal self-attention weights for tokens [B,T] (float32, a distribution over the
-        visible keys; 0 on masked ones): {"self": [L,B,N,T,T]} (L layers, N heads, T queries and keys)."""
-        return self.forward(tokens, weights=True, **kw)[1]["weights"]
+        visible keys; 0 on masked ones): {"self": [L,B,N,T,T]} (L layers, N heads, T queries and keys): the
+        `pattern` site, captured."""
+        return {"self": self.forward(tokens, capture=("pattern",), **kw)[1]["captured"]["pattern"]}
