@@ -51,7 +51,8 @@ class Quantized:
 
     def project(self, eq: str, x: jax.Array) -> jax.Array:
         """einsum(eq, x, self) -> x's dtype, as one 2-D matmul [M,K]·[K,N] (on XLA:CPU a 3-D int8 einsum lowers
-        to a transposed dot about 2.5× slower). eq must read "rows+inputs,inputs+outputs->rows+outputs" (every
+        to a transposed dot; the 2-D form's decode: benchmarks/quantize.py; benchmarks/results/quantize.md,
+        "Cached decoding per token"). eq must read "rows+inputs,inputs+outputs->rows+outputs" (every
         projection does); w8a8 also quantizes x per row."""
         xs, ws, out = _einsum_parts(eq)
         n_in = sum(c in ws for c in xs)

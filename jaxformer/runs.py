@@ -5,6 +5,8 @@
     RUN/data.json         the fingerprint (sha256) of the text trained on: a resume refuses another corpus
     RUN/metrics.jsonl     one object per line: step, split, metrics; exactly one history, no duplicate steps
     RUN/timings.jsonl     one object per training attempt: where the time went (jaxformer.train.loop)
+    RUN/levers.jsonl      one object per training attempt, written as it starts: from_step, the platform and
+                          every lever in force, on or off (jaxformer.platforms.in_force)
     RUN/sweep.json        a sweep run's final status (sweep.partial: the wall time of interrupted attempts)
     RUN/viz/              attention heatmaps (jaxformer viz)
     RUN/tb/               TensorBoard events of the same metrics
@@ -53,6 +55,7 @@ class RunDir:
         self.checkpoints_path = self.path / "checkpoints"
         self.attic_path = self.path / "attic"
         self.timings_path = self.path / "timings.jsonl"
+        self.levers_path = self.path / "levers.jsonl"
         self.sweep_status_path = self.path / "sweep.json"
         self.sweep_partial_path = self.path / "sweep.partial"
         self.viz_path = self.path / "viz"
@@ -165,6 +168,12 @@ class RunDir:
     def append_timings(self, record: dict) -> None:
         with self.timings_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+    def append_levers(self, from_step: int, in_force: dict) -> None:
+        """Append the attempt starting at `from_step`'s platform levers ({"platform", "levers"}: what
+        `jaxformer.platforms.in_force` returns) to levers.jsonl."""
+        with self.levers_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"from_step": from_step, **in_force}) + "\n")
 
     def read_sweep_status(self) -> dict | None:
         """sweep.json's status, or None (absent or unreadable)."""

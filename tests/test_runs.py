@@ -16,6 +16,7 @@ import pytest
 from flax import nnx
 from helpers import TINY_LM, checkpoint_steps, cli_args, records, tiny_lm, train_losses
 
+from jaxformer import platforms
 from jaxformer.cli import main as cli_main
 from jaxformer.data import build_task
 from jaxformer.errors import CheckpointError, DataError, IncompatibleCheckpoint, NonFiniteLoss, RunDirError
@@ -104,6 +105,25 @@ def test_a_crash_after_the_last_checkpoint_leaves_one_history(finished_lm, tmp_p
         shutil.rmtree(run / "checkpoints" / which / "4")
     train(LM, run, progress="none")
     assert records(run, timing=False) == before and checkpoint_steps(run) == [2, 4]
+    assert [r["from_step"] for r in levers_records(run)] == [0, 2]         # the resume's own levers record
+
+
+def levers_records(run) -> list[dict]:
+    return [json.loads(line) for line in (Path(run) / "levers.jsonl").read_text().splitlines()]
+
+
+def test_a_training_run_records_its_platform_levers_and_eval_records_none(finished_lm, tmp_path, capsys):
+    """RUN/levers.jsonl: one record per training attempt, the platform and every lever as the platform seam
+    reports them (an override included); `jaxformer eval`, which traces programs too, adds nothing."""
+    platform = platforms.current()
+    assert levers_records(finished_lm) == [{"from_step": 0, "platform": platform,
+                                            "levers": platforms.levers(platform)}]
+    with platforms.override(weight_grad=not platforms.enabled("weight_grad")):
+        assert platforms.in_force() == {"platform": platform, "levers": {
+            **platforms.levers(platform), "weight_grad": not platforms.levers(platform)["weight_grad"]}}
+    run = copy_run(finished_lm, tmp_path)
+    assert cli_main(["eval", "--workdir", str(run)]) == 0, capsys.readouterr().out
+    assert levers_records(run) == levers_records(finished_lm)
 
 
 def test_a_failed_first_attempt_does_not_block_the_corrected_rerun(tmp_path):

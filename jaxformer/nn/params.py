@@ -54,7 +54,8 @@ def contract(eq: str, x: jax.Array, w: jax.Array) -> jax.Array:
     """einsum(eq, x, w) for a two-operand equation without batch letters ("BTNH,NHD->BTD"), as one dot_general
     whose contracting dimensions follow w's order. jnp.einsum may order them otherwise (here H before N), and
     XLA:CPU then copies w into that order at every call: the whole wo weight, per layer and step, forward and
-    backward: at base size the copy of wo took 0.8 ms of each decoded token. An equation with batch letters goes
+    backward (the copies per decoded token: benchmarks/decode_profile.py; benchmarks/results/decode_profile.md,
+    "transposes/copies"). An equation with batch letters goes
     to jnp.einsum, and so does every equation where the "weight_order_dot" lever is off (`jaxformer.platforms`).
     Its backward takes the weight gradient as `_weight_grad` computes it where the "weight_grad" lever is on."""
     ins, out = eq.split("->")

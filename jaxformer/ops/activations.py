@@ -21,10 +21,10 @@ def gelu(x: jax.Array) -> jax.Array:
     Not jax.nn.gelu(approximate=False), which writes the same function with erfc (0.5·x·erfc(−x/√2)): accurate
     in the far negative tail, but XLA expands erfc into both of its branches (a polynomial and an exp-times-
     rational) where erf is one rational, and XLA:CPU duplicates that expansion into each backward fusion that
-    reads it: the char model's activation with its gradient takes 0.67–0.70× the time with erf
-    (benchmarks/results/levers.md, `gelu_erf`). Accuracy is
-    float32's: absolute error ≲ 1e-7·max(1, |x|) against float64 (what torch's GELU gives); below about x = −3
-    the output (|y| < 4e-3) carries erf's rounding next to −1, so its relative error grows there, as torch's."""
+    reads it. The erf form against the erfc one, the op alone and in the char model's step: benchmarks/levers.py
+    (`gelu_erf`; benchmarks/results/levers.md, rows `gelu_erf`). Accuracy is float32's: absolute error
+    ≲ 1e-7·max(1, |x|) against float64 (what torch's GELU gives); below about x = −3 the output
+    (|y| < 4e-3) carries erf's rounding next to −1, so its relative error grows there, as torch's."""
     return 0.5 * x * (1.0 + jax.lax.erf(x * _SQRT_HALF))
 
 

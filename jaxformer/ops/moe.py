@@ -15,7 +15,8 @@ Semantics, as Switch Transformer (top-1) and GShard/Mixtral (top-2):
 - dropless mode (capacity_factor=0): every assignment is computed, either (dropless="ragged") with tokens sorted
   by expert and the experts run as grouped matmuls over the sorted rows (M·k rows of work), or
   (dropless="padded") as the capacity mode with C = M slots, which no expert can overflow (E·M rows of work, as
-  plain batched matmuls: faster where grouped matmuls are slow, e.g. XLA:CPU, while E/k is small).
+  plain batched matmuls: for where grouped matmuls are slow, e.g. XLA:CPU, while E/k is small; the two modes'
+  forward pass: docs/ablations/moe.md, "ragged" against "padded").
 - invalid tokens (padding; `valid` False) take no slot, output zeros and count in no statistic or loss.
 Both modes work under jit and grad; the capacity mode also under vmap. The dropless mode does not vmap
 (`jax.lax.ragged_dot` has no batching rule in JAX 0.10): flatten token groups into M instead.

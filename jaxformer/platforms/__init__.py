@@ -10,9 +10,12 @@ of `benchmarks/gpu.py` measures them: turn one on by name with `override`.
     platforms.levers("cpu")       -> {"weight_grad": True, ...}     every lever, on or off there
     platforms.enabled("weight_grad")                                   the current platform's choice (or override)
     with platforms.override(weight_grad=False): ...                    A/B one lever (benchmarks), by name
+    platforms.in_force()          -> {"platform": "cpu", "levers": {...}}   what a training run records
 
 Choices are read while a program is traced: a jitted function built and traced inside `override` keeps the
-choice it was traced with. The platform is jax's default backend (`jax.default_backend()`).
+choice it was traced with. The platform is jax's default backend (`jax.default_backend()`). A training
+run records the choices it starts with (`in_force`) in RUN/levers.jsonl (`jaxformer.runs`); evaluating or
+decoding records nothing.
 """
 from __future__ import annotations
 
@@ -127,6 +130,12 @@ def enabled(name: str) -> bool:
         return over[name]
     _check([name])
     return current() in LEVERS[name].on
+
+
+def in_force() -> dict:
+    """The choices a program traced now gets: {"platform": `current()`, "levers": {name: `enabled(name)`} for
+    every lever} (overrides applied), JSON-ready."""
+    return {"platform": current(), "levers": {name: enabled(name) for name in LEVERS}}
 
 
 @contextlib.contextmanager

@@ -1,8 +1,8 @@
 """Layout help for XLA:CPU's code generation: `materialize`, an identity that ends a fusion.
 
 XLA:CPU fuses elementwise producers into the transposing copy a weight-gradient dot needs (its operand with
-the contracted rows last), and emits that fusion far slower than its parts: on a [1024,2048] float32 array
-5.3× the time of the elementwise work and a plain transpose run apart (benchmarks/kernels.py, "Layout
+the contracted rows last), and emits that fusion slower than its parts run apart (the elementwise work and a
+plain transpose, against the two in one fusion: benchmarks/kernels.py; benchmarks/results/kernels.md, "Layout
 copies"). jax.lax.optimization_barrier does not stop it (XLA:CPU removes barriers before fusing). It also
 keeps an explicit transpose from being folded back into the dot that reads it: `nn.params._weight_grad`
 transposes the smaller operand of each weight gradient itself.
@@ -45,13 +45,12 @@ TILED_MIN = 2 ** 16  # elements: a smaller matrix is transposed as it is
 
 def transpose(x: jax.Array) -> jax.Array:
     """x [M,K] -> x.T [K,M], tile by tile: as a [M/32,32,K/32,32] array whose tile axes are swapped along with its
-    tile-row axes, the same values as x.T. XLA:CPU's own 2-D transpose runs slower than this form at the train
-    step's sizes (one program of 8 transposes on a 2-core AMD EPYC, µs each: [768,128] 68-77 vs 27-32, [768,512]
-    403 vs 190, [1024,2048] 1429 vs 996; benchmarks/levers.py `tiled_transpose` times the step; alone, each in a
-    program of its own, the two take the same time: benchmarks/kernels.py "Layout copies"). Below TILED_MIN
-    elements, or with a side not a multiple of the tile: x.T (at the tiny config's [320,128] and [320,64] the two
-    forms took the same time alone, and the tiled one made its step 1-2% slower). Any dtype; jit, grad and vmap
-    (a reshape and a transpose)."""
+    tile-row axes, the same values as x.T: the "tiled_transpose" lever (`jaxformer.platforms`), which XLA:CPU's
+    own 2-D transpose is timed against in the train step by benchmarks/levers.py (`tiled_transpose`;
+    benchmarks/results/levers.md, rows `tiled_transpose`), and alone, each form in a program of its own, by
+    benchmarks/kernels.py (benchmarks/results/kernels.md, "Layout copies"). Below TILED_MIN elements (the tiny
+    config's [320,128] and [320,64]), or with a side not a multiple of the tile: x.T. Any dtype; jit, grad and
+    vmap (a reshape and a transpose)."""
     m, k = x.shape
     if m % TILE or k % TILE or x.size < TILED_MIN:
         return x.T

@@ -3,10 +3,10 @@ place before the process runs any allocation-heavy code, applied by re-executing
 
 Huge pages for glibc's malloc: XLA:CPU allocates a compiled program's temporaries (one block) at every execution.
 Above glibc's mmap threshold (at most 32 MiB) each allocation is a fresh mmap, and the step faults every 4 KiB
-page of it in again: for the base encoder-decoder's 845 MiB block, 216k minor faults and 1456 ms per step, and
-with glibc's `glibc.malloc.hugetlb=1` tunable (transparent huge pages through madvise) 814 faults and 1264 ms
-(benchmarks/step_profile.py, which runs ours both ways; its results file names the machine). Programs whose block
-stays under the threshold (the char model's 28 MiB) reuse it and change little. A tunable is read
+page of it in again (the base encoder-decoder's block is hundreds of MiB). glibc's `glibc.malloc.hugetlb=1`
+tunable (transparent huge pages through madvise) makes those faults far fewer: benchmarks/step_profile.py runs
+the step both ways and counts them (benchmarks/results/step_profile.md, each config's "Memory" line, which names
+the step time too). Programs whose block stays under the threshold (the char model's) reuse it. A tunable is read
 only when a process starts, hence the re-exec. Linux with glibc only; `JAXFORMER_MALLOC=default` leaves malloc as
 it is; a GLIBC_TUNABLES that already sets glibc.malloc.hugetlb is kept.
 """

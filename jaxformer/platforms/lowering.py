@@ -4,18 +4,18 @@ it computes: results stay bit-identical (tests/test_lowering.py).
 `unrolled_threefry`: jax lowers its threefry2x32 hash (every draw from a default jax.random key: dropout masks,
 key splits, sampling) as straight-line code on GPU and TPU, but on CPU as a while loop of 5 trips (shorter to
 compile). Each draw is then a loop whose every trip runs a fusion plus copies of its carried state as separate
-runtime ops: the tiny encoder-decoder's train step (dropout 0.1) runs 2576 op events per step rolled, 1376
-unrolled (benchmarks/step_profile.py). What that buys in time is small and within this 2-core VM's run-to-run
-spread: single A/Bs ranged from 3% slower to 10% faster; base 3% faster over four alternating process
-pairs (all four faster, 95% interval -7.7% to +1.2%). Compile time and results are unchanged.
+runtime ops: the "threefry_unrolled" lever (`jaxformer.platforms`). The op events per step of the dropout
+models, rolled and unrolled: benchmarks/step_profile.py (benchmarks/results/step_profile.md, each config's
+"Dropout bits" line); the step's time with and without it: benchmarks/levers.py (`threefry_unrolled`;
+benchmarks/results/levers.md, rows `threefry_unrolled`). Results are unchanged.
 
 `train_compiler_options`: the XLA options the train step is compiled with. On CPU, copy insertion with region
 analysis (`xla_cpu_copy_insertion_use_region_analysis`, off by default on CPU; GPU and TPU have their own switch):
 XLA proves more of the copies it inserts for a while loop's carried values unnecessary and drops them, e.g. the
 scanned layer stack's carried activation [B,T,D], forward and backward, and weight-gradient-sized copies in the
-backward loop. The char model's step drops 8 of its 69 copies and runs 0.974× the time per step [95% interval 0.957,
-0.990] of the step without it (benchmarks/levers.py `copy_insertion`, paired in one process on a 2-core AMD EPYC;
-tiny and base: no resolved difference); compile time is unchanged within noise. Results are bit-identical.
+backward loop: the "copy_insertion" lever (`jaxformer.platforms`), the step's time and compile time with and
+without it per config: benchmarks/levers.py (`copy_insertion`; benchmarks/results/levers.md, rows
+`copy_insertion`). Results are bit-identical.
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from typing import Callable
 import jax
 from flax import nnx
 
-from jaxformer import ops
+from jaxformer import ops, platforms
 from jaxformer.checkpoints import Checkpoints
 from jaxformer.config import Config, resume_differences
 from jaxformer.data import Task, resolve
@@ -159,6 +159,7 @@ def prepare(cfg: Config, run: RunDir, plan: Plan) -> Prepared:
                 run.set_aside_history("no checkpoint to resume from")
         if primary:
             run.write(cfg, task.tokenizer, task.fingerprint)
+            run.append_levers(start, platforms.in_force())      # what the steps about to be traced are built with
     except BaseException:
         ckpt.close()
         raise
