@@ -118,12 +118,16 @@ def test_a_laid_out_step_tells_each_layers_patch_its_own_index():
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
 
 
-def test_each_decoding_path_gives_each_layer_its_own_window():
+@pytest.mark.parametrize("backend", ["reference", "chunked"])      # the backends a CPU decodes with
+def test_each_decoding_path_gives_each_layer_its_own_window(backend):
     """A per-layer setting follows from the layer index every block is given (`nn.per_layer`): with windows
     (2, 0) (layer 0 sliding, layer 1 global), a prompt prefilled then decoded a token at a time, through the
     scanned stack and through the token loop's layout, gives the forward pass's logits at every position (a
-    layer told another's index would see another window)."""
-    graphdef, state = nnx.split(build_model(_cfg(num_decoder_layers=2, attention__windows=(2, 0)), seed=4))
+    layer told another's index would see another window), with each backend CPU decoding can run (cudnn is
+    GPU-only; pallas refuses cached decoding: tests/test_attention_backends.py)."""
+    cfg = _cfg(num_decoder_layers=2, attention__windows=(2, 0), runtime__attention_backend=backend,
+               runtime__attention_block=2)
+    graphdef, state = nnx.split(build_model(cfg, seed=4))
     tokens = jax.random.randint(jax.random.key(2), (2, 6), 1, V)
     pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
 
@@ -144,7 +148,7 @@ def test_each_decoding_path_gives_each_layer_its_own_window():
     for got in (scanned, laid_out):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
     for same in ((2,), (0,)):                  # the same weights with one window everywhere: other logits
-        other = build_model(_cfg(num_decoder_layers=2, attention__windows=same), seed=4)(tokens)
+        other = build_model(replaced(cfg, attention__windows=same), seed=4)(tokens)
         assert not np.allclose(np.asarray(other), np.asarray(want), atol=1e-3), same
 
 
