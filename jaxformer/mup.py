@@ -37,7 +37,7 @@ from jaxformer.config import Config
 from jaxformer.configio import apply_overrides
 from jaxformer.errors import ConfigError
 from jaxformer.nn.sites import available as available_sites
-from jaxformer.stats import resampled
+from jaxformer.stats import resampler
 
 SITES = ("embed", "attn_out", "mlp_out", "resid_post", "logits", "logit_update")
 ENCODER_SITES = ("encoder.attn_out", "encoder.mlp_out", "memory")      # an encoder-decoder's encoder
@@ -207,7 +207,9 @@ def lr_optimum(lrs, losses) -> float:
         return -np.inf if i == 0 else np.inf
     if np.isnan(y[i - 1:i + 2]).any():
         return float("nan")
-    a, b, _ = np.polyfit(x[i - 1:i + 2], y[i - 1:i + 2], 2)
+    (x0, x1, x2), (y0, y1, y2) = x[i - 1:i + 2], y[i - 1:i + 2]
+    a = ((y2 - y1) / (x2 - x1) - (y1 - y0) / (x1 - x0)) / (x2 - x0)         # the parabola through the three
+    b = (y1 - y0) / (x1 - x0) - a * (x0 + x1)
     return float(-b / (2 * a))                        # a > 0: the middle point is the lowest of the three
 
 
@@ -225,9 +227,10 @@ def optimum_shift(lrs, base: list, other: list, n: int = 2000, seed: int = 0,
     rng = np.random.default_rng(seed)
     shift = lr_optimum(olrs, other) - lr_optimum(lrs, base)
     boot = []
+    draw_other, draw_base = resampler(other, np.zeros(len(other))), resampler(base, np.zeros(len(base)))
     for _ in range(n):
-        o_lo, o_hi = _optimum_range(olrs, resampled(other, np.zeros(len(other)), rng)[1])
-        b_lo, b_hi = _optimum_range(lrs, resampled(base, np.zeros(len(base)), rng)[1])
+        o_lo, o_hi = _optimum_range(olrs, draw_other(rng)[1])
+        b_lo, b_hi = _optimum_range(lrs, draw_base(rng)[1])
         boot.append((o_lo - b_hi, o_hi - b_lo))
     boot = np.asarray(boot)
     # the order statistics themselves (no interpolation: between two infinite ends it is undefined)

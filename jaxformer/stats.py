@@ -179,10 +179,17 @@ def against(r: dict, target: float) -> str:
 def resample(groups, rng: np.random.Generator) -> np.ndarray:
     """Indices of one stratified resample: for each group (in order of first appearance), len(group) of its
     indices drawn with replacement."""
+    return _draw(_members(groups), rng)
+
+
+def _members(groups) -> list[np.ndarray]:
+    """Each group's indices, groups in order of first appearance."""
     groups = np.asarray(groups)
-    parts = [rng.choice(np.flatnonzero(groups == g), size=int(np.sum(groups == g)), replace=True)
-             for g in dict.fromkeys(groups.tolist())]
-    return np.concatenate(parts)
+    return [np.flatnonzero(groups == g) for g in dict.fromkeys(groups.tolist())]
+
+
+def _draw(members: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+    return np.concatenate([rng.choice(i, size=len(i), replace=True) for i in members])
 
 
 def resampled(y, groups, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -190,15 +197,22 @@ def resampled(y, groups, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarr
     columns share, one seed's runs at several learning rates, stays paired): -> (order, y'), y'[i] standing for
     row order[i]. Within each group of m rows, m drawn with replacement, their deviations from the group's mean
     log y scaled by √(m/(m−1)) (module docstring); NaN entries (runs not finished) stay NaN and are left out of
-    the means."""
-    ly, groups = np.log(np.asarray(y, np.float64)), np.asarray(groups)
-    keys = list(dict.fromkeys(groups.tolist()))
-    order = np.concatenate([np.flatnonzero(groups == k) for k in keys])
-    counts = {k: int(np.sum(groups == k)) for k in keys}
+    the means. Many resamples of the same y: `resampler(y, groups)`, which draws the same ones."""
+    return resampler(y, groups)(rng)
+
+
+def resampler(y, groups):
+    """rng -> `resampled(y, groups, rng)`, with what every resample shares (log y, the groups' means, their
+    rescaling, the groups' indices) computed once."""
+    ly, members = np.log(np.asarray(y, np.float64)), _members(groups)
+    order = np.concatenate(members)
     with np.errstate(invalid="ignore"):
-        means = {k: np.nanmean(ly[groups == k], axis=0) if np.isfinite(ly[groups == k]).any() else
-                 np.full(ly.shape[1:], np.nan) for k in keys}
-    mean = np.stack([means[k] for k in groups[order]])
-    m = np.asarray([counts[k] for k in groups[order]], np.float64).reshape((-1,) + (1,) * (ly.ndim - 1))
+        means = [np.nanmean(ly[i], axis=0) if np.isfinite(ly[i]).any() else np.full(ly.shape[1:], np.nan)
+                 for i in members]
+    mean = np.concatenate([np.broadcast_to(mu, (len(i),) + ly.shape[1:]) for mu, i in zip(means, members)])
+    m = np.concatenate([np.full(len(i), len(i), np.float64) for i in members]).reshape((-1,) + (1,) * (ly.ndim - 1))
     scale = np.sqrt(m / np.maximum(m - 1, 1))
-    return order, np.exp(mean + scale * (ly[resample(groups, rng)] - mean))
+
+    def draw(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        return order, np.exp(mean + scale * (ly[_draw(members, rng)] - mean))
+    return draw
