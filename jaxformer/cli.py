@@ -27,7 +27,7 @@ from rich.text import Text
 from jaxformer.cli_parser import parser
 from jaxformer.configio import apply_overrides, load_config_file
 from jaxformer.errors import Interrupted, JaxformerError
-from jaxformer.signals import hold_from_start, pending
+from jaxformer.signals import hold_from_start, pending, unheld
 
 console = Console(soft_wrap=True)       # long lines stay whole in logs and pipes
 
@@ -129,8 +129,9 @@ def cmd_generate(args) -> int:
     from jaxformer.inference import default_prompts, generate_text, load_model
     run = load_model(args.workdir, args.which, quantize=args.quantize, weights=args.weights)
     prompts = args.prompt or default_prompts(run)
-    outs = generate_text(run, prompts, max_new=args.max_new, temperature=args.temperature, top_k=args.top_k,
-                         top_p=args.top_p, beam=args.beam, seed=args.seed, kv_cache=args.kv_cache)
+    with unheld("generate"):                 # one compiled call that writes nothing: Ctrl-C ends it at once
+        outs = generate_text(run, prompts, max_new=args.max_new, temperature=args.temperature, top_k=args.top_k,
+                             top_p=args.top_p, beam=args.beam, seed=args.seed, kv_cache=args.kv_cache)
     how = f"beam {args.beam}" if args.beam > 1 else ("greedy" if args.temperature == 0 else
                                                       f"temperature {args.temperature}, top-k {args.top_k}, "
                                                       f"top-p {args.top_p}, seed {args.seed}")
@@ -163,6 +164,9 @@ def cmd_mup_check(args) -> int:
     from jaxformer.errors import ConfigError
     if args.steps < 1:
         raise ConfigError(f"--steps={args.steps} must be >= 1")
+    if Path(args.out).exists() and not Path(args.out).is_dir():      # said before the check runs, not after
+        raise ConfigError(f"--out {args.out} exists and is not a folder (mup-check writes mup_check.json and "
+                          f"mup_check.png into a folder); choose another --out")
     cfg = _config(args)
     result = mup.coord_check(cfg, tuple(args.widths), args.steps, log=lambda s: console.print(s, markup=False))
     out = Path(args.out)
@@ -324,9 +328,10 @@ def main(argv=None) -> int:
             "plan": cmd_plan, "sweep": cmd_sweep, "report": cmd_report, "viz": cmd_viz, "import-hf": cmd_import_hf,
             "export-hf": cmd_export_hf, "eval-tasks": cmd_eval_tasks, "mup-check": cmd_mup_check}
     try:
-        if getattr(args, "workdir", None) == "":
-            from jaxformer.errors import ConfigError
-            raise ConfigError("--workdir '' names no directory")
+        for flag in ("workdir", "out"):      # '' would be the working directory, which no one asked for
+            if getattr(args, flag, None) == "":
+                from jaxformer.errors import ConfigError
+                raise ConfigError(f"--{flag} '' names no directory")
         with _log_to_console():
             if pending():                    # Ctrl-C while Python started: nothing done yet
                 raise Interrupted(f"jaxformer {args.cmd} stopped on {pending()} before it started; nothing was done",
@@ -351,6 +356,10 @@ def main(argv=None) -> int:
         console.print(Text.assemble(("I/O error:", "red"), " ", str(e)), soft_wrap=True)
         return 2
     except (RuntimeError, AssertionError) as e:
+        if "RESOURCE_EXHAUSTED" in str(e):   # XLA's allocator: a size asked for (e.g. generate --max-new) too big
+            why = str(e).splitlines()[0][:300].rstrip(".") + "; ask for less (a smaller --max-new, batch or model)"
+            console.print(Text.assemble(("out of memory:", "red"), " ", why), soft_wrap=True)
+            return 2
         why = _platform_failure(e)
         if why is None:
             raise

@@ -93,9 +93,10 @@ def _studies(sub) -> None:
                    "another in this process)")
     w.add_argument("--run", action="append", metavar="INDEX|ID", help="only this run (repeatable): its index "
                    "(as printed by --list; a job array's task id) or ARM/seed-S")
-    w.add_argument("--print-commands", action="store_true", help="print one shell command per run for a "
-                   "scheduler, run nothing")
-    w.add_argument("--list", action="store_true", help="list the runs, their status and overrides, run nothing")
+    show = w.add_mutually_exclusive_group()              # each prints the runs its own way
+    show.add_argument("--print-commands", action="store_true", help="print one shell command per run for a "
+                      "scheduler, run nothing")
+    show.add_argument("--list", action="store_true", help="list the runs, their status and overrides, run nothing")
     w.add_argument("--root", default="runs/sweeps", help="where run directories go (ROOT/NAME/ARM/seed-S)")
     r = sub.add_parser("report", help="aggregate a sweep's runs into Markdown, CSV, plots and TensorBoard HParams")
     r.add_argument("sweep")

@@ -104,9 +104,39 @@ def _check_padding(model, tokens, segment_ids, what: str) -> None:
                         f"pass segment_ids (0 on padding, `arch.prompt_batch` makes them) or unpadded rows")
 
 
+def _check_inputs(model, tokens, segment_ids, what: str, bos_id: int | None = None) -> None:
+    """DataError for input that decoding would misread rather than refuse: tokens that are not [B,P] integers with
+    P >= 1, an id outside [0, model.vocab_size) (the embedding lookup would read no row of the table), segment_ids
+    of another shape or with a negative id, a bos_id outside the vocabulary; then `_check_padding`. Values of
+    concrete arrays only (a traced or another process's array is not looked at)."""
+    shape, vocab = tuple(np.shape(tokens)), model.cfg.vocab_size
+    if len(shape) != 2 or 0 in shape:
+        raise DataError(f"{what} of shape {list(shape)}: decoding reads a [batch, length] array of token ids with "
+                        f"at least one row and one token")
+    if segment_ids is not None and tuple(np.shape(segment_ids)) != shape:
+        raise DataError(f"segment_ids of shape {list(np.shape(segment_ids))} do not match {what} {list(shape)}")
+    for name, x, low, high in ((what, tokens, 0, vocab), ("segment_ids", segment_ids, 0, None)):
+        if x is None:
+            continue
+        dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+        if not np.issubdtype(dtype, np.integer):
+            raise DataError(f"{name} are {dtype}: token and segment ids are integers (a cast would round them)")
+        if isinstance(x, jax.core.Tracer) or not getattr(x, "is_fully_addressable", True):
+            continue
+        v = np.asarray(x)
+        bad = np.argwhere((v < low) | (v >= high if high is not None else False))
+        if len(bad):
+            r, c = (int(i) for i in bad[0])
+            within = f"the vocabulary [0, {high}) (model.vocab_size)" if high is not None else "ids >= 0 (0: padding)"
+            raise DataError(f"{name} {list(shape)}: row {r}, position {c} holds {int(v[r, c])}, outside {within}")
+    if bos_id is not None and not 0 <= bos_id < vocab:
+        raise DataError(f"bos_id={bos_id} is outside the vocabulary [0, {vocab}) (model.vocab_size)")
+    _check_padding(model, tokens, segment_ids, what)
+
+
 def _check_room(cfg, prompt_len: int, max_new: int, cache_len: int | None):
-    if max_new < 1:
-        raise ConfigError(f"max_new={max_new} must be >= 1")
+    if isinstance(max_new, bool) or not isinstance(max_new, (int, np.integer)) or max_new < 1:
+        raise ConfigError(f"max_new={max_new!r} must be an integer >= 1")
     total = prompt_len + max_new
     if cache_len is not None and total > cache_len:
         raise ConfigError(f"prompt length {prompt_len} + max_new {max_new} = {total} exceeds the cache length "
@@ -148,8 +178,8 @@ def generate_lm(model, prompts, *, max_new: int, key=None, temperature: float = 
     replaced at every step, prefill included ({site: fn(value, layer)}, `nn.sites`; e.g. a steering vector);
     the functions are constants of the compiled program (a new function compiles a new one).
     -> [B,max_new] new tokens (pad after EOS). One compiled program: prefill + while_loop of cached steps.
-    DataError for prompts that hold the pad id without segment_ids (`_check_padding`)."""
-    _check_padding(model, prompts, segment_ids, "prompts")
+    DataError for prompts decoding would misread (`_check_inputs`), e.g. padding without segment_ids."""
+    _check_inputs(model, prompts, segment_ids, "prompts")
     unrolled_threefry()                                            # sampling's bits: jaxformer.platforms.lowering
     prompts = jnp.asarray(prompts, jnp.int32)
     cache_len = cache_len or prompts.shape[1] + max_new
@@ -188,8 +218,9 @@ def generate_seq2seq(model, src, *, max_new: int, bos_id: int, eos_id: int | Non
                      segment_ids=None):
     """Encoder-decoder sampling. src [B,S] (segment_ids [B,S]: 0 on padding; None = every token real) ->
     [B,max_new] (pad after EOS). The encoder and the cross-attention k/v run once; the decoder runs cached steps
-    in a while_loop. DataError for sources that hold the pad id without segment_ids (`_check_padding`)."""
-    _check_padding(model, src, segment_ids, "src")
+    in a while_loop. DataError for sources decoding would misread (`_check_inputs`), e.g. padding without
+    segment_ids."""
+    _check_inputs(model, src, segment_ids, "src", bos_id)
     _check_room(model.cfg, 0, max_new, None)                       # positions 0 .. max_new-1
     unrolled_threefry()                                            # sampling's bits: jaxformer.platforms.lowering
     graphdef, state = nnx.split(model)
@@ -224,7 +255,7 @@ def _greedy_naive(graphdef, state, src, segment_ids, *, max_new, bos_id, eos_id,
 def greedy_naive(model, src: jax.Array, max_new: int, *, bos_id: int, eos_id: int, segment_ids=None) -> jax.Array:
     """Encoder-decoder greedy decoding by full recomputation (no cache). src [B,S] (segment_ids as
     `generate_seq2seq`) -> [B,max_new]."""
-    _check_padding(model, src, segment_ids, "src")
+    _check_inputs(model, src, segment_ids, "src", bos_id)
     graphdef, state = nnx.split(model)
     return _greedy_naive(graphdef, state, jnp.asarray(src), _ids(segment_ids), max_new=max_new, bos_id=bos_id, eos_id=eos_id,
                          pad_id=model.cfg.pad_id)
@@ -281,7 +312,7 @@ def beam_search(model, src, *, max_new: int, bos_id: int, eos_id: int | None, be
     beam has finished."""
     if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1 or beam > model.cfg.vocab_size:
         raise ConfigError(f"beam={beam!r} must be an integer in [1, vocab_size={model.cfg.vocab_size}]")
-    _check_padding(model, src, segment_ids, "src")
+    _check_inputs(model, src, segment_ids, "src", bos_id)
     _check_room(model.cfg, 0, max_new, None)
     graphdef, state = nnx.split(model)
     return _beam_search(graphdef, state, jnp.asarray(src, jnp.int32), _ids(segment_ids), max_new=max_new, bos_id=bos_id,

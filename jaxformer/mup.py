@@ -35,8 +35,9 @@ from flax import nnx
 
 from jaxformer.config import Config
 from jaxformer.configio import apply_overrides
-from jaxformer.errors import ConfigError
+from jaxformer.errors import ConfigError, Interrupted
 from jaxformer.nn.sites import available as available_sites
+from jaxformer.signals import pending
 from jaxformer.stats import resampler
 
 SITES = ("embed", "attn_out", "mlp_out", "resid_post", "logits", "logit_update")
@@ -72,7 +73,10 @@ def coord_check(cfg: Config, widths: tuple[int, ...], steps: int = 4, seed: int 
     cfg, task = resolve(cfg)
     rows = cfg.data.batch_size
     it = iter(task.train_dataset(rows, seed))
-    batches = [jax.tree.map(jnp.asarray, next(it)) for _ in range(steps + 1)]
+    batches = []
+    for _ in range(steps + 1):
+        _stop_if_asked("while reading its batches")
+        batches.append(jax.tree.map(jnp.asarray, next(it)))
     sites = SITES + tuple(s for s in ENCODER_SITES if s in available_sites(cfg.model))
     out = {"widths": list(widths), "steps": steps, "sites": list(sites), "lr": cfg.optim.lr}
     for par in ("sp", "mup"):
@@ -84,6 +88,7 @@ def coord_check(cfg: Config, widths: tuple[int, ...], steps: int = 4, seed: int 
             sizes = _sizes_fn(graphs.model, tuple(s for s in sites if s != LEARNED))
             z0 = None
             for t in range(steps + 1):
+                _stop_if_asked(f"at {par} width {w}, step {t} of {steps}")
                 if t:
                     state, _ = train_step(state, batches[t], jax.random.key(seed))
                 size, z = sizes(state["model"], batches[0])
@@ -95,6 +100,13 @@ def coord_check(cfg: Config, widths: tuple[int, ...], steps: int = 4, seed: int 
                 log(f"{par} D={w}: " + ", ".join(f"{s} {table[s][-1][j]:.3g}" for s in sites))
         out[par] = table
     return out
+
+
+def _stop_if_asked(where: str) -> None:
+    """Interrupted when a stop signal arrived (SIGINT/SIGTERM/SIGHUP, held by the command line: `signals.pending`):
+    the check stops between steps, before anything is written."""
+    if pending():
+        raise Interrupted(f"mup-check stopped on {pending()} {where}; nothing was written", pending())
 
 
 def _check_widths(widths) -> tuple[int, ...]:

@@ -3,6 +3,7 @@ checkpoint, import-hf's step-0 run, data prepare's next piece. Imports nothing h
 signals before it loads JAX."""
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 
@@ -61,6 +62,23 @@ def block_for_exec() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     if pending() is not None:
         signal.raise_signal(signal.Signals[pending()])
+
+
+@contextlib.contextmanager
+def unheld(command: str):
+    """For work that writes nothing and cannot stop part-way (one compiled decoding call of `jaxformer generate`):
+    while the block runs, a stop signal ends the process at once, by the signal's default action (a shell reports
+    128 + its number), instead of being held until the work is done. A signal held before the block is acted on
+    first: Interrupted (128 + its number), nothing done."""
+    if pending():
+        from jaxformer.errors import Interrupted
+        raise Interrupted(f"jaxformer {command} stopped on {pending()}; nothing was done", pending())
+    old = {s: signal.signal(s, signal.SIG_DFL) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def pending() -> str | None:

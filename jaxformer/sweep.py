@@ -277,13 +277,14 @@ def command(sweep: Sweep, run: Run) -> str:
 
 
 def select(all_runs: list[Run], which: list[str]) -> list[Run]:
-    """--run values: an index (0-based) or a run id ARM/seed-S."""
+    """--run values: an index (0-based) or a run id ARM/seed-S. A run named twice (by index and id alike) is
+    selected once: run twice, it would be trained twice at once under --jobs, and counted twice."""
     out = []
     for w in which:
         hit = [r for r in all_runs if (w.isdigit() and r.index == int(w)) or r.id == w]
         if not hit:
             raise SweepError(f"--run {w!r} is neither an index in [0, {len(all_runs)}) nor a run id of this sweep")
-        out += hit
+        out += [r for r in hit if r not in out]
     return out
 
 
@@ -302,6 +303,8 @@ def run_sweep(sweep: Sweep, root: str | Path = "runs/sweeps", jobs: int = 1, onl
     status ("skipped" = finished before). SweepError at the end if any run failed. A stop signal
     (SIGINT/SIGTERM/SIGHUP) starts no further run, stops the running ones with their checkpoints (sent on to
     the children) and raises Interrupted, exit code 128 + the signal's number; the same call resumes."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"--jobs {jobs} must be at least 1 (1: one run after another in this process)")
     all_runs = runs(sweep, root)
     check(sweep, all_runs)
     use_compilation_cache(root)

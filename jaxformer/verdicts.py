@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 from pathlib import Path
 
@@ -44,8 +45,10 @@ class CSVReport(Report):
                            if row["status"] != "missing" else None) for i, row in self._rows.items()}
         self.records = {}
         self.missing = [i for i, st in self.status.items() if st is None]
-        info = self.out / f"{sweep.name}_info.json"
-        self.info = json.loads(info.read_text(encoding="utf-8")) if info.is_file() else None
+        if len(self.missing) == len(self.runs):           # as `report.Report` refuses the run directories
+            raise SweepError(f"{self.path} has no finished run (every row is 'missing'): no verdict to compute; "
+                             f"the published one is left as it is")
+        self.info = _read_info(self.out / f"{sweep.name}_info.json")
 
     def sizes(self, axis: str, arm: Arm) -> list:
         """Each run's size from its CSV column (written when the sweep has scaling fits)."""
@@ -71,6 +74,21 @@ class CSVReport(Report):
                                      f"not a number") from None
                 out.append(cell)
         return out
+
+
+def _read_info(path: Path) -> dict | None:
+    """OUT/NAME_info.json (what a summary measured besides the runs) as a JSON object; None where there is none.
+    SweepError naming the file for one that is not UTF-8 JSON or not an object."""
+    if not path.is_file():
+        return None
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SweepError(f"{path} is not UTF-8 JSON ({e}): a damaged file, or one not written by `jaxformer "
+                         f"report`") from None
+    if not isinstance(info, dict):
+        raise SweepError(f"{path} holds a JSON {type(info).__name__}, not the object `jaxformer report` writes")
+    return info
 
 
 REQUIRED = ("arm", "seed", "status", "wall_s")           # the columns every NAME_runs.csv has (report.write_csv)
@@ -140,7 +158,14 @@ _VERDICT = re.compile(r"(?ms)^## Verdict\n\n(.*?)\n\n## ")
 def committed_verdict(sweep: Sweep, out: str | Path = "docs/ablations") -> str:
     """The verdict section of the published OUT/NAME.md."""
     path = Path(out) / f"{sweep.name}.md"
-    m = _VERDICT.search(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if not path.is_file():
+        raise SweepError(f"{path} not found (a file, written by `jaxformer report {sweep.source}`); --out names the "
+                         f"folder that holds it")
+    try:
+        m = _VERDICT.search(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise SweepError(f"{path}: byte {e.start} is not UTF-8 ({e.object[e.start:e.start + 1]!r}): a damaged "
+                         f"file, or one not written by `jaxformer report`; it is left as it is") from None
     if m is None:
         raise SweepError(f"{path} has no '## Verdict' section")
     return m.group(1).strip()
@@ -150,7 +175,13 @@ def verdict_from_csv(sweep: Sweep, out: str | Path = "docs/ablations") -> str:
     """The verdict that `sweep.summary` computes from the committed CSVs (CSVReport)."""
     if sweep.summary is None:
         raise SweepError(f"sweep {sweep.name} has no summary()")
-    return sweep.summary(CSVReport(sweep, out)).strip()
+    report = CSVReport(sweep, out)
+    try:
+        return sweep.summary(report).strip()
+    except (KeyError, TypeError, IndexError, AttributeError) as e:      # e.g. NAME_info.json edited by hand
+        raise SweepError(f"sweep {sweep.name}'s summary() cannot compute a verdict from {report.path}"
+                         + (f" and {sweep.name}_info.json" if report.info is not None else "")
+                         + f": {type(e).__name__}: {e}") from None
 
 
 def rewrite_verdict(sweep: Sweep, out: str | Path = "docs/ablations") -> Path:
@@ -160,5 +191,10 @@ def rewrite_verdict(sweep: Sweep, out: str | Path = "docs/ablations") -> Path:
     committed_verdict(sweep, out)
     text = path.read_text(encoding="utf-8")
     new = verdict_from_csv(sweep, out)
-    path.write_text(_VERDICT.sub(lambda m: f"## Verdict\n\n{new}\n\n## ", text, count=1), encoding="utf-8")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")    # replaced whole: a full disk leaves the report as it was
+    try:
+        tmp.write_text(_VERDICT.sub(lambda m: f"## Verdict\n\n{new}\n\n## ", text, count=1), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path

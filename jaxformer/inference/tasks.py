@@ -310,10 +310,28 @@ def _read_all(run: LoadedModel, tasks: list[str], max_new: int, answer_regex: st
 
 
 def _write_whole(path: Path, record: dict) -> None:
-    """A results file written whole or not at all (a temporary file renamed over it)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """A results file written whole or not at all (a temporary file of this process's own, renamed over it; removed
+    when writing fails, e.g. on a full disk)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:       # a failed write names no file: say which
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
+
+
+def _check_outputs(out_dir: Path, read: list[tuple]) -> None:
+    """DataError where a task's results file (OUT_DIR/NAME.json) is one of the task files read: writing the results
+    would replace that task file."""
+    inputs = {Path(path).resolve(): path for _, path, _, _ in read}
+    for name, path, _, _ in read:
+        dest = (out_dir / f"{name}.json").resolve()
+        if dest in inputs:
+            raise DataError(f"the results of {path} go to {dest}, which is the task file {inputs[dest]}: it would be "
+                            f"replaced; move or rename that task file (results are written to {out_dir}/NAME.json)")
 
 
 def evaluate_tasks(run: LoadedModel, workdir: str | Path, tasks: list[str], *, max_new: int = 64,
@@ -327,6 +345,7 @@ def evaluate_tasks(run: LoadedModel, workdir: str | Path, tasks: list[str], *, m
     Interrupted (exit 128 + the signal's number), the finished tasks' files kept, the one in hand not written."""
     read = _read_all(run, tasks, max_new, answer_regex, chat_template)
     out_dir = Path(workdir) / "eval_tasks"
+    _check_outputs(out_dir, read)
     out_dir.mkdir(exist_ok=True)
     results, doing = {}, None
     with Held(until="the batch in hand is scored") as sig:
@@ -338,11 +357,14 @@ def evaluate_tasks(run: LoadedModel, workdir: str | Path, tasks: list[str], *, m
         hm = HarnessModel(run, batch_rows, before_batch=stop_if_asked)
         for name, path, kind, rows in read:
             doing = hm.task = name
-            with reading(run.tokenizer, chat_template is not None):
-                if kind == "multiple_choice":
-                    metrics, preds = score_multiple_choice(hm, rows)
-                else:
-                    metrics, preds = score_generation(hm, rows, max_new, list(until), answer_regex)
+            try:
+                with reading(run.tokenizer, chat_template is not None):
+                    if kind == "multiple_choice":
+                        metrics, preds = score_multiple_choice(hm, rows)
+                    else:
+                        metrics, preds = score_generation(hm, rows, max_new, list(until), answer_regex)
+            except DataError as e:             # e.g. a character the tokenizer lacks: which task file it is in
+                raise DataError(str(e) if str(e).startswith(f"{name}: ") else f"{path}: {e}") from None
             rec = {"task": name, "file": str(path), "kind": kind, "checkpoint": {"which": run.which,
                    "step": run.step}, "metrics": metrics, "predictions": preds}
             _write_whole(out_dir / f"{name}.json", rec)
