@@ -118,7 +118,8 @@ def test_a_laid_out_step_tells_each_layers_patch_its_own_index():
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("backend", ["reference", "chunked"])      # the backends a CPU decodes with
+@pytest.mark.parametrize("backend", ["reference", pytest.param("chunked", marks=pytest.mark.slow)])  # ~4 s; the
+# chunked backend's windowed cached decoding stays in the default lane: tests/test_attention_inputs.py
 def test_each_decoding_path_gives_each_layer_its_own_window(backend):
     """A per-layer setting follows from the layer index every block is given (`nn.per_layer`): with windows
     (2, 0) (layer 0 sliding, layer 1 global), a prompt prefilled then decoded a token at a time, through the
