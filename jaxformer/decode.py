@@ -106,7 +106,8 @@ def _check_padding(model, tokens, segment_ids, what: str) -> None:
 
 def _check_inputs(model, tokens, segment_ids, what: str, bos_id: int | None = None) -> None:
     """DataError for input that decoding would misread rather than refuse: tokens that are not [B,P] integers with
-    P >= 1, an id outside [0, model.vocab_size) (the embedding lookup would read no row of the table), segment_ids
+    P >= 1, an id outside [0, model.vocab_size) at a real position (the embedding lookup would read no row of the
+    table; a padding position, segment id 0, may hold anything: a pretrained tokenizer pads with -1), segment_ids
     of another shape or with a negative id, a bos_id outside the vocabulary; then `_check_padding`. Values of
     concrete arrays only (a traced or another process's array is not looked at)."""
     shape, vocab = tuple(np.shape(tokens)), model.cfg.vocab_size
@@ -124,7 +125,9 @@ def _check_inputs(model, tokens, segment_ids, what: str, bos_id: int | None = No
         if isinstance(x, jax.core.Tracer) or not getattr(x, "is_fully_addressable", True):
             continue
         v = np.asarray(x)
-        bad = np.argwhere((v < low) | (v >= high if high is not None else False))
+        real = True if name != what or segment_ids is None or not hasattr(segment_ids, "shape") else (
+            np.asarray(segment_ids) != 0)
+        bad = np.argwhere(((v < low) | (v >= high if high is not None else False)) & real)
         if len(bad):
             r, c = (int(i) for i in bad[0])
             within = f"the vocabulary [0, {high}) (model.vocab_size)" if high is not None else "ids >= 0 (0: padding)"

@@ -311,6 +311,16 @@ def test_decoding_refuses_inputs_it_would_misread(models, case, arch):
             decode.generate_seq2seq(models["s2s"], prompts, max_new=max_new, bos_id=1, eos_id=2, segment_ids=seg)
 
 
+def test_padding_positions_may_hold_any_id_a_tokenizer_pads_with(models):
+    """A pretrained tokenizer pads with -1 (model.pad_id=-1): ids at positions whose segment id is 0 are never
+    read, so they are not refused (the slow recipe test in tests/test_hf.py decodes such a batch)."""
+    from jaxformer import decode
+    prompts = np.array([[3, 4, 5], [-1, -1, 6]], np.int32)
+    seg = (prompts >= 0).astype(np.int32)
+    out = decode.generate_lm(models["lm"], prompts, max_new=2, segment_ids=seg)
+    assert np.shape(out) == (2, 2)
+
+
 def test_seq2seq_refuses_a_bos_outside_the_vocabulary(models):
     from jaxformer import decode
     for fn in (decode.generate_seq2seq, decode.beam_search):
