@@ -7,7 +7,7 @@
              (K times the flops; what ops.dot_product_attention does for T=1 and N <= 16 over a [B,S,K,H]
              cache: the stacked, scanned `model.step`);
   [B,K,S,H]  the per-head einsum on a cache stored kv-heads first, transpose-free: the layout of a cache laid
-             out for decoding (`KVCache.unstacked`, kv_layout="BKSH"), which the decode programs use.
+             out for decoding (`nn.cache.KVCache`, kv_layout="BKSH"), which the decode programs use.
 Each variant runs a jitted fori_loop of --steps decode steps; each step scans over L layers, attends over the
 cache plus the new key (two segments, as the model's cached step does) and writes the new k/v into the donated
 cache in place. Base-model attention shapes: L=6, K=N=8 heads, H=64, float32. Medians of --reps runs.

@@ -76,29 +76,30 @@ def torch_forward(size):
     return f
 
 
-def laid_out(graphdef, state, batch):
-    """A model and its decoding layout for `batch` rows (`model.decoding_layout`, what generate_lm makes inside
-    its program), split: -> (graphs, states), each a (model, layout) pair, as jitted programs take them."""
-    lgraph, lstate = nnx.split(nnx.merge(graphdef, state).decoding_layout(batch))
-    return (graphdef, lgraph), (state, lstate)
+def decoding_cache(graphdef, batch: int, slots: int, dtype: str = "auto"):
+    """jit of model state -> an empty decoding state for `batch` rows and `slots` slots (`model.init_cache`: the
+    per-layer cache and the decoder laid out for decoding, as generate_lm makes it inside its program)."""
+    return jax.jit(lambda s: nnx.merge(graphdef, s).init_cache(batch, slots, dtype=dtype))
 
 
-def merged(graphs, states):
-    """(model, layout) back from `laid_out`'s pairs."""
-    return nnx.merge(graphs[0], states[0]), nnx.merge(graphs[1], states[1])
+def prefill_fn(graphdef):
+    """jit of (state, cache, tokens [B,P], positions [B,P]) -> (logits, the filled cache): mode "prefill"."""
+    def prefill(s, cache, t, p):
+        logits, out = nnx.merge(graphdef, s)(t, p, cache=cache, mode="prefill")
+        return logits, out["cache"]
+    return jax.jit(prefill)
 
 
-def cached_loop(graphs, steps):
-    """jit of (states, cache, tok [B,1], pos [B,1]) -> (cache, tok, pos): `steps` greedy model.steps over the
-    decoding layout (`laid_out`'s graphs and states) in a fori_loop, the cache donated (returned, so donation
-    aliases it), as inside generate_lm."""
+def cached_loop(graphdef, steps):
+    """jit of (state, cache, tok [B,1], pos [B,1]) -> (cache, tok, pos): `steps` greedy cached calls (mode
+    "decode") in a fori_loop, the cache donated (returned, so donation aliases it), as inside generate_lm."""
     def run_steps(s, cache, tok, pos):
-        m, layout = merged(graphs, s)
+        m = nnx.merge(graphdef, s)
 
         def body(_, c):
             cache, tok, pos = c
-            logits, cache = m.step(tok, pos, cache, layout=layout)
-            return cache, jnp.argmax(logits, -1).astype(jnp.int32), pos + 1
+            logits, out = m(tok, pos, cache=cache, mode="decode")
+            return out["cache"], jnp.argmax(logits, -1).astype(jnp.int32), pos + 1
         return jax.lax.fori_loop(0, steps, body, (cache, tok, pos))
     return jax.jit(run_steps, donate_argnums=1)
 
@@ -107,18 +108,13 @@ def bench_contexts(size, batch, contexts, reps, steps):
     cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=VOCAB, max_len=max(contexts) + steps + 1,
                       positional="rope", norm__position="pre", runtime__dropout=0.0, **SIZES[size])
     graphdef, state = nnx.split(build_model(cfg))
-    fwd = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t)[:, -1])
-    # generate_lm lays the model out for decoding once per call (per-layer weight copies); timed alone here
-    layout = jax.jit(lambda s: nnx.split(nnx.merge(graphdef, s).decoding_layout(batch))[1])
-    layout_ms = median_ms(lambda: layout(state), reps)
+    fwd = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t)[0][:, -1])
+    # generate_lm makes its decoding state once per call (per-layer weight copies and an empty cache); timed here
+    make = decoding_cache(graphdef, batch, max(contexts) + steps)
+    layout_ms = median_ms(lambda: make(state), reps)
     weight_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(state))
-    dgraph, dstate = laid_out(graphdef, state, batch)
-
-    def prefill(s, c, t, p):
-        m, lay = merged(dgraph, s)
-        return m.step(t, p, c, prefill=True, layout=lay)
-    prefill = jax.jit(prefill)
-    loop = cached_loop(dgraph, steps)
+    prefill = prefill_fn(graphdef)
+    loop = cached_loop(graphdef, steps)
     tf = torch_forward(size)
     td = (torch_decoder.TorchDecoder(VOCAB, **SIZES[size], batch=batch, max_len=max(contexts) + steps + 1)
           if torch_decoder is not None else None)
@@ -126,13 +122,13 @@ def bench_contexts(size, batch, contexts, reps, steps):
     for c in contexts:
         toks = jax.random.randint(jax.random.key(c), (batch, c), 1, VOCAB)
         pos = jnp.broadcast_to(jnp.arange(c), (batch, c))
-        cache = nnx.merge(graphdef, state).init_cache(batch, c + steps).unstacked()
+        cache = decoding_cache(graphdef, batch, c + steps)(state)
         np_toks = np.asarray(toks).astype(np.int64)
         naive = median_ms(lambda: fwd(state, toks), reps)
-        ttft = median_ms(lambda: prefill(dstate, cache, toks, pos), reps)
-        _, filled = prefill(dstate, cache, toks, pos)
+        ttft = median_ms(lambda: prefill(state, cache, toks, pos), reps)
+        _, filled = prefill(state, cache, toks, pos)
         start = (toks[:, -1:], jnp.full((batch, 1), c, jnp.int32))
-        ours = lambda c2: loop(dstate, c2, *start)                                 # noqa: E731
+        ours = lambda c2: loop(state, c2, *start)                                 # noqa: E731
         fresh = lambda: (jax.tree.map(jnp.copy, filled),)                           # noqa: E731
         if td is not None:
             td.prefill(np_toks)        # slots [0,c); every timed loop rewrites slots [c,c+steps) before reading
@@ -162,7 +158,7 @@ def bench_end_to_end(size, batch, prompt, new, reps):
     model = build_model(cfg)
     graphdef, state = nnx.split(model)
     toks = jax.random.randint(jax.random.key(1), (batch, prompt), 1, VOCAB).astype(jnp.int32)
-    pick = jax.jit(lambda s, t: jnp.argmax(nnx.merge(graphdef, s)(t)[:, -1], -1).astype(jnp.int32))
+    pick = jax.jit(lambda s, t: jnp.argmax(nnx.merge(graphdef, s)(t)[0][:, -1], -1).astype(jnp.int32))
 
     def naive():
         seq = toks
@@ -327,7 +323,7 @@ def main():
              + "; over 256 MiB, beyond any cache, the fastest reads at "
              f"{max(dram.values()) / 1e9:.1f} GB/s. It is the least a step that reads every weight once can take; "
              "+ cache = the same with the cache's bytes (every slot, as attention reads them) added; "
-             "layout = `model.decoding_layout` (each layer's weights copied out of the stacked arrays), which "
+             "layout = `model.init_cache` (each layer's weights copied out of the stacked arrays, an empty cache), which "
              "generate_lm runs once per call, before its token loop (not in cached ms).", "",
              "| size | batch | context | naive ms | torch naive ms | cached ms | torch cached ms | naive/cached | "
              "torch cached / ours cached | cached / floor | cached / floor + cache | TTFT ms | layout ms |",

@@ -1,5 +1,5 @@
 """Where a cached decoding step's time goes: the compiled token loop of benchmarks/decode.py (base decoder, laid out
-by `model.decoding_layout`, per-layer cache) traced with jax.profiler, each op matched to its compiled HLO
+by `model.init_cache`, per-layer cache) traced with jax.profiler, each op matched to its compiled HLO
 instruction and grouped as benchmarks/step_profile.py groups a train step's.
 
   .venv/bin/python benchmarks/decode_profile.py [--contexts 64 1024] [--batches 1 8] [--steps 16]
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from jaxformer.config import ModelConfig, replaced  # noqa: E402
 from jaxformer.nn import build_model  # noqa: E402
-from decode import SIZES, cached_loop, laid_out, stream_bandwidth, weight_bytes  # noqa: E402  (benchmarks/decode.py)
+from decode import SIZES, cached_loop, decoding_cache, stream_bandwidth, weight_bytes  # noqa: E402  (benchmarks/decode.py)
 from step_profile import classify_hlo, fused_bodies, op_events, self_times  # noqa: E402
 
 
@@ -124,10 +124,10 @@ def kernels_alone(keys: list[str], nbytes: int, reps: int = 15) -> dict[str, dic
 def profile(batch: int, context: int, steps: int) -> dict:
     cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=256, max_len=context + steps + 1, positional="rope",
                       norm__position="pre", runtime__dropout=0.0, **SIZES["base"])
-    graphdef, state = laid_out(*nnx.split(build_model(cfg)), batch)
+    graphdef, state = nnx.split(build_model(cfg))
     loop = cached_loop(graphdef, steps)
     slots = context + steps
-    empty = nnx.merge(graphdef[0], state[0]).init_cache(batch, slots).unstacked()
+    empty = decoding_cache(graphdef, batch, slots)(state)
     fresh = lambda: jax.tree.map(jnp.copy, empty)                                 # noqa: E731 (donated per call)
     tok = jnp.ones((batch, 1), jnp.int32)
     pos = jnp.full((batch, 1), context, jnp.int32)

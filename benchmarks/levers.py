@@ -255,18 +255,13 @@ def measure_decode(name: str, lever: Lever, config: str, blocks: int) -> dict:
     start = (tokens[:, -1:], jnp.full((batch, 1), context, jnp.int32))
     progs = {}
     for which in ("after", "before"):
-        with lever.switch_off() if which == "before" else contextlib.nullcontext():
-            dgraph, dstate = dec.laid_out(graphdef, state, batch)
-
-        def prefill(s, c, t, p, g=dgraph):
-            m, layout = dec.merged(g, s)
-            return m.step(t, p, c, prefill=True, layout=layout)
-        _, cache = jax.jit(prefill)(dstate, nnx.merge(graphdef, state).init_cache(batch, context + steps).unstacked(),
-                                    tokens, pos)
-        loop = dec.cached_loop(dgraph, steps)
+        with lever.switch_off() if which == "before" else contextlib.nullcontext():   # the layout's levers
+            empty = dec.decoding_cache(graphdef, batch, context + steps)(state)
+        _, cache = dec.prefill_fn(graphdef)(state, empty, tokens, pos)
+        loop = dec.cached_loop(graphdef, steps)
         t = time.perf_counter()
-        out = jax.block_until_ready(loop(dstate, cache, *start))
-        progs[which] = {"loop": loop, "state": dstate, "out": out, "compile_s": time.perf_counter() - t,
+        out = jax.block_until_ready(loop(state, cache, *start))
+        progs[which] = {"loop": loop, "state": state, "out": out, "compile_s": time.perf_counter() - t,
                         "tokens": out[1]}
 
     def block(p):

@@ -43,7 +43,7 @@ from jaxformer.nn import build_model
 from jaxformer.quantize import MODES, quantize_model, weight_bytes
 from jaxformer.inference import evaluate, load_model
 from jaxformer.train.loop import train
-from decode import cached_loop  # benchmarks/decode.py (the script's folder is on sys.path)
+from decode import cached_loop, prefill_fn  # benchmarks/decode.py (the script's folder is on sys.path)
 from timing import median_ms  # benchmarks/timing.py
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def sizes() -> dict:
 def decode_loop(mode, batch, context, steps, kv="auto"):
     graphdef, state = nnx.split(model_for(mode))
     loop = cached_loop(graphdef, steps)
-    prefill = jax.jit(lambda s, c, t, p: nnx.merge(graphdef, s).step(t, p, c, prefill=True))
+    prefill = prefill_fn(graphdef)
     toks = jax.random.randint(jax.random.key(context), (batch, context), 1, BASE["vocab_size"])
     pos = jnp.broadcast_to(jnp.arange(context), (batch, context))
     cache = nnx.merge(graphdef, state).init_cache(batch, context + steps, dtype=kv)

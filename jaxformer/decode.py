@@ -1,15 +1,14 @@
-"""Autoregressive decoding over a model's cached step, compiled end to end: this module samples, loops and
-searches; the model owns its cache and its step (`model.init_cache`, `model.step`, and for an encoder-decoder
-`model.encode` + `model.prepare_memory`, which computes the memory's cross-attention keys/values once).
+"""Autoregressive decoding over a model's cached call, compiled end to end: this module samples, loops and
+searches; the model owns its decoding state and its cached call (`model.init_cache`, `model(..., cache=,
+mode=)`, and for an encoder-decoder `model.encode`, whose memory `init_cache` prepares once).
 
-Each program first lays its model out for decoding, as a value (`model.decoding_layout`: every layer's weights
-copied out of the stacked arrays once, the layers unrolled; the model is unchanged) with the per-layer cache it
-reads (`model.init_cache(..., layout=)`), so that no token of the loop slices weights or cache out of stacked
-arrays. A prompt batch is prefilled in one pass (the plain
-forward pass), then cached steps run in a `lax.while_loop` that stops when every row has emitted EOS (beam
-search: when every beam has finished). Each step reads every layer's cache once, as the first of two attention
-segments (cache, new keys) that are never concatenated, and writes only its new slots, in place: per-token time
-grows only with the bytes of cache read
+Each program first makes its decoding state inside the program (`model.init_cache`: the per-layer cache and the
+decoder laid out for the loop, every layer's weights copied out of the stacked arrays once; the model is
+unchanged), so that no token of the loop slices weights or cache out of stacked arrays. A prompt batch is
+prefilled in one pass (mode "prefill": the plain forward pass), then cached calls (mode "decode") run in a
+`lax.while_loop` that stops when every row has emitted EOS (beam search: when every beam has finished). Each
+step reads every layer's cache once, as the first of two attention segments (cache, new keys) that are never
+concatenated, and writes only its new slots, in place: per-token time grows only with the bytes of cache read
 (`benchmarks/decode.py`; `benchmarks/cache_layout.py` measures the alternative layout [L,B,K,S,H]).
 Axis legend: B batch, P prompt length, S cache slots / source length, T step length, V vocab.
 `greedy_naive` recomputes the full forward pass each step (the baseline the cache is measured against;
@@ -153,22 +152,26 @@ def _generate_lm(graphdef, state, prompts, segment_ids, key, *, max_new, eos_id,
                  patch=None):
     model = nnx.merge(graphdef, state)
     patch = dict(patch) if patch else None
-    layout, pad = model.decoding_layout(prompts.shape[0]), model.cfg.pad_id
+    pad = model.cfg.pad_id
     if segment_ids is None:                                 # every prompt token real: one document per row
         valid = jnp.ones(prompts.shape, bool)
         pos = jnp.broadcast_to(jnp.arange(prompts.shape[1], dtype=jnp.int32), prompts.shape)
     else:                                                   # padding and packed documents: the last one continues
         valid = segment_ids != 0
         pos = positions_from_segments(segment_ids)
-    cache = model.init_cache(prompts.shape[0], cache_len, dtype=kv_cache, layout=layout)
-    logits, cache = model.step(prompts, pos, cache, segment_ids=segment_ids, prefill=True, layout=layout,
-                               patch=patch)
+    cache = model.init_cache(prompts.shape[0], cache_len, dtype=kv_cache)
+    logits, out = model(prompts, pos, segment_ids=segment_ids, cache=cache, mode="prefill", patch=patch)
     last = jnp.argmax(jnp.where(valid, jnp.arange(prompts.shape[1]), -1), 1)               # last real token
     first = jnp.take_along_axis(logits, last[:, None, None], 1)[:, 0]
     start = jnp.take_along_axis(pos, last[:, None], 1)[:, 0] + 1
     seg = None if segment_ids is None else jnp.take_along_axis(segment_ids, last[:, None], 1)
-    step = lambda c, t, p: model.step(t, p, c, segment_ids=seg, layout=layout, patch=patch)  # noqa: E731
-    return replicate(_loop(step, first, start, cache, key, max_new, eos_id, pad, sampling))
+    step = lambda c, t, p: _step(model(t, p, segment_ids=seg, cache=c, mode="decode", patch=patch))  # noqa: E731
+    return replicate(_loop(step, first, start, out["cache"], key, max_new, eos_id, pad, sampling))
+
+
+def _step(result):
+    """A cached call's (logits, out) -> (logits, the new cache), as the loops carry them."""
+    return result[0], result[1]["cache"]
 
 
 def generate_lm(model, prompts, *, max_new: int, key=None, temperature: float = 0.0, top_k: int = 0,
@@ -198,19 +201,23 @@ def _ids(segment_ids):
     return None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
 
 
-def _memory(model, src, segment_ids, layout):
-    """The encoder memory of src [B,S], its cross-attention keys/values computed once (for `layout`)."""
-    return model.prepare_memory(model.encode(src, segment_ids=segment_ids), layout=layout)
+def _seq2seq_cache(model, src, segment_ids, length: int, kv_cache: str):
+    """The decoding state of an encoder-decoder over src [B,S]: the encoder run once, its memory's
+    cross-attention keys/values computed once (`init_cache(..., memory=)`)."""
+    memory = model.encode(src, segment_ids=segment_ids)
+    return model.init_cache(src.shape[0], length, dtype=kv_cache, memory=memory)
+
+
+def _seq2seq_step(model, cache, tokens, positions):
+    return _step(model(None, tokens, tgt_positions=positions, cache=cache, mode="decode"))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "bos_id", "eos_id", "sampling", "kv_cache"))
 def _generate_seq2seq(graphdef, state, src, segment_ids, key, *, max_new, bos_id, eos_id, sampling, kv_cache):
     model = nnx.merge(graphdef, state)
-    layout = model.decoding_layout(src.shape[0])
-    memory = _memory(model, src, segment_ids, layout)                                  # once per call
     b = src.shape[0]
-    cache = model.init_cache(b, max_new, dtype=kv_cache, layout=layout)
-    step = lambda c, t, p: model.step(t, p, c, memory=memory, layout=layout)          # noqa: E731
+    cache = _seq2seq_cache(model, src, segment_ids, max_new, kv_cache)                 # encoder once per call
+    step = functools.partial(_seq2seq_step, model)
     logits, cache = step(cache, jnp.full((b, 1), bos_id, jnp.int32), jnp.zeros((b, 1), jnp.int32))
     return replicate(_loop(step, logits[:, 0], jnp.ones((b,), jnp.int32), cache, key, max_new, eos_id,
                            model.cfg.pad_id, sampling))
@@ -247,7 +254,7 @@ def _greedy_naive(graphdef, state, src, segment_ids, *, max_new, bos_id, eos_id,
     buf = jnp.full((b, max_new + 1), pad_id, jnp.int32).at[:, 0].set(bos_id)
 
     def body(i, buf):
-        logits = model.decode(buf[:, :-1], memory)                    # [B,T,V], full recomputation
+        logits = model(memory, buf[:, :-1])[0]                       # [B,T,V], full recomputation
         nxt = jnp.argmax(_no_pad(jax.lax.dynamic_index_in_dim(logits, i, axis=1, keepdims=False), pad_id), -1)
         return jax.lax.dynamic_update_slice_in_dim(buf, nxt[:, None].astype(jnp.int32), i + 1, axis=1)
 
@@ -268,11 +275,9 @@ def greedy_naive(model, src: jax.Array, max_new: int, *, bos_id: int, eos_id: in
                                              "kv_cache"))
 def _beam_search(graphdef, state, src, segment_ids, *, max_new, bos_id, eos_id, beam, length_penalty, kv_cache):
     model = nnx.merge(graphdef, state)
-    layout = model.decoding_layout(src.shape[0] * beam)
     b, w, pad = src.shape[0], beam, model.cfg.pad_id
     seg = None if segment_ids is None else jnp.repeat(segment_ids, w, axis=0)
-    memory = _memory(model, jnp.repeat(src, w, axis=0), seg, layout)                   # [B*W, S, D]
-    cache = model.init_cache(b * w, max_new, dtype=kv_cache, layout=layout)
+    cache = _seq2seq_cache(model, jnp.repeat(src, w, axis=0), seg, max_new, kv_cache)  # memory [B*W, S, D]
     neg = jnp.finfo(jnp.float32).min / 4
     scores = jnp.where(jnp.arange(w) == 0, 0.0, neg)[None].repeat(b, 0)               # [B,W]: start from beam 0
     seqs = jnp.full((b, w, max_new), pad, jnp.int32)
@@ -286,7 +291,7 @@ def _beam_search(graphdef, state, src, segment_ids, *, max_new, bos_id, eos_id, 
 
     def body(c):
         i, tok, cache, scores, seqs, finished, lengths = c
-        logits, cache = model.step(tok, jnp.full((b * w, 1), i, jnp.int32), cache, memory=memory, layout=layout)
+        logits, cache = _seq2seq_step(model, cache, tok, jnp.full((b * w, 1), i, jnp.int32))
         logp = jax.nn.log_softmax(logits[:, 0], -1).reshape(b, w, -1)
         v = logp.shape[-1]
         only_pad = jnp.where(jnp.arange(v) == pad, 0.0, neg)

@@ -1,6 +1,6 @@
 """Research instruments over a model's activation sites (`jaxformer.nn.sites`): the logit lens, a head-ablation
 table, an activation-patching curve and a linear probe. Each takes a model and its inputs (`*inputs`: (tokens,)
-for a language model, (src, tgt) for an encoder-decoder: what `model.forward` takes) and returns arrays; the
+for a language model, (src, tgt) for an encoder-decoder: what the model call takes) and returns arrays; the
 plots are `jaxformer viz --workdir RUN --plot lens --plot heads` (`jaxformer.viz`). Axis legend: L layers,
 B batch, T length, D width, N heads, V vocab.
 
@@ -26,8 +26,8 @@ from jaxformer.errors import ConfigError, DataError
 def logit_lens(model, *inputs, **forward_kw) -> jax.Array:
     """The logit lens (nostalgebraist 2020): the output head applied, through the final norm where the model has
     one, to the residual stream before layer 0 (`embed`) and after each layer (`resid_post`). -> [L+1,B,T,V]
-    float32; row L is the model's logits. forward_kw: more of `model.forward`'s keywords (segment_ids, ...)."""
-    _, aux = model.forward(*inputs, capture=("embed", "resid_post"), **forward_kw)
+    float32; row L is the model's logits. forward_kw: more of the model call's keywords (segment_ids, ...)."""
+    _, aux = model(*inputs, capture=("embed", "resid_post"), **forward_kw)
     resid = jnp.concatenate([aux["captured"]["embed"][None], aux["captured"]["resid_post"]])       # [L+1,B,T,D]
     norm, head = model.decoder.final_norm, model.embed.head_fn()
     read = (lambda r: head(norm(r))) if norm is not None else head
@@ -52,7 +52,7 @@ def head_ablation(model, *inputs, targets: jax.Array, weights: jax.Array | None 
     output set to 0: the same as zeroing its slice of the output projection) or "mean" (its mean over batch and
     positions: removes what the head says about this input, keeps its constant part). site: "z" (the decoder's
     self-attention), and in an encoder-decoder "cross_z" (its cross-attention) or "encoder.z" (the encoder's
-    self-attention: L = model.num_encoder_layers). forward_kw: more of `model.forward`'s keywords. DataError
+    self-attention: L = model.num_encoder_layers). forward_kw: more of the model call's keywords. DataError
     when no position is scored (no targets, or weights 0 everywhere)."""
     if how not in ("zero", "mean"):
         raise ConfigError(f"head_ablation how={how!r} must be 'zero' or 'mean'")
@@ -74,7 +74,7 @@ def head_ablation(model, *inputs, targets: jax.Array, weights: jax.Array | None 
             fill = jnp.zeros_like(z[:, :, 0]) if how == "zero" else jnp.broadcast_to(
                 z[:, :, head].mean(axis=(0, 1), keepdims=True), z[:, :, 0].shape)
             return jnp.where(at == layer, z.at[:, :, head].set(fill.astype(z.dtype)), z)
-        logits = nnx.merge(graphdef, state).forward(*inputs, patch={site: patch}, **forward_kw)[0]
+        logits = nnx.merge(graphdef, state)(*inputs, patch={site: patch}, **forward_kw)[0]
         return token_losses(logits, targets, weights)
 
     @jax.jit
@@ -99,9 +99,9 @@ def patching_curve(model, clean: tuple, corrupt: tuple, site: str,
     @jax.jit
     def curve(state):
         m = nnx.merge(graphdef, state)
-        logits, aux = m.forward(*clean, capture=(site,))
+        logits, aux = m(*clean, capture=(site,))
         saved = aux["captured"][site]                                              # [L,B,T,...]
-        base, top = metric(m.forward(*corrupt)[0]), metric(logits)
+        base, top = metric(m(*corrupt)[0]), metric(logits)
 
         def patched(p):
             layer, pos = p[0], p[1]
@@ -109,7 +109,7 @@ def patching_curve(model, clean: tuple, corrupt: tuple, site: str,
             def fn(value, at):
                 here = (jnp.arange(value.shape[1]) == pos).reshape((1, -1) + (1,) * (value.ndim - 2))
                 return jnp.where((at == layer) & here, saved[at].astype(value.dtype), value)
-            return metric(nnx.merge(graphdef, state).forward(*corrupt, patch={site: fn})[0])
+            return metric(nnx.merge(graphdef, state)(*corrupt, patch={site: fn})[0])
         length = saved.shape[2]
         layers = saved.shape[0]
         lp = jnp.stack(jnp.meshgrid(jnp.arange(layers), jnp.arange(length), indexing="ij"), -1).reshape(-1, 2)

@@ -132,7 +132,7 @@ def _sizes_fn(graphdef, sites: tuple[str, ...]):
     def sizes(model_state, batch):
         model = nnx.merge(graphdef, model_state)
         args, kw = _forward_args(batch)
-        cap = model.forward(*args, **kw, capture=sites + ("logits",))[1]["captured"]
+        cap = model(*args, **kw, capture=sites + ("logits",))[1]["captured"]
         targets = batch["targets"] if "targets" in batch else batch["tgt_out"]
         z = jnp.take_along_axis(cap["logits"].astype(jnp.float32), targets[..., None], axis=-1)[..., 0]
         return jnp.stack([jnp.mean(jnp.abs((cap[s] if s in _WHOLE else cap[s][-1]).astype(jnp.float32)))
@@ -141,7 +141,7 @@ def _sizes_fn(graphdef, sites: tuple[str, ...]):
 
 
 def _forward_args(batch: dict) -> tuple[tuple, dict]:
-    """`model.forward`'s arguments and keywords for a training batch of either layout (`jaxformer.arch`): an
+    """The model call's arguments and keywords for a training batch of either layout (`jaxformer.arch`): an
     encoder-decoder's {"src", "tgt_in", ...} or a language model's {"inputs", ...}."""
     if "src" in batch:
         return (batch["src"], batch["tgt_in"]), {f"{side}_{k}": batch.get(f"{side}_{k}") for side in ("src", "tgt")

@@ -1,8 +1,8 @@
 """Attention heatmaps of a trained run: `jaxformer viz --workdir RUN [--prompt TEXT ...] [--which best|latest]
 [--out DIR]`.
 
-For each prompt, every layer's attention weights (`Transformer.attention_weights`,
-`TransformerLM.attention_weights`: the weights the attention op itself returns) are drawn as one PNG per layer
+For each prompt, every layer's attention weights (the `pattern` sites captured, `PATTERNS`: the probabilities
+the attention op itself computes) are drawn as one PNG per layer
 and attention kind, the heads as a grid of subplots, rows = queries, columns = keys, one token per row/column.
 Encoder-decoder runs: encoder self-attention over the prompt (+ EOS), decoder self- and cross-attention for the
 decoder input BOS + the model's own greedy answer (without its EOS), so the axes show what the model produced.
@@ -78,9 +78,18 @@ def encode_prompt(run: LoadedModel, prompt: str) -> np.ndarray:
     return row
 
 
+PATTERNS = {"decoder_only": {"self": "pattern"},            # what each map is: the `pattern` sites (`nn.sites`)
+            "encoder_decoder": {"encoder_self": "encoder.pattern", "decoder_self": "pattern",
+                                "decoder_cross": "cross_pattern"}}
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef",))
 def _weights(graphdef, state, args, kw):
-    return nnx.merge(graphdef, state).attention_weights(*args, **kw)
+    """Every layer's attention probabilities, the `pattern` sites captured: {map name: [L,B,N,T,S]}."""
+    model = nnx.merge(graphdef, state)
+    names = PATTERNS[model.cfg.arch]
+    captured = model(*args, capture=tuple(names.values()), **kw)[1]["captured"]
+    return {key: captured[site] for key, site in names.items()}
 
 
 def attention_maps(run: LoadedModel, prompts: list[str]) -> list[AttentionMaps]:

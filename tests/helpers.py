@@ -73,12 +73,13 @@ def cached_and_full(model, x, prefill: int):
     def run(model, x):
         b, t = x.shape
         pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), x.shape)
-        first, cache = model.step(x[:, :prefill], pos[:, :prefill], model.init_cache(b, t), prefill=True)
-        rest = []
+        first, out = model(x[:, :prefill], pos[:, :prefill], cache=model.init_cache(b, t), mode="prefill")
+        rest, cache = [], out["cache"]
         for i in range(prefill, t):
-            lg, cache = model.step(x[:, i:i + 1], pos[:, i:i + 1], cache)
+            lg, out = model(x[:, i:i + 1], pos[:, i:i + 1], cache=cache, mode="decode")
             rest.append(lg)
-        return jnp.concatenate([first, *rest], 1), model(x), cache
+            cache = out["cache"]
+        return jnp.concatenate([first, *rest], 1), model(x)[0], cache
     return run(model, x)
 
 

@@ -40,6 +40,6 @@ for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         "shards": sorted([[d.id, list(s.data.shape), s.data.nbytes] for s in a.addressable_shards
                           for d in [s.device]])}
 ids = np.asarray(json.loads((ckpt / "batch.json").read_text()))
-logits = np.asarray(model(jnp.asarray(ids)))
+logits = np.asarray(model(jnp.asarray(ids))[0])
 out.write_text(json.dumps({"devices": len(jax.devices()), "params": params, "logits": logits.tolist(),
                            "peak_mib_before": before, "peak_mib_after": after}))

@@ -50,10 +50,10 @@ def test_switches_change_the_model_and_are_off_by_default():
     assert base.model.ablations == [] and base.model.attention.scale == "rsqrt"
     src = jnp.array([[4, 5, 6, 2, 0]])
     tgt = jnp.array([[1, 6, 5, 4, 2]])
-    ref = build_model(base.model)(src, tgt)
+    ref = build_model(base.model)(src, tgt)[0]
     for ov in ("model.ablation.mask_value=zero", "model.ablation.causal=triu", "model.attention.scale=none"):
         cfg = tiny_reverse(ov)
-        out = build_model(cfg.model)(src, tgt)                       # same seed, same parameters
+        out = build_model(cfg.model)(src, tgt)[0]                    # same seed, same parameters
         assert out.shape == ref.shape and not np.allclose(out, ref, atol=1e-4), ov
     assert tiny_reverse("model.ablation.causal=triu").model.ablations == ["model.ablation.causal='triu'"]
 

@@ -47,7 +47,7 @@ def tol(ref, ulps=64):
 
 def run(m, *args, **kw):
     graphdef, state = nnx.split(m)
-    return np.asarray(jax.jit(lambda st, *a: nnx.merge(graphdef, st)(*a, **kw))(state, *args))
+    return np.asarray(jax.jit(lambda st, *a: nnx.merge(graphdef, st)(*a, **kw)[0])(state, *args))
 
 
 @pytest.mark.parametrize("pe,backend", [(pe, "reference") for pe in ("sinusoidal", "learned", "rope", "alibi")]
@@ -101,9 +101,9 @@ def test_cached_greedy_decoding_of_a_packed_row_continues_its_last_document_alon
     np.testing.assert_array_equal(got[0], np.asarray(last)[0])
     np.testing.assert_array_equal(got[1], np.asarray(generate_lm(m, other, max_new=6))[0])
     # and the cached step sees only its document: the prefill's logits are the documents' own
-    cache = m.init_cache(1, 16)
-    logits, cache = jax.jit(lambda c: m.step(jnp.asarray(ROW), ops.positions_from_segments(jnp.asarray(SEG)), c,
-                                             segment_ids=jnp.asarray(SEG), prefill=True))(cache)
+    logits, out = nnx.jit(lambda m: m(jnp.asarray(ROW), ops.positions_from_segments(jnp.asarray(SEG)),
+                                      segment_ids=jnp.asarray(SEG), cache=m.init_cache(1, 16), mode="prefill"))(m)
+    cache = out["cache"]
     alone = np.concatenate([run(m, jnp.asarray([d], jnp.int32)) for d in DOCS], 1)
     assert np.abs(np.asarray(logits) - alone).max() <= tol(alone)
     np.testing.assert_array_equal(np.asarray(cache.segments[:, :12]), SEG)

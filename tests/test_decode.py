@@ -70,6 +70,11 @@ def test_pairwise_cases_cover_every_pair():
 
 # ----------------------------------------------------------------------------- cached step == full forward
 
+def _with_cache(result):
+    """A cached call's (logits, out) -> (logits, the new cache)."""
+    return result[0], result[1]["cache"]
+
+
 @pytest.mark.parametrize("pe,norm,pad", PAIRWISE)
 def test_lm_cached_logits_equal_full_forward(pe, norm, pad):
     model = model_for("decoder_only", pe, norm, 1)
@@ -86,18 +91,18 @@ def test_lm_cached_logits_equal_full_forward(pe, norm, pad):
     def cached(state):
         m = nnx.merge(graphdef, state)
         cache = m.init_cache(full_tokens.shape[0], full_tokens.shape[1])
-        logits, cache = m.step(full_tokens[:, :p], pos[:, :p], cache)                         # prefill
+        logits, out = m(full_tokens[:, :p], pos[:, :p], cache=cache, mode="decode")          # prefill
 
         def step(cache, x):                                                                   # one token a step
             tok, ps = x
-            lg, cache = m.step(tok[:, None], ps[:, None], cache)
-            return cache, lg[:, 0]
+            lg, out = m(tok[:, None], ps[:, None], cache=cache, mode="decode")
+            return out["cache"], lg[:, 0]
 
-        _, rest = jax.lax.scan(step, cache, (full_tokens[:, p:].T, pos[:, p:].T))
+        _, rest = jax.lax.scan(step, out["cache"], (full_tokens[:, p:].T, pos[:, p:].T))
         return jnp.concatenate([logits, jnp.swapaxes(rest, 0, 1)], 1)
 
     got = cached(state)
-    want = jax.jit(lambda s: nnx.merge(graphdef, s)(full_tokens, positions=pos))(state)
+    want = jax.jit(lambda s: nnx.merge(graphdef, s)(full_tokens, positions=pos)[0])(state)
     err = float(jnp.max(jnp.abs(jnp.where(valid[..., None], got - want, 0.0))))
     assert err <= float32_tolerance(want), err
 
@@ -113,47 +118,48 @@ def test_seq2seq_cached_logits_equal_full_forward(pe, norm, pad):
     @jax.jit
     def cached(state):
         m = nnx.merge(graphdef, state)
-        memory = m.prepare_memory(m.encode(src))
-        cache = m.init_cache(3, tgt.shape[1])
+        cache = m.init_cache(3, tgt.shape[1], memory=m.encode(src))
         pos = jnp.broadcast_to(jnp.arange(tgt.shape[1]), tgt.shape)
-        lg, cache = m.step(tgt[:, :3], pos[:, :3], cache, memory=memory)                     # multi-token prefill
+        lg, out = m(None, tgt[:, :3], tgt_positions=pos[:, :3], cache=cache, mode="decode")  # multi-token prefill
 
         def step(cache, x):
             tok, ps = x
-            lg, cache = m.step(tok[:, None], ps[:, None], cache, memory=memory)
-            return cache, lg[:, 0]
+            lg, out = m(None, tok[:, None], tgt_positions=ps[:, None], cache=cache, mode="decode")
+            return out["cache"], lg[:, 0]
 
-        _, rest = jax.lax.scan(step, cache, (tgt[:, 3:].T, pos[:, 3:].T))
+        _, rest = jax.lax.scan(step, out["cache"], (tgt[:, 3:].T, pos[:, 3:].T))
         return jnp.concatenate([lg, jnp.swapaxes(rest, 0, 1)], 1)
 
     got = cached(state)
-    want = jax.jit(lambda s: nnx.merge(graphdef, s)(src, tgt))(state)
+    want = jax.jit(lambda s: nnx.merge(graphdef, s)(src, tgt)[0])(state)
     err = float(jnp.max(jnp.abs(got - want)))
     assert err <= float32_tolerance(want), err
 
 
 @pytest.mark.parametrize("pe", PE)
-def test_prefill_flag_and_chunked_prefill_equal_the_generic_step(pe):
-    """prefill=True (skip the empty cache) gives the same logits and cache as attending over the empty cache;
-    a prompt fed in two chunks gives the same logits as one pass; cache k/v are [L,B,S,K,H]."""
+def test_prefill_mode_and_chunked_prefill_equal_the_generic_step(pe):
+    """mode="prefill" (skip the empty cache) gives the same logits and cache as mode="decode" (attending over the
+    empty cache); a prompt fed in two chunks gives the same logits as one pass; cache k/v are L x [B,K,S,H]."""
     cfg = cfg_for("decoder_only", pe, "pre")
     m = model_for("decoder_only", pe, "pre", 5)
     prompts = jnp.asarray(ragged_prompts(np.random.default_rng(5), "left"))
     valid = prompts != 0
     pos = jnp.maximum(jnp.cumsum(valid, 1) - 1, 0)
     cache = m.init_cache(3, 10)
-    assert cache.k.shape == (cfg.num_decoder_layers, 3, 10, cfg.kv_heads, cfg.head_size)
+    assert len(cache.k) == len(cache.v) == cfg.num_decoder_layers
+    assert all(a.shape == (3, cfg.kv_heads, 10, cfg.head_size) for a in cache.k + cache.v)
     seg = valid.astype(jnp.int32)                                 # the padding, said explicitly
-    step = jax.jit(lambda m, t, p, c, s, prefill=False: m.step(t, p, c, segment_ids=s, prefill=prefill),
-                   static_argnames="prefill")
+    step = jax.jit(lambda m, t, p, c, s, mode="decode": _with_cache(m(t, p, segment_ids=s, cache=c, mode=mode)),
+                   static_argnames="mode")
     lg_a, c_a = step(m, prompts, pos, cache, seg)
-    lg_b, c_b = step(m, prompts, pos, cache, seg, prefill=True)
+    lg_b, c_b = step(m, prompts, pos, cache, seg, mode="prefill")
     # skipping the empty cache only drops exactly-zero terms: a few ulps at most
     np.testing.assert_allclose(np.asarray(lg_b), np.asarray(lg_a), rtol=0, atol=float32_tolerance(lg_a, ulps=8))
-    for x, y in zip(c_a, c_b):
+    state = lambda c: jax.tree.leaves((c.k, c.v, c.positions, c.segments, c.index))    # noqa: E731 (not the stack)
+    for x, y in zip(state(c_a), state(c_b), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=float32_tolerance(x, ulps=8))
     tol = float32_tolerance(lg_a)
-    lg1, c = step(m, prompts[:, :4], pos[:, :4], cache, seg[:, :4], prefill=True)
+    lg1, c = step(m, prompts[:, :4], pos[:, :4], cache, seg[:, :4], mode="prefill")
     lg2, c = step(m, prompts[:, 4:], pos[:, 4:], c, seg[:, 4:])
     got = jnp.concatenate([lg1, lg2], 1)
     err = jnp.max(jnp.abs(jnp.where(valid[..., None], got - lg_a, 0.0)))
@@ -367,7 +373,7 @@ def test_sampling_greedy_and_reproducible_with_explicit_keys():
     # ... and reproduced independently: token i is drawn from the full (uncached) forward pass over the sequence
     # so far, with the pad id excluded and the documented key fold_in(key, i)
     graphdef, state = nnx.split(model)
-    last = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)[:, -1])
+    last = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)[0][:, -1])
     seq = prompts
     for i in range(6):
         logits = last(state, seq).at[:, model.cfg.pad_id].set(jnp.finfo(jnp.float32).min)

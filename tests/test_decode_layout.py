@@ -1,19 +1,19 @@
-"""The decoding layout (`model.decoding_layout`, a value, + the `LayerwiseKVCache` made for it) computes what the
-stacked, scanned step computes, and leaves the model as it was; the compiled token loop slices no stacked weight;
-projections contract in the weight's own order.
+"""Cached decoding (`model(..., cache=, mode=)`, one path: the decoder laid out for a token loop, kept in the cache
+`model.init_cache` makes) computes what the uncached call computes, and leaves the model as it was; the compiled
+token loop slices no stacked weight; projections contract in the weight's own order.
 
 Wrong implementations these tests catch: a per-layer block given another layer's weights or cache (layer order
-lost in `lay_out` / `_layer`), or told another layer's index for its activation patches; a per-layer cache
-written at the wrong axis (the stacked one's), not written at all, or not stored heads-major [B,K,S,H]; `take` /
-`without_slots` on the wrong axis of a per-layer cache; a decode program that forgets to lay its model out (the
-loop then slices every layer's weights per token); `contract` ordering contracting dimensions as jnp.einsum does
-(H before N: XLA then copies wo at every call) or dropping the output permutation; the fused q/k/v matrix of the
-layout (`fused_qkv`) split at the wrong offsets (GQA: K < N heads), in the wrong order (k and v swapped), without
-its biases or QK-norm, or never used by the step (three matmuls again), or built from quantized weights, which
-bring their own matmul; the one-row layout's FFN output weight (`FeedForward.output_out_in`) not transposed,
-never used by the step, laid out for a batch of more rows too (where it is slower), or built from quantized
-weights; a layout that changes the model it was made from (attributes added to its modules, as `for_decoding`
-once did).
+lost in `lay_out` / `_layer`), or told another layer's index for its activation patches or its window; a
+per-layer cache written at the wrong axis, not written at all, or not stored heads-major [B,K,S,H]; `take` /
+`without_slots` on the wrong axis of a per-layer buffer; a decode program that lays its model out inside its
+loop (the loop then slices every layer's weights per token); `contract` ordering contracting dimensions as
+jnp.einsum does (H before N: XLA then copies wo at every call) or dropping the output permutation; the fused
+q/k/v matrix of the layout (`fused_qkv`) split at the wrong offsets (GQA: K < N heads), in the wrong order (k and
+v swapped), without its biases or QK-norm, or never used by the step (three matmuls again), or built from
+quantized weights, which bring their own matmul; the one-row layout's FFN output weight
+(`FeedForward.output_out_in`) not transposed, never used by the step, laid out for a batch of more rows too
+(where it is slower), or built from quantized weights; a layout that changes the model it was made from
+(attributes added to its modules, as `for_decoding` once did).
 """
 import jax
 import jax.numpy as jnp
@@ -24,8 +24,10 @@ from flax import nnx
 from jaxformer import decode
 from jaxformer.config import ModelConfig, replaced
 from jaxformer.nn import build_model
-from jaxformer.nn.cache import KVCache, LayerwiseKVCache, heads_major
+from jaxformer.nn.cache import KVCache, QuantizedKV, heads_major, quantize_kv
 from jaxformer.nn.params import contract
+from jaxformer.ops.masks import positions_from_segments
+from helpers import all_eqns
 
 V = 19
 EPS32 = float(np.finfo(np.float32).eps)
@@ -37,6 +39,8 @@ CASES = {                                   # batch 1: the layout for one row (t
     "gqa-bias-qknorm-swiglu-batch1": dict(positional="rope", num_kv_heads=2, num_decoder_layers=2,
                                    biases=("q", "k", "v", "ffn"), attention__qk_norm=True, activation="swiglu"),
 }
+# two-row cases run with explicit segment ids: row 0 two packed documents, row 1 left-padded (0 = padding)
+SEGMENTS = jnp.asarray([[1, 1, 2, 2, 2], [0, 0, 1, 1, 1]], jnp.int32)
 
 
 def _cfg(**kw):
@@ -45,61 +49,80 @@ def _cfg(**kw):
     return replaced(ModelConfig(), **{**base, **kw})
 
 
-def per_layer(t) -> list:
-    """A stacked cache tensor (leaves [L,...]) -> its L layers."""
-    return [jax.tree.map(lambda a: a[j], t) for j in range(jax.tree.leaves(t)[0].shape[0])]
-
-
-def _run(graphdef, state, tokens, laid_out: bool, steps: int = 3):
-    """Prefill tokens [B,P] then `steps` greedy cached steps -> (logits [steps+1,B,V], the final cache)."""
+def _run(graphdef, state, tokens, segment_ids, steps: int = 3):
+    """Prefill tokens [B,P] (segment_ids [B,P], or None: every token real) then `steps` greedy cached steps, each
+    row continuing its last document; and the uncached call over the sequence decoded, its keys/values captured.
+    -> (cached logits [B,P+steps,V], uncached logits [B,P+steps,V], captured {"k", "v"} [L,B,P+steps,K,H], the
+    final cache, the sequence's segment ids and positions [B,P+steps])."""
     model = nnx.merge(graphdef, state)
     b, p = tokens.shape
-    layout = model.decoding_layout(b) if laid_out else None
-    cache = model.init_cache(b, p + steps, layout=layout)
-    pos = jnp.broadcast_to(jnp.arange(p), (b, p))
-    logits, cache = model.step(tokens, pos, cache, prefill=True, layout=layout)
-    out, last = [logits[:, -1]], logits[:, -1]
+    seg = jnp.ones((b, p), jnp.int32) if segment_ids is None else segment_ids
+    pos = positions_from_segments(seg)
+    last_seg = None if segment_ids is None else seg[:, -1:]
+    logits, out = model(tokens, pos, segment_ids=segment_ids, cache=model.init_cache(b, p + steps), mode="prefill")
+    got, seq, last = [logits], [tokens], logits[:, -1]
     for i in range(steps):
         tok = jnp.argmax(last, -1)[:, None].astype(jnp.int32)
-        logits, cache = model.step(tok, jnp.full((b, 1), p + i, jnp.int32), cache, layout=layout)
-        out.append(logits[:, 0])
+        logits, out = model(tok, pos[:, -1:] + 1 + i, segment_ids=last_seg, cache=out["cache"], mode="decode")
+        got.append(logits)
+        seq.append(tok)
         last = logits[:, 0]
-    return jnp.stack(out), cache
+    seq = jnp.concatenate(seq, 1)
+    full_seg = jnp.concatenate([seg] + [seg[:, -1:]] * steps, 1)
+    full_pos = jnp.concatenate([pos, pos[:, -1:] + 1 + jnp.arange(steps)], 1)
+    want, ref = model(seq, full_pos, segment_ids=None if segment_ids is None else full_seg, capture=("k", "v"))
+    return jnp.concatenate(got, 1), want, ref["captured"], out["cache"], full_seg, full_pos
+
+
+def _assert_cache_holds(cache, captured, valid, cfg):
+    """Layer by layer, the cache's heads-major buffers [B,K,S,H] hold the uncached call's keys/values
+    (captured [L,B,S,K,H]) at the valid slots [B,S]. An int8 cache: within one int8 step of each vector (its
+    rounding, half a step, plus what the rounded keys/values of the layers below moved its input: measured 0.7)."""
+    keep = np.asarray(valid)[:, None, :, None]
+    for name in ("k", "v"):
+        layers = getattr(cache, name)
+        assert isinstance(layers, tuple) and len(layers) == cfg.num_decoder_layers
+        for i, layer in enumerate(layers):
+            assert jax.tree.leaves(layer)[0].shape[1:3] == (cfg.kv_heads, valid.shape[1])   # stored heads-major
+            want = np.asarray(heads_major(captured[name][i]))
+            if isinstance(layer, QuantizedKV):
+                err = np.abs(np.asarray(layer.dequantize(jnp.float32)) - want) / np.asarray(layer.scale)
+                assert float(np.where(keep, err, 0.0).max()) <= 1.0, (name, i)
+            else:
+                err = np.where(keep, np.abs(np.asarray(layer) - want), 0.0).max()
+                assert err <= 64 * EPS32 * float(np.abs(want).max()), (name, i, err)
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in ("mha-rope-batch1", "gqa-moe-window")
                                   else c for c in CASES])        # slow: ~6 s each (MoE and windows decode elsewhere)
-def test_laid_out_decoding_equals_the_stacked_step(case):
+def test_cached_decoding_equals_the_uncached_call(case):
+    """A prefill then greedy one-token steps give, at every real position, the uncached call's logits over the
+    sequence decoded (int8 cache: within one int8 step of the largest logit, as tests/test_quantize.py bounds it),
+    and leave in the cache, layer by layer, its keys/values, positions and segment ids."""
     cfg = _cfg(**CASES[case])
     graphdef, state = nnx.split(build_model(cfg, seed=3))
-    tokens = jax.random.randint(jax.random.key(1), (1 if case.endswith("batch1") else 2, 5), 1, V)
-    run = jax.jit(_run, static_argnums=(0, 3))
-    ref, ref_cache = run(graphdef, state, tokens, False)
-    got, got_cache = run(graphdef, state, tokens, True)
-    assert isinstance(got_cache, LayerwiseKVCache) and len(got_cache.k) == cfg.num_decoder_layers
-    assert type(ref_cache) is KVCache
-    scale = float(jnp.max(jnp.abs(ref)))
-    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=0, atol=64 * EPS32 * scale)
-    # the per-layer cache holds, layer by layer, what the stacked one holds (int8 values included)
-    for name in ("k", "v"):
-        stacked = getattr(ref_cache, name)
-        for i, layer in enumerate(getattr(got_cache, name)):
-            assert jax.tree.leaves(layer)[0].shape[1] == cfg.kv_heads              # stored heads-major [B,K,S,H]
-            want = jax.tree.leaves(jax.tree.map(lambda x: x[i], stacked))
-            for a, b in zip(jax.tree.leaves(heads_major(layer)), want):
-                if a.dtype == jnp.int8:
-                    assert np.mean(np.asarray(a) != np.asarray(b)) < 0.01    # a rounding flip at most, rarely
-                else:
-                    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0,
-                                               atol=64 * EPS32 * float(jnp.max(jnp.abs(b))) + 1e-30)
-    np.testing.assert_array_equal(np.asarray(got_cache.positions), np.asarray(ref_cache.positions))
-    np.testing.assert_array_equal(np.asarray(got_cache.segments), np.asarray(ref_cache.segments))
+    one = case.endswith("batch1")
+    tokens = jax.random.randint(jax.random.key(1), (1 if one else 2, 5), 1, V)
+    got, want, captured, cache, seg, pos = jax.jit(_run, static_argnums=0)(
+        graphdef, state, tokens, None if one else SEGMENTS)
+    valid = np.asarray(seg) != 0
+    scale = float(jnp.max(jnp.abs(want)))
+    tol = scale / 127 if cfg.runtime.kv_cache_dtype == "int8" else 64 * EPS32 * scale
+    err = float(np.abs(np.where(valid[..., None], np.asarray(got) - np.asarray(want), 0.0)).max())
+    assert err <= tol, (err, tol)
+    _assert_cache_holds(cache, captured, valid, cfg)
+    if cfg.runtime.kv_cache_dtype == "int8":
+        assert all(isinstance(k, QuantizedKV) and k.values.dtype == jnp.int8 for k in cache.k + cache.v)
+    np.testing.assert_array_equal(np.asarray(cache.positions), np.asarray(pos))
+    np.testing.assert_array_equal(np.asarray(cache.segments), np.asarray(seg))
+    assert int(cache.index) == seg.shape[1]
 
 
-def test_a_laid_out_step_tells_each_layers_patch_its_own_index():
-    """Activation patches (`nn.sites`) in the laid-out step, the token loop's: each block told its own layer
-    index, as the scanned stack tells it. A steering vector scaled by the layer's index + 1, in a laid-out
-    prefill: the patched forward pass's logits (every layer told 0, or its neighbour's index, gives others)."""
+def test_cached_decoding_tells_each_layers_patch_its_own_index():
+    """Activation patches (`nn.sites`) in cached decoding, the token loop's: each block told its own layer index,
+    as the scanned stack of the uncached call tells it. A steering vector scaled by the layer's index + 1, in a
+    prefill and a decoded token: the patched uncached call's logits (every layer told 0, or its neighbour's
+    index, gives others)."""
     graphdef, state = nnx.split(build_model(_cfg(num_decoder_layers=2), seed=3))
     steer = jax.random.normal(jax.random.key(5), (32,))
     patch = {"resid_post": lambda v, i: v + (i + 1).astype(v.dtype) * steer}
@@ -108,11 +131,10 @@ def test_a_laid_out_step_tells_each_layers_patch_its_own_index():
     @jax.jit
     def both(state):                                       # one program: eager dispatch costs more than compiling
         model = nnx.merge(graphdef, state)
-        layout = model.decoding_layout(2)
         pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
-        got, _ = model.step(tokens, pos, model.init_cache(2, 5, layout=layout), prefill=True, layout=layout,
-                            patch=patch)
-        return got, model.forward(tokens, patch=patch)[0], model(tokens)
+        first, out = model(tokens[:, :4], pos[:, :4], cache=model.init_cache(2, 5), mode="prefill", patch=patch)
+        last, _ = model(tokens[:, 4:], pos[:, 4:], cache=out["cache"], mode="decode", patch=patch)
+        return jnp.concatenate([first, last], 1), model(tokens, patch=patch)[0], model(tokens)[0]
     got, want, plain = both(state)
     assert not np.allclose(np.asarray(want), np.asarray(plain), atol=1e-2)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
@@ -120,12 +142,12 @@ def test_a_laid_out_step_tells_each_layers_patch_its_own_index():
 
 @pytest.mark.parametrize("backend", ["reference", pytest.param("chunked", marks=pytest.mark.slow)])  # ~4 s; the
 # chunked backend's windowed cached decoding stays in the default lane: tests/test_attention_inputs.py
-def test_each_decoding_path_gives_each_layer_its_own_window(backend):
+def test_cached_decoding_gives_each_layer_its_own_window(backend):
     """A per-layer setting follows from the layer index every block is given (`nn.per_layer`): with windows
-    (2, 0) (layer 0 sliding, layer 1 global), a prompt prefilled then decoded a token at a time, through the
-    scanned stack and through the token loop's layout, gives the forward pass's logits at every position (a
-    layer told another's index would see another window), with each backend CPU decoding can run (cudnn is
-    GPU-only; pallas refuses cached decoding: tests/test_attention_backends.py)."""
+    (2, 0) (layer 0 sliding, layer 1 global), a prompt prefilled then decoded a token at a time gives the
+    uncached call's logits at every position (a layer told another's index would see another window), with each
+    backend CPU decoding can run (cudnn is GPU-only; pallas refuses cached decoding:
+    tests/test_attention_backends.py)."""
     cfg = _cfg(num_decoder_layers=2, attention__windows=(2, 0), runtime__attention_backend=backend,
                runtime__attention_block=2)
     graphdef, state = nnx.split(build_model(cfg, seed=4))
@@ -135,51 +157,42 @@ def test_each_decoding_path_gives_each_layer_its_own_window(backend):
     @jax.jit
     def paths(state):                                      # one program: eager dispatch costs more than compiling
         model = nnx.merge(graphdef, state)
-        out = [model(tokens)]
-        for layout in (None, model.decoding_layout(2)):
-            cache = model.init_cache(2, 6, layout=layout)
-            first, cache = model.step(tokens[:, :3], pos[:, :3], cache, prefill=True, layout=layout)
-            rest = []
-            for t in range(3, 6):
-                logits, cache = model.step(tokens[:, t:t + 1], pos[:, t:t + 1], cache, layout=layout)
-                rest.append(logits)
-            out.append(jnp.concatenate([first, *rest], axis=1))
-        return out
-    want, scanned, laid_out = paths(state)
-    for got in (scanned, laid_out):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+        first, out = model(tokens[:, :3], pos[:, :3], cache=model.init_cache(2, 6), mode="prefill")
+        rest = []
+        for t in range(3, 6):
+            logits, out = model(tokens[:, t:t + 1], pos[:, t:t + 1], cache=out["cache"], mode="decode")
+            rest.append(logits)
+        return model(tokens)[0], jnp.concatenate([first, *rest], axis=1)
+    want, got = paths(state)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
     for same in ((2,), (0,)):                  # the same weights with one window everywhere: other logits
-        other = build_model(replaced(cfg, attention__windows=same), seed=4)(tokens)
+        other = build_model(replaced(cfg, attention__windows=same), seed=4)(tokens)[0]
         assert not np.allclose(np.asarray(other), np.asarray(want), atol=1e-3), same
 
 
-def test_per_layer_cache_take_and_cut_match_the_stacked_ones():
+def test_cache_take_and_cut_act_on_each_layers_rows_and_slots():
+    """`take` reorders / repeats the rows (axis 0 of each layer's [B,K,S,H] buffer, float or int8, and of the
+    positions and segment ids); `without_slots` cuts the slots (axis 2; axis 1 of positions) to none."""
     keys = jax.random.split(jax.random.key(0), 2)
-    k, v = (jax.random.normal(kk, (3, 4, 6, 2, 5)) for kk in keys)                  # [L,B,S,K,H]
-    c = KVCache(k, v, jnp.arange(24).reshape(4, 6), jnp.ones((4, 6), jnp.int32), jnp.asarray(2))
-    rows = jnp.asarray([3, 0, 0, 2])
-    for got, want in ((c.unstacked().take(rows), c.take(rows)), (c.unstacked().without_slots(), c.without_slots())):
-        for a, b in zip(got.k + got.v, [heads_major(x) for x in per_layer(want.k) + per_layer(want.v)]):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-        np.testing.assert_array_equal(np.asarray(got.positions), np.asarray(want.positions))
-    assert c.unstacked().unstacked() is not None and isinstance(c.unstacked(), LayerwiseKVCache)
-    assert isinstance(c.unstacked().k, tuple) and len(c.unstacked().k) == 3
-
-
-def _eqns(jaxpr):
-    """Every equation of a jaxpr and of the jaxprs nested in its equations' parameters."""
-    for e in jaxpr.eqns:
-        yield e
-        for p in e.params.values():
-            for sub in (p if isinstance(p, (tuple, list)) else (p,)):
-                inner = getattr(sub, "jaxpr", None)
-                if inner is not None:
-                    yield from _eqns(inner if hasattr(inner, "eqns") else sub.jaxpr)
+    k, v = (jax.random.normal(kk, (3, 4, 2, 6, 5)) for kk in keys)                  # [L,B,K,S,H]
+    c = KVCache(tuple(k), tuple(quantize_kv(a) for a in v), jnp.arange(24).reshape(4, 6),
+                jnp.arange(24).reshape(4, 6) % 3, jnp.asarray(2))
+    rows = np.asarray([3, 0, 0, 2])
+    got = c.take(jnp.asarray(rows))
+    for a, b in zip(jax.tree.leaves((got.k, got.v, got.positions, got.segments)),
+                    jax.tree.leaves((c.k, c.v, c.positions, c.segments)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b)[rows])
+    cut = c.without_slots()
+    for a, b in zip(jax.tree.leaves((cut.k, cut.v)), jax.tree.leaves((c.k, c.v)), strict=True):
+        assert a.shape == b.shape[:2] + (0,) + b.shape[3:] and a.dtype == b.dtype
+    assert cut.positions.shape == cut.segments.shape == (4, 0) and int(cut.index) == 2
+    assert isinstance(cut.k, tuple) and len(cut.k) == 3 and isinstance(cut.v[0], QuantizedKV)
 
 
 def _slices_of_stacked(jaxpr, stacked: set) -> list:
     """The equations that slice (or scan over) an array shaped like a stacked weight [L,...]."""
-    return [e.primitive.name for e in _eqns(jaxpr) if e.primitive.name in ("slice", "dynamic_slice", "gather", "scan")
+    return [e.primitive.name for e in all_eqns(jaxpr) if e.primitive.name in ("slice", "dynamic_slice", "gather",
+                                                                             "scan")
             and any(tuple(getattr(v.aval, "shape", ())) in stacked for v in e.invars)]
 
 
@@ -191,16 +204,19 @@ def test_the_token_loop_slices_no_stacked_weight():
     prompts = jnp.ones((1, 4), jnp.int32)
     traced = decode._generate_lm.trace(graphdef, state, prompts, None, jax.random.key(0), max_new=3, eos_id=None,
                                        sampling=(0.0, 0, 1.0), cache_len=7, kv_cache="auto")
-    loops = [e for e in _eqns(traced.jaxpr.jaxpr) if e.primitive.name == "while"]
+    loops = [e for e in all_eqns(traced.jaxpr.jaxpr) if e.primitive.name == "while"]
     assert loops, "the decode program has no token loop"
     for loop in loops:
         body = loop.params["body_jaxpr"].jaxpr
         assert not _slices_of_stacked(body, stacked), "the token loop slices stacked weights"
-    # the check can fail: the stacked step inside a loop scans over them
-    def scanned(s, cache, tok):
+
+    # the check can fail: a loop that lays the model out at every token (not once, before it) slices them
+    def relaid(s, tok):
         m = nnx.merge(graphdef, s)
-        return jax.lax.fori_loop(0, 2, lambda i, c: m.step(tok, tok, c)[1], cache)
-    jaxpr = jax.make_jaxpr(scanned)(state, model.init_cache(1, 4), jnp.ones((1, 1), jnp.int32))
+        step = lambda i, c: m(tok, tok, cache=c._replace(stack=m.decoder.layers.lay_out(1)),  # noqa: E731
+                              mode="decode")[1]["cache"]
+        return jax.lax.fori_loop(0, 2, step, m.init_cache(1, 4))
+    jaxpr = jax.make_jaxpr(relaid)(state, jnp.ones((1, 1), jnp.int32))
     assert _slices_of_stacked(jaxpr.jaxpr, stacked)
 
 
@@ -221,7 +237,7 @@ def test_contract_is_einsum(eq, xs, ws):
 
 def test_contract_contracts_in_the_weights_order():
     x, w = jnp.ones((2, 3, 4, 5)), jnp.ones((4, 5, 6))
-    dots = [e for e in _eqns(jax.make_jaxpr(lambda a, b: contract("BTNH,NHD->BTD", a, b))(x, w).jaxpr)
+    dots = [e for e in all_eqns(jax.make_jaxpr(lambda a, b: contract("BTNH,NHD->BTD", a, b))(x, w).jaxpr)
             if e.primitive.name == "dot_general"]
     (lhs, rhs), _ = dots[0].params["dimension_numbers"]
     assert tuple(rhs) == (0, 1) and tuple(lhs) == (2, 3)
@@ -249,20 +265,37 @@ def test_the_token_loop_updates_each_cache_buffer_in_place(monkeypatch):
     assert _cache_copies(build_model(_cfg(num_decoder_layers=2, max_len=300, d_ff=56)), 257) > 0
 
 
-def test_a_decoding_layout_refuses_to_train_and_leaves_its_model_as_it_was():
+def test_a_decoding_cache_refuses_to_train_and_leaves_its_model_as_it_was():
+    """`init_cache` lays the decoder out (a copy of its weights); the model is unchanged, and a cached call with
+    a dropout stream (training) raises: gradients would reach the copies, not the model's weights."""
     model = build_model(_cfg(num_decoder_layers=2, runtime__dropout=0.1))
     before = jax.tree.map(np.asarray, nnx.state(model))
     graph_before = nnx.graphdef(model)
-    layout = model.decoding_layout(1)
-    from jaxformer.nn.layers import Context
-    x, pos = jnp.ones((1, 3, 32)), jnp.broadcast_to(jnp.arange(3), (1, 3))
+    cache = model.init_cache(1, 3)
+    tok, pos = jnp.ones((1, 3), jnp.int32), jnp.broadcast_to(jnp.arange(3), (1, 3))
     with pytest.raises(ValueError, match="cannot train"):
-        model.decoder(x, Context(pos, None), layout=layout, rngs=nnx.Rngs(dropout=0))
+        model(tok, pos, cache=cache, mode="prefill", rngs=nnx.Rngs(dropout=0))
     after = nnx.state(model)
     assert nnx.graphdef(model) == graph_before                           # no attribute added to any module
-    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
         np.testing.assert_array_equal(a, np.asarray(b))
     assert not hasattr(model.decoder.layers, "unstacked")
+
+
+def _dots(model, batch: int, layout="own") -> list:
+    """The dot_general equations of a one-token cached step over `batch` rows, traced (no compilation), the cache
+    made inside the program (`init_cache`: the model laid out for its rows) or, with layout (rows, or None: not
+    known), holding the decoder laid out for that many rows."""
+    graphdef, state = nnx.split(model)
+    tok = jnp.ones((batch, 1), jnp.int32)
+
+    def step(s):
+        m = nnx.merge(graphdef, s)
+        cache = m.init_cache(batch, 4)
+        if layout != "own":
+            cache = cache._replace(stack=m.decoder.layers.lay_out(layout))
+        return m(tok, tok, cache=cache, mode="decode")
+    return [e for e in all_eqns(jax.make_jaxpr(step)(state).jaxpr) if e.primitive.name == "dot_general"]
 
 
 def test_the_laid_out_step_projects_q_k_v_in_one_matmul():
@@ -270,48 +303,35 @@ def test_the_laid_out_step_projects_q_k_v_in_one_matmul():
     cfg = _cfg(num_kv_heads=2, num_decoder_layers=2)
     n, k, h, d = cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.d_model
     model = build_model(cfg)
-    assert all(w.wqkv.shape == (d, (n + 2 * k) * h) for w in model.decoding_layout().weights)
-    graphdef, state = nnx.split(model)
-    cache = model.init_cache(1, 4).unstacked()
-    tok = jnp.ones((1, 1), jnp.int32)
-
-    def step(s, c):
-        m = nnx.merge(graphdef, s)
-        return m.step(tok, tok, c, layout=m.decoding_layout())
-    jaxpr = jax.make_jaxpr(step)(state, cache).jaxpr
-    widths = [e.outvars[0].aval.shape[-1] for e in _eqns(jaxpr) if e.primitive.name == "dot_general"
-              and e.invars[1].aval.shape[0] == d and e.invars[0].aval.shape[-1] == d]
+    assert all(w.wqkv.shape == (d, (n + 2 * k) * h) for w in model.decoder.layers.lay_out().weights)
+    widths = [e.outvars[0].aval.shape[-1] for e in _dots(model, 1)
+              if e.invars[1].aval.shape[0] == d and e.invars[0].aval.shape[-1] == d]
     assert widths.count((n + 2 * k) * h) == cfg.num_decoder_layers      # one q/k/v matmul per layer
     assert widths.count(n * h) == 0 and widths.count(k * h) == 0          # and no separate q, k or v one
 
 
 @pytest.mark.slow          # ~4 s: an int8 model's eager step
 def test_a_quantized_models_layout_keeps_q_k_v_apart():
-    """Quantized weights bring their own matmul: they stay apart (and the step still runs)."""
+    """Quantized weights bring their own matmul: they stay apart (and the cached step gives the uncached
+    call's logits)."""
     cfg = _cfg(num_kv_heads=2, num_decoder_layers=2)
     tok = jnp.ones((1, 1), jnp.int32)
     from jaxformer.quantize import quantize_model
     q = quantize_model(build_model(cfg), "int8")
-    layout = q.decoding_layout()
-    assert all(w.wqkv is None for w in layout.weights)
-    logits, _ = q.step(tok, tok, q.init_cache(1, 4, layout=layout), layout=layout)
+    assert all(w.wqkv is None for w in q.decoder.layers.lay_out().weights)
+    cache = q.init_cache(1, 4)
+    assert all(w.wqkv is None for w in cache.stack.weights)
+    logits, _ = q(tok, tok, cache=cache, mode="decode")
     assert bool(jnp.all(jnp.isfinite(logits)))
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(q(tok, tok)[0]), rtol=1e-5, atol=1e-5)
 
 
-def _ffn_out_dots(model, layout_batch, batch: int) -> list[tuple]:
-    """(rhs shape, rhs contracting dims) of the cached step's dots whose weight is an FFN output weight, the
-    model laid out for `layout_batch` rows, stepping `batch` rows."""
+def _ffn_out_dots(model, batch: int, layout="own") -> list[tuple]:
+    """(rhs shape, rhs contracting dims) of the cached step's dots whose weight is an FFN output weight, stepping
+    `batch` rows, laid out as `_dots` says."""
     cfg = model.cfg
-    graphdef, state = nnx.split(model)
-    tok = jnp.ones((batch, 1), jnp.int32)
-
-    def step(s, c):
-        m = nnx.merge(graphdef, s)
-        return m.step(tok, tok, c, layout=m.decoding_layout(layout_batch))
-    jaxpr = jax.make_jaxpr(step)(state, model.init_cache(batch, 4).unstacked()).jaxpr
-    return [(e.invars[1].aval.shape, tuple(e.params["dimension_numbers"][0][1])) for e in _eqns(jaxpr)
-            if e.primitive.name == "dot_general"
-            and sorted(e.invars[1].aval.shape) == sorted((cfg.d_model, cfg.d_ff))
+    return [(e.invars[1].aval.shape, tuple(e.params["dimension_numbers"][0][1])) for e in _dots(model, batch, layout)
+            if sorted(e.invars[1].aval.shape) == sorted((cfg.d_model, cfg.d_ff))
             and e.invars[0].aval.shape[-1] == cfg.d_ff]
 
 
@@ -319,29 +339,31 @@ def test_a_one_row_layout_reads_the_ffn_output_weight_row_by_row():
     cfg = _cfg(num_decoder_layers=2)
     d, f = cfg.d_model, cfg.d_ff
     model = build_model(cfg)
-    one = model.decoding_layout(1)
+    one = model.decoder.layers.lay_out(1)
     assert all(w.w2_out_in.shape == (d, f) for w in one.weights)
     np.testing.assert_array_equal(np.asarray(one.weights[1].w2_out_in),
                                   np.asarray(model.decoder.layers.blocks.ffn.w2[...][1]).T)
-    assert _ffn_out_dots(model, 1, 1) == [((d, f), (1,))] * 2         # [D,F] contracted on F, one per layer
+    assert _ffn_out_dots(model, 1) == [((d, f), (1,))] * 2            # [D,F] contracted on F, one per layer
     for batch in (None, 2):                                         # more rows, or not known: w2 as it is
-        assert all(w.w2_out_in is None for w in model.decoding_layout(batch).weights)
-        assert _ffn_out_dots(model, batch, 2) == [((f, d), (0,))] * 2
+        assert all(w.w2_out_in is None for w in model.decoder.layers.lay_out(batch).weights)
+        assert _ffn_out_dots(model, 2, batch) == [((f, d), (0,))] * 2
+    assert _ffn_out_dots(model, 2) == [((f, d), (0,))] * 2           # init_cache lays out for its own rows
     from jaxformer.quantize import quantize_model                  # quantized weights bring their own matmul
-    q = quantize_model(build_model(cfg), "int8").decoding_layout(1)
+    q = quantize_model(build_model(cfg), "int8").decoder.layers.lay_out(1)
     assert all(w.w2_out_in is None for w in q.weights)
-    wide = build_model(_cfg(num_decoder_layers=1, d_ff=24)).decoding_layout(1)    # F <= D: w2 is no tall weight
+    wide = build_model(_cfg(num_decoder_layers=1, d_ff=24)).decoder.layers.lay_out(1)  # F <= D: w2 not tall
     assert wide.weights[0].w2_out_in is None
 
 
 @pytest.mark.parametrize("batch", [1, 2])
 def test_generate_lays_its_model_out_for_its_own_batch(batch):
-    """generate_lm passes its rows to decoding_layout: one row reads the FFN's w2 as [D,F], two rows as [F,D]."""
+    """generate_lm's cache (`init_cache`) lays the model out for its rows: one row reads the FFN's w2 as [D,F],
+    two rows as [F,D]."""
     cfg = _cfg(num_decoder_layers=1)
     graphdef, state = nnx.split(build_model(cfg))
     traced = decode._generate_lm.trace(graphdef, state, jnp.ones((batch, 4), jnp.int32), None, jax.random.key(0),
                                        max_new=2, eos_id=None, sampling=(0.0, 0, 1.0), cache_len=6, kv_cache="auto")
     d, f = cfg.d_model, cfg.d_ff
-    down = {tuple(e.invars[1].aval.shape) for e in _eqns(traced.jaxpr.jaxpr)      # the dots that read h [..,F]
+    down = {tuple(e.invars[1].aval.shape) for e in all_eqns(traced.jaxpr.jaxpr)      # the dots that read h [..,F]
             if e.primitive.name == "dot_general" and e.invars[0].aval.shape[-1] == f}
     assert down == ({(d, f)} if batch == 1 else {(f, d)})

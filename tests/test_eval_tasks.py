@@ -38,7 +38,7 @@ def naive_loglikelihood(run, context: str, continuation: str) -> float:
     tok = run.tokenizer
     ctx, cont = list(tok.encode(context)), list(tok.encode(continuation))
     ids = np.asarray([ctx + cont], np.int32)
-    logits = np.asarray(run.model(jnp.asarray(ids)), np.float64)[0]
+    logits = np.asarray(run.model(jnp.asarray(ids))[0], np.float64)[0]
     lp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1,
                                                                                                          keepdims=True)
     return float(sum(lp[len(ctx) - 1 + i, t] for i, t in enumerate(cont)))
@@ -105,7 +105,7 @@ def test_stop_strings_cut_before_comparing_and_rolling_loglikelihood_covers_ever
     (rolling,) = hm.loglikelihood_rolling([_Request(text)])
     eod = run.tokenizer.eod_id               # None for this char run: the text's first token is not scored
     ids = ([] if eod is None else [eod]) + list(run.tokenizer.encode(text))
-    logits = np.asarray(run.model(jnp.asarray([ids], jnp.int32)), np.float64)[0]
+    logits = np.asarray(run.model(jnp.asarray([ids], jnp.int32))[0], np.float64)[0]
     m = logits.max(-1, keepdims=True)
     lp = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
     np.testing.assert_allclose(rolling, sum(lp[i, t] for i, t in enumerate(ids[1:])), rtol=1e-5)

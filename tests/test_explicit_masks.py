@@ -87,7 +87,7 @@ def test_a_digit_batch_gives_each_pair_the_logits_it_has_alone():
     logits = np.asarray(adapter("encoder_decoder").forward(model, batch)[0])
     for i in range(8):
         n_src, n_tgt = int(batch["src_segment_ids"][i].sum()), int(batch["tgt_segment_ids"][i].sum())
-        alone = np.asarray(model(batch["src"][i:i + 1, :n_src], batch["tgt_in"][i:i + 1, :n_tgt]))[0]
+        alone = np.asarray(model(batch["src"][i:i + 1, :n_src], batch["tgt_in"][i:i + 1, :n_tgt])[0])[0]
         np.testing.assert_allclose(logits[i, :n_tgt], alone, rtol=2e-5, atol=2e-5)
 
 
@@ -97,9 +97,9 @@ def test_the_model_never_reads_the_pad_id():
     tokens = jnp.asarray([[5, PAD, 6, 7]], jnp.int32)
     base = _model("decoder_only")
     other = _model("decoder_only", pad_id=5)
-    np.testing.assert_array_equal(np.asarray(base(tokens)), np.asarray(other(tokens)))
-    masked = np.asarray(base(tokens, segment_ids=jnp.asarray([[1, 0, 1, 1]])))
-    assert not np.allclose(np.asarray(base(tokens))[0, 2:], masked[0, 2:], atol=1e-4)   # id 0 was attended
+    np.testing.assert_array_equal(np.asarray(base(tokens)[0]), np.asarray(other(tokens)[0]))
+    masked = np.asarray(base(tokens, segment_ids=jnp.asarray([[1, 0, 1, 1]]))[0])
+    assert not np.allclose(np.asarray(base(tokens)[0])[0, 2:], masked[0, 2:], atol=1e-4)   # id 0 was attended
 
 
 def test_ragged_prompts_decode_as_each_alone_from_their_segment_ids():
@@ -162,7 +162,7 @@ def test_padding_inside_a_document_never_restarts_its_positions():
     a = jnp.asarray([[4, PAD, 5, 6, PAD, 7, 8]])
     b = a.at[0, 3:].set(9)
     ids = jnp.asarray([[1, 0, 1, 1, 0, 1, 1]])
-    la, lb = (np.asarray(model(x, segment_ids=ids)) for x in (a, b))
+    la, lb = (np.asarray(model(x, segment_ids=ids)[0]) for x in (a, b))
     np.testing.assert_allclose(la[0, :3], lb[0, :3], rtol=0, atol=1e-6)        # the future never reaches back
 
 

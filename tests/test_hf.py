@@ -97,9 +97,9 @@ def test_imported_logits_equal_transformers_on_ragged_batches(saved, family):
     rng = np.random.default_rng(1)
     ids = rng.integers(0, V, (2, 12))
     ids[0, 3] = 0
-    assert rel(ours(jnp.asarray(ids)), hf_logits(m, ids)) < TOL
+    assert rel(ours(jnp.asarray(ids))[0], hf_logits(m, ids)) < TOL
     ids, mask, pos = ragged_batch(rng, [12, 7, 3], 12)
-    got = np.asarray(ours(jnp.asarray(ids), segment_ids=jnp.asarray(mask), positions=jnp.asarray(pos)))
+    got = np.asarray(ours(jnp.asarray(ids), segment_ids=jnp.asarray(mask), positions=jnp.asarray(pos))[0])
     ref = hf_logits(m, ids, mask, pos)
     valid = mask.astype(bool)
     assert rel(got[valid], ref[valid]) < TOL
@@ -117,7 +117,7 @@ def test_exported_checkpoint_loads_in_transformers_with_equal_logits(saved, fami
     ids = np.random.default_rng(2).integers(0, V, (2, 10))
     assert rel(hf_logits(back, ids), hf_logits(m, ids)) < TOL
     again = from_pretrained(tmp_path / "out")                                  # and back in: the same model
-    assert rel(again(jnp.asarray(ids)), ours(jnp.asarray(ids))) == 0.0
+    assert rel(again(jnp.asarray(ids))[0], ours(jnp.asarray(ids))[0]) == 0.0
 
 
 def test_a_bfloat16_checkpoint_loads(tmp_path):
@@ -127,7 +127,7 @@ def test_a_bfloat16_checkpoint_loads(tmp_path):
     ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.float32,
                                                             attn_implementation="eager").eval()
     ids = np.random.default_rng(3).integers(0, V, (2, 9))
-    assert rel(ours(jnp.asarray(ids)), hf_logits(ref, ids)) < TOL            # the bf16 weights, computed in f32
+    assert rel(ours(jnp.asarray(ids))[0], hf_logits(ref, ids)) < TOL            # the bf16 weights, computed in f32
     assert from_pretrained(tmp_path / "bf16", dtype="bfloat16").cfg.runtime.dtype == "bfloat16"
 
 
@@ -293,7 +293,7 @@ def test_the_recipe_imports_fine_tunes_evaluates_generates_and_exports(tmp_path,
     assert before["step"] == 0 and before["split"] == "eval" and before["bits_per_byte"] > 0
     loaded = load_model(run, "latest")
     ids = np.random.default_rng(6).integers(0, vocab, (2, 10))
-    assert rel(loaded.model(jnp.asarray(ids)), hf_logits(m, ids)) < TOL          # the imported weights, unchanged
+    assert rel(loaded.model(jnp.asarray(ids))[0], hf_logits(m, ids)) < TOL          # the imported weights, unchanged
     assert loaded.tokenizer.bos_id == 1 and loaded.tokenizer.eod_id == 2 and loaded.tokenizer.pad_id == -1
     out = generate_text(loaded, ["Alice was", "The"], max_new=5)
     assert all(isinstance(o, str) for o in out)
@@ -311,9 +311,9 @@ def test_the_recipe_imports_fine_tunes_evaluates_generates_and_exports(tmp_path,
     assert cli_main(["export-hf", "--workdir", str(run), "--out", str(tmp_path / "out")]) == 0
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
     tuned = load_model(run, "latest").model
-    assert rel(hf_logits(back, ids), tuned(jnp.asarray(ids))) < TOL
+    assert rel(hf_logits(back, ids), tuned(jnp.asarray(ids))[0]) < TOL
     assert (tmp_path / "out" / "tokenizer.json").is_file()
-    assert rel(tuned(jnp.asarray(ids)), hf_logits(m, ids)) > 1e-3                 # and it did change
+    assert rel(tuned(jnp.asarray(ids))[0], hf_logits(m, ids)) > 1e-3                 # and it did change
     capsys.readouterr()
 
     fresh = tmp_path / "fresh"                                                    # another run starts from it

@@ -102,7 +102,7 @@ def test_older_rope_keys_import_with_transformers_logits(llama, tmp_path, case):
     assert rel(theirs, hf_logits(m)) > 1e-3                          # the older keys do change the function
     cfg = to_model_config(read(src))
     assert {k: flat_items(cfg)[k.replace("__", ".")] for k in fields} == fields
-    assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
+    assert rel(from_pretrained(src)(jnp.asarray(IDS))[0], theirs) < TOL
 
 
 YARN = {   # case -> rope_parameters (YaRN) of a Llama config; each a different path of transformers' computation
@@ -126,7 +126,7 @@ def test_yarn_rope_imports_and_exports_with_transformers_logits(llama, tmp_path,
     assert rel(theirs, hf_logits(m)) > 1e-3                          # YaRN changes the function
     model = from_pretrained(src)
     assert model.cfg.rope.scaling == "yarn"
-    assert rel(model(jnp.asarray(IDS)), theirs) < TOL
+    assert rel(model(jnp.asarray(IDS))[0], theirs) < TOL
     save_pretrained(model, tmp_path / "out")
     assert rel(hf_logits(hf_load(tmp_path / "out")), theirs) < TOL
 
@@ -143,7 +143,7 @@ def test_dynamic_ntk_rope_imports_and_exports_with_transformers_logits(tmp_path,
     theirs = hf_logits(hf_model(cfg), ids)                  # the same weights (seed), a fresh cache of lengths
     model = from_pretrained(tmp_path / "saved")
     assert model.cfg.rope.scaling == "dynamic" and model.cfg.rope.original_max_len == 8
-    assert rel(model(jnp.asarray(ids)), theirs) < TOL
+    assert rel(model(jnp.asarray(ids))[0], theirs) < TOL
     plain = transformers.LlamaConfig(**dict(LLAMA, max_position_embeddings=8))
     assert (rel(hf_logits(hf_model(plain), ids), theirs) > 1e-4) == (length > 8)      # TOL is 2e-5
     save_pretrained(model, tmp_path / "out")
@@ -162,7 +162,7 @@ def test_gpt2_activation_spellings_import_as_the_function_transformers_runs(tmp_
     m.save_pretrained(tmp_path)
     assert read(tmp_path)["activation_function"] == spelling
     assert to_model_config(read(tmp_path)).activation == activation
-    assert rel(from_pretrained(tmp_path)(jnp.asarray(IDS)), hf_logits(m)) < TOL
+    assert rel(from_pretrained(tmp_path)(jnp.asarray(IDS))[0], hf_logits(m)) < TOL
 
 
 GEMMA = dict(LLAMA, head_dim=16)
@@ -188,7 +188,7 @@ def test_gemma_activation_spellings_import_with_transformers_logits(gemma, tmp_p
     theirs = hf_logits(hf_load(src))
     assert rel(theirs, hf_logits(m)) < TOL
     assert to_model_config(read(src)).activation == "geglu_tanh"
-    assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
+    assert rel(from_pretrained(src)(jnp.asarray(IDS))[0], theirs) < TOL
 
 
 def test_a_gemma_hidden_activation_other_than_hidden_act_is_refused(gemma, tmp_path):
@@ -205,7 +205,7 @@ def test_gemma_legacy_hidden_act_gelu_imports_as_transformers_runs_it(gemma, tmp
     src = edited_config(d, tmp_path / "g", hidden_act="gelu")
     theirs = hf_logits(hf_load(src))
     assert rel(theirs, hf_logits(m)) < TOL                             # transformers: the tanh GELU
-    assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
+    assert rel(from_pretrained(src)(jnp.asarray(IDS))[0], theirs) < TOL
 
 
 @pytest.mark.parametrize("variant", ["no_prefix_with_mask_buffers", "tied_head_copy"])
@@ -232,7 +232,7 @@ def test_a_gpt2_file_as_published_imports(tmp_path, variant):
     save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
     theirs = hf_logits(hf_load(src))
     assert rel(theirs, hf_logits(m)) < TOL                      # transformers reads this file as the same model
-    assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
+    assert rel(from_pretrained(src)(jnp.asarray(IDS))[0], theirs) < TOL
 
 
 BASE = replaced(ModelConfig(), arch="decoder_only", vocab_size=V, d_model=32, num_heads=4, num_kv_heads=2, d_ff=48,
@@ -268,9 +268,9 @@ def test_export_of_a_model_built_here_writes_its_own_settings(tmp_path, shape):
     the defaults would give other logits."""
     cfg, entries, defaults = BUILT[shape]
     model = random_model(cfg)
-    ours = np.asarray(model(jnp.asarray(IDS)))
+    ours = np.asarray(model(jnp.asarray(IDS))[0])
     for field, default in defaults.items():               # the same weights with the default: other logits
-        assert rel(random_model(replaced(cfg, **{field: default}))(jnp.asarray(IDS)), ours) > 1e-3
+        assert rel(random_model(replaced(cfg, **{field: default}))(jnp.asarray(IDS))[0], ours) > 1e-3
     written = save_pretrained(model, tmp_path / "out")
     assert read(tmp_path / "out") == written
     assert {k: written[k] for k in entries} == entries
@@ -294,7 +294,7 @@ def test_a_bfloat16_export_writes_bfloat16_tensors_and_the_token_ids(tmp_path):
     assert read(tmp_path / "out")["torch_dtype"] == "bfloat16"
     graph, state = nnx.split(model)
     rounded = nnx.merge(graph, jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(x.dtype), state))
-    assert rel(hf_logits(theirs), rounded(jnp.asarray(IDS))) < TOL          # our model, its weights in bfloat16
+    assert rel(hf_logits(theirs), rounded(jnp.asarray(IDS))[0]) < TOL          # our model, its weights in bfloat16
 
 
 def tokenizer_folder(path, config: dict, *, bos_template: bool):
@@ -378,7 +378,7 @@ def test_a_published_config_imports_with_transformers_logits(tmp_path, name):
     src = edited_config(tmp_path / "saved", tmp_path / "published", **keys)
     theirs = hf_logits(hf_load(src))
     assert rel(theirs, hf_logits(m)) < TOL
-    assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
+    assert rel(from_pretrained(src)(jnp.asarray(IDS))[0], theirs) < TOL
 
 
 GEMMA2 = dict(LLAMA, head_dim=16, num_hidden_layers=4, sliding_window=4, query_pre_attn_scalar=24,
@@ -399,7 +399,7 @@ def test_gemma2_imports_and_exports_with_transformers_logits(tmp_path, case):
     assert cfg.norm.position == "sandwich" and cfg.attention.softcap == 5.0 and cfg.logit_softcap == 3.0
     assert cfg.layer_windows() == ((4, 0, 4, 0) if not extra else (0, 4, 0, 4)) and cfg.attention.scale_dim == 24
     theirs = hf_logits(m)
-    assert rel(from_pretrained(src)(jnp.asarray(IDS)), theirs) < TOL
+    assert rel(from_pretrained(src)(jnp.asarray(IDS))[0], theirs) < TOL
     save_pretrained(from_pretrained(src), tmp_path / "out")
     assert read(tmp_path / "out")["model_type"] == "gemma2"
     assert rel(hf_logits(hf_load(tmp_path / "out")), theirs) < TOL
@@ -428,7 +428,7 @@ def test_qwen_sliding_windows_import_with_transformers_logits(tmp_path, case):
     if windows:
         assert rel(hf_logits(m), hf_logits(hf_model(transformers.Qwen2Config(**LLAMA)))) > 1e-3
     assert rel(hf_logits(hf_load(src)), hf_logits(m)) < TOL
-    assert rel(from_pretrained(src)(jnp.asarray(IDS)), hf_logits(m)) < TOL
+    assert rel(from_pretrained(src)(jnp.asarray(IDS))[0], hf_logits(m)) < TOL
 
 
 def test_a_key_accepted_only_at_its_inert_value_is_refused_at_another(tmp_path):
@@ -498,7 +498,7 @@ def test_a_sentencepiece_only_checkpoint_imports_generates_and_exports(tmp_path,
     assert cli(["import-hf", str(folder), "--workdir", str(run), "--set", "data.block_size=32"]) == 0
     loaded = load_model(run)
     assert loaded.tokenizer.bos_id == 1 and loaded.tokenizer.pad_id == -1
-    assert rel(loaded.model(jnp.asarray(IDS % 400)), hf_logits(m, IDS % 400)) < TOL
+    assert rel(loaded.model(jnp.asarray(IDS % 400))[0], hf_logits(m, IDS % 400)) < TOL
     assert all(isinstance(t, str) for t in generate_text(loaded, ["Alice was"], max_new=4))
     assert cli(["export-hf", "--workdir", str(run), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "tokenizer.model").read_bytes() == (folder / "tokenizer.model").read_bytes()

@@ -50,11 +50,11 @@ def test_logit_lens_row_l_is_the_model_cut_after_l_layers(position):
     m = lm(norm__position=position)
     lens = logit_lens(m, TOKENS)
     assert lens.shape == (L + 1, 2, 10, 40)
-    np.testing.assert_allclose(lens[L], m(TOKENS), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lens[L], m(TOKENS)[0], rtol=1e-5, atol=1e-5)
     for k in (1, 2):
-        np.testing.assert_allclose(lens[k], _first_layers(m, k)(TOKENS), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(lens[k], _first_layers(m, k)(TOKENS)[0], rtol=1e-4, atol=1e-4)
     head = m.embed.head_fn()
-    x = m.forward(TOKENS, capture=("embed",))[1]["captured"]["embed"]
+    x = m(TOKENS, capture=("embed",))[1]["captured"]["embed"]
     want = head(m.decoder.final_norm(x)) if m.decoder.final_norm is not None else head(x)
     np.testing.assert_allclose(lens[0], want, rtol=1e-5, atol=1e-5)
 
@@ -63,21 +63,21 @@ def test_head_ablation_is_zeroing_that_heads_output_projection():
     m = lm()
     table = head_ablation(m, TOKENS, targets=TARGETS)
     assert table.shape == (L, N)
-    clean = token_losses(m(TOKENS), TARGETS)
+    clean = token_losses(m(TOKENS)[0], TARGETS)
     for layer, head in ((0, 3), (2, 1)):
         cut = nnx.clone(m)
         wo = cut.decoder.layers.blocks.self_attn.wo
         wo.set_value(wo[...].at[layer, head].set(0.0))                        # wo [L,N,H,D]
-        assert float(table[layer, head]) == pytest.approx(float(token_losses(cut(TOKENS), TARGETS) - clean),
+        assert float(table[layer, head]) == pytest.approx(float(token_losses(cut(TOKENS)[0], TARGETS) - clean),
                                                          abs=2e-5)
     assert len(np.unique(np.round(np.asarray(table), 6))) == L * N              # every cell its own head
     mean = head_ablation(m, TOKENS, targets=TARGETS, how="mean")
     assert not np.allclose(mean, table, atol=1e-4)
     # how="mean": the head's output replaced by one vector, its mean over the batch and the positions
     layer, head = 1, 2
-    z = np.asarray(m.forward(TOKENS, capture=("z",))[1]["captured"]["z"], np.float64)      # [L,B,T,N,H]
+    z = np.asarray(m(TOKENS, capture=("z",))[1]["captured"]["z"], np.float64)      # [L,B,T,N,H]
     fill = jnp.asarray(z[layer, :, :, head].mean((0, 1)), jnp.float32)
-    ablated = m.forward(TOKENS, patch={"z": lambda v, i: jnp.where(i == layer, v.at[:, :, head].set(fill), v)})[0]
+    ablated = m(TOKENS, patch={"z": lambda v, i: jnp.where(i == layer, v.at[:, :, head].set(fill), v)})[0]
     assert float(mean[layer, head]) == pytest.approx(float(token_losses(ablated, TARGETS) - clean), abs=2e-5)
     with pytest.raises(ConfigError, match="how='max'"):
         head_ablation(m, TOKENS, targets=TARGETS, how="max")
@@ -92,7 +92,7 @@ def test_an_encoder_decoders_three_head_tables_zero_their_own_output_projections
                    runtime__dropout=0.0)
     m = build_model(cfg)
     src = TOKENS[:, ::-1]
-    clean = token_losses(m(src, TOKENS), TARGETS)
+    clean = token_losses(m(src, TOKENS)[0], TARGETS)
     for site, layers, path in (("encoder.z", 2, ("encoder", "self_attn")), ("cross_z", 3, ("decoder", "cross_attn")),
                                ("z", 3, ("decoder", "self_attn"))):
         table = head_ablation(m, src, TOKENS, targets=TARGETS, site=site)
@@ -101,7 +101,7 @@ def test_an_encoder_decoders_three_head_tables_zero_their_own_output_projections
         cut = nnx.clone(m)
         wo = getattr(getattr(cut, path[0]).layers.blocks, path[1]).wo
         wo.set_value(wo[...].at[layer, head].set(0.0))
-        assert float(table[layer, head]) == pytest.approx(float(token_losses(cut(src, TOKENS), TARGETS) - clean),
+        assert float(table[layer, head]) == pytest.approx(float(token_losses(cut(src, TOKENS)[0], TARGETS) - clean),
                                                          abs=2e-5), site
     with pytest.raises(ConfigError, match="site='cross_z' is not a head-wise site of this model"):
         head_ablation(lm(), TOKENS, targets=TARGETS, site="cross_z")

@@ -51,12 +51,11 @@ def _laid_out(name: str, which: str) -> str:
                       positional="rope", norm__position="pre", runtime__dropout=0.0, max_len=8)
     model = build_model(cfg)
     with lever.switch_off() if which == "before" else levers.contextlib.nullcontext():
-        layout = model.decoding_layout(batch)
+        cache = model.init_cache(batch, 4)                   # the decoder laid out for decoding, in the cache
     graphdef, state = nnx.split(model)
-    lgraph, lstate = nnx.split(layout)
     tok = jnp.ones((batch, 1), jnp.int32)
-    return jax.jit(lambda s, ls, c: nnx.merge(graphdef, s).step(tok, tok, c, layout=nnx.merge(lgraph, ls))).lower(
-        state, lstate, model.init_cache(batch, 4, layout=layout)).as_text()
+    return jax.jit(lambda s, c: nnx.merge(graphdef, s)(tok, tok, cache=c, mode="decode")[0]).lower(
+        state, cache).as_text()
 
 
 @pytest.mark.slow                      # compiles 14 small train steps (~30 s): benchmark tooling, not the library

@@ -75,7 +75,7 @@ def test_the_adapted_matmul_is_xw_plus_scaled_xab_in_float64(eq, w_shape, x_shap
 
 def test_fresh_adapters_change_nothing_and_count_apart():
     base, adapted = build_model(lm_cfg()), build_model(lm_cfg(rank=4, targets=ALL))
-    np.testing.assert_array_equal(np.asarray(base(tokens())), np.asarray(adapted(tokens())))
+    np.testing.assert_array_equal(np.asarray(base(tokens())[0]), np.asarray(adapted(tokens())[0]))
     assert isinstance(adapted.decoder.layers.blocks.self_attn.wq, Adapted)
     counts = count_params(adapted)
     # per layer: q [32,4]+[4,4·8], k, v [32,4]+[4,2·8], o [4·8,4]+[4,32], gate/up [32,4]+[4,48], down [48,4]+[4,32]
@@ -87,7 +87,7 @@ def test_fresh_adapters_change_nothing_and_count_apart():
 @pytest.mark.parametrize("base", ["float32", "bfloat16", "int8"])
 def test_merging_folds_each_adapter_into_its_weight(base):
     model = perturbed(frozen_base(build_model(lm_cfg(rank=4, targets=ALL, base=base))), scale=0.1)
-    want = np.asarray(model(tokens()))
+    want = np.asarray(model(tokens())[0])
     lw = model.decoder.layers.blocks.self_attn.wo[...]
     dense = np.asarray(lw.base.dequantize() if base == "int8" else lw.base, np.float64)
     by_hand = dense + lw.scale * np.einsum("lnhz,lzd->lnhd", np.asarray(lw.a, np.float64), np.asarray(lw.b))
@@ -100,7 +100,7 @@ def test_merging_folds_each_adapter_into_its_weight(base):
     else:                           # float32 (an int8 base merges into float32): the same function
         assert w.dtype == jnp.float32
         np.testing.assert_allclose(np.asarray(w), by_hand, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(np.asarray(folded(tokens())), want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(np.asarray(folded(tokens())[0]), want, rtol=1e-4, atol=1e-4)
 
 
 def test_scale_is_alpha_over_rank():
@@ -151,11 +151,11 @@ def test_the_frozen_base_in_int8_trains_its_adapters():
 def test_dropout_on_the_adapter_input_is_training_only():
     model = perturbed(build_model(lm_cfg(rank=4, targets=("q", "v"), dropout=0.5)))
     x = tokens()
-    eval_a, eval_b = model(x), model(x)
+    eval_a, eval_b = model(x)[0], model(x)[0]
     np.testing.assert_array_equal(np.asarray(eval_a), np.asarray(eval_b))
-    np.testing.assert_allclose(np.asarray(eval_a), np.asarray(merged(nnx.clone(model))(x)), rtol=1e-5, atol=1e-5)
-    t1 = model.forward(x, rngs=nnx.Rngs(dropout=1))[0]
-    t2 = model.forward(x, rngs=nnx.Rngs(dropout=2))[0]
+    np.testing.assert_allclose(np.asarray(eval_a), np.asarray(merged(nnx.clone(model))(x)[0]), rtol=1e-5, atol=1e-5)
+    t1 = model(x, rngs=nnx.Rngs(dropout=1))[0]
+    t2 = model(x, rngs=nnx.Rngs(dropout=2))[0]
     assert not np.allclose(np.asarray(t1), np.asarray(t2))
 
 

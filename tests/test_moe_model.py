@@ -63,9 +63,9 @@ def test_one_expert_top1_equals_the_dense_model_in_training_and_inference(activa
     nnx.update(moe, m_state)
     x = tokens(np.random.default_rng(0))
     real = (x != 0)[..., None]                          # padding takes no expert: its rows differ, unused
-    close(jnp.where(real, compiled(moe, x, segment_ids=segs(x)), 0),
-          jnp.where(real, compiled(dense, x, segment_ids=segs(x)), 0))                  # inference: dropless
-    train_mode = lambda m: jnp.where(real, compiled(m, x, key=jax.random.key(0), segment_ids=segs(x)), 0)
+    close(jnp.where(real, compiled(moe, x, segment_ids=segs(x))[0], 0),
+          jnp.where(real, compiled(dense, x, segment_ids=segs(x))[0], 0))                  # inference: dropless
+    train_mode = lambda m: jnp.where(real, compiled(m, x, key=jax.random.key(0), segment_ids=segs(x))[0], 0)
     close(train_mode(moe), train_mode(dense))                             # training: capacity mode, C = M
 
 
@@ -89,7 +89,7 @@ def test_moe_every_second_layer_equals_its_layers_applied_one_by_one():
 
     @nnx.jit
     def both(model, x):
-        logits, aux = model.forward(x, segment_ids=segs(x))
+        logits, aux = model(x, segment_ids=segs(x))
         pos, valid = default_positions(x), x != 0
         h, loads = model.embed(x, pos), []
         for i in range(4):
@@ -140,7 +140,7 @@ def test_router_receives_gradient_from_the_balancing_loss_alone():
     x = tokens(np.random.default_rng(3))
 
     def loss(m):
-        logits, aux = m.forward(x, rngs=nnx.Rngs(dropout=jax.random.key(0)))
+        logits, aux = m(x, rngs=nnx.Rngs(dropout=jax.random.key(0)))
         s = {"objective": jax.lax.stop_gradient(logits).sum() * 0, "count": jnp.float32(1)}
         return objective(s, moe_metrics(aux), OptimConfig(moe_z_weight=0.0))
 
@@ -215,15 +215,15 @@ def test_moe_lm_cached_decoding_equals_the_full_forward():
         m = nnx.merge(graphdef, state)
         cache = m.init_cache(x.shape[0], x.shape[1])
         seg = segs(x)
-        first, cache = m.step(x[:, :4], pos[:, :4], cache, segment_ids=seg[:, :4], prefill=True)   # pad: invalid
+        first, out = m(x[:, :4], pos[:, :4], segment_ids=seg[:, :4], cache=cache, mode="prefill")   # pad: invalid
 
         def step(cache, col):
-            lg, cache = m.step(col[0][:, None], col[1][:, None], cache, segment_ids=col[2][:, None])
-            return cache, lg[:, 0]
-        _, rest = jax.lax.scan(step, cache, (x[:, 4:].T, pos[:, 4:].T, seg[:, 4:].T))
+            lg, out = m(col[0][:, None], col[1][:, None], segment_ids=col[2][:, None], cache=cache, mode="decode")
+            return out["cache"], lg[:, 0]
+        _, rest = jax.lax.scan(step, out["cache"], (x[:, 4:].T, pos[:, 4:].T, seg[:, 4:].T))
         return jnp.concatenate([first, jnp.swapaxes(rest, 0, 1)], 1)
 
-    want = compiled(model, x, positions=pos, segment_ids=segs(x))
+    want = compiled(model, x, positions=pos, segment_ids=segs(x))[0]
     close(jnp.where(valid[..., None], cached(state), 0), jnp.where(valid[..., None], want, 0))
 
 

@@ -61,7 +61,7 @@ def test_each_mup_rule_on_the_models_own_activations():
     cfg = _cfg()
     model = build_model(cfg.model)
     x = _batch()["inputs"]
-    logits, aux = model.forward(x, capture=("embed", "q", "k", "pattern", "final_norm"))
+    logits, aux = model(x, capture=("embed", "q", "k", "pattern", "final_norm"))
     cap = aux["captured"]
     table = model.embed.tokens[...]
     assert float(jnp.std(table)) == pytest.approx(D0 ** -0.5, rel=0.05)
@@ -81,7 +81,7 @@ def test_mup_scales_a_tied_head_too():
     """A tied head reads the embedding table (N(0, 1/D₀) under µP) and its logits are × 1/m like an untied one's."""
     cfg = _cfg(D0 * M, "mup", D0, "model.tie_embeddings=true")
     model = build_model(cfg.model)
-    logits, aux = model.forward(_batch()["inputs"], capture=("final_norm",))
+    logits, aux = model(_batch()["inputs"], capture=("final_norm",))
     table = model.embed.tokens[...]
     np.testing.assert_allclose(logits, aux["captured"]["final_norm"] @ table.T / M, rtol=1e-5, atol=1e-6)
 

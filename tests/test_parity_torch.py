@@ -417,7 +417,7 @@ def test_transformer_model_parity(norm_first):
     src = _tokens(rng, SRC_LENS, S, cfg.vocab_size, cfg.pad_id)
     tgt = _tokens(rng, TGT_LENS, T, cfg.vocab_size, cfg.pad_id)
     s_seg, t_seg = (jnp.asarray(lens_valid(n, w), jnp.int32) for n, w in ((SRC_LENS, S), (TGT_LENS, T)))
-    logits = model(src, tgt, src_segment_ids=s_seg, tgt_segment_ids=t_seg)
+    logits = model(src, tgt, src_segment_ids=s_seg, tgt_segment_ids=t_seg)[0]
 
     pos = lambda a: jnp.broadcast_to(jnp.arange(a.shape[1]), a.shape)  # noqa: E731
     xs, ys = (tt(np.asarray(model.embed(a, pos(a)))) for a in (src, tgt))
@@ -447,7 +447,7 @@ def test_decoder_only_parity(norm_first):
 
     tok = _tokens(rng, TGT_LENS, T, cfg.vocab_size, cfg.pad_id)
     real = lens_valid(TGT_LENS, T)
-    logits = lm(tok, segment_ids=jnp.asarray(real, jnp.int32))
+    logits = lm(tok, segment_ids=jnp.asarray(real, jnp.int32))[0]
     x = tt(np.asarray(lm.embed(tok, jnp.broadcast_to(jnp.arange(T), tok.shape))))
     h = te(x, mask=torch_causal(T), src_key_padding_mask=tt(~real))
     ref = h @ tt(np.asarray(lm.embed.tokens[...])).T

@@ -73,7 +73,7 @@ def _primitives(jaxpr) -> set[str]:
 def _grad_program(model, x):
     """(primitives of the loss's gradient program, the gradients), traced now (a new function: no trace cache)."""
     graph, state = nnx.split(model)
-    loss = lambda s: jnp.sum(jnp.sin(nnx.merge(graph, s)(x)))            # noqa: E731
+    loss = lambda s: jnp.sum(jnp.sin(nnx.merge(graph, s)(x)[0]))         # noqa: E731
     grad = lambda s: jax.grad(loss)(s)                                     # noqa: E731
     return _primitives(jax.make_jaxpr(grad)(state).jaxpr), jax.jit(grad)(state)
 

@@ -74,7 +74,7 @@ class LM:
         gd, self.state = nnx.split(model)
 
         def forward(state, tokens, positions):        # the drawn arrays' padding (id 0), said explicitly
-            return nnx.merge(gd, state)(tokens, positions=positions, segment_ids=segments(tokens))
+            return nnx.merge(gd, state)(tokens, positions=positions, segment_ids=segments(tokens))[0]
 
         def analyze(state, tokens, w):
             """-> (logits [B,T,V] as TransformerLM.__call__ but a function of the input embeddings x [B,T,D],
@@ -112,7 +112,7 @@ class ED:
         gd, self.state = nnx.split(model)
 
         def forward(state, src, tgt):
-            return nnx.merge(gd, state)(src, tgt, **explicit(src, tgt))
+            return nnx.merge(gd, state)(src, tgt, **explicit(src, tgt))[0]
 
         def analyze(state, src, tgt, w, noise):
             """As Transformer.__call__, but a function of the source embeddings xs [B,S,D] and the decoder input
@@ -482,7 +482,7 @@ def test_lm_jit_equals_eager(tokens):
     m = lm("rope-pre")
     with jax.disable_jit():
         x = jnp.asarray(tokens)
-        eager = np.asarray(m.model(x, positions=positions_of(x), segment_ids=segments(x)))
+        eager = np.asarray(m.model(x, positions=positions_of(x), segment_ids=segments(x))[0])
     np.testing.assert_allclose(m(tokens), eager, rtol=1e-5, atol=1e-5)
     assert np.isfinite(eager).all()
 
@@ -497,6 +497,6 @@ def test_ed_jit_equals_eager():
     m = ed("ed-sinusoidal-post")
     with jax.disable_jit():
         eager = np.asarray(m.model(jnp.asarray(src), jnp.asarray(tgt), **explicit(jnp.asarray(src),
-                                                                                 jnp.asarray(tgt))))
+                                                                                 jnp.asarray(tgt)))[0])
     assert np.isfinite(eager).all()
     np.testing.assert_allclose(m(src, tgt), eager, rtol=1e-5, atol=1e-5)

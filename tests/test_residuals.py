@@ -106,13 +106,13 @@ def test_each_variant_decodes_like_the_full_forward_and_has_gradients(kind):
         model.decoder.layers.blocks.res_self.gate[...] = jnp.full((2,), 0.5)
         model.decoder.layers.blocks.res_ffn.gate[...] = jnp.full((2,), -0.7)
     tokens = jnp.asarray(np.random.default_rng(4).integers(1, 20, (2, 7)))
-    full = np.asarray(model(tokens))
+    full = np.asarray(model(tokens)[0])
     pos = jnp.broadcast_to(jnp.arange(7), (2, 7))
-    first, cache = model.step(tokens[:, :6], pos[:, :6], model.init_cache(2, 7), prefill=True)
-    last, _ = model.step(tokens[:, 6:], pos[:, 6:], cache)
+    first, out = model(tokens[:, :6], pos[:, :6], cache=model.init_cache(2, 7), mode="prefill")
+    last, _ = model(tokens[:, 6:], pos[:, 6:], cache=out["cache"], mode="decode")
     np.testing.assert_allclose(np.concatenate([np.asarray(first), np.asarray(last)], 1), full, rtol=1e-5,
                                atol=1e-5)
-    grads = nnx.grad(lambda m: m(tokens).mean())(model)
+    grads = nnx.grad(lambda m: m(tokens)[0].mean())(model)
     assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
     if kind == "rezero":
         assert np.abs(np.asarray(grads.decoder.layers.blocks.res_ffn.gate[...])).max() > 0
@@ -125,6 +125,6 @@ def test_rezero_starts_as_the_identity_and_bad_placements_are_named():
     model = build_model(cfg, seed=2)
     tokens = jnp.asarray([[3, 4, 5]])
     emb = np.asarray(model.embed.tokens[...])
-    np.testing.assert_allclose(np.asarray(model(tokens))[0], emb[[3, 4, 5]] @ emb.T, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(model(tokens)[0])[0], emb[[3, 4, 5]] @ emb.T, rtol=1e-5, atol=1e-6)
     with pytest.raises(ConfigError, match="model.norm.position='middle'"):
         tiny_lm("model.norm.position=middle")

@@ -38,7 +38,7 @@ TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, 10)))
 def test_every_site_is_listed_and_captured_in_its_shape():
     m = lm()
     assert m.sites() == MODEL_SITES + LAYER_SITES
-    _, aux = m.forward(TOKENS, capture=m.sites())
+    _, aux = m(TOKENS, capture=m.sites())
     got = {k: v.shape for k, v in aux["captured"].items()}
     b, t, d, n, k, h, f = 2, 10, 32, 4, 2, 8, 48
     assert got == {"embed": (b, t, d), "final_norm": (b, t, d), "logits": (b, t, 40),
@@ -52,8 +52,8 @@ def test_every_site_is_listed_and_captured_in_its_shape():
 
 def test_the_captured_residual_stream_is_the_blocks_applied_by_hand():
     m = lm()
-    logits, aux = m.forward(TOKENS, capture=("embed", "resid_pre", "attn_in", "attn_out", "resid_mid", "mlp_in",
-                                             "mlp_out", "resid_post", "final_norm"))
+    logits, aux = m(TOKENS, capture=("embed", "resid_pre", "attn_in", "attn_out", "resid_mid", "mlp_in",
+                                     "mlp_out", "resid_post", "final_norm"))
     cap = aux["captured"]
     side = AttentionInputs(m.cfg, TOKENS, None, None)
     pos = side.positions
@@ -78,26 +78,26 @@ def test_the_captured_residual_stream_is_the_blocks_applied_by_hand():
 
 def test_writing_back_the_captured_values_changes_nothing():
     m = lm()
-    logits, aux = m.forward(TOKENS, capture=m.sites())
+    logits, aux = m(TOKENS, capture=m.sites())
     cap = aux["captured"]
     back = {n: (lambda n: lambda v, layer: cap[n] if layer is None else cap[n][layer])(n)
             for n in m.sites() if n != "pattern"}
-    again, _ = m.forward(TOKENS, patch=back)
+    again, _ = m(TOKENS, patch=back)
     np.testing.assert_array_equal(np.asarray(again), np.asarray(logits))
 
 
 def test_zero_ablating_a_head_is_dropping_its_slice_of_the_output_projection():
     m = lm()
     layer, head = 2, 1
-    ablated, aux = m.forward(TOKENS, capture=("z",),
-                             patch={"z": lambda z, i: jnp.where(i == layer, z.at[:, :, head].set(0.0), z)})
+    ablated, aux = m(TOKENS, capture=("z",),
+                     patch={"z": lambda z, i: jnp.where(i == layer, z.at[:, :, head].set(0.0), z)})
     z = np.asarray(aux["captured"]["z"])                                   # recorded after its patch
     assert not z[layer, :, :, head].any() and np.abs(z[layer - 1, :, :, head]).max() > 1e-3
     cut = nnx.clone(m)
     wo = cut.decoder.layers.blocks.self_attn.wo
     wo.set_value(wo[...].at[layer, head].set(0.0))                       # wo [L,N,H,D]
-    np.testing.assert_allclose(np.asarray(ablated), np.asarray(cut(TOKENS)), rtol=1e-5, atol=1e-5)
-    assert not np.allclose(np.asarray(ablated), np.asarray(m(TOKENS)), atol=1e-3)
+    np.testing.assert_allclose(np.asarray(ablated), np.asarray(cut(TOKENS)[0]), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(np.asarray(ablated), np.asarray(m(TOKENS)[0]), atol=1e-3)
 
 
 @pytest.mark.parametrize("backend,remat", [("reference", "none"), ("chunked", "full")])
@@ -107,8 +107,8 @@ def test_capture_and_patch_under_jit_grad_and_the_backends(backend, remat):
 
     def loss(scale, state):
         model = nnx.merge(graph, state)
-        logits, aux = model.forward(TOKENS, capture=("pattern", "mlp_out"),
-                                    patch={"mlp_out": lambda v, i: v * jnp.where(i == 1, scale, 1.0)})
+        logits, aux = model(TOKENS, capture=("pattern", "mlp_out"),
+                            patch={"mlp_out": lambda v, i: v * jnp.where(i == 1, scale, 1.0)})
         return logits.sum(), aux["captured"]
 
     (value, cap), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(1.0, state)
@@ -116,7 +116,7 @@ def test_capture_and_patch_under_jit_grad_and_the_backends(backend, remat):
     numeric = (loss(1.0 + eps, state)[0] - loss(1.0 - eps, state)[0]) / (2 * eps)
     np.testing.assert_allclose(float(g), float(numeric), rtol=2e-2)
     np.testing.assert_allclose(np.asarray(cap["pattern"]).sum(-1), 1.0, rtol=1e-5)
-    want = m.attention_weights(TOKENS)["self"]                       # eager, outside jit and grad
+    want = m(TOKENS, capture=("pattern",))[1]["captured"]["pattern"]    # eager, outside jit and grad
     np.testing.assert_allclose(np.asarray(cap["pattern"]), np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
@@ -133,46 +133,49 @@ def test_a_patched_pattern_is_what_the_heads_read(backend):
     m = lm(runtime__attention_backend=backend, runtime__attention_block=4)
     layer, head = 1, 2
     hot = _pattern_patch(layer, head, lambda p: jnp.zeros_like(p).at[..., 0].set(1.0))
-    _, clean = m.forward(TOKENS, capture=("z",))
-    _, aux = m.forward(TOKENS, capture=("v", "z"), patch={"pattern": hot})
+    _, clean = m(TOKENS, capture=("z",))
+    _, aux = m(TOKENS, capture=("v", "z"), patch={"pattern": hot})
     z, v = np.asarray(aux["captured"]["z"]), np.asarray(aux["captured"]["v"])
     np.testing.assert_allclose(z[layer, :, :, head], np.broadcast_to(v[layer, :, :1, head // 2], z[layer, :, :, head].shape),
                                rtol=1e-5, atol=1e-6)
     others = [h for h in range(4) if h != head]
     np.testing.assert_allclose(z[layer][:, :, others], np.asarray(clean["captured"]["z"])[layer][:, :, others],
                                rtol=1e-5, atol=1e-5)
-    zero_p = m.forward(TOKENS, patch={"pattern": _pattern_patch(layer, head, jnp.zeros_like)})[0]
-    zero_z = m.forward(TOKENS, patch={"z": lambda x, i: jnp.where(i == layer, x.at[:, :, head].set(0.0), x)})[0]
+    zero_p = m(TOKENS, patch={"pattern": _pattern_patch(layer, head, jnp.zeros_like)})[0]
+    zero_z = m(TOKENS, patch={"z": lambda x, i: jnp.where(i == layer, x.at[:, :, head].set(0.0), x)})[0]
     np.testing.assert_allclose(np.asarray(zero_p), np.asarray(zero_z), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_a_patched_pattern_in_cached_decoding_is_the_patched_forward_pass(layout):
+def test_a_patched_pattern_in_cached_decoding_is_the_patched_forward_pass():
     """A head's pattern zeroed at layer 1: the prefill and the cached steps (cache slots and new keys as two
     segments; laid out heads-major) give the patched forward pass's logits."""
     m = lm()
     patch = {"pattern": _pattern_patch(1, 2, jnp.zeros_like)}
-    want, _ = m.forward(TOKENS, patch=patch)
-    assert not np.allclose(np.asarray(want), np.asarray(m(TOKENS)), atol=1e-3)
-    np.testing.assert_allclose(_decoded(m, patch, layout), np.asarray(want), rtol=1e-4, atol=1e-4)
+    want, _ = m(TOKENS, patch=patch)
+    assert not np.allclose(np.asarray(want), np.asarray(m(TOKENS)[0]), atol=1e-3)
+    np.testing.assert_allclose(_decoded(m, patch), np.asarray(want), rtol=1e-4, atol=1e-4)
 
 
 def test_bad_sites_are_named_errors():
     m = lm()
     with pytest.raises(ConfigError, match="'resid' does not exist"):
-        m.forward(TOKENS, capture=("resid",))
+        m(TOKENS, capture=("resid",))
     with pytest.raises(ConfigError, match="must be a function"):
-        m.forward(TOKENS, patch={"z": 0.0})
+        m(TOKENS, patch={"z": 0.0})
     with pytest.raises(ConfigError, match="does not exist"):
-        lm(ffn="moe", moe__num_experts=2).forward(TOKENS, capture=("mlp_hidden",))
+        lm(ffn="moe", moe__num_experts=2)(TOKENS, capture=("mlp_hidden",))
+
+
+def s2s():
+    cfg = replaced(ModelConfig(), vocab_size=13, d_model=32, num_heads=4, d_ff=48, num_encoder_layers=2,
+                   num_decoder_layers=2, max_len=16, runtime__dropout=0.0)
+    return build_model(cfg)
 
 
 def test_an_encoder_decoder_has_encoder_and_cross_attention_sites():
-    cfg = replaced(ModelConfig(), vocab_size=13, d_model=32, num_heads=4, d_ff=48, num_encoder_layers=2,
-                   num_decoder_layers=2, max_len=16, runtime__dropout=0.0)
-    m = build_model(cfg)
+    m = s2s()
     src, tgt = TOKENS[:, :7] % 13, TOKENS[:, 3:] % 13
-    logits, aux = m.forward(src, tgt, capture=m.sites())
+    logits, aux = m(src, tgt, capture=m.sites())
     got = {k: v.shape for k, v in aux["captured"].items()}
     assert got["encoder.embed"] == got["memory"] == (2, 7, 32) and got["encoder.resid_post"] == (2, 2, 7, 32)
     assert got["cross_pattern"] == (2, 2, 4, 7, 7) and got["cross_k"] == (2, 2, 7, 4, 8)
@@ -181,7 +184,7 @@ def test_an_encoder_decoder_has_encoder_and_cross_attention_sites():
     cap = aux["captured"]
     back = {n: (lambda n: lambda v, layer: cap[n] if layer is None else cap[n][layer])(n)
             for n in m.sites() if not n.endswith("pattern")}
-    np.testing.assert_array_equal(np.asarray(m.forward(src, tgt, patch=back)[0]), np.asarray(logits))
+    np.testing.assert_array_equal(np.asarray(m(src, tgt, patch=back)[0]), np.asarray(logits))
 
 
 @pytest.mark.slow          # trains the README's reversal model for 600 steps (~60 s)
@@ -204,7 +207,7 @@ def test_activation_patching_localises_the_digit_being_copied(tmp_path):
         b = encode_digit_pairs([clean, corrupt], True, 7)
         src, tgt = jnp.asarray(b["src"]), jnp.asarray(b["tgt_in"])
         kw = dict(src_segment_ids=jnp.asarray(b["src_segment_ids"]), tgt_segment_ids=jnp.asarray(b["tgt_segment_ids"]))
-        logits, aux = m.forward(src, tgt, capture=("memory",), **kw)
+        logits, aux = m(src, tgt, capture=("memory",), **kw)
         memory = aux["captured"]["memory"]
         j, good, bad = len(clean) - 1 - p, clean[p] + 3, corrupt[p] + 3         # reversed: output j copies p
         diff = lambda lg, row=1: lg[row, j, good] - lg[row, j, bad]             # noqa: E731
@@ -212,37 +215,72 @@ def test_activation_patching_localises_the_digit_being_copied(tmp_path):
         assert clean_diff > 0 > corrupt_diff
         curve = []
         for q in range(len(clean) + 1):                                         # the digits and EOS
-            lg, _ = m.forward(src, tgt, patch={"memory": lambda v, i, q=q: v.at[1, q].set(memory[0, q])}, **kw)
+            lg, _ = m(src, tgt, patch={"memory": lambda v, i, q=q: v.at[1, q].set(memory[0, q])}, **kw)
             curve.append(float((diff(lg) - corrupt_diff) / (clean_diff - corrupt_diff)))
         assert int(np.argmax(curve)) == p and curve[p] > 0.8, curve
         assert max(abs(c) for i, c in enumerate(curve) if i != p) < 0.2, curve
 
 
-def _decoded(m, patch, layout: bool) -> np.ndarray:
-    """TOKENS' logits from a 4-token prefill then one-token cached steps (scanned, or laid out), patched."""
+def _decoded(m, patch) -> np.ndarray:
+    """TOKENS' logits from a 4-token prefill then one-token cached steps, patched."""
     b, t = TOKENS.shape
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), TOKENS.shape)
-    lay = m.decoding_layout(b) if layout else None
-    cache = m.init_cache(b, t, layout=lay)
-    out, cache = m.step(TOKENS[:, :4], pos[:, :4], cache, prefill=True, layout=lay, patch=patch)
+    out, aux = m(TOKENS[:, :4], pos[:, :4], cache=m.init_cache(b, t), mode="prefill", patch=patch)
     got = [out]
     for i in range(4, t):
-        out, cache = m.step(TOKENS[:, i:i + 1], pos[:, i:i + 1], cache, layout=lay, patch=patch)
+        out, aux = m(TOKENS[:, i:i + 1], pos[:, i:i + 1], cache=aux["cache"], mode="decode", patch=patch)
         got.append(out)
     return np.asarray(jnp.concatenate(got, 1))
 
 
-@pytest.mark.parametrize("layout", [False, pytest.param(True, marks=pytest.mark.slow)])      # the laid-out step: ~5 s
-def test_a_patch_acts_in_cached_decoding_as_in_the_forward_pass(layout):
-    """A steering vector added to layer 1's residual stream: prefill then one-token cached steps (scanned, or
-    laid out for a token loop) give the patched forward pass's logits."""
+def test_a_patch_acts_in_cached_decoding_as_in_the_forward_pass():
+    """A steering vector added to layer 1's residual stream: prefill then one-token cached steps give the patched
+    forward pass's logits."""
     m = lm()
     steer = jax.random.normal(jax.random.key(5), (32,))
     patch = {"resid_post": lambda v, i: v + jnp.where(i == 1, 1.0, 0.0) * steer,
              "logits": lambda v, i: v * 1.5}
-    want, _ = m.forward(TOKENS, patch=patch)
-    assert not np.allclose(np.asarray(want), np.asarray(m(TOKENS)), atol=1e-2)
-    np.testing.assert_allclose(_decoded(m, patch, layout), np.asarray(want), rtol=1e-4, atol=1e-4)
+    want, _ = m(TOKENS, patch=patch)
+    assert not np.allclose(np.asarray(want), np.asarray(m(TOKENS)[0]), atol=1e-2)
+    np.testing.assert_allclose(_decoded(m, patch), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+def test_capture_in_cached_calls_is_the_uncached_calls_sites():
+    """Every site captured in a cached call: a 4-token prefill's are the uncached call's over those tokens; a
+    one-token decode step's are the uncached call's at its position (its pattern over the cache's slots then itself:
+    the prefill's keys as the uncached row reads them, the empty slots 0)."""
+    m = lm()
+    b, t = TOKENS.shape
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), TOKENS.shape)
+    full = m(TOKENS, capture=m.sites())[1]["captured"]
+    want = m(TOKENS[:, :4], capture=m.sites())[1]["captured"]
+    _, out = m(TOKENS[:, :4], pos[:, :4], cache=m.init_cache(b, t), mode="prefill", capture=m.sites())
+    assert set(out["captured"]) == set(m.sites())
+    for name in m.sites():
+        np.testing.assert_allclose(out["captured"][name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    _, out = m(TOKENS[:, 4:5], pos[:, 4:5], cache=out["cache"], mode="decode", capture=m.sites())
+    got = out["captured"]
+    for name in set(m.sites()) - {"pattern"}:                  # per-token: [B,1,...] or per layer [L,B,1,...]
+        ref = full[name][:, 4:5] if name in MODEL_SITES else full[name][:, :, 4:5]
+        np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-5, err_msg=name)
+    p, ref = np.asarray(got["pattern"]), np.asarray(full["pattern"])[:, :, :, 4:5]        # p [L,B,N,1,S+1]
+    assert p.shape == (L, b, 4, 1, t + 1) and not p[..., 4:t].any()
+    np.testing.assert_allclose(np.concatenate([p[..., :4], p[..., t:]], -1), ref[..., :5], rtol=1e-5, atol=1e-6)
+
+
+def test_a_bad_mode_or_a_cache_that_does_not_fit_it_is_a_value_error():
+    m = lm()
+    cache = m.init_cache(*TOKENS.shape)
+    for kw, mode in ((dict(mode="bogus"), "'bogus'"), (dict(mode="prefill"), "'prefill'"),
+                     (dict(mode="decode"), "'decode'"), (dict(cache=cache, mode="train"), "'train'"),
+                     (dict(cache=cache), "'train'")):
+        with pytest.raises(ValueError, match=f"mode={mode}"):
+            m(TOKENS, **kw)
+    m, src = s2s(), TOKENS[:, :7] % 13
+    with pytest.raises(ValueError, match="mode='bogus'"):
+        m(src, src, mode="bogus")
+    with pytest.raises(ValueError, match="pass src=None"):                  # the cache holds the memory
+        m(src, src[:, :1], cache=m.init_cache(2, 8, memory=m.encode(src)), mode="decode")
 
 
 def test_generate_lm_patches_every_generated_token():
@@ -252,7 +290,7 @@ def test_generate_lm_patches_every_generated_token():
     from jaxformer.decode import generate_lm
     m = lm(layers=1, tie_embeddings=False)
     prompts = TOKENS[:, :4]
-    assert (np.asarray(m(jnp.concatenate([prompts, jnp.full((2, 1), 7)], 1))[:, -1].argmax(-1)) != 7).all()
+    assert (np.asarray(m(jnp.concatenate([prompts, jnp.full((2, 1), 7)], 1))[0][:, -1].argmax(-1)) != 7).all()
     forced = generate_lm(m, prompts, max_new=2, patch={"logits": lambda v, i: v.at[..., 7].add(100.0)})
     np.testing.assert_array_equal(np.asarray(forced), 7)
 
@@ -269,7 +307,7 @@ def test_generate_lm_decodes_the_patched_model():
     got = generate_lm(m, prompts, max_new=new, patch=patch)
     buf = jnp.zeros((2, 4 + new), jnp.int32).at[:, :4].set(prompts)
     for i in range(new):
-        logits = m.forward(buf, patch=patch)[0][:, 3 + i].at[:, m.cfg.pad_id].set(-jnp.inf)
+        logits = m(buf, patch=patch)[0][:, 3 + i].at[:, m.cfg.pad_id].set(-jnp.inf)
         buf = buf.at[:, 4 + i].set(jnp.argmax(logits, -1))
     np.testing.assert_array_equal(np.asarray(got), np.asarray(buf[:, 4:]))
     assert not np.array_equal(np.asarray(got), np.asarray(generate_lm(m, prompts, max_new=new)))

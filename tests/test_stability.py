@@ -48,15 +48,15 @@ def test_logit_softcap_is_cap_tanh_of_the_uncapped_logits_and_decodes_the_same(t
     capped = build_model(dataclasses.replace(base, logit_softcap=2.0), seed=3)
     plain = build_model(base, seed=3)
     tokens = jnp.asarray(np.random.default_rng(1).integers(1, 20, (2, 9)))
-    raw = np.asarray(plain(tokens), np.float64)
-    got = np.asarray(jax.jit(lambda m, t: m(t))(capped, tokens))
+    raw = np.asarray(plain(tokens)[0], np.float64)
+    got = np.asarray(jax.jit(lambda m, t: m(t)[0])(capped, tokens))
     np.testing.assert_allclose(got, 2.0 * np.tanh(raw / 2.0), rtol=1e-5, atol=1e-6)
     assert np.abs(got).max() < 2.0 < np.abs(raw).max()
     cache = capped.init_cache(2, 12)
     pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
-    step_logits, _ = capped.step(tokens, pos, cache, prefill=True)             # the cached step: capped too
+    step_logits, _ = capped(tokens, pos, cache=cache, mode="prefill")          # the cached call: capped too
     np.testing.assert_allclose(np.asarray(step_logits), got, rtol=1e-5, atol=1e-6)
-    grads = nnx.grad(lambda m: m(tokens).sum())(capped)
+    grads = nnx.grad(lambda m: m(tokens)[0].sum())(capped)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(grads))
 
 
@@ -116,15 +116,15 @@ def test_attention_softcap_decodes_like_the_full_forward_and_fused_backends_refu
                                       "model.attention.softcap=0.5").model, vocab_size=20)
     model = build_model(cfg, seed=1)
     tokens = jnp.asarray(np.random.default_rng(3).integers(1, 20, (2, 8)))
-    full = np.asarray(model(tokens))
+    full = np.asarray(model(tokens)[0])
     cache = model.init_cache(2, 8)
     pos = jnp.broadcast_to(jnp.arange(8), (2, 8))
-    first, cache = model.step(tokens[:, :5], pos[:, :5], cache, prefill=True)
-    rest = [model.step(tokens[:, i:i + 1], pos[:, i:i + 1], cache)[0] for i in range(5, 6)]
+    first, out = model(tokens[:, :5], pos[:, :5], cache=cache, mode="prefill")
+    rest = [model(tokens[:, i:i + 1], pos[:, i:i + 1], cache=out["cache"], mode="decode")[0] for i in range(5, 6)]
     np.testing.assert_allclose(np.asarray(first), full[:, :5], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(rest[0])[:, 0], full[:, 5], rtol=1e-5, atol=1e-5)
     plain = build_model(replaced(cfg, attention__softcap=0.0), seed=1)
-    assert np.abs(np.asarray(plain(tokens)) - full).max() > 1e-3
+    assert np.abs(np.asarray(plain(tokens)[0]) - full).max() > 1e-3
     with pytest.raises(BackendError, match="soft-capping"):
         x = jnp.zeros((1, 4, 2, 8))
         ops.dot_product_attention(x, x, x, backend="pallas", softcap=1.0)

@@ -59,7 +59,7 @@ def test_a_packed_row_gives_each_documents_logits_alone(shards):
     model = build_model(apply_overrides(cfg, ["model.vocab_size=258"]).model)
     batch = next(iter(task.train_dataset(4, seed=1)))
     graph, state = nnx.split(model)
-    run = jax.jit(lambda s, x, seg: nnx.merge(graph, s)(x, segment_ids=seg))
+    run = jax.jit(lambda s, x, seg: nnx.merge(graph, s)(x, segment_ids=seg)[0])
     full = np.asarray(run(state, jnp.asarray(batch["inputs"]), jnp.asarray(batch["segment_ids"])))
     pieces = 0
     for r, seg in enumerate(batch["segment_ids"]):
@@ -126,7 +126,7 @@ def test_bits_per_byte_is_the_text_tokens_nll_over_their_bytes(shards):
     nll = bytes_ = total = count = 0.0
     tb = ByteTokenizer().token_bytes()
     for b in task.eval_batches(16, pad_id=0):
-        logp = jax.nn.log_softmax(np.asarray(model(jnp.asarray(b["inputs"])), np.float64), -1)
+        logp = jax.nn.log_softmax(np.asarray(model(jnp.asarray(b["inputs"]))[0], np.float64), -1)
         t = b["targets"]
         lp = -np.take_along_axis(np.asarray(logp), t[..., None], -1)[..., 0]
         total, count = total + lp[t != 0].sum(), count + (t != 0).sum()
@@ -222,7 +222,7 @@ def test_eval_data_is_strided_perplexity_and_bits_per_byte(lm_run, tmp_path, cap
     got = evaluate_text(run, tmp_path / "t.txt", stride=1)
     ids = run.tokenizer.encode(text)
     graph, state = nnx.split(run.model)
-    logits_of = jax.jit(lambda s, x: nnx.merge(graph, s)(x))
+    logits_of = jax.jit(lambda s, x: nnx.merge(graph, s)(x)[0])
     nll = []
     for j in range(1, len(ids)):
         ctx = ids[max(0, j - 24):j]

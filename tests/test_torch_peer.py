@@ -29,7 +29,7 @@ def test_peer_logits_equal_ours_from_the_same_parameters():
     ours = build_model(replaced(cfg, runtime__dtype="float32"), seed=2)
     peer = torch_peer.load_jax(torch_peer.PeerLM(S), nnx.state(ours, nnx.Param))
     tokens = np.random.default_rng(0).integers(1, S["vocab"], (2, 12))
-    want = np.asarray(ours(jnp.asarray(tokens, jnp.int32)))
+    want = np.asarray(ours(jnp.asarray(tokens, jnp.int32))[0])
     with torch.no_grad():
         got = peer(torch.from_numpy(tokens)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

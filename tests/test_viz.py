@@ -1,7 +1,6 @@
 """Attention weights and `jaxformer viz`: the weights a model returns are a distribution over its visible keys,
 requesting them changes no logit, each layer's slice is that layer's own attention, and the command draws one
 PNG per prompt, layer and attention kind, or names what is wrong with its run directory or prompt."""
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from jaxformer.nn import build_model
 from jaxformer.nn.layers import Context
 from jaxformer.nn.models import decoder_self_mask, default_positions
 from jaxformer.train.loop import train
+from jaxformer.viz import PATTERNS, _weights
 
 TOL = 128 * float(jnp.finfo(jnp.float32).eps)     # float32 rounding of a few matmuls and a softmax, weights in [0, 1]
 SRC = np.array([[4, 5, 6, 7, 2, 0, 0], [8, 9, 2, 0, 0, 0, 0]], np.int32)          # digits + EOS, right-padded
@@ -32,13 +32,20 @@ def models():
     return s2s, lm
 
 
+def weights(model, *args, **kw):
+    """{map name: [L,B,N,T,S]}: the `pattern` sites `jaxformer viz` draws (`viz.PATTERNS`), captured eagerly."""
+    names = PATTERNS[model.cfg.arch]
+    captured = model(*args, capture=tuple(names.values()), **kw)[1]["captured"]
+    return {key: captured[site] for key, site in names.items()}
+
+
 def visible(mask, shape):
     return np.broadcast_to(np.asarray(mask), shape)
 
 
 def test_weights_are_distributions_over_the_visible_keys(models):
     s2s, lm = models
-    w = {k: np.asarray(v) for k, v in s2s.attention_weights(SRC, TGT, **S2S_KW).items()}
+    w = {k: np.asarray(v) for k, v in weights(s2s, SRC, TGT, **S2S_KW).items()}
     b, s, t = *SRC.shape, TGT.shape[1]
     assert {k: v.shape for k, v in w.items()} == {"encoder_self": (2, b, 4, s, s), "decoder_self": (2, b, 4, t, t),
                                                   "decoder_cross": (2, b, 4, t, s)}
@@ -46,7 +53,7 @@ def test_weights_are_distributions_over_the_visible_keys(models):
     queries = lambda a: (a != 0)[None, :, None, :, None]                # noqa: E731   [1,B,1,T,1]
     tpos = np.arange(t)
     causal = (tpos[None, :] <= tpos[:, None])[None, None, None] & keys(TGT) & queries(TGT)
-    lw = np.asarray(lm.attention_weights(TOKENS, segment_ids=SEG)["self"])
+    lw = np.asarray(weights(lm, TOKENS, segment_ids=SEG)["self"])
     n = TOKENS.shape[1]
     lm_causal = (np.arange(n)[None, :] <= np.arange(n)[:, None])[None, None, None] & keys(TOKENS) & queries(TOKENS)
     for x, ok, q in [(w["encoder_self"], keys(SRC) & queries(SRC), SRC), (w["decoder_cross"], keys(SRC) &
@@ -61,14 +68,15 @@ def test_weights_are_distributions_over_the_visible_keys(models):
 def test_requesting_weights_changes_no_logit_and_works_under_jit(models):
     s2s, lm = models
     for model, args in [(s2s, (SRC, TGT)), (lm, (TOKENS,))]:
-        plain = np.asarray(model(*args))
+        plain = np.asarray(model(*args)[0])
         sites = ("encoder.pattern", "pattern", "cross_pattern") if model is s2s else ("pattern",)
-        logits, aux = model.forward(*args, capture=sites)
-        weights = model.attention_weights(*args)
+        logits, _ = model(*args, capture=sites)
+        eager = weights(model, *args)
         np.testing.assert_allclose(np.asarray(logits), plain, rtol=TOL, atol=TOL * np.abs(plain).max())
         graph, state = nnx.split(model)
-        jitted = jax.jit(lambda st, *a: nnx.merge(graph, st).attention_weights(*a))(state, *args)
-        for k, v in weights.items():
+        jitted = _weights(graph, state, args, {})                          # what `jaxformer viz` draws
+        assert set(jitted) == set(eager) == set(PATTERNS[model.cfg.arch])
+        for k, v in eager.items():
             np.testing.assert_allclose(np.asarray(jitted[k]), np.asarray(v), atol=TOL)
 
 
@@ -78,7 +86,7 @@ def _pre(residual, x):
 
 def test_each_layers_weights_are_that_layers_own_attention(models):
     s2s, lm = models
-    cfg, got = s2s.cfg, s2s.attention_weights(SRC, TGT, **S2S_KW)
+    cfg, got = s2s.cfg, weights(s2s, SRC, TGT, **S2S_KW)
     src_mask, pos = ops.segment_mask(jnp.asarray(SRC_SEG), jnp.asarray(SRC_SEG)), default_positions(SRC)
     x = s2s.embed(jnp.asarray(SRC), pos)
     for i in range(cfg.num_encoder_layers):
@@ -101,7 +109,7 @@ def test_each_layers_weights_are_that_layers_own_attention(models):
         np.testing.assert_allclose(np.asarray(got["decoder_cross"][i]), np.asarray(wc), atol=TOL)
         h = blk(h, Context(tpos, mask, memory=memory, memory_mask=cross_mask), layer=i)[0]
 
-    got = lm.attention_weights(TOKENS, segment_ids=SEG)["self"]
+    got = weights(lm, TOKENS, segment_ids=SEG)["self"]
     pos, seg = default_positions(TOKENS), jnp.asarray(SEG)
     mask = decoder_self_mask(lm.cfg, pos, pos, seg != 0, seg, seg)
     h = lm.embed(jnp.asarray(TOKENS), pos)

@@ -283,7 +283,7 @@ def _decoding_and_kernels(weights: float) -> str:
     bw, reader = dec["bandwidth_bytes_per_s"]["base"], dec["fastest_reader"]["base"]
     k = _load("kernels")["summary"]
     return (f"Decoding one token at base size reads all {weights / 1e6:.0f} MB of float32 weights: the decoding "
-            "program lays the model\nout first (`model.decoding_layout`: each layer's weights copied out of the "
+            "program lays the model\nout first (`model.init_cache`: each layer's weights copied out of the "
             "stacked arrays once per call,\nits q/k/v weights as one matrix, a heads-major [B,K,S,H] cache buffer "
             "per layer updated in place, and at batch 1\nthe FFN's output weight in [out,in] order, which "
             "XLA:CPU's matrix-vector product reads faster: `decode_w2_out_in` in the\nlevers table: "

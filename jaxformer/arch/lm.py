@@ -21,7 +21,7 @@ class LanguageModel:
     def forward(self, model, batch: dict, rngs=None, features: bool = False):
         """-> (logits [B,T,V], targets [B,T], aux); features=True: the output head's input [B,T,D] in place of
         the logits. A batch without segment ids and positions is one document per row, every token real."""
-        logits, aux = model.forward(batch["inputs"], positions=batch.get("positions"),
+        logits, aux = model(batch["inputs"], positions=batch.get("positions"),
                                     segment_ids=batch.get("segment_ids"), rngs=rngs, features=features)
         return logits, batch["targets"], aux
 

@@ -18,7 +18,7 @@ class Seq2Seq:
         """-> (logits [B,T,V], targets [B,T], aux) of a teacher-forced batch; features=True: the output head's
         input [B,T,D] in place of the logits. A side without segment ids and positions is one document per row,
         every token real."""
-        logits, aux = model.forward(batch["src"], batch["tgt_in"], rngs=rngs, features=features,
+        logits, aux = model(batch["src"], batch["tgt_in"], rngs=rngs, features=features,
                                     **{f"{side}_{k}": batch.get(f"{side}_{k}") for side in ("src", "tgt")
                                        for k in ("positions", "segment_ids")})
         return logits, batch["tgt_out"], aux

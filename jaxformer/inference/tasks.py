@@ -69,7 +69,7 @@ MAX_GEN_TOKS = 256                     # lm-evaluation-harness's max_gen_toks wh
 def _token_scores(graph, state, tokens, targets, seg):
     """tokens, targets, seg [B,T] -> (log P(targets[:, i] | tokens[:, ..i]) [B,T], whether it is the argmax [B,T])
     of the model (graph, state)."""
-    logits = nnx.merge(graph, state)(tokens, segment_ids=seg).astype(jnp.float32)
+    logits = nnx.merge(graph, state)(tokens, segment_ids=seg)[0].astype(jnp.float32)
     lp = jax.nn.log_softmax(logits, axis=-1)
     return jnp.take_along_axis(lp, targets[..., None], -1)[..., 0], lp.argmax(-1) == targets
 

@@ -1,12 +1,17 @@
 """Assembled models: Transformer (encoder-decoder) and TransformerLM (decoder-only). Each owns its forward pass
-(written once, `_decoder_pass`), its KV cache (`init_cache`) and its cached step (`step`).
+(written once, `_decoder_pass`), its decoding state (`init_cache`) and its cached call.
 
 Axis legend: B batch, S source length / cache slots, T target length, D model width, V vocab, L layers, N heads.
 
-Calls: `model(...) -> logits [B,T,V]` (float32); `model.forward(...) -> (logits, aux)` with aux a dict that may
-be empty: "moe" (router statistics stacked over the MoE layers, encoder's first) for a MoE model, "captured" (the
-activation sites asked for with capture=, `nn.sites`). Attention probabilities are the `pattern` sites, the one
-route to them (`attention_weights` captures them).
+One call, one return convention: `model(tokens, positions, *, segment_ids, cache, mode, capture, patch, features,
+rngs) -> (logits [B,T,V] float32, out)` (an encoder-decoder: `model(src, tgt, ...)`), out a dict that may be
+empty: "cache" (a cached call's new decoding state), "moe" (router statistics stacked over the MoE layers,
+encoder's first) for a MoE model, "captured" (the activation sites asked for with capture=, `nn.sites`, in every
+mode). mode: "train" (no cache: training, evaluation, a whole sequence), "prefill" (the cache is empty: its
+slots are skipped, the first pass costs a plain forward pass) or "decode" (the T new tokens attend over the
+cache's slots then themselves). The public surface is the call, `init_cache`, `sites` (and `encode` for an
+encoder-decoder); how the stack is laid out for a token loop is the model's own business, kept in the cache.
+Attention probabilities are the `pattern` sites, the one route to them.
 
 Attention inputs are explicit: `positions` and `segment_ids` (int [B,T]: 0 = padding, documents numbered from 1;
 for the encoder-decoder one of each per side). A query sees only keys of its own document (causally in a
@@ -27,12 +32,12 @@ from jaxformer import ops
 from jaxformer.axes import ACTIVATION, LOGITS
 from jaxformer.config import ConfigError, ModelConfig
 from jaxformer.nn import init
-from jaxformer.nn.cache import KVCache, LayerKV, LayerwiseKV, Memory, heads_major, init_cache
+from jaxformer.nn.cache import KVCache, LayerwiseKV, Memory, heads_major, init_cache
 from jaxformer.nn.inputs import AttentionInputs, decoder_self_mask, default_positions  # noqa: F401 (re-exported)
 from jaxformer.nn.layers import Context, DecoderBlock, EncoderBlock, Norm, dropout
 from jaxformer.nn.sites import Sites, available as available_sites, probe as sites_probe, with_captured
 from jaxformer.nn.params import DTYPES, param
-from jaxformer.nn.stack import BlockOut, DecodingLayers, LayerStack
+from jaxformer.nn.stack import BlockOut, LayerStack
 from jaxformer.ops import positional
 from jaxformer.parallel import constrain
 
@@ -125,14 +130,16 @@ class Decoder(nnx.Module):
                                  cfg.num_decoder_layers, remat=cfg.runtime.remat, rngs=rngs)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.use_final_norm else None
 
-    def __call__(self, x, ctx: Context, *, cache: LayerKV | None = None, memory_kv: LayerKV | None = None,
-                 layout: DecodingLayers | None = None, rngs=None) -> BlockOut:
-        """x [B,T,D] -> BlockOut(x [B,T,D], aux stacked over layers [L,...]: "moe", "captured";
-        kv: the new keys/values when cached). Layers with a sliding window (model.attention.windows) see only
-        that many recent positions. layout: the stack laid out for a token loop (`_Model.decoding_layout`),
-        applied instead of the scanned stack."""
-        stack = self.layers if layout is None else layout
-        out = stack(x, ctx, cache=cache, memory_kv=memory_kv, rngs=rngs)
+    def __call__(self, x, ctx: Context, *, cache: KVCache | None = None, rngs=None) -> BlockOut:
+        """x [B,T,D] -> BlockOut(x [B,T,D], aux stacked over layers [L,...]: "moe", "captured"; kv: the new
+        keys/values when cached). Uncached: the scanned stack. Cached: the stack laid out for decoding that the
+        cache holds (`_Model.init_cache`), over its per-layer keys/values (and its memory's cross-attention
+        keys/values)."""
+        if cache is None:
+            out = self.layers(x, ctx, rngs=rngs)
+        else:
+            memory_kv = None if cache.memory is None else cache.memory.kv
+            out = cache.stack(x, ctx, cache=cache.layers, memory_kv=memory_kv, rngs=rngs)
         return out._replace(x=self.final_norm(out.x)) if self.final_norm is not None else out
 
 
@@ -144,45 +151,52 @@ def _moe_aux(*auxes: dict) -> dict:
     return {"moe": stats[0] if len(stats) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *stats)}
 
 
-class _Model(nnx.Module):
-    """What both architectures share: the decoder pass (uncached, or one cached step) and the cache."""
+MODES = ("train", "prefill", "decode")
 
-    def init_cache(self, batch: int, length: int, *, dtype: str = "auto",
-                   layout: DecodingLayers | None = None) -> KVCache:
-        """An empty decoder KV cache of `length` slots for `batch` rows: k, v [L,B,S,K,H] in the compute dtype
-        (dtype="auto", or model.runtime.kv_cache_dtype when set) or int8 with a float32 scale per slot and kv head
-        (dtype="int8"). With a decoding layout, the cache type it reads: a `LayerwiseKVCache` (L heads-major
-        [B,K,S,H] tensors)."""
+
+class _Model(nnx.Module):
+    """What both architectures share: the decoder pass (uncached, or one cached call) and the decoding state."""
+
+    def init_cache(self, batch: int, length: int, *, dtype: str = "auto", memory: Memory | None = None) -> KVCache:
+        """An empty decoding state of `length` slots for `batch` rows (`nn.cache.KVCache`): per layer k, v
+        [B,K,S,H] in the compute dtype (dtype="auto", or model.runtime.kv_cache_dtype when set) or int8 with a
+        float32 scale per slot and kv head (dtype="int8"), and the decoder laid out for a token loop over `batch`
+        rows (each layer's weights copied out of the stacked arrays once: make it inside a compiled decoding
+        program, before its loop; the model is unchanged). memory: an encoder-decoder's encoder memory (`encode`),
+        whose cross-attention keys/values are computed here once."""
         cfg = self.cfg
         dtype = cfg.runtime.kv_cache_dtype if dtype == "auto" else dtype
         if dtype not in ("auto", "int8"):
             raise ConfigError(f"KV cache dtype={dtype!r} is not one of ('auto', 'int8')")
-        cache = init_cache(cfg.num_decoder_layers, batch, length, cfg.kv_heads, cfg.head_size,
-                           "int8" if dtype == "int8" else DTYPES[cfg.runtime.dtype])
-        return cache if layout is None else cache.unstacked()
+        if (memory is None) != (cfg.arch == "decoder_only"):
+            raise ValueError("an encoder-decoder's cache needs the encoder memory (init_cache(..., memory="
+                             "model.encode(src))); a decoder-only model's takes none")
+        stack = self.decoder.layers.lay_out(batch)
+        if memory is not None:           # each layer's cross-attention keys/values, heads-major [B,K,S,H], once
+            kv = [heads_major(blk.cross_attn.project_kv(memory.x)) for blk in stack.blocks]
+            memory = memory._replace(kv=LayerwiseKV.collect(kv))
+        return init_cache(cfg.num_decoder_layers, batch, length, cfg.kv_heads, cfg.head_size,
+                          "int8" if dtype == "int8" else DTYPES[cfg.runtime.dtype], stack, memory)
 
-    def decoding_layout(self, batch: int | None = None) -> DecodingLayers:
-        """The decoder laid out for a token loop, as a value (`nn.stack.LayerStack.lay_out`; the model is
-        unchanged): each layer's weights copied out of the stacked arrays once, with the decoding-layout arrays
-        its platform's levers ask for. Pass it to `init_cache`, `step` (and `prepare_memory`) of a compiled
-        decoding program, made inside it before its loop. batch: the loop's rows (each step one token per row),
-        when known; batch 1 also orders the FFN's output weight for a matrix-vector product."""
-        return self.decoder.layers.lay_out(batch)
+    def sites(self) -> tuple[str, ...]:
+        """The activation sites the call can capture and patch (`jaxformer.nn.sites`)."""
+        return available_sites(self.cfg)
 
     def _decoder_pass(self, tokens, side: AttentionInputs, *, memory: Memory | None = None,
-                      cache: KVCache | None = None, prefill: bool = False, rngs=None,
-                      layout=None, features: bool = False, probe=None):
-        """The forward pass, written once: embed -> decoder stack -> logits. Uncached (cache=None), or over a
-        cache: the T new tokens attend over the cache's slots then themselves, and their keys/values are written
-        at slots [index, index+T). -> (logits [B,T,V] float32, aux, the new cache or None); features=True: the
-        output head's input [B,T,D] instead of the logits. probe: activation sites to capture or patch
-        (`nn.sites`): aux["captured"] then holds the captured ones."""
+                      cache: KVCache | None = None, mode: str = "train", rngs=None, features: bool = False,
+                      probe=None):
+        """The forward pass, written once: embed -> decoder stack -> logits. Uncached (mode "train"), or over a
+        cache: the T new tokens attend over the cache's slots (none for "prefill") then themselves, and their
+        keys/values are written at slots [index, index+T). -> (logits [B,T,V] float32, aux: "moe", "captured",
+        "cache" the new cache); features=True: the output head's input [B,T,D] instead of the logits. probe:
+        activation sites to capture or patch (`nn.sites`)."""
         pos, valid = side.positions, side.valid
         past = None
         if cache is None:
             kv_pos, k_valid, k_seg = pos, valid, side.segments
         else:
-            past = cache.without_slots() if prefill else cache
+            memory = cache.memory
+            past = cache.without_slots() if mode == "prefill" else cache
             kv_pos = jnp.concatenate([past.positions, pos], axis=1)                        # [B,S+T]
             k_valid = jnp.concatenate([past.valid, valid], axis=1)
             k_seg = None if side.segments is None else jnp.concatenate([past.segments, side.segments], axis=1)
@@ -192,23 +206,31 @@ class _Model(nnx.Module):
                       memory_mask=None if memory is None else side.cross_mask(memory), probe=probe)
         sites = Sites(probe)
         x = sites("embed", self.embed(tokens, pos, rngs))
-        out = self.decoder(x, ctx, cache=None if past is None else past.layers,
-                           memory_kv=None if memory is None else memory.kv, layout=layout, rngs=rngs)
-        new_cache = None if cache is None else cache.write(out.kv, pos, side.slot_segments)
+        out = self.decoder(x, ctx, cache=past, rngs=rngs)
         h = sites("final_norm", out.x)
         y = h if features else sites("logits", self.embed.logits(h))
-        return y, with_captured(out.aux, sites.captured), new_cache
+        aux = dict(with_captured(out.aux, sites.captured))
+        if cache is not None:
+            aux["cache"] = cache.write(out.kv, pos, side.slot_segments)
+        return y, aux
 
-    def sites(self) -> tuple[str, ...]:
-        """The activation sites `forward` can capture and patch (`jaxformer.nn.sites`)."""
-        return available_sites(self.cfg)
 
-    def _step(self, tokens, positions, cache: KVCache, memory, segment_ids, prefill, layout, patch):
-        tokens = jnp.asarray(tokens)
-        side = AttentionInputs(self.cfg, tokens, positions, segment_ids)
-        logits, _, cache = self._decoder_pass(tokens, side, memory=memory, cache=cache, prefill=prefill,
-                                              layout=layout, probe=sites_probe((), patch, self.sites()))
-        return logits, cache
+def _check_mode(mode: str, cache) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is not one of {MODES}")
+    if (cache is None) != (mode == "train"):
+        raise ValueError(f"mode={mode!r} {'needs' if cache is None else 'takes no'} cache (mode 'train' is "
+                         "the uncached call; 'prefill' and 'decode' read and return a cache: `init_cache`)")
+
+
+def _out(aux: dict, *more: dict) -> dict:
+    """The call's out: "cache" (cached), "moe" (over every MoE layer, encoder first), "captured"."""
+    out = _moe_aux(*more, aux)
+    out.update({k: aux[k] for k in ("cache",) if k in aux})
+    captured = {k: v for a in (*more, aux) for k, v in a.get("captured", {}).items()}
+    if captured:
+        out["captured"] = captured
+    return out
 
 
 class Transformer(_Model):
@@ -234,62 +256,32 @@ class Transformer(_Model):
     def encode(self, src: jax.Array, *, positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
                rngs: nnx.Rngs | None = None) -> Memory:
         """src [B,S] tokens -> the encoder memory (`nn.cache.Memory`: x [B,S,D], the source's validity and
-        segment ids)."""
+        segment ids): what `init_cache(..., memory=)` prepares for decoding, or what the call reads in place of
+        src (so a decoder pass over many targets encodes once)."""
         return self._encode(src, positions, segment_ids, rngs)[0]
 
-    def prepare_memory(self, memory: Memory, *, layout: DecodingLayers | None = None) -> Memory:
-        """The memory with each decoder layer's cross-attention keys/values computed once (kv [L,B,S,K,H], or
-        with a decoding layout a LayerwiseKV of L heads-major [B,K,S,H]), as cached decoding reads them at every
-        step."""
-        if layout is not None:                     # a token loop's: L layers, heads-major [B,K,S,H]
-            kv = [heads_major(blk.cross_attn.project_kv(memory.x)) for blk in layout.blocks]
-            return memory._replace(kv=LayerwiseKV.collect(kv))
-        layers = self.decoder.layers
-        return memory._replace(kv=LayerKV(*layers.map(lambda blk: blk.cross_attn.project_kv(memory.x))))
-
-    def decode(self, tgt: jax.Array, memory: Memory, *, positions: jax.Array | None = None,
-               segment_ids: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> jax.Array:
-        """tgt [B,T] decoder input tokens over an encoder memory -> logits [B,T,V] (float32), teacher forced:
-        causal self-attention (within documents when segment ids are given)."""
-        side = AttentionInputs(self.cfg, tgt, positions, segment_ids)
-        return self._decoder_pass(tgt, side, memory=memory, rngs=rngs)[0]
-
-    def forward(self, src: jax.Array, tgt: jax.Array, *, src_positions=None, tgt_positions=None,
-                src_segment_ids=None, tgt_segment_ids=None, rngs: nnx.Rngs | None = None,
-                features: bool = False, capture=(), patch=None) -> tuple[jax.Array, dict]:
-        """src [B,S], tgt [B,T] (teacher-forced decoder input) -> (logits [B,T,V], aux): "moe" for a MoE model.
-        features=True: the output head's input [B,T,D] in place of the logits
-        (`embed.head_fn()` makes them). capture / patch: activation sites, as `TransformerLM.forward`."""
+    def __call__(self, src: jax.Array | Memory | None, tgt: jax.Array, *, src_positions=None, tgt_positions=None,
+                 src_segment_ids=None, tgt_segment_ids=None, cache: KVCache | None = None, mode: str = "train",
+                 capture=(), patch=None, features: bool = False,
+                 rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
+        """src [B,S] tokens (or their encoded Memory, `encode`), tgt [B,T] decoder input (teacher forced: causal
+        self-attention, within documents when segment ids are given) -> (logits [B,T,V] float32, out) as the
+        module docstring says. Cached (mode "prefill" | "decode"): src None, the cache holding the memory
+        (`init_cache(..., memory=)`), tgt the new tokens at tgt_positions. features=True: the output head's input
+        [B,T,D] in place of the logits (`embed.head_fn()` makes them). capture / patch: activation sites
+        (`nn.sites`: decoder, cross-attention and, when src is encoded here, encoder sites)."""
+        _check_mode(mode, cache)
+        if cache is not None and src is not None:
+            raise ValueError("a cached call reads the memory its cache was made with (init_cache(..., memory=)); "
+                             "pass src=None")
         probe = sites_probe(capture, patch, self.sites())
-        memory, enc = self._encode(src, src_positions, src_segment_ids, rngs, probe)
+        enc, memory = {}, src
+        if src is not None and not isinstance(src, Memory):
+            memory, enc = self._encode(src, src_positions, src_segment_ids, rngs, probe)
         side = AttentionInputs(self.cfg, tgt, tgt_positions, tgt_segment_ids)
-        logits, dec, _ = self._decoder_pass(tgt, side, memory=memory, rngs=rngs, features=features, probe=probe)
-        aux = _moe_aux(enc, dec)
-        if probe is not None and probe.capture:
-            aux["captured"] = {**enc.get("captured", {}), **dec.get("captured", {})}
-        return logits, aux
-
-    def __call__(self, src: jax.Array, tgt: jax.Array, **kw) -> jax.Array:
-        """src [B,S], tgt [B,T] -> logits [B,T,V] (float32); keywords as `forward`."""
-        return self.forward(src, tgt, **kw)[0]
-
-    def step(self, tokens: jax.Array, positions: jax.Array, cache: KVCache, *, memory: Memory,
-             segment_ids: jax.Array | None = None, prefill: bool = False,
-             layout: DecodingLayers | None = None, patch=None) -> tuple[jax.Array, KVCache]:
-        """One cached decoder call: tokens, positions [B,T] over an encoder memory (`prepare_memory` computes its
-        keys/values once) -> (logits [B,T,V], the cache with the T new keys/values written). prefill=True declares
-        the cache empty (its slots are skipped: the first pass costs a plain forward pass). layout: the decoder
-        laid out for a token loop (`decoding_layout`), with the cache and memory made for it. patch: activation
-        sites replaced, as `forward` (`nn.sites`)."""
-        return self._step(tokens, positions, cache, memory, segment_ids, prefill, layout, patch)
-
-    def attention_weights(self, src: jax.Array, tgt: jax.Array, **kw) -> dict[str, jax.Array]:
-        """Every layer's attention weights (float32, a distribution over the visible keys; 0 on masked ones) for
-        src [B,S] and decoder input tgt [B,T]: {"encoder_self": [L,B,N,S,S], "decoder_self": [L,B,N,T,T],
-        "decoder_cross": [L,B,N,T,S]} (L layers, N heads, T queries, S keys): the `pattern` sites, captured."""
-        names = {"encoder_self": "encoder.pattern", "decoder_self": "pattern", "decoder_cross": "cross_pattern"}
-        captured = self.forward(src, tgt, capture=tuple(names.values()), **kw)[1]["captured"]
-        return {key: captured[site] for key, site in names.items()}
+        logits, dec = self._decoder_pass(tgt, side, memory=memory, cache=cache, mode=mode, rngs=rngs,
+                                         features=features, probe=probe)
+        return logits, _out(dec, enc)
 
 
 class TransformerLM(_Model):
@@ -302,43 +294,22 @@ class TransformerLM(_Model):
         self.embed = Embedder(cfg, rngs=rngs)
         self.decoder = Decoder(cfg, cross=False, rngs=rngs)
 
-    def forward(self, tokens: jax.Array, *, positions: jax.Array | None = None,
-                segment_ids: jax.Array | None = None, rngs: nnx.Rngs | None = None,
-                features: bool = False, capture=(), patch=None) -> tuple[jax.Array, dict]:
-        """tokens [B,T] -> (logits [B,T,V] float32, aux): "moe" for a MoE model. The mask is causal over positions (and within documents with segment_ids), so
-        left-padded rows with shifted positions work unchanged. features=True: the output head's input [B,T,D]
-        in place of the logits (`embed.head_fn()` makes them). capture: activation site names (`sites()`), their
-        values in aux["captured"] (per-layer ones [L, ...]); patch: {site: fn(value, layer) -> value}
-        (`jaxformer.nn.sites`)."""
+    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None, *,
+                 segment_ids: jax.Array | None = None, cache: KVCache | None = None, mode: str = "train",
+                 capture=(), patch=None, features: bool = False,
+                 rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
+        """tokens [B,T] -> (logits [B,T,V] float32, out) as the module docstring says. The mask is causal over
+        positions (and within documents with segment_ids), so left-padded rows with shifted positions work
+        unchanged. Cached (mode "prefill" | "decode", cache from `init_cache`): the T new tokens at `positions`,
+        out["cache"] the cache with their keys/values written at slots [index, index+T); with segment_ids
+        (0 = padding, whose slots are never attended) each query sees only its own document's slots (pass them to
+        every call of a packed row). features=True: the output head's input [B,T,D] in place of the logits
+        (`embed.head_fn()` makes them). capture: activation site names (`sites()`), their values in
+        out["captured"] (per-layer ones [L, ...]); patch: {site: fn(value, layer) -> value} (`nn.sites`; e.g. a
+        steering vector added to a layer's residual stream at every decoding step)."""
+        _check_mode(mode, cache)
+        tokens = jnp.asarray(tokens)
         side = AttentionInputs(self.cfg, tokens, positions, segment_ids)
-        logits, aux, _ = self._decoder_pass(tokens, side, rngs=rngs, features=features,
-                                            probe=sites_probe(capture, patch, self.sites()))
-        out = _moe_aux(aux)
-        if "captured" in aux:
-            out["captured"] = aux["captured"]
-        return logits, out
-
-
-    def __call__(self, tokens: jax.Array, **kw) -> jax.Array:
-        """tokens [B,T] -> logits [B,T,V] (float32); keywords as `forward`."""
-        return self.forward(tokens, **kw)[0]
-
-    def step(self, tokens: jax.Array, positions: jax.Array, cache: KVCache, *, memory: None = None,
-             segment_ids: jax.Array | None = None, prefill: bool = False,
-             layout: DecodingLayers | None = None, patch=None) -> tuple[jax.Array, KVCache]:
-        """One cached call: tokens, positions [B,T] -> (logits [B,T,V], the cache with the T new keys/values
-        written at slots [index, index+T)). Without segment_ids every token is real; with them (0 = padding,
-        whose slots are never attended), each query sees only its own document's slots (pass them to every step
-        of a packed row). prefill=True declares the cache empty (its slots are skipped). layout: the decoder laid
-        out for a token loop (`decoding_layout`), with the cache made for it (`init_cache(..., layout=)`).
-        patch: activation sites replaced, as `forward` (`nn.sites`; e.g. a steering vector added to a layer's
-        residual stream at every step)."""
-        if memory is not None:
-            raise ValueError("a decoder-only model attends over no memory")
-        return self._step(tokens, positions, cache, None, segment_ids, prefill, layout, patch)
-
-    def attention_weights(self, tokens: jax.Array, **kw) -> dict[str, jax.Array]:
-        """Every layer's causal self-attention weights for tokens [B,T] (float32, a distribution over the
-        visible keys; 0 on masked ones): {"self": [L,B,N,T,T]} (L layers, N heads, T queries and keys): the
-        `pattern` site, captured."""
-        return {"self": self.forward(tokens, capture=("pattern",), **kw)[1]["captured"]["pattern"]}
+        logits, aux = self._decoder_pass(tokens, side, cache=cache, mode=mode, rngs=rngs, features=features,
+                                         probe=sites_probe(capture, patch, self.sites()))
+        return logits, _out(aux)

@@ -1,8 +1,8 @@
 """Named activation sites: read (capture) and replace (patch) any activation of a language model's forward pass,
 under jit, grad and the scanned layer stack, without a Python loop over layers.
 
-`TransformerLM.forward(tokens, capture=(names...), patch={name: fn})`: each captured site's value comes back in
-aux["captured"][name], a per-layer site stacked over the layers ([L, ...]); a patched site's value is replaced by
+`model(tokens, capture=(names...), patch={name: fn})` (in every mode, cached decoding included): each captured
+site's value comes back in out["captured"][name], a per-layer site stacked over the layers ([L, ...]); a patched site's value is replaced by
 fn(value, layer) wherever it is computed (layer: the layer's index, a traced int32 inside the scan; None for a
 model-level site), and what follows reads the replacement (a captured site records the value after its patch).
 `TransformerLM.sites()` lists the names. Names and shapes (B batch, T length, S keys, D width, N query heads,
@@ -18,7 +18,7 @@ K kv heads, H head dim, F FFN width, V vocab):
           head-wise, so zeroing z[..., h, :] ablates head h); attn_out [B,T,D]; resid_mid [B,T,D];
           mlp_in [B,T,D]; mlp_hidden [B,T,F] (a dense FFN's activation output); mlp_out [B,T,D]; resid_post [B,T,D]
 
-An encoder-decoder (`Transformer.forward(src, tgt, capture=..., patch=...)`) has the same names for its decoder,
+An encoder-decoder (`model(src, tgt, capture=..., patch=...)`) has the same names for its decoder,
 plus its cross-attention's, between resid_mid and mlp_in: cross_in [B,T,D] (what it reads), cross_q [B,T,N,H],
 cross_k / cross_v [B,S,K,H] (from the memory), cross_pattern [B,N,T,S], cross_z [B,T,N,H], cross_out [B,T,D],
 resid_cross [B,T,D]; and its encoder's: encoder.embed [B,S,D], encoder.<layer site> (S for T), and memory

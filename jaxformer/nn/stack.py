@@ -1,11 +1,11 @@
 """A stack of L blocks whose parameters are stacked on a leading "layers" axis and applied with jax.lax.scan:
 one compiled body whatever L is (training, evaluation, prefill).
 
-A decoding program lays the stack out for its token loop first (`lay_out` -> a `DecodingLayers` value; the
-stack is unchanged): each layer's parameters copied out once, with the decoding-layout arrays its levers ask for,
-the loop's body applying the L blocks one after another with a per-layer KV cache (`LayerwiseKVCache`).
-Scanned, each decoded token would slice every layer's weights and cache out of the stacked arrays again
-(benchmarks/decode_profile.py profiles the laid-out loop; results/decode_profile.md).
+Cached calls run on the stack laid out for a token loop (`lay_out` -> a `DecodingLayers` value, made once by
+`model.init_cache` and kept in the cache; the stack is unchanged): each layer's parameters copied out once, with
+the decoding-layout arrays its levers ask for, the L blocks applied one after another with a per-layer KV cache
+(`nn.cache.KVCache`). Scanned, each decoded token would slice every layer's weights and cache out of the stacked
+arrays again (benchmarks/decode_profile.py profiles the laid-out loop; results/decode_profile.md).
 
 A stack may repeat a pattern of n block kinds (e.g. n-1 dense blocks then one Mixture-of-Experts block): each
 kind is stacked separately over its L/n layers and one scan step applies one group of n blocks in order.
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.axes import ACTIVATION
-from jaxformer.nn.cache import LayerKV
+from jaxformer.nn.cache import LayerKV, LayerwiseKV
 from jaxformer.nn.params import lever
 from jaxformer.parallel import constrain
 
@@ -34,8 +34,7 @@ Make = Callable[[nnx.Rngs], nnx.Module]
 class BlockOut(NamedTuple):
     """What a block, a layer stack and an encoder/decoder return: x [B,T,D]; aux a dict that may be empty (each
     key's leaves stacked over the layers that returned it, for a stack); kv the new keys/values of a cached call
-    (a LayerKV: [B,T,K,H] from a block; from a stack, in the form its cache writes, `LayerKV.collect`), else
-    None."""
+    (a LayerKV: [B,T,K,H] from a block; from a laid-out stack, a LayerwiseKV of L of them), else None."""
     x: jax.Array
     aux: dict
     kv: LayerKV | None = None
@@ -84,25 +83,23 @@ class LayerStack(nnx.Module):
         """The stack laid out for a token loop over `batch` rows (None: not known), as a new value (this stack
         is unchanged): the L blocks, each with its own copy of its parameters, and each block's decoding-layout
         arrays (`DecoderBlock.decode_weights`: a self-attention's q/k/v weights as one matrix; with batch=1 an
-        FFN's output weight in [out,in] order). Made inside a compiled decoding program, before its loop."""
+        FFN's output weight in [out,in] order). `model.init_cache` makes it, inside a compiled decoding program,
+        before its loop."""
         blocks = [self.layer(i) for i in range(self.num_layers)]
         return DecodingLayers(blocks, [b.decode_weights(batch) for b in blocks])
 
     def _kinds(self) -> list[nnx.Module]:
         return [self.blocks] if self.pattern == 1 else list(self.blocks)
 
-    def __call__(self, x: jax.Array, ctx, *, cache: LayerKV | None = None, memory_kv: LayerKV | None = None,
-                 rngs: nnx.Rngs | None = None) -> BlockOut:
-        """Apply the L blocks in order: block(x, ctx, layer=i, ...) -> BlockOut. x [B,T,D] -> BlockOut(x [B,T,D],
-        aux, kv).
+    def __call__(self, x: jax.Array, ctx, *, rngs: nnx.Rngs | None = None) -> BlockOut:
+        """Apply the L blocks in order: block(x, ctx, layer=i, rngs=) -> BlockOut. x [B,T,D] -> BlockOut(x
+        [B,T,D], aux, None).
 
         ctx: what every block reads (`nn.layers.Context`). layer: each block's index (int32, scanned), from which
-        it computes what varies with depth (`nn.per_layer`). cache, memory_kv: per-layer inputs, leaves with a
-        leading axis L (the decoder's cached keys/values; the cross-attention keys/values of the memory), sliced
-        per layer and passed to block i under the same names.
+        it computes what varies with depth (`nn.per_layer`).
         aux: each key's leaves stacked on a leading axis over the layers that returned it, in layer order (L for
-        all layers). kv: with a cache, every layer's new keys/values, stacked [L,B,T,K,H] (a `DecodingLayers`
-        keeps them per layer for a per-layer cache). rngs: a dropout stream (training); each layer gets its own key.
+        all layers). rngs: a dropout stream (training); each layer gets its own key. (Cached calls run the
+        laid-out stack, `lay_out`.)
         """
         n, groups = self.pattern, self.num_layers // self.pattern
         graphdefs, states = zip(*(nnx.split(k) for k in self._kinds()))
@@ -110,37 +107,24 @@ class LayerStack(nnx.Module):
         if rngs is not None:
             keys = jax.random.split(rngs.dropout(), self.num_layers)
             keys = keys.reshape(groups, n, *keys.shape[1:])
-        per_layer = {k: v for k, v in (("cache", cache), ("memory_kv", memory_kv)) if v is not None}
-        per_layer["layer"] = jnp.arange(self.num_layers, dtype=jnp.int32)          # every block's index
-        per_layer = jax.tree.map(lambda a: a.reshape(groups, n, *a.shape[1:]), per_layer)
+        index = jnp.arange(self.num_layers, dtype=jnp.int32).reshape(groups, n)     # every block's index
 
         def body(h, xs):
-            layer_states, key, extra = xs
+            layer_states, key, layer = xs
             outs = []
             for j in range(n):
                 h = constrain(h, ACTIVATION)               # block boundary: sharded by the active plan's rules
                 block = nnx.merge(graphdefs[j], layer_states[j])
                 r = nnx.Rngs(dropout=key[j]) if key is not None else None
-                out = block(h, ctx, rngs=r, **jax.tree.map(lambda a: a[j], extra))
+                out = block(h, ctx, layer=layer[j], rngs=r)
                 h = out.x
-                outs.append({"aux": out.aux, "kv": out.kv})
+                outs.append(out.aux)
             return h, tuple(outs)
 
         if self.remat != "none":
             body = jax.checkpoint(body, policy=REMAT[self.remat], prevent_cse=False)
-        x, outs = jax.lax.scan(body, x, (tuple(states), keys, per_layer), unroll=lever("unrolled_layers"))
-        x = constrain(x, ACTIVATION)
-        aux = _interleave(tuple(o["aux"] for o in outs))
-        kv = None if cache is None else _interleave(tuple({"kv": o["kv"]} for o in outs))["kv"]
-        return BlockOut(x, aux, kv)
-
-    def map(self, fn):
-        """Stacked results of fn(block) over the L blocks, in layer order (e.g. each layer's cross k/v)."""
-        outs = []
-        for kind in self._kinds():
-            graphdef, state = nnx.split(kind)
-            outs.append({"out": jax.lax.map(lambda st: fn(nnx.merge(graphdef, st)), state)})
-        return _interleave(tuple(outs))["out"]
+        x, auxes = jax.lax.scan(body, x, (tuple(states), keys, index), unroll=lever("unrolled_layers"))
+        return BlockOut(constrain(x, ACTIVATION), _interleave(auxes))
 
     def layer(self, i: int) -> nnx.Module:
         """Block i as a standalone module (a copy of its parameters), for inspection and tests."""
@@ -149,23 +133,24 @@ class LayerStack(nnx.Module):
 
 
 class DecodingLayers(nnx.Module):
-    """A decoder stack laid out for a token loop (`LayerStack.lay_out`): `blocks`, the L blocks each with its own
-    copy of its parameters, and `weights`, each block's decoding-layout arrays (`DecodeWeights`). Called like the
-    stack (same arguments, same BlockOut), it applies the blocks one after another, unrolled, reading per-layer
-    inputs laid out per layer (`LayerwiseKVCache`) without a copy. Inference only: a dropout stream (training)
-    raises, since gradients would reach the copies, not the stacked parameters."""
+    """A decoder stack laid out for a token loop (`LayerStack.lay_out`; kept in the cache `model.init_cache`
+    makes): `blocks`, the L blocks each with its own copy of its parameters, and `weights`, each block's
+    decoding-layout arrays (`DecodeWeights`). Called with the cache's per-layer keys/values, it applies the blocks
+    one after another, unrolled, reading each layer's buffer without a copy. Inference only: a dropout stream
+    (training) raises, since gradients would reach the copies, not the stacked parameters."""
 
     def __init__(self, blocks: list, weights: list):
         self.blocks = nnx.List(blocks)
         self.weights = nnx.data(tuple(weights))
 
-    def __call__(self, x: jax.Array, ctx, *, cache: LayerKV | None = None, memory_kv: LayerKV | None = None,
+    def __call__(self, x: jax.Array, ctx, *, cache: LayerwiseKV, memory_kv: LayerwiseKV | None = None,
                  rngs: nnx.Rngs | None = None) -> BlockOut:
-        """As `LayerStack.__call__` (block i is told layer=i); kv collected in the form of the cache it goes to (`LayerKV.collect`: per
-        layer for a LayerwiseKV, else stacked)."""
+        """x [B,T,D] -> BlockOut(x [B,T,D], aux stacked over layers, kv: a LayerwiseKV of every layer's new
+        keys/values [B,T,K,H]). Block i is told layer=i (as in the scan) with its slice of cache and memory_kv
+        (L heads-major [B,K,S,H]: the cached keys/values; an encoder-decoder's cross-attention keys/values)."""
         if rngs is not None:
-            raise ValueError("a decoding layout (model.decoding_layout) holds copies of the weights, so it cannot "
-                             "train; train the model as built or restored")
+            raise ValueError("a cached call runs on a copy of the weights laid out for decoding, so it cannot "
+                             "train (no dropout stream); train with the uncached call")
         per_layer = {"cache": cache, "memory_kv": memory_kv}
         auxes, kvs = [], []
         for i, block in enumerate(self.blocks):
@@ -177,13 +162,12 @@ class DecodingLayers(nnx.Module):
             kvs.append(out.kv)
         aux = {name: jax.tree.map(lambda *a: jnp.stack(a), *[a[name] for a in auxes if name in a])
                for name in dict.fromkeys(k for a in auxes for k in a)}
-        return BlockOut(constrain(x, ACTIVATION), aux, None if cache is None else type(cache).collect(kvs))
+        return BlockOut(constrain(x, ACTIVATION), aux, LayerwiseKV.collect(kvs))
 
 
-def _layer(x, i: int):
-    """Layer i of a per-layer input: keys/values (`LayerKV.layer`: sliced from a stack, or a LayerwiseKV's own
-    layer, heads-major) or a stacked array [L,...]."""
-    return x.layer(i) if isinstance(x, LayerKV) else x[i]
+def _layer(x: LayerwiseKV, i: int):
+    """Layer i of per-layer keys/values: a `HeadsMajorKV` [B,K,S,H]."""
+    return x.layer(i)
 
 
 def _interleave(ys: tuple[dict, ...]) -> dict:
