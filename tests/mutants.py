@@ -664,6 +664,19 @@ MUTANTS = (
     Mutant("cross-kv-of-layer-zero", "an encoder-decoder's cache gives every layer layer 0's cross-attention k/v",
            "jaxformer/nn/models.py", "for blk in stack.blocks]", "for blk in stack.blocks[:1] * len(stack.blocks)]",
            ("tests/test_decode.py",)),
+    # Y: per-layer settings (NoPE layers) from the layer index, in the scan and in cached decoding alike
+    Mutant("nope-counted-from-zero", "the NoPE layers are 0, k, 2k (SmolLM3 drops k-1, 2k-1, ...)",
+           "jaxformer/nn/per_layer.py", "(jnp.asarray(layer, jnp.int32) + 1) % every != 0",
+           "jnp.asarray(layer, jnp.int32) % every != 0", ("tests/test_per_layer.py",)),
+    Mutant("nope-rotates-k", "a NoPE layer leaves q unrotated but still rotates k", "jaxformer/nn/attention.py",
+           "jnp.where(layer.rope, rope(k), k)", "rope(k)", ("tests/test_per_layer.py",)),
+    Mutant("nope-encoder-rotates", "the encoder's blocks do not hand their settings to their self-attention",
+           "jaxformer/nn/layers.py", "rngs=rngs, sites=sites,\n            layer=settings)), rngs)",
+           "rngs=rngs, sites=sites)), rngs)", ("tests/test_per_layer.py",)),
+    Mutant("decoding-layer-index-shifted", "cached decoding tells each block its neighbour's index",
+           "jaxformer/nn/stack.py", "extra[\"layer\"] = jnp.asarray(i, jnp.int32)",
+           "extra[\"layer\"] = jnp.asarray((i + 1) % len(self.blocks), jnp.int32)",
+           ("tests/test_per_layer.py", "-k", "cached")),
     # T3: eval-tasks / HarnessModel score as lm-evaluation-harness's HFLM
     Mutant("acc-norm-bytes-swapped", "acc_norm divides by UTF-8 bytes and acc_bytes by characters",
            "jaxformer/inference/tasks.py", '"pick_norm": int(np.argmax(per_char)),\n'

@@ -175,34 +175,36 @@ def _keys(cls, prefix=""):
     return out
 
 
-def test_every_model_config_field_is_classified_for_the_export():
-    """Each field (through the sections) is compared as it is, respelled, compared where it applies, or listed
-    as changing nothing; exactly one of these, and no table names a field that does not exist."""
-    from jaxformer.hf.expressing import APPLIES, COMPARED, RESPELLED, UNCHANGED
+def test_every_model_config_field_is_classified_at_most_once_for_the_export():
+    """A field is respelled, compared where it applies, listed as changing nothing, or (in none of these)
+    compared as it is; never two of these, and no table names a field that does not exist."""
+    from jaxformer.hf.expressing import APPLIES, RESPELLED, UNCHANGED
     keys = _keys(ModelConfig)
     assert "rope.truncate" in keys and "runtime.moe_dropless" in keys and "lora.base" in keys
-    tables = [set(COMPARED), set(RESPELLED), set(APPLIES), set(UNCHANGED)]
+    tables = [set(RESPELLED), set(APPLIES), set(UNCHANGED)]
     for k in keys:
-        assert sum(k in t for t in tables) == 1, f"model.{k} is classified {sum(k in t for t in tables)} times"
-    assert set().union(*tables) == set(keys)
+        assert sum(k in t for t in tables) <= 1, f"model.{k} is classified {sum(k in t for t in tables)} times"
+    assert set().union(*tables) <= set(keys), set().union(*tables) - set(keys)
 
 
 def test_a_field_the_export_does_not_know_is_refused_away_from_its_default(models, tmp_path, monkeypatch):
-    """A RoPE field added later (model.rope.nope_every: no RoPE on every n-th layer) that no family writes:
-    at its default the model exports; set, it is refused by name and nothing is written."""
+    """A RoPE field added later (here `later`, made up) that no family writes: at its default the model exports;
+    set, it is refused by name and nothing is written. So is model.rope.nope_every (NoPE layers), which no
+    family writes either."""
     from jaxformer.hf import HFError, families, save_pretrained
 
     @dataclasses.dataclass(frozen=True)
-    class NopeRope(RopeConfig):
-        nope_every: int = 0
-    monkeypatch.setattr(families, "RopeConfig", NopeRope)          # the field exists wherever a config is built
+    class LaterRope(RopeConfig):
+        later: int = 0
+    monkeypatch.setattr(families, "RopeConfig", LaterRope)         # the field exists wherever a config is built
 
     model = nnx.clone(models["plain"])
-    model.cfg = dataclasses.replace(LLAMA, rope=NopeRope())
+    model.cfg = dataclasses.replace(LLAMA, rope=LaterRope())
     assert save_pretrained(model, tmp_path / "default")["model_type"] == "llama"
-    model.cfg = dataclasses.replace(LLAMA, rope=NopeRope(nope_every=2))
-    with pytest.raises(HFError, match=r"model.rope.nope_every=2 \(a llama config gives 0\)"):
-        save_pretrained(model, tmp_path / "out", family="llama")
-    with pytest.raises(HFError, match=r"the llama family cannot express this model.*rope.nope_every=2"):
-        save_pretrained(model, tmp_path / "out")                    # the family chosen is held to it too
+    for field, rope in (("later", LaterRope(later=2)), ("nope_every", LaterRope(nope_every=2))):
+        model.cfg = dataclasses.replace(LLAMA, rope=rope)
+        with pytest.raises(HFError, match=rf"model.rope.{field}=2 \(a llama config gives 0\)"):
+            save_pretrained(model, tmp_path / "out", family="llama")
+        with pytest.raises(HFError, match=rf"the llama family cannot express this model.*rope.{field}=2"):
+            save_pretrained(model, tmp_path / "out")                # the family chosen is held to it too
     assert not (tmp_path / "out").exists() and not partial(tmp_path / "out").exists()

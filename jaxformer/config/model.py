@@ -53,6 +53,8 @@ class RopeConfig(_Validated):
     beta_slow: float = 1.0                 # yarn: ... less often than this interpolated; a ramp between
     attention_factor: float = 0.0          # yarn: cos/sin scale (0 = 0.1·ln(factor) + 1)
     truncate: bool = True                  # yarn: the ramp's ends rounded outwards (transformers' default)
+    nope_every: int = 0                    # k > 0: every k-th self-attention layer (k-1, 2k-1, ...) skips RoPE
+                                           # (NoPE layers, as SmolLM3 / Llama 4); 0 = every layer rotates
 
     def validate(self) -> None:
         check_types(self, "model.rope")
@@ -61,6 +63,7 @@ class RopeConfig(_Validated):
         for f in ("factor", "original_max_len", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow"):
             positive(f"model.rope.{f}", getattr(self, f))
         positive("model.rope.attention_factor", self.attention_factor, allow_zero=True)
+        positive("model.rope.nope_every", self.nope_every, allow_zero=True)
         if self.scaling == "llama3" and self.high_freq_factor <= self.low_freq_factor:
             raise ConfigError(f"model.rope.high_freq_factor={self.high_freq_factor} must exceed "
                               f"model.rope.low_freq_factor={self.low_freq_factor}")
@@ -303,6 +306,9 @@ class ModelConfig(_Validated):
                 raise ConfigError(f"model.biases={self.biases!r}: expected distinct names of {BIASES}")
         if self.positional == "rope" and self.head_size % 2:
             raise ConfigError(f"model.positional='rope' needs an even head dim; got H={self.head_size}")
+        if self.rope.nope_every and self.positional != "rope":
+            raise ConfigError(f"model.rope.nope_every={self.rope.nope_every} needs model.positional='rope' "
+                              f"(got {self.positional!r})")
         if self.rope.scaling != "none" and self.positional != "rope":
             raise ConfigError(f"model.rope.scaling={self.rope.scaling!r} needs model.positional='rope' "
                               f"(got {self.positional!r})")

@@ -13,6 +13,7 @@ from jaxformer import ops
 from jaxformer.config import ModelConfig
 from jaxformer.nn.cache import HeadsMajorKV, LayerKV, heads_major
 from jaxformer.nn import init
+from jaxformer.nn.per_layer import UNIFORM, LayerSettings
 from jaxformer.nn.params import lever, ones, param, project, weight, zeros
 from jaxformer.nn.sites import NO_SITES, Sites
 from jaxformer.ops import norms, positional
@@ -45,22 +46,32 @@ class MultiHeadAttention(nnx.Module):
     def _bias(self, name: str):
         return getattr(self, f"b{name}")[...] if self.cfg.has_bias(name) else 0.0
 
-    def _rope(self, x: jax.Array, positions: jax.Array | None, norm: str) -> jax.Array:
-        """QK-norm (when configured) then RoPE (self-attention) of q or k [B,T,N|K,H]."""
+    def _norm(self, x: jax.Array, norm: str) -> jax.Array:
+        """QK-norm (when configured) of q or k [B,T,N|K,H]."""
         if self.cfg.attention.qk_norm:
-            x = norms.rms_norm(x, getattr(self, norm)[...], self.cfg.norm.eps)
-        if self.self_attention and self.cfg.positional == "rope":
-            if positions is None:
-                raise ValueError("positional='rope' needs explicit positions")
-            return positional.apply_rope(x, positions, self.cfg.rope.base, self.cfg.rope.frequency_scaling())
+            return norms.rms_norm(x, getattr(self, norm)[...], self.cfg.norm.eps)
         return x
 
-    def project_q(self, x: jax.Array, positions: jax.Array | None = None,
-                  rngs: nnx.Rngs | None = None) -> jax.Array:
-        """x [B,T,D], positions [B,T] -> q [B,T,N,H] (normed with QK-norm, rotated when RoPE). rngs: a training
+    def _positions(self, q: jax.Array, k: jax.Array, positions: jax.Array | None,
+                   layer: LayerSettings) -> tuple[jax.Array, jax.Array]:
+        """q [B,T,N,H], k [B,T,K,H] of a self-attention at positions [B,T], rotated when model.positional='rope'
+        and this layer rotates (`nn.per_layer`: layer.rope, a traced bool; None = every layer): the one place
+        RoPE is applied."""
+        if self.cfg.positional != "rope":
+            return q, k
+        if positions is None:
+            raise ValueError("positional='rope' needs explicit positions")
+        rope = lambda x: positional.apply_rope(x, positions, self.cfg.rope.base,  # noqa: E731
+                                               self.cfg.rope.frequency_scaling())
+        if layer.rope is None:
+            return rope(q), rope(k)
+        return jnp.where(layer.rope, rope(q), q), jnp.where(layer.rope, rope(k), k)
+
+    def project_q(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
+        """x [B,T,D] -> q [B,T,N,H] (normed with QK-norm; positions are applied by the call). rngs: a training
         call's dropout stream (an adapter's input dropout, model.lora)."""
         q = project("BTD,DNH->BTNH", x, weight(self.wq, rngs)) + self._bias("q")
-        return self._rope(q.astype(x.dtype), positions, "q_norm")
+        return self._norm(q.astype(x.dtype), "q_norm")
 
     def fused_qkv(self) -> jax.Array | None:
         """The decoding layout of a self-attention (`nn.stack.LayerStack.lay_out` asks each layer; the same at any
@@ -77,7 +88,7 @@ class MultiHeadAttention(nnx.Module):
             return jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1)
         return None
 
-    def _project_qkv(self, x: jax.Array, positions: jax.Array | None, wqkv: jax.Array) -> tuple[jax.Array, LayerKV]:
+    def _project_qkv(self, x: jax.Array, wqkv: jax.Array) -> tuple[jax.Array, LayerKV]:
         """project_q and project_kv of the same x [B,T,D], as one matmul over wqkv (`fused_qkv`) -> (q [B,T,N,H],
         LayerKV)."""
         cfg = self.cfg
@@ -85,19 +96,19 @@ class MultiHeadAttention(nnx.Module):
         y = project("BTD,DE->BTE", x, wqkv)
         q, kk, v = jnp.split(y, [n * h, (n + k) * h], axis=-1)
         heads = lambda a, m, name: (a.reshape(*a.shape[:-1], m, h) + self._bias(name)).astype(x.dtype)  # noqa: E731
-        return (self._rope(heads(q, n, "q"), positions, "q_norm"),
-                LayerKV(self._rope(heads(kk, k, "k"), positions, "k_norm"), heads(v, k, "v")))
+        return (self._norm(heads(q, n, "q"), "q_norm"),
+                LayerKV(self._norm(heads(kk, k, "k"), "k_norm"), heads(v, k, "v")))
 
-    def project_kv(self, x: jax.Array, positions: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> LayerKV:
-        """x [B,S,D], positions [B,S] -> LayerKV(k, v) [B,S,K,H] (k normed with QK-norm, rotated when RoPE)."""
+    def project_kv(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> LayerKV:
+        """x [B,S,D] -> LayerKV(k, v) [B,S,K,H] (k normed with QK-norm; positions are applied by the call)."""
         k = (project("BSD,DKH->BSKH", x, weight(self.wk, rngs)) + self._bias("k")).astype(x.dtype)
         v = (project("BSD,DKH->BSKH", x, weight(self.wv, rngs)) + self._bias("v")).astype(x.dtype)
-        return LayerKV(self._rope(k, positions, "k_norm"), v)
+        return LayerKV(self._norm(k, "k_norm"), v)
 
     def __call__(self, x: jax.Array, source: jax.Array | LayerKV | None = None, *, mask=None,
                  positions: jax.Array | None = None, kv_positions: jax.Array | None = None,
                  cache: LayerKV | None = None, wqkv: jax.Array | None = None, rngs: nnx.Rngs | None = None,
-                 sites: Sites = NO_SITES) -> tuple[jax.Array, dict]:
+                 sites: Sites = NO_SITES, layer: LayerSettings = UNIFORM) -> tuple[jax.Array, dict]:
         """x [B,T,D] queries at positions [B,T].
 
         source: None (self-attention over x), or the keys/values' source for cross-attention: an array [B,S,D],
@@ -110,18 +121,23 @@ class MultiHeadAttention(nnx.Module):
         visible. Without a cache, kv_positions defaults to positions. wqkv: the decoding layout's fused q/k/v
         weight (`fused_qkv`), used for a self-attention's projections when given. rngs: a training call's dropout
         stream (adapters' input dropout, model.lora). sites: the block's activation sites (q, k, v, pattern, z;
-        `nn.sites`; the attention probabilities are the `pattern` site: capture it to read them). -> (out [B,T,D],
-        aux: "kv", a cached call's new keys/values)."""
+        `nn.sites`; the attention probabilities are the `pattern` site: capture it to read them). layer: what
+        this layer does differently (`nn.per_layer.settings` of its index: its sliding window, whether it
+        rotates); a self-attention applies them here. -> (out [B,T,D], aux: "kv", a cached call's new keys/values)."""
         aux = {}
+        if source is None and layer.window is not None:
+            mask = mask._replace(window=layer.window)             # a lazy ops.masks.CausalMask
         heads_first = isinstance(cache if source is None else source, HeadsMajorKV)   # [B,K,S,H]: a laid-out cache
         if source is None and wqkv is None and lever("fused_projections"):      # one matmul for q, k and v
             wqkv = self._concat_qkv()
         if source is None and wqkv is not None:                                    # laid out for decoding
-            q, new = self._project_qkv(x, positions, wqkv)
+            q, new = self._project_qkv(x, wqkv)
         else:
-            q = self.project_q(x, positions, rngs)
-            new = self.project_kv(x, positions, rngs) if source is None else None
+            q = self.project_q(x, rngs)
+            new = self.project_kv(x, rngs) if source is None else None
         if source is None:
+            q, k = self._positions(q, new.k, positions, layer)
+            new = LayerKV(k, new.v)
             q = sites("q", q)
             new = LayerKV(sites("k", new.k), sites("v", new.v))
             kv_positions = positions if kv_positions is None else kv_positions

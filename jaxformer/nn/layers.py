@@ -178,6 +178,7 @@ class EncoderBlock(nnx.Module):
     """Self-attention -> FFN (dense, or Mixture-of-Experts with moe=True), each wrapped by Residual."""
 
     def __init__(self, cfg: ModelConfig, *, moe: bool = False, rngs: nnx.Rngs):
+        self.cfg = cfg
         self.self_attn = MultiHeadAttention(cfg, self_attention=True, stack="encoder", rngs=rngs)
         self.moe = moe
         self.ffn = make_ffn(cfg, moe, rngs, stack="encoder")
@@ -188,9 +189,10 @@ class EncoderBlock(nnx.Module):
                  rngs: nnx.Rngs | None = None) -> BlockOut:
         """x [B,S,D] -> BlockOut([B,S,D], aux, None): aux "moe" from a MoE FFN, "captured": the activation sites ctx.probe captures (`nn.sites`). layer: this block's index in
         its stack (`nn.per_layer`)."""
-        sites = Sites(ctx.probe, layer)
+        sites, settings = Sites(ctx.probe, layer), per_layer.settings(self.cfg, layer, "encoder")
         x, _ = self.res_attn(sites("resid_pre", x), lambda y: sites.output("attn_out", self.self_attn(
-            sites("attn_in", y), mask=ctx.mask, positions=ctx.positions, rngs=rngs, sites=sites)), rngs)
+            sites("attn_in", y), mask=ctx.mask, positions=ctx.positions, rngs=rngs, sites=sites,
+            layer=settings)), rngs)
         x, f = self.res_ffn(sites("resid_mid", x), lambda y: sites.output("mlp_out", self.ffn(
             sites("mlp_in", y), ctx.valid, train=rngs is not None, rngs=rngs, sites=sites)), rngs)
         x = sites("resid_post", x)
@@ -219,21 +221,20 @@ class DecoderBlock(nnx.Module):
         """x [B,T,D] -> BlockOut([B,T,D], aux, kv).
 
         layer: this block's index in its stack (what varies with depth follows from it: `nn.per_layer`, e.g. its
-        sliding window, applied to ctx.mask, a lazy ops.masks.CausalMask; activation patches receive it).
+        sliding window and whether it rotates, handed to the self-attention; activation patches receive it).
         cache: this layer's cached keys/values [B,S,K,H]: the self-attention attends over them followed by the T
         new keys (ctx.mask and ctx.kv_positions cover S+T keys), and kv holds the new keys/values [B,T,K,H] for
         the caller to write into its cache (None without a cache). memory_kv: this layer's cross-attention keys/values of
         the encoder memory [B,S,K,H] (else they are projected from ctx.memory). decode: this layer's
         decoding-layout weights (`decode_weights`: a token loop's, from `nn.stack.LayerStack.lay_out`). aux holds
         "moe" statistics, "captured": the activation sites ctx.probe captures (`nn.sites`)."""
-        window = per_layer.settings(self.cfg, layer).window
-        mask = ctx.mask if window is None else ctx.mask._replace(window=window)
+        settings = per_layer.settings(self.cfg, layer)
         decode = DecodeWeights() if decode is None else decode
         sites = Sites(ctx.probe, layer)
         x = sites("resid_pre", x)
         x, a = self.res_self(x, lambda y: sites.output("attn_out", self.self_attn(
-            sites("attn_in", y), mask=mask, positions=ctx.positions, kv_positions=ctx.kv_positions, cache=cache,
-            wqkv=decode.wqkv, rngs=rngs, sites=sites)), rngs)
+            sites("attn_in", y), mask=ctx.mask, positions=ctx.positions, kv_positions=ctx.kv_positions, cache=cache,
+            wqkv=decode.wqkv, rngs=rngs, sites=sites, layer=settings)), rngs)
         x = sites("resid_mid", x)
         kv = a.pop("kv", None)
         if self.cross:

@@ -5,7 +5,9 @@ a constant in a decoding program's token loop), so what varies with depth is a f
 not an input threaded through the stack, the decoding layout and the model. Adding a per-layer variant is one
 field of `LayerSettings` and one line of `settings`, read by the block that uses it.
 
-Today: the decoder's sliding windows (model.attention.windows, repeated over the layers).
+Today: the decoder's sliding windows (model.attention.windows, repeated over the layers) and the layers that
+skip RoPE (model.rope.nope_every: SmolLM3's / Llama 4's NoPE layers). Both are read by the self-attention
+(`nn.attention.MultiHeadAttention`, its `layer` argument), which the blocks hand these settings to unchanged.
 """
 from __future__ import annotations
 
@@ -19,12 +21,19 @@ from jaxformer.config import ModelConfig
 
 class LayerSettings(NamedTuple):
     """What one layer does differently from the others. window: its self-attention's sliding window (an int32
-    scalar, 0 = global), or None when no layer has one (the mask stays as built)."""
-    window: jax.Array | None
+    scalar, 0 = global), or None when no layer has one (the mask stays as built). rope: whether its
+    self-attention rotates q and k (a bool scalar), or None when every layer does as model.positional says."""
+    window: jax.Array | None = None
+    rope: jax.Array | None = None
+
+
+UNIFORM = LayerSettings()       # a layer like every other (a standalone attention call)
 
 
 def settings(cfg: ModelConfig, layer: jax.Array | int, stack: str = "decoder") -> LayerSettings:
     """The settings of layer `layer` (0-based, its stack's) of `stack` ("encoder" | "decoder")."""
     windows = cfg.layer_windows() if stack == "decoder" and any(cfg.attention.windows) else None
     window = None if windows is None else jnp.asarray(windows, jnp.int32)[layer]
-    return LayerSettings(window)
+    every = cfg.rope.nope_every if cfg.positional == "rope" else 0
+    rope = None if not every else (jnp.asarray(layer, jnp.int32) + 1) % every != 0     # layers k-1, 2k-1, ...: NoPE
+    return LayerSettings(window, rope)
