@@ -677,6 +677,14 @@ MUTANTS = (
            "jaxformer/nn/stack.py", "extra[\"layer\"] = jnp.asarray(i, jnp.int32)",
            "extra[\"layer\"] = jnp.asarray((i + 1) % len(self.blocks), jnp.int32)",
            ("tests/test_per_layer.py", "-k", "cached")),
+    Mutant("scores-patch-ignored", "a patched attn_scores site is recorded but the softmax reads the old logits",
+           "jaxformer/ops/attention.py",
+           "        logits = score_mod(logits.reshape(b, n, t, s)).astype(jnp.float32).reshape(b, kh, g, t, s)\n",
+           "        score_mod(logits.reshape(b, n, t, s))\n", ("tests/test_sites.py", "-k", "scores")),
+    Mutant("scores-unscaled", "the attn_scores site reads q·k before its 1/√H scale", "jaxformer/ops/attention.py",
+           "    logits = logits.astype(jnp.float32) * scale\n", "    logits = logits.astype(jnp.float32)\n"
+           "    logits = score_mod(logits.reshape(b, n, t, s)).reshape(logits.shape) if score_mod else logits\n"
+           "    logits = logits * scale\n    score_mod = None\n", ("tests/test_sites.py", "-k", "scores")),
     # T3: eval-tasks / HarnessModel score as lm-evaluation-harness's HFLM
     Mutant("acc-norm-bytes-swapped", "acc_norm divides by UTF-8 bytes and acc_bytes by characters",
            "jaxformer/inference/tasks.py", '"pick_norm": int(np.argmax(per_char)),\n'

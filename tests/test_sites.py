@@ -5,7 +5,8 @@ Wrong implementations these catch: a per-layer site recorded from the wrong laye
 or a sublayer's output site (attn_out, mlp_out) taken after its residual add (compared with blocks applied one
 at a time by hand); a patch applied at the wrong layer (the head ablation would remove another layer's head); a
 patch whose result is not what flows on (the write-back and ablation tests), or a captured site recorded before
-its patch; generate_lm patching its prefill alone; probabilities of a fused backend not recomputed; unknown site
+its patch; attention scores read before their scale, or patched after the softmax has read them, or the
+mask applied before a patch (a patch could then unmask a key); generate_lm patching its prefill alone; probabilities of a fused backend not recomputed; unknown site
 names accepted silently.
 """
 from __future__ import annotations
@@ -43,7 +44,7 @@ def test_every_site_is_listed_and_captured_in_its_shape():
     b, t, d, n, k, h, f = 2, 10, 32, 4, 2, 8, 48
     assert got == {"embed": (b, t, d), "final_norm": (b, t, d), "logits": (b, t, 40),
                    "resid_pre": (L, b, t, d), "attn_in": (L, b, t, d), "q": (L, b, t, n, h), "k": (L, b, t, k, h),
-                   "v": (L, b, t, k, h), "pattern": (L, b, n, t, t), "z": (L, b, t, n, h), "attn_out": (L, b, t, d),
+                   "v": (L, b, t, k, h), "attn_scores": (L, b, n, t, t), "pattern": (L, b, n, t, t), "z": (L, b, t, n, h), "attn_out": (L, b, t, d),
                    "resid_mid": (L, b, t, d), "mlp_in": (L, b, t, d), "mlp_hidden": (L, b, t, f),
                    "mlp_out": (L, b, t, d), "resid_post": (L, b, t, d)}
     moe = lm(ffn="moe", moe__num_experts=2)
@@ -84,6 +85,34 @@ def test_writing_back_the_captured_values_changes_nothing():
             for n in m.sites() if n != "pattern"}
     again, _ = m(TOKENS, patch=back)
     np.testing.assert_array_equal(np.asarray(again), np.asarray(logits))
+
+
+@pytest.mark.parametrize("backend", ["reference", "chunked"])
+def test_attn_scores_are_the_scaled_q_dot_k_that_softmax_to_the_pattern(backend):
+    """The attn_scores site is q·kᵀ/√H (float64 NumPy from the captured q and k, GQA's kv head n // (N/K)), and the
+    pattern is its softmax over the causal keys; a fused backend asked for it reads them in the reference backend
+    (its logits are never materialised)."""
+    m = lm(runtime__attention_backend=backend, runtime__attention_block=4)
+    cap = {k: np.asarray(v, np.float64) for k, v in m(TOKENS, capture=("q", "k", "attn_scores", "pattern"))[1][
+        "captured"].items()}
+    k = np.repeat(cap["k"], cap["q"].shape[3] // cap["k"].shape[3], axis=3)
+    want = np.einsum("lbtnh,lbsnh->lbnts", cap["q"], k) / np.sqrt(cap["q"].shape[-1])
+    np.testing.assert_allclose(cap["attn_scores"], want, rtol=1e-5, atol=1e-5)
+    t = TOKENS.shape[1]
+    logits = np.where(np.tril(np.ones((t, t), bool)), cap["attn_scores"], -np.inf)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    np.testing.assert_allclose(cap["pattern"], p / p.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_patched_scores_are_what_the_softmax_reads_and_the_mask_still_applies():
+    """Scores patched to zero make every query's pattern uniform over the keys it may see (the mask applies after
+    the patch: no future key gains weight)."""
+    m = lm()
+    _, aux = m(TOKENS, capture=("pattern",), patch={"attn_scores": lambda s, i: jnp.zeros_like(s)})
+    t = TOKENS.shape[1]
+    want = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+    np.testing.assert_allclose(np.asarray(aux["captured"]["pattern"]), np.broadcast_to(want, (L, 2, 4, t, t)),
+                               atol=1e-6)
 
 
 def test_zero_ablating_a_head_is_dropping_its_slice_of_the_output_projection():
@@ -260,12 +289,14 @@ def test_capture_in_cached_calls_is_the_uncached_calls_sites():
         np.testing.assert_allclose(out["captured"][name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
     _, out = m(TOKENS[:, 4:5], pos[:, 4:5], cache=out["cache"], mode="decode", capture=m.sites())
     got = out["captured"]
-    for name in set(m.sites()) - {"pattern"}:                  # per-token: [B,1,...] or per layer [L,B,1,...]
+    for name in set(m.sites()) - {"pattern", "attn_scores"}:   # per-token: [B,1,...] or per layer [L,B,1,...]
         ref = full[name][:, 4:5] if name in MODEL_SITES else full[name][:, :, 4:5]
         np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-5, err_msg=name)
     p, ref = np.asarray(got["pattern"]), np.asarray(full["pattern"])[:, :, :, 4:5]        # p [L,B,N,1,S+1]
     assert p.shape == (L, b, 4, 1, t + 1) and not p[..., 4:t].any()
     np.testing.assert_allclose(np.concatenate([p[..., :4], p[..., t:]], -1), ref[..., :5], rtol=1e-5, atol=1e-6)
+    s, ref = np.asarray(got["attn_scores"]), np.asarray(full["attn_scores"])[:, :, :, 4:5]   # the visible slots'
+    np.testing.assert_allclose(np.concatenate([s[..., :4], s[..., t:]], -1), ref[..., :5], rtol=1e-5, atol=1e-5)
 
 
 def test_a_bad_mode_or_a_cache_that_does_not_fit_it_is_a_value_error():

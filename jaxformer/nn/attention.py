@@ -152,7 +152,7 @@ class MultiHeadAttention(nnx.Module):
         else:
             keys, values = source if isinstance(source, LayerKV) else self.project_kv(source, rngs=rngs)
             q, keys, values = sites("q", q), sites("k", keys), sites("v", values)
-        ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, sites.wants("pattern"),
+        ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, sites,
                               "BKSH" if heads_first else "BSKH")
         if sites.wants("pattern"):
             patched = sites("pattern", w)
@@ -164,7 +164,7 @@ class MultiHeadAttention(nnx.Module):
         out = (project("BTNH,NHD->BTD", ctx, weight(self.wo, rngs)) + self._bias("o")).astype(q.dtype)
         return out, aux
 
-    def _attend(self, q, k, v, mask, q_positions, kv_positions, weights: bool, kv_layout: str):
+    def _attend(self, q, k, v, mask, q_positions, kv_positions, sites: Sites, kv_layout: str):
         """q [B,T,N,H], k/v [B,S,K,H] (kv_layout "BSKH") or [B,K,S,H] ("BKSH"), or segments -> (context
         [B,T,N,H], weights or None), by the backend model.runtime.attention_backend."""
         cfg = self.cfg
@@ -173,10 +173,13 @@ class MultiHeadAttention(nnx.Module):
             if q_positions is None or kv_positions is None:
                 raise ValueError("positional='alibi' needs explicit query and key positions")
             bias = positional.AlibiBias(positional.alibi_slopes(cfg.num_heads), q_positions, kv_positions)
-        res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=weights,
+        scores = sites.wants("attn_scores")                  # the logits: read in the materialising backend
+        res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=sites.wants("pattern"),
                                         scale=logit_scale(cfg),
                                         mask_value=0.0 if cfg.ablation.mask_value == "zero" else None,
-                                        backend=cfg.runtime.attention_backend, block_size=cfg.runtime.attention_block,
+                                        backend="reference" if scores else cfg.runtime.attention_backend,
+                                        block_size=cfg.runtime.attention_block,
+                                        score_mod=(lambda x: sites("attn_scores", x)) if scores else None,
                                         softcap=cfg.attention.softcap, kv_layout=kv_layout,
                                         softmax_grad="gemv" if lever("softmax_gemv") else "jax")
         return res.out, res.weights

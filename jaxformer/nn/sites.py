@@ -12,6 +12,8 @@ K kv heads, H head dim, F FFN width, V vocab):
           output head's input: after the final norm where the model has one); logits [B,T,V]
   layer   resid_pre [B,T,D]; attn_in [B,T,D] (what the self-attention reads: normalised with pre-LN);
           q [B,T,N,H], k [B,S,K,H], v [B,S,K,H] (after QK-norm and RoPE, as attention uses them);
+          attn_scores [B,N,T,S] (the attention logits, float32: scaled, capped, biased, before the mask, which
+          applies to a patched value; asking for it runs the materialising reference backend);
           pattern [B,N,T,S] (attention probabilities, float32: fused backends recompute them from their
           log-sum-exp as the heatmaps do; a patched pattern makes the context its own probabilities times the
           values, without attention dropout); z [B,T,N,H] (each head's output, before the output projection:
@@ -33,9 +35,9 @@ import jax
 from jaxformer.errors import ConfigError
 
 MODEL_SITES = ("embed", "final_norm", "logits")
-LAYER_SITES = ("resid_pre", "attn_in", "q", "k", "v", "pattern", "z", "attn_out", "resid_mid", "mlp_in",
+LAYER_SITES = ("resid_pre", "attn_in", "q", "k", "v", "attn_scores", "pattern", "z", "attn_out", "resid_mid", "mlp_in",
                "mlp_hidden", "mlp_out", "resid_post")
-CROSS_SITES = ("cross_in", "cross_q", "cross_k", "cross_v", "cross_pattern", "cross_z", "cross_out", "resid_cross")
+CROSS_SITES = ("cross_in", "cross_q", "cross_k", "cross_v", "cross_attn_scores", "cross_pattern", "cross_z", "cross_out", "resid_cross")
 
 Patch = Callable[[jax.Array, "jax.Array | None"], jax.Array]
 

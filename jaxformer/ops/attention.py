@@ -97,7 +97,8 @@ def _check_mask(mask) -> None:
 def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: float | None = None,
                           return_weights: bool = False, return_lse: bool = False, backend: str = "reference",
                           mask_value: float | None = None, block_size: int = 512,
-                          softcap: float = 0.0, kv_layout: str = "BSKH", softmax_grad: str = "jax") -> Attention:
+                          softcap: float = 0.0, kv_layout: str = "BSKH", softmax_grad: str = "jax",
+                          score_mod=None) -> Attention:
     """softmax(cap(q·kᵀ·scale) + bias, masked) · v, cap(x) = softcap · tanh(x / softcap) when softcap > 0.
 
     Args:
@@ -129,6 +130,8 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
       softmax_grad: the "reference" softmax's backward: "jax" (jax.nn.softmax's own) or "gemv" (the same
         gradient, its row sums Σ_s w·g taken as a matmul with a ones vector; the "softmax_gemv" lever of
         `jaxformer.platforms`, which the model passes where it is on).
+      score_mod: ("reference" only) a function of the logits [B,N,T,S] float32 (scaled, capped, biased; before
+        the mask, which applies to what it returns) -> logits [B,N,T,S]: the `attn_scores` site (`nn.sites`).
 
     Returns:
       `Attention(out [B,T,N,H] in q's dtype, weights [B,N,T,S] or None, lse [B,N,T] or None)`.
@@ -136,6 +139,8 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
       gradient), never NaN.
     """
     _check_options(backend, softmax_grad, kv_layout, softcap, mask_value)
+    if score_mod is not None and backend != "reference":
+        raise BackendError(f"score_mod (the attn_scores site) exists only in the 'reference' backend, not {backend!r}")
     ks, vs = _segments(k, "k"), _segments(v, "v")
     heads_major = kv_layout == "BKSH"
     if heads_major and backend != "reference":
@@ -146,7 +151,7 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if backend == "reference":
         out, weights, lse = _reference(q, ks, vs, dense_mask(mask), _dense_bias(bias), scale, mask_value,
-                                       return_weights or return_lse, softcap, heads_major, softmax_grad)
+                                       return_weights or return_lse, softcap, heads_major, softmax_grad, score_mod)
     else:
         kc = ks[0] if len(ks) == 1 else jnp.concatenate(ks, axis=1)
         vc = vs[0] if len(vs) == 1 else jnp.concatenate(vs, axis=1)
@@ -232,7 +237,7 @@ _softmax.defvjp(_softmax_fwd, _softmax_bwd)
 
 
 def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse, softcap=0.0, heads_major=False,
-               softmax_grad="jax"):
+               softmax_grad="jax", score_mod=None):
     """The materialising backend: -> (out, weights [B,N,T,S], lse [B,N,T] or None)."""
     n, kh = q.shape[2], ks[0].shape[1 if heads_major else 2]
     b, t, _, h = q.shape
@@ -247,6 +252,8 @@ def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse, softcap=0.0, 
         logits = softcap * jnp.tanh(logits / softcap)
     if bias is not None:
         logits = logits + jnp.broadcast_to(bias, (b, n, t, s)).astype(jnp.float32).reshape(b, kh, g, t, s)
+    if score_mod is not None:
+        logits = score_mod(logits.reshape(b, n, t, s)).astype(jnp.float32).reshape(b, kh, g, t, s)
     if mask is not None:
         mask = jnp.broadcast_to(mask, (b, n, t, s)).reshape(b, kh, g, t, s)
         fill = jnp.finfo(jnp.float32).min if mask_value is None else mask_value
