@@ -36,7 +36,6 @@ from flax import nnx
 from jaxformer.config import Config
 from jaxformer.configio import apply_overrides
 from jaxformer.errors import ConfigError, Interrupted
-from jaxformer.nn.sites import available as available_sites
 from jaxformer.signals import pending
 from jaxformer.stats import resampler
 
@@ -77,7 +76,7 @@ def coord_check(cfg: Config, widths: tuple[int, ...], steps: int = 4, seed: int 
     for _ in range(steps + 1):
         _stop_if_asked("while reading its batches")
         batches.append(jax.tree.map(jnp.asarray, next(it)))
-    sites = SITES + tuple(s for s in ENCODER_SITES if s in available_sites(cfg.model))
+    sites = SITES + (ENCODER_SITES if cfg.model.arch == "encoder_decoder" else ())
     out = {"widths": list(widths), "steps": steps, "sites": list(sites), "lr": cfg.optim.lr}
     for par in ("sp", "mup"):
         table = {s: [[0.0] * len(widths) for _ in range(steps + 1)] for s in sites}

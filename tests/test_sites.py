@@ -21,7 +21,9 @@ from jaxformer.config import ConfigError, ModelConfig, replaced
 from jaxformer.nn import build_model
 from jaxformer.nn.inputs import AttentionInputs, decoder_self_mask
 from jaxformer.nn.layers import Context
-from jaxformer.nn.sites import LAYER_SITES, MODEL_SITES
+MODEL_SITES = ("embed", "final_norm", "logits")
+LAYER_SITES = ("resid_pre", "attn_in", "q", "k", "v", "attn_scores", "pattern", "z", "attn_out", "resid_mid", "mlp_in",
+               "mlp_hidden", "mlp_out", "resid_post")
 
 L = 3
 
@@ -38,7 +40,7 @@ TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, 10)))
 
 def test_every_site_is_listed_and_captured_in_its_shape():
     m = lm()
-    assert m.sites() == MODEL_SITES + LAYER_SITES
+    assert m.sites() == ("embed", *LAYER_SITES, "final_norm", "logits")          # in the order the pass reaches them
     _, aux = m(TOKENS, capture=m.sites())
     got = {k: v.shape for k, v in aux["captured"].items()}
     b, t, d, n, k, h, f = 2, 10, 32, 4, 2, 8, 48
@@ -75,6 +77,22 @@ def test_the_captured_residual_stream_is_the_blocks_applied_by_hand():
         np.testing.assert_allclose(cap["mlp_out"][i], x - mid, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(cap["final_norm"], m.decoder.final_norm(x), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(logits, m.embed.logits(cap["final_norm"]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_site_is_whatever_a_module_passes_through_sites_found_by_an_abstract_trace():
+    """`discover` lists the names a pass reaches, in order, computing nothing (a new site is one line where its
+    value is computed: no registry); a name the model does not reach is a ConfigError listing those it does."""
+    from jaxformer.nn.sites import Sites, discover
+    ran = []
+
+    def toy(probe):
+        sites = Sites(probe, 0)
+        x = sites("first", jnp.ones(3))
+        jax.debug.callback(lambda: ran.append(1))
+        return sites.view("sub_")("second", x * 2)
+    assert discover(toy) == ("first", "sub_second") and not ran
+    with pytest.raises(ConfigError, match=r"'attn_score' does not exist.*'attn_scores'"):
+        lm()(TOKENS, capture=("attn_score",))
 
 
 def test_writing_back_the_captured_values_changes_nothing():

@@ -35,7 +35,7 @@ from jaxformer.nn import init
 from jaxformer.nn.cache import KVCache, LayerwiseKV, Memory, heads_major, init_cache
 from jaxformer.nn.inputs import AttentionInputs, decoder_self_mask, default_positions  # noqa: F401 (re-exported)
 from jaxformer.nn.layers import Context, DecoderBlock, EncoderBlock, Norm, dropout
-from jaxformer.nn.sites import Sites, available as available_sites, probe as sites_probe, with_captured
+from jaxformer.nn.sites import Probe, Sites, discover, probe as sites_probe, with_captured
 from jaxformer.nn.params import DTYPES, param
 from jaxformer.nn.stack import BlockOut, LayerStack
 from jaxformer.ops import positional
@@ -154,6 +154,9 @@ def _moe_aux(*auxes: dict) -> dict:
 MODES = ("train", "prefill", "decode")
 
 
+_SITES: dict = {}       # (model class, ModelConfig) -> its site names (`_Model.sites`): a memo of a pure function
+
+
 class _Model(nnx.Module):
     """What both architectures share: the decoder pass (uncached, or one cached call) and the decoding state."""
 
@@ -179,8 +182,20 @@ class _Model(nnx.Module):
                           "int8" if dtype == "int8" else DTYPES[cfg.runtime.dtype], stack, memory)
 
     def sites(self) -> tuple[str, ...]:
-        """The activation sites the call can capture and patch (`jaxformer.nn.sites`)."""
-        return available_sites(self.cfg)
+        """The activation sites the call can capture and patch, in the order the pass reaches them
+        (`jaxformer.nn.sites`): those its modules pass through `Sites`, found by tracing the call abstractly
+        (`nn.sites.discover`), once per model class and config."""
+        key = (type(self), self.cfg)
+        if key not in _SITES:
+            graphdef, state = nnx.split(self)
+            t = jnp.zeros((1, 2), jnp.int32)
+            args = (t,) if self.cfg.arch == "decoder_only" else (t, t)
+            _SITES[key] = discover(lambda p: nnx.merge(graphdef, state)(*args, capture=p))
+        return _SITES[key]
+
+    def _probe(self, capture, patch) -> Probe | None:
+        """The call's probe: `capture` itself when `sites()` traces with one, else the validated names."""
+        return capture if isinstance(capture, Probe) else sites_probe(capture, patch, self.sites())
 
     def _decoder_pass(self, tokens, side: AttentionInputs, *, memory: Memory | None = None,
                       cache: KVCache | None = None, mode: str = "train", rngs=None, features: bool = False,
@@ -274,7 +289,7 @@ class Transformer(_Model):
         if cache is not None and src is not None:
             raise ValueError("a cached call reads the memory its cache was made with (init_cache(..., memory=)); "
                              "pass src=None")
-        probe = sites_probe(capture, patch, self.sites())
+        probe = self._probe(capture, patch)
         enc, memory = {}, src
         if src is not None and not isinstance(src, Memory):
             memory, enc = self._encode(src, src_positions, src_segment_ids, rngs, probe)
@@ -311,5 +326,5 @@ class TransformerLM(_Model):
         tokens = jnp.asarray(tokens)
         side = AttentionInputs(self.cfg, tokens, positions, segment_ids)
         logits, aux = self._decoder_pass(tokens, side, cache=cache, mode=mode, rngs=rngs, features=features,
-                                         probe=sites_probe(capture, patch, self.sites()))
+                                         probe=self._probe(capture, patch))
         return logits, _out(aux)

@@ -5,7 +5,8 @@ under jit, grad and the scanned layer stack, without a Python loop over layers.
 site's value comes back in out["captured"][name], a per-layer site stacked over the layers ([L, ...]); a patched site's value is replaced by
 fn(value, layer) wherever it is computed (layer: the layer's index, a traced int32 inside the scan; None for a
 model-level site), and what follows reads the replacement (a captured site records the value after its patch).
-`TransformerLM.sites()` lists the names. Names and shapes (B batch, T length, S keys, D width, N query heads,
+`model.sites()` lists the names, found by tracing the call (`discover`): a site is whatever a module passes through
+`Sites`, with no registry to update. Names and shapes (B batch, T length, S keys, D width, N query heads,
 K kv heads, H head dim, F FFN width, V vocab):
 
   model   embed [B,T,D] (the stack's input: token embedding, scaled, plus positions); final_norm [B,T,D] (the
@@ -34,36 +35,44 @@ import jax
 
 from jaxformer.errors import ConfigError
 
-MODEL_SITES = ("embed", "final_norm", "logits")
-LAYER_SITES = ("resid_pre", "attn_in", "q", "k", "v", "attn_scores", "pattern", "z", "attn_out", "resid_mid", "mlp_in",
-               "mlp_hidden", "mlp_out", "resid_post")
-CROSS_SITES = ("cross_in", "cross_q", "cross_k", "cross_v", "cross_attn_scores", "cross_pattern", "cross_z", "cross_out", "resid_cross")
-
 Patch = Callable[[jax.Array, "jax.Array | None"], jax.Array]
 
 
-def available(cfg) -> tuple[str, ...]:
-    """The site names of the model of `cfg` (a ModelConfig): module docstring; mlp_hidden only with a dense FFN."""
-    layer = LAYER_SITES if cfg.ffn == "dense" else tuple(n for n in LAYER_SITES if n != "mlp_hidden")
-    if cfg.arch == "decoder_only":
-        return MODEL_SITES + layer
-    return ("encoder.embed", *("encoder." + n for n in layer), "memory") + MODEL_SITES + layer + CROSS_SITES
+class _Everything:
+    """A capture list holding every name: what `discover` traces with."""
+    def __contains__(self, name) -> bool:
+        return True
+
+    def __iter__(self):
+        return iter(())
 
 
 class Probe(NamedTuple):
     """What a forward pass reads and replaces: site names to capture, and (name, fn) pairs to patch; prefix:
-    prepended to the names a stack's blocks use ("encoder." for an encoder's)."""
+    prepended to the names a stack's blocks use ("encoder." for an encoder's); reached: where given, every site
+    name the pass reaches is recorded in it, in order (`discover`)."""
     capture: tuple[str, ...] = ()
     patch: tuple[tuple[str, Patch], ...] = ()
     prefix: str = ""
+    reached: dict | None = None
 
     def wants(self, name: str) -> bool:
         return name in self.capture or any(n == name for n, _ in self.patch)
 
 
-def probe(capture=(), patch=None, available: tuple[str, ...] = MODEL_SITES + LAYER_SITES) -> Probe | None:
-    """A validated Probe (None when nothing is asked). ConfigError naming an unknown site, a patch that is not
-    callable."""
+def discover(call: Callable[[Probe], object]) -> tuple[str, ...]:
+    """The names of the sites a forward pass reaches, in the order it reaches them: `call(probe)` runs the pass
+    with a probe capturing everything, traced abstractly (jax.eval_shape: nothing is computed). A site is
+    whatever a module passes through `Sites`, so adding one is a line in the module that computes it; a model
+    lists its own (`model.sites()`)."""
+    probe = Probe(capture=_Everything(), reached={})
+    jax.eval_shape(lambda: call(probe))
+    return tuple(probe.reached)
+
+
+def probe(capture=(), patch=None, available: tuple[str, ...] = ()) -> Probe | None:
+    """A validated Probe (None when nothing is asked). ConfigError naming a site not in `available` (the model's
+    sites, `discover`), a patch that is not callable."""
     capture = (capture,) if isinstance(capture, str) else tuple(capture or ())
     patch = dict(patch or {})
     for name in (*capture, *patch):
@@ -101,6 +110,8 @@ class Sites:
         if self.probe is None:
             return value
         name = self._full(name)
+        if self.probe.reached is not None:
+            self.probe.reached[name] = None
         for n, fn in self.probe.patch:
             if n == name:
                 value = fn(value, self.layer)
