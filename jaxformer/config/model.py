@@ -88,10 +88,13 @@ class AttentionConfig(_Validated):
     qk_norm: bool = False                  # RMSNorm over H on each query and key head before RoPE (Qwen3, OLMo 2)
     scale_dim: int = 0                     # scale "rsqrt": 1/sqrt(scale_dim) (0 = the head size H; Gemma 2's
                                            # query_pre_attn_scalar)
+    kind: str = "softmax"                  # self-attention: softmax | differential (Ye et al. 2024: two softmax
+                                           # maps of paired heads subtracted, nn/differential.py)
 
     def validate(self) -> None:
         check_types(self, "model.attention")
         choice("model.attention.scale", self.scale, ("rsqrt", "none"))
+        choice("model.attention.kind", self.kind, ("softmax", "differential"))
         positive("model.attention.scale_dim", self.scale_dim, allow_zero=True)
         positive("model.attention.softcap", self.softcap, allow_zero=True)
         for w in self.windows:
@@ -306,6 +309,9 @@ class ModelConfig(_Validated):
                 raise ConfigError(f"model.biases={self.biases!r}: expected distinct names of {BIASES}")
         if self.positional == "rope" and self.head_size % 2:
             raise ConfigError(f"model.positional='rope' needs an even head dim; got H={self.head_size}")
+        if self.attention.kind == "differential" and (self.num_heads % 2 or self.kv_heads % 2):
+            raise ConfigError(f"model.attention.kind='differential' pairs heads: model.num_heads={self.num_heads} "
+                              f"and its kv heads ({self.kv_heads}) must be even")
         if self.rope.nope_every and self.positional != "rope":
             raise ConfigError(f"model.rope.nope_every={self.rope.nope_every} needs model.positional='rope' "
                               f"(got {self.positional!r})")

@@ -152,21 +152,32 @@ class MultiHeadAttention(nnx.Module):
         else:
             keys, values = source if isinstance(source, LayerKV) else self.project_kv(source, rngs=rngs)
             q, keys, values = sites("q", q), sites("k", keys), sites("v", values)
-        ctx, w = self._attend(q, keys, values, mask, positions, kv_positions, sites,
-                              "BKSH" if heads_first else "BSKH")
-        if sites.wants("pattern"):
-            patched = sites("pattern", w)
-            if sites.patches("pattern"):                          # the context from the replaced probabilities
-                ctx = mix(patched, values, heads_first).astype(ctx.dtype)
+        ctx = self.context(q, keys, values, mask, positions, kv_positions, sites, heads_first, layer)
         ctx = checkpoint_name(sites("z", ctx), "attention_out")   # what model.runtime.remat="dots_attention" keeps
         if "kv" in aux and lever("cache_write_order"):
             aux["kv"] = _after(aux["kv"], ctx)
         out = (project("BTNH,NHD->BTD", ctx, weight(self.wo, rngs)) + self._bias("o")).astype(q.dtype)
         return out, aux
 
-    def _attend(self, q, k, v, mask, q_positions, kv_positions, sites: Sites, kv_layout: str):
+    def context(self, q, keys, values, mask, q_positions, kv_positions, sites: Sites, heads_first: bool,
+                layer: LayerSettings) -> jax.Array:
+        """What the heads read: queries q [B,T,N,H] over keys/values [B,S,K,H] (heads_first: [B,K,S,H]; or
+        segments along S), the mask and positions as in the call -> the context [B,T,N,H], its probabilities
+        [B,N,T,S] through the `pattern` site (a patched pattern makes the context). The one method an attention
+        variant overrides (model.attention.kind: e.g. `nn.differential`); layer: this layer's settings."""
+        ctx, w = self._attend(q, keys, values, mask, q_positions, kv_positions, sites,
+                              "BKSH" if heads_first else "BSKH")
+        if sites.wants("pattern"):
+            patched = sites("pattern", w)
+            if sites.patches("pattern"):                          # the context from the replaced probabilities
+                ctx = mix(patched, values, heads_first).astype(ctx.dtype)
+        return ctx
+
+    def _attend(self, q, k, v, mask, q_positions, kv_positions, sites: Sites, kv_layout: str,
+                weights: bool = False):
         """q [B,T,N,H], k/v [B,S,K,H] (kv_layout "BSKH") or [B,K,S,H] ("BKSH"), or segments -> (context
-        [B,T,N,H], weights or None), by the backend model.runtime.attention_backend."""
+        [B,T,N,H], weights [B,N,T,S] when asked or the pattern site wants them, else None), by the backend
+        model.runtime.attention_backend."""
         cfg = self.cfg
         bias = None
         if self.self_attention and cfg.positional == "alibi":
@@ -174,7 +185,7 @@ class MultiHeadAttention(nnx.Module):
                 raise ValueError("positional='alibi' needs explicit query and key positions")
             bias = positional.AlibiBias(positional.alibi_slopes(cfg.num_heads), q_positions, kv_positions)
         scores = sites.wants("attn_scores")                  # the logits: read in the materialising backend
-        res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=sites.wants("pattern"),
+        res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=weights or sites.wants("pattern"),
                                         scale=logit_scale(cfg),
                                         mask_value=0.0 if cfg.ablation.mask_value == "zero" else None,
                                         backend="reference" if scores else cfg.runtime.attention_backend,

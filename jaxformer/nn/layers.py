@@ -20,6 +20,7 @@ from flax import nnx
 from jaxformer.config import ModelConfig
 from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.cache import LayerKV
+from jaxformer.nn.differential import DifferentialAttention
 from jaxformer.nn.moe import MoEFeedForward
 from jaxformer.nn import init, per_layer
 from jaxformer.nn.params import lever, ones, param, project, weight, zeros
@@ -167,6 +168,9 @@ class Residual(nnx.Module):
         return x + out, aux
 
 
+SELF_ATTENTION = {"softmax": MultiHeadAttention, "differential": DifferentialAttention}   # model.attention.kind
+
+
 def make_ffn(cfg: ModelConfig, moe: bool, rngs: nnx.Rngs, stack: str = "decoder") -> nnx.Module:
     """The block's FFN: dense, or (moe=True) the Mixture-of-Experts FFN; both return (y, aux)."""
     if moe:
@@ -179,7 +183,7 @@ class EncoderBlock(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, moe: bool = False, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.self_attn = MultiHeadAttention(cfg, self_attention=True, stack="encoder", rngs=rngs)
+        self.self_attn = SELF_ATTENTION[cfg.attention.kind](cfg, self_attention=True, stack="encoder", rngs=rngs)
         self.moe = moe
         self.ffn = make_ffn(cfg, moe, rngs, stack="encoder")
         self.res_attn = Residual(cfg, stack="encoder", rngs=rngs)
@@ -205,7 +209,7 @@ class DecoderBlock(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, cross: bool, moe: bool = False, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.self_attn = MultiHeadAttention(cfg, self_attention=True, rngs=rngs)
+        self.self_attn = SELF_ATTENTION[cfg.attention.kind](cfg, self_attention=True, rngs=rngs)
         self.res_self = Residual(cfg, rngs=rngs)
         self.cross = cross
         if cross:

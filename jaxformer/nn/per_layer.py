@@ -22,9 +22,11 @@ from jaxformer.config import ModelConfig
 class LayerSettings(NamedTuple):
     """What one layer does differently from the others. window: its self-attention's sliding window (an int32
     scalar, 0 = global), or None when no layer has one (the mask stays as built). rope: whether its
-    self-attention rotates q and k (a bool scalar), or None when every layer does as model.positional says."""
+    self-attention rotates q and k (a bool scalar), or None when every layer does as model.positional says.
+    index: the layer's index (int32; 0 outside a stack), for what a module derives from depth itself."""
     window: jax.Array | None = None
     rope: jax.Array | None = None
+    index: jax.Array | int = 0
 
 
 UNIFORM = LayerSettings()       # a layer like every other (a standalone attention call)
@@ -36,4 +38,4 @@ def settings(cfg: ModelConfig, layer: jax.Array | int, stack: str = "decoder") -
     window = None if windows is None else jnp.asarray(windows, jnp.int32)[layer]
     every = cfg.rope.nope_every if cfg.positional == "rope" else 0
     rope = None if not every else (jnp.asarray(layer, jnp.int32) + 1) % every != 0     # layers k-1, 2k-1, ...: NoPE
-    return LayerSettings(window, rope)
+    return LayerSettings(window, rope, layer)

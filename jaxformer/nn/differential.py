@@ -1,0 +1,71 @@
+"""Differential attention (Ye et al. 2024, "Differential Transformer"; model.attention.kind="differential").
+
+Axis legend: B batch, T query length, S key length, N query heads, K kv heads, H head dim.
+
+The N query heads are N/2 pairs (heads 2j and 2j+1, as the paper's reference code lays out q), each pair one
+differential head: its two softmax maps subtracted, A_j = softmax(q_2j·k) − λ·softmax(q_2j+1·k), read over
+values of 2H (kv heads 2i and 2i+1 side by side: v [B,S,K/2,2H]), then RMS-normalised over 2H (a learned scale)
+and scaled by 1 − λ_init. λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init, four learned vectors [H] per layer, and
+λ_init = 0.8 − 0.6·exp(−0.3·l) from the layer's index l (`nn.per_layer`). Everything else (projections, RoPE,
+QK-norm, the cache, the sites) is `MultiHeadAttention`'s: this module replaces its `context` only. The
+`pattern` site holds the N softmax maps [B,N,T,S] before the subtraction.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer.config import ModelConfig
+from jaxformer.nn.attention import MultiHeadAttention, mix
+from jaxformer.nn.params import ones, param
+from jaxformer.nn.per_layer import LayerSettings
+from jaxformer.nn.sites import Sites
+from jaxformer.ops import norms
+
+
+def lambda_init(layer) -> jax.Array:
+    """The paper's λ_init of layer index `layer` (0-based): 0.8 − 0.6·exp(−0.3·layer), float32."""
+    return 0.8 - 0.6 * jnp.exp(-0.3 * jnp.asarray(layer, jnp.float32))
+
+
+def _paired(v: jax.Array, heads_first: bool) -> jax.Array:
+    """Values [B,S,K,H] -> [B,S,K/2,2H] (heads_first: [B,K,S,H] -> [B,K/2,S,2H]), kv heads 2i, 2i+1 side by side."""
+    if heads_first:
+        b, k, s, h = v.shape
+        return jnp.swapaxes(v.reshape(b, k // 2, 2, s, h), 2, 3).reshape(b, k // 2, s, 2 * h)
+    b, s, k, h = v.shape
+    return v.reshape(b, s, k // 2, 2 * h)
+
+
+class DifferentialAttention(MultiHeadAttention):
+    """`MultiHeadAttention` whose heads read the difference of paired softmax maps (module docstring). Its own
+    parameters: lambda_q1, lambda_k1, lambda_q2, lambda_k2 [H] (normal, std 0.1) and sub_norm [2H]."""
+
+    def __init__(self, cfg: ModelConfig, *, self_attention: bool, stack: str = "decoder", rngs: nnx.Rngs):
+        super().__init__(cfg, self_attention=self_attention, stack=stack, rngs=rngs)
+        h = cfg.head_size
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            setattr(self, name, param(rngs, nnx.initializers.normal(0.1), (h,), ("head_dim",)))
+        self.sub_norm = param(rngs, ones, (2 * h,), (None,))
+
+    def lam(self, layer) -> jax.Array:
+        """λ of this layer (a float32 scalar)."""
+        dot = lambda a, b: jnp.sum(getattr(self, a)[...] * getattr(self, b)[...])  # noqa: E731
+        return jnp.exp(dot("lambda_q1", "lambda_k1")) - jnp.exp(dot("lambda_q2", "lambda_k2")) + lambda_init(layer)
+
+    def context(self, q, keys, values, mask, q_positions, kv_positions, sites: Sites, heads_first: bool,
+                layer: LayerSettings) -> jax.Array:
+        """As `MultiHeadAttention.context`: q [B,T,N,H] -> the context [B,T,N,H] (N/2 heads of 2H, laid out as
+        N of H for the output projection wo [N,H,D])."""
+        _, w = self._attend(q, keys, values, mask, q_positions, kv_positions, sites,
+                            "BKSH" if heads_first else "BSKH", weights=True)
+        w = sites("pattern", w)                                                    # [B,N,T,S] float32
+        b, n, t, s = w.shape
+        pairs = w.reshape(b, n // 2, 2, t, s)
+        diff = pairs[:, :, 0] - self.lam(layer.index) * pairs[:, :, 1]           # [B,N/2,T,S]
+        vals = tuple(_paired(v, heads_first) for v in values) if isinstance(values, tuple) \
+            else _paired(values, heads_first)
+        ctx = mix(diff, vals, heads_first)                                         # [B,T,N/2,2H] float32
+        ctx = norms.rms_norm(ctx, self.sub_norm[...], self.cfg.norm.eps) * (1.0 - lambda_init(layer.index))
+        return ctx.reshape(b, t, n, -1).astype(q.dtype)
