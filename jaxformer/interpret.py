@@ -17,10 +17,10 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 
 from jaxformer.errors import ConfigError, DataError
+from jaxformer.ops.losses import mean_nll
 
 
 def logit_lens(model, *inputs, **forward_kw) -> jax.Array:
@@ -34,21 +34,13 @@ def logit_lens(model, *inputs, **forward_kw) -> jax.Array:
     return jnp.stack([read(r) for r in resid])
 
 
-def token_losses(logits: jax.Array, targets: jax.Array, weights: jax.Array | None = None) -> jax.Array:
-    """Mean cross-entropy of targets [B,T] under logits [B,T,V], over the positions weights [B,T] keep (all by
-    default)."""
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
-    w = jnp.ones_like(ce) if weights is None else weights.astype(jnp.float32)
-    return jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1.0)
-
-
 HEAD_SITES = ("z", "cross_z", "encoder.z")
 
 
 def head_ablation(model, *inputs, targets: jax.Array, weights: jax.Array | None = None, how: str = "zero",
                   site: str = "z", **forward_kw) -> jax.Array:
     """Loss increase when one attention head's output (a head-wise site, [B,T,N,H]) is replaced, for every layer
-    and head: -> [L,N] (ablated loss − clean loss, `token_losses` of targets [B,T]). how: "zero" (the head's
+    and head: -> [L,N] (ablated loss − clean loss, `ops.losses.mean_nll` of targets [B,T]). how: "zero" (the head's
     output set to 0: the same as zeroing its slice of the output projection) or "mean" (its mean over batch and
     positions: removes what the head says about this input, keeps its constant part). site: "z" (the decoder's
     self-attention), and in an encoder-decoder "cross_z" (its cross-attention) or "encoder.z" (the encoder's
@@ -75,7 +67,7 @@ def head_ablation(model, *inputs, targets: jax.Array, weights: jax.Array | None 
                 z[:, :, head].mean(axis=(0, 1), keepdims=True), z[:, :, 0].shape)
             return jnp.where(at == layer, z.at[:, :, head].set(fill.astype(z.dtype)), z)
         logits = nnx.merge(graphdef, state)(*inputs, patch={site: patch}, **forward_kw)[0]
-        return token_losses(logits, targets, weights)
+        return mean_nll(logits, targets, weights)
 
     @jax.jit
     def table(state):

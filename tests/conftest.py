@@ -82,11 +82,45 @@ def pytest_collection_modifyitems(config, items):
 
 
 _logged: list = []
+_file_seconds: dict = {}
+# the per-file time guard (`pytest_sessionfinish`): no file may take more than FILE_SHARE of the lane's test time
+# nor, on a machine slow enough to make that small, more than FILE_FLOOR_S; it judges a run of at least
+# FULL_LANE_FILES files (the lane, not a selection). JAXFORMER_TIME_GUARD="share,floor,files" overrides the three.
+FILE_SHARE, FILE_FLOOR_S, FULL_LANE_FILES = (float(x) for x in os.environ.get("JAXFORMER_TIME_GUARD",
+                                                                             "0.10,20,50").split(","))
+
+
+def _record_file_time(report) -> None:
+    """Each test file's seconds (setup, call and teardown of its tests), summed where the reports arrive."""
+    path = report.nodeid.split("::")[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The per-file time guard: in a full run of the default lane, a test file that takes more than FILE_SHARE of
+    the lane's test time (and more than FILE_FLOOR_S) fails the session, named with its seconds. A share, not a
+    wall time, so that a slower machine does not trip it; the fix is to make the file cheaper (a session-scoped
+    model, one jit per program), or to move its slow half to the slow lane keeping a cheap default-lane check."""
+    if hasattr(session.config, "workerinput") or len(_file_seconds) < FULL_LANE_FILES:
+        return
+    if (session.config.option.markexpr or "") != "not slow and not gpu":
+        return
+    total = sum(_file_seconds.values())
+    over = {f: t for f, t in _file_seconds.items() if t > max(FILE_SHARE * total, FILE_FLOOR_S)}
+    if over:
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        tr.write_line("")
+        for f, t in sorted(over.items(), key=lambda kv: -kv[1]):
+            tr.write_line(f"per-file time guard: {f} took {t:.1f} s, {100 * t / total:.0f}% of the lane's "
+                          f"{total:.0f} s (at most {100 * FILE_SHARE:.0f}%, tests/conftest.py)", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_runtest_logreport(report):
     """$JAXFORMER_TEST_LOG (e.g. `make test-gpu`'s test-gpu.log): one line per test as it ends (outcome, seconds,
-    id, a skip's reason or a failure's last line), so a run cut short still says how far it got."""
+    id, a skip's reason or a failure's last line), so a run cut short still says how far it got. Also sums each
+    file's seconds for the per-file time guard (`pytest_sessionfinish`)."""
+    _record_file_time(report)
     path = os.environ.get("JAXFORMER_TEST_LOG")
     if not path or not (report.when == "call" or report.outcome != "passed"):
         return

@@ -19,7 +19,8 @@ from flax import nnx
 
 from jaxformer.config import ModelConfig, replaced
 from jaxformer.errors import ConfigError
-from jaxformer.interpret import head_ablation, linear_probe, logit_lens, patching_curve, token_losses
+from jaxformer.interpret import head_ablation, linear_probe, logit_lens, patching_curve
+from jaxformer.ops.losses import mean_nll as token_losses
 from jaxformer.nn import build_model
 
 L, N = 3, 4

@@ -710,3 +710,18 @@ def test_attention_softmax_backward_against_float64():
     np.testing.assert_allclose(np.asarray(out), w64, rtol=0, atol=8 * np.finfo(np.float32).eps)
     np.testing.assert_allclose(np.asarray(vjp(jnp.asarray(g))[0]), want, rtol=0,
                                atol=32 * np.finfo(np.float32).eps * np.abs(g).max())
+
+
+def test_mean_nll_is_the_weighted_mean_cross_entropy():
+    """ops.losses.mean_nll against float64 NumPy: the weights' positions only; 0 (not NaN) when none is kept."""
+    from jaxformer.ops.losses import mean_nll
+    rng = np.random.default_rng(0)
+    logits, targets = rng.normal(size=(2, 5, 7)), rng.integers(0, 7, (2, 5))
+    w = rng.integers(0, 2, (2, 5)).astype(float)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
+    got = mean_nll(jnp.asarray(logits, jnp.float32), jnp.asarray(targets), jnp.asarray(w))
+    np.testing.assert_allclose(float(got), (nll * w).sum() / w.sum(), rtol=1e-5)
+    np.testing.assert_allclose(float(mean_nll(jnp.asarray(logits, jnp.float32), jnp.asarray(targets))), nll.mean(),
+                               rtol=1e-5)
+    assert float(mean_nll(jnp.asarray(logits, jnp.float32), jnp.asarray(targets), jnp.zeros((2, 5)))) == 0.0

@@ -41,43 +41,15 @@ import numpy as np
 
 from jaxformer.data.documents import Piece, check_inputs, pieces, rule_of, sha256_file
 from jaxformer.data.tokenizers import (ByteTokenizer, CharTokenizer, HFTokenizer, SentencePieceTokenizer,
-                                      pretrained_tokenizer, save_tokenizer)
+                                      load_tokenizer_file, save_tokenizer, train_tokenizer)
 from jaxformer.errors import DataError, Interrupted
 from jaxformer.signals import pending
 
 FORMAT = "jaxformer-tokens/1"
 PIECE = 1 << 16                    # bytes of text per piece read (cut after a newline when there is one)
-SPECIALS = ("<pad>", "<eod>")      # ids 0 and 1 of the tokenizers trained here
 SPLITS = ("train", "eval")
 MAX_VOCAB = 1 << 24               # --vocab-size: tokenizers trains 2^24 on any corpus; 10^9 aborts the process
 MARK = ".jaxformer-partial"        # in OUT.partial: this folder is prepare's unfinished output, free to remove
-
-
-def load_tokenizer_file(path: Path):
-    """A Hugging Face checkpoint folder (`tokenizers.pretrained_tokenizer`: no padding id, its EOS ends each
-    document), a SentencePiece model (PATH ending in .model), or a HF tokenizer.json; a tokenizer.json's <pad>
-    must be id 0 (a file without "<pad>" at id 0 is refused) and its end-of-document token is "<eod>",
-    "<|endoftext|>" or "</s>", whichever it has."""
-    if path.is_dir():                   # a pretrained model's folder: its tokenizer.json and token ids
-        return pretrained_tokenizer(path)
-    if not path.is_file():
-        raise DataError(f"--tokenizer {str(path)!r}: expected char, byte, bpe, unigram, or the path of a "
-                        f"tokenizer.json, a SentencePiece .model or a Hugging Face checkpoint folder (no such file)")
-    if path.suffix == ".model":
-        return SentencePieceTokenizer(path.read_bytes())
-    from tokenizers import Tokenizer
-    try:
-        tok = Tokenizer.from_file(str(path))
-    except Exception as e:              # tokenizers raises a bare Exception with serde's message
-        raise DataError(f"tokenizer file {str(path)!r} does not parse: {str(e)[:300]}") from None
-    vocab = tok.get_vocab(with_added_tokens=True)
-    if vocab.get("<pad>") != 0:
-        raise DataError(f"tokenizer file {str(path)!r}: \"<pad>\" must be id 0 (it is "
-                        f"{vocab.get('<pad>', 'absent')}); jaxformer pads with id 0")
-    eod = next((vocab[t] for t in ("<eod>", "<|endoftext|>", "</s>") if t in vocab), None)
-    if eod is None:
-        raise DataError(f"tokenizer file {str(path)!r} has no end-of-document token (<eod>, <|endoftext|> or </s>)")
-    return HFTokenizer(tok, eod)
 
 
 def _marks_start(tok) -> bool:
@@ -86,32 +58,6 @@ def _marks_start(tok) -> bool:
     if not isinstance(tok, (HFTokenizer, SentencePieceTokenizer)):
         return False
     return tok.decode(np.concatenate([tok.encode("a\n"), tok.encode("b\n")])) != "a\nb\n"
-
-
-def train_tokenizer(kind: str, texts: Iterator[str], vocab_size: int):
-    """kind "bpe" or "unigram": a byte-level HF tokenizer trained on `texts` (a stream), ids 0/1 = <pad>/<eod>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    least = len(alphabet) + len(SPECIALS)
-
-    if vocab_size < least + (1 if kind == "bpe" else 0):
-        raise DataError(f"--vocab-size {vocab_size} is too small for a byte-level {kind} tokenizer (at least "
-                        f"{least + 1}: the {len(alphabet)} bytes, <pad>, <eod> and one merge)")
-    if kind == "bpe":
-        tok = Tokenizer(models.BPE())
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
-                                      initial_alphabet=alphabet, show_progress=False)
-    else:
-        tok = Tokenizer(models.Unigram())
-        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
-                                          initial_alphabet=alphabet, show_progress=False)
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainer=trainer)
-    vocab = tok.get_vocab(with_added_tokens=True)
-    if (vocab.get("<pad>"), vocab.get("<eod>")) != (0, 1):
-        raise DataError(f"the trained {kind} tokenizer did not put <pad>, <eod> at ids 0, 1")
-    return HFTokenizer(tok, 1)
 
 
 class _Writer:

@@ -1,5 +1,6 @@
 """Tokenizers: digits (reversal/copy tasks), characters (char-level LM), bytes, subword tokenizers of HF
-`tokenizers` (byte-level BPE or unigram trained locally by `jaxformer data prepare`, or a `tokenizer.json`), and
+`tokenizers` (byte-level BPE or unigram trained locally, `train_tokenizer`, which `jaxformer data prepare` calls;
+or a `tokenizer.json`, `load_tokenizer_file`), and
 SentencePiece models (a `.model` file; needs the `sentencepiece` package). Id 0 is padding, except for a
 pretrained model's tokenizer (`pretrained_tokenizer`: no token is, pad_id = -1). Tokenizers of prepared token
 shards also have an end-of-document id (`eod_id`)."""
@@ -9,6 +10,7 @@ import base64
 import contextlib
 import json
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -298,3 +300,59 @@ def load_tokenizer(path: Path):
         return tokenizer_from_json(json.loads(Path(path).read_text(encoding="utf-8")))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(f"tokenizer file {str(path)!r} is unreadable: {type(e).__name__}: {e}") from None
+
+
+SPECIALS = ("<pad>", "<eod>")      # ids 0 and 1 of the tokenizers trained here
+
+
+def load_tokenizer_file(path: Path):
+    """A Hugging Face checkpoint folder (`tokenizers.pretrained_tokenizer`: no padding id, its EOS ends each
+    document), a SentencePiece model (PATH ending in .model), or a HF tokenizer.json; a tokenizer.json's <pad>
+    must be id 0 (a file without "<pad>" at id 0 is refused) and its end-of-document token is "<eod>",
+    "<|endoftext|>" or "</s>", whichever it has."""
+    if path.is_dir():                   # a pretrained model's folder: its tokenizer.json and token ids
+        return pretrained_tokenizer(path)
+    if not path.is_file():
+        raise DataError(f"--tokenizer {str(path)!r}: expected char, byte, bpe, unigram, or the path of a "
+                        f"tokenizer.json, a SentencePiece .model or a Hugging Face checkpoint folder (no such file)")
+    if path.suffix == ".model":
+        return SentencePieceTokenizer(path.read_bytes())
+    from tokenizers import Tokenizer
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:              # tokenizers raises a bare Exception with serde's message
+        raise DataError(f"tokenizer file {str(path)!r} does not parse: {str(e)[:300]}") from None
+    vocab = tok.get_vocab(with_added_tokens=True)
+    if vocab.get("<pad>") != 0:
+        raise DataError(f"tokenizer file {str(path)!r}: \"<pad>\" must be id 0 (it is "
+                        f"{vocab.get('<pad>', 'absent')}); jaxformer pads with id 0")
+    eod = next((vocab[t] for t in ("<eod>", "<|endoftext|>", "</s>") if t in vocab), None)
+    if eod is None:
+        raise DataError(f"tokenizer file {str(path)!r} has no end-of-document token (<eod>, <|endoftext|> or </s>)")
+    return HFTokenizer(tok, eod)
+
+
+def train_tokenizer(kind: str, texts: Iterator[str], vocab_size: int):
+    """kind "bpe" or "unigram": a byte-level HF tokenizer trained on `texts` (a stream), ids 0/1 = <pad>/<eod>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    least = len(alphabet) + len(SPECIALS)
+
+    if vocab_size < least + (1 if kind == "bpe" else 0):
+        raise DataError(f"--vocab-size {vocab_size} is too small for a byte-level {kind} tokenizer (at least "
+                        f"{least + 1}: the {len(alphabet)} bytes, <pad>, <eod> and one merge)")
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE())
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
+                                      initial_alphabet=alphabet, show_progress=False)
+    else:
+        tok = Tokenizer(models.Unigram())
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
+                                          initial_alphabet=alphabet, show_progress=False)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainer=trainer)
+    vocab = tok.get_vocab(with_added_tokens=True)
+    if (vocab.get("<pad>"), vocab.get("<eod>")) != (0, 1):
+        raise DataError(f"the trained {kind} tokenizer did not put <pad>, <eod> at ids 0, 1")
+    return HFTokenizer(tok, 1)

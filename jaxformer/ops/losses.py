@@ -21,11 +21,12 @@ def token_losses(logits: jax.Array, targets: jax.Array, pad_id: int, label_smoot
     """logits [B,T,V] float32, targets [B,T] -> dict of sums over non-pad tokens: objective (label-smoothed
     CE, plus z_loss · log(Z)² per token: PaLM's output z-loss, Z the softmax normaliser), nll, correct, count,
     and log_z2 (the sum of log(Z)²). Pad targets contribute nothing (nor gradient)."""
-    return _sums(logits, targets, (targets != pad_id).astype(jnp.float32), label_smoothing, z_loss)
+    return weighted_token_losses(logits, targets, (targets != pad_id).astype(jnp.float32), label_smoothing, z_loss)
 
 
-def _sums(logits, targets, w, label_smoothing: float, z_loss: float) -> dict:
-    """token_losses with explicit per-token weights w [B,T] (1 = counted, 0 = not)."""
+def weighted_token_losses(logits: jax.Array, targets: jax.Array, w: jax.Array, label_smoothing: float = 0.0,
+                          z_loss: float = 0.0) -> dict:
+    """`token_losses` with explicit per-token weights w [B,T] (1 = counted, 0 = not) in place of the padding id."""
     x = logits.astype(jnp.float32)
     log_z = jax.nn.logsumexp(x, axis=-1)
     logp = x - log_z[..., None]
@@ -36,6 +37,14 @@ def _sums(logits, targets, w, label_smoothing: float, z_loss: float) -> dict:
     correct = (logits.argmax(-1) == targets).astype(jnp.float32)
     return {"objective": (objective * w).sum(), "nll": (nll * w).sum(), "correct": (correct * w).sum(),
             "count": w.sum(), "log_z2": (jnp.square(log_z) * w).sum()}
+
+
+def mean_nll(logits: jax.Array, targets: jax.Array, weights: jax.Array | None = None) -> jax.Array:
+    """The mean negative log-likelihood of targets [B,T] under logits [B,T,V] over the positions weights [B,T]
+    keep (all by default; 0 where none is kept): `weighted_token_losses`' nll / count."""
+    w = jnp.ones(targets.shape, jnp.float32) if weights is None else weights.astype(jnp.float32)
+    s = weighted_token_losses(logits, targets, w)
+    return s["nll"] / jnp.maximum(s["count"], 1.0)
 
 
 def chunked_token_losses(x: jax.Array, head: Callable[[jax.Array], jax.Array], targets: jax.Array, pad_id: int,
@@ -60,7 +69,7 @@ def chunked_token_losses(x: jax.Array, head: Callable[[jax.Array], jax.Array], t
 
     @jax.checkpoint
     def one(xc, tc, wc):
-        return _sums(head(xc), tc, wc, label_smoothing, z_loss)
+        return weighted_token_losses(head(xc), tc, wc, label_smoothing, z_loss)
 
     def body(acc, xs):
         return jax.tree.map(jnp.add, acc, one(*xs)), None
