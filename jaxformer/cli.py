@@ -125,7 +125,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from jaxformer.arch import adapter
+    from jaxformer.arch import architecture
     from jaxformer.inference import default_prompts, generate_text, load_model
     run = load_model(args.workdir, args.which, quantize=args.quantize, weights=args.weights)
     prompts = args.prompt or default_prompts(run)
@@ -138,7 +138,7 @@ def cmd_generate(args) -> int:
     quant = (f", weights {args.quantize}" if args.quantize else "") + (
         f", KV cache {args.kv_cache}" if args.kv_cache != "auto" else "")
     console.print(f"{args.workdir}: {run.which} checkpoint (step {run.step}){quant}, {how}")
-    sep = adapter(run.cfg.model.arch).separator
+    sep = architecture(run.cfg.model.arch).separator
     for p, o in zip(prompts, outs):
         console.print(Text.assemble((p, "bold"), (sep, "dim"), (o, "green")))
     return 0
@@ -193,12 +193,12 @@ def cmd_mup_check(args) -> int:
 
 def cmd_params(args) -> int:
     import jax
-    from jaxformer.arch import adapter
+    from jaxformer.arch import architecture
     from jaxformer.nn import build_model
     cfg = _config(args, resolved=True)
     model = build_model(cfg.model)
     console.print(params_table(model))
-    arch = adapter(cfg.model.arch)
+    arch = architecture(cfg.model.arch)
     batch = arch.example_batch(2, 8)
     y = arch.forward(model, batch)[0]
     console.print(f"forward pass: tokens {arch.prompts(batch)[0].shape} -> logits {y.shape}, "

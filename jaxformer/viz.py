@@ -26,7 +26,7 @@ from flax import nnx
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from jaxformer.arch import adapter
+from jaxformer.arch import architecture
 from jaxformer.errors import ConfigError, DataError
 from jaxformer.inference import LoadedModel, default_prompts, load_model, prompt_ids
 from jaxformer.runs import RunDir
@@ -70,7 +70,7 @@ def encode_prompt(run: LoadedModel, prompt: str) -> np.ndarray:
     character outside the vocabulary (or a non-digit for a digit task), an empty prompt, or one too long."""
     tok, cfg = run.tokenizer, run.cfg.model
     ids = prompt_ids(tok, prompt)
-    row = adapter(cfg.arch).prompt_row(tok, ids)
+    row = architecture(cfg.arch).prompt_row(tok, ids)
     try:
         cfg.check_length(len(row), f"prompt {prompt[:40]!r}" + (" (with its EOS)" if len(row) > len(ids) else ""))
     except ConfigError as e:
@@ -100,7 +100,7 @@ def attention_maps(run: LoadedModel, prompts: list[str]) -> list[AttentionMaps]:
     tok, cfg = run.tokenizer, run.cfg.model
     rows = [encode_prompt(run, p) for p in prompts]
     table = cfg.max_len if cfg.positional in ("sinusoidal", "learned") else None
-    (args, kw), axes, answers = adapter(cfg.arch).attention_inputs(run.model, tok, rows, cfg.pad_id, table)
+    (args, kw), axes, answers = architecture(cfg.arch).attention_inputs(run.model, tok, rows, cfg.pad_id, table)
     graphdef, state = nnx.split(run.model)
     w = {k: np.asarray(v) for k, v in _weights(graphdef, state, args, kw).items()}      # kind: [L,B,N,T,S]
     label = lambda xs: [token_label(tok, x) for x in xs]                              # noqa: E731
@@ -199,7 +199,7 @@ def next_tokens(run: LoadedModel, prompts: list[str]) -> NextTokens:
     tok, cfg = run.tokenizer, run.cfg.model
     rows = [encode_prompt(run, p) for p in prompts]
     table = cfg.max_len if cfg.positional in ("sinusoidal", "learned") else None
-    (args, kw), axes, answers = adapter(cfg.arch).attention_inputs(run.model, tok, rows, cfg.pad_id, table)
+    (args, kw), axes, answers = architecture(cfg.arch).attention_inputs(run.model, tok, rows, cfg.pad_id, table)
     queries = [ax["self" if "self" in ax else "decoder_self"][0] for ax in axes]
     width = args[-1].shape[1]
     targets, weights = np.zeros((len(rows), width), np.int32), np.zeros((len(rows), width), np.float32)

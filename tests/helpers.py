@@ -147,7 +147,7 @@ def chat_folder(folder, seed: int = 0):
 def attention_pattern(attn, *args, **kw):
     """An attention module's probabilities [B,N,T,S] for one call (args as its own): its `pattern` site,
     captured (the one route to them, `nn.sites`)."""
-    from jaxformer.nn.sites import Sites, probe
-    sites = Sites(probe(("pattern",), None, ("pattern",)))
+    from jaxformer.nn.sites import Sites, hooks
+    sites = Sites(hooks(("pattern",), None, ("pattern",)))
     attn(*args, sites=sites, **kw)
     return sites.captured["pattern"]

@@ -113,14 +113,15 @@ MUTANTS = (
     Mutant("gemma-norm-plain", "Gemma's (1 + w) norm weights read as plain scales", "jaxformer/hf/mapping.py",
            'one = 1.0 if family in ("gemma", "gemma2") else 0.0', "one = 0.0", ("tests/test_hf.py", "-k", "gemma")),
     Mutant("rope-scaling-ignored", "RoPE scaling read from the config but not applied", "jaxformer/nn/attention.py",
-           "positional.apply_rope(x, positions, self.cfg.rope.base, self.cfg.rope.frequency_scaling())",
-           "positional.apply_rope(x, positions, self.cfg.rope.base)", ("tests/test_hf.py", "-k", "llama")),
-    Mutant("qk-norm-after-rope", "QK-norm applied after RoPE", "jaxformer/nn/attention.py",
-           "            return positional.apply_rope(x, positions, self.cfg.rope.base, "
-           "self.cfg.rope.frequency_scaling())\n        return x",
-           "            x = positional.apply_rope(x, positions, self.cfg.rope.base, self.cfg.rope.frequency_scaling())\n"
-           "        return norms.rms_norm(x, getattr(self, norm)[...], self.cfg.norm.eps) "
-           "if self.cfg.attention.qk_norm else x",
+           "rope = lambda x: positional.apply_rope(x, positions, self.cfg.rope.base,  # noqa: E731\n"
+           "                                               self.cfg.rope.frequency_scaling())",
+           "rope = lambda x: positional.apply_rope(x, positions, self.cfg.rope.base)",
+           ("tests/test_hf.py", "-k", "llama")),
+    Mutant("qk-norm-after-rope", "QK-norm's scale applied after RoPE", "jaxformer/nn/attention.py",
+           "        if layer.rope is None:\n            return rope(q), rope(k)\n",
+           "        if layer.rope is None:\n"
+           "            qn, kn = (self.q_norm[...], self.k_norm[...]) if self.cfg.attention.qk_norm else (1.0, 1.0)\n"
+           "            return rope(q / qn) * qn, rope(k / kn) * kn\n",
            ("tests/test_hf.py", "-k", "qwen3")),
     Mutant("kv-heads-interleaved", "k/v projections split into heads the wrong way round (H, K)",
            "jaxformer/hf/mapping.py", "lambda a: (a.T.reshape(d_in, *out_shape),)",
@@ -292,20 +293,20 @@ MUTANTS = (
            "jaxformer/nn/stack.py", "extra[\"layer\"] = jnp.asarray(i, jnp.int32)",
            "extra[\"layer\"] = jnp.asarray(i + 1, jnp.int32)", ("tests/test_decode_layout.py", "-k", "its_own_index")),
     Mutant("sites-captured-before-patch", "a captured site records its value before its patch, not after",
-           "jaxformer/nn/sites.py", "        for n, fn in self.probe.patch:\n            if n == name:\n"
-           "                value = fn(value, self.layer)\n        if name in self.probe.capture:\n"
+           "jaxformer/nn/sites.py", "        for n, fn in self.hooks.patch:\n            if n == name:\n"
+           "                value = fn(value, self.layer)\n        if name in self.hooks.capture:\n"
            "            self.captured[name] = value\n",
-           "        if name in self.probe.capture:\n            self.captured[name] = value\n"
-           "        for n, fn in self.probe.patch:\n            if n == name:\n"
+           "        if name in self.hooks.capture:\n            self.captured[name] = value\n"
+           "        for n, fn in self.hooks.patch:\n            if n == name:\n"
            "                value = fn(value, self.layer)\n", ("tests/test_sites.py", "-k", "ablating")),
     Mutant("attn-out-after-residual", "the attn_out site taken after the residual add (the residual stream)",
            "jaxformer/nn/layers.py", 'x, a = self.res_self(x, lambda y: sites.output("attn_out", self.self_attn(\n'
-           '            sites("attn_in", y), mask=mask, positions=ctx.positions, kv_positions=ctx.kv_positions, '
-           'cache=cache,\n            wqkv=decode.wqkv, rngs=rngs, sites=sites)), rngs)\n'
+           '            sites("attn_in", y), mask=ctx.mask, positions=ctx.positions, kv_positions=ctx.kv_positions, '
+           'cache=cache,\n            wqkv=decode.wqkv, rngs=rngs, sites=sites, layer=settings)), rngs)\n'
            '        x = sites("resid_mid", x)\n',
            'x, a = self.res_self(x, lambda y: self.self_attn(\n'
-           '            sites("attn_in", y), mask=mask, positions=ctx.positions, kv_positions=ctx.kv_positions, '
-           'cache=cache,\n            wqkv=decode.wqkv, rngs=rngs, sites=sites), rngs)\n'
+           '            sites("attn_in", y), mask=ctx.mask, positions=ctx.positions, kv_positions=ctx.kv_positions, '
+           'cache=cache,\n            wqkv=decode.wqkv, rngs=rngs, sites=sites, layer=settings), rngs)\n'
            '        x = sites("resid_mid", sites("attn_out", x))\n', ("tests/test_sites.py", "-k", "by_hand")),
     Mutant("sites-unknown-accepted", "a misspelt site name captures nothing, silently", "jaxformer/nn/sites.py",
            "        if name not in available:\n", "        if False:\n", ("tests/test_sites.py", "-k", "bad_sites")),
@@ -687,8 +688,8 @@ MUTANTS = (
     Mutant("settings-without-index", "per-layer settings do not carry the layer index", "jaxformer/nn/per_layer.py",
            "LayerSettings(window, rope, layer)", "LayerSettings(window, rope)", ("tests/test_differential.py",)),
     Mutant("sites-discovery-first-only", "discovery records a model-level site but no block's",
-           "jaxformer/nn/sites.py", "        if self.probe.reached is not None:\n",
-           "        if self.probe.reached is not None and self.layer is None:\n",
+           "jaxformer/nn/sites.py", "        if self.hooks.reached is not None:\n",
+           "        if self.hooks.reached is not None and self.layer is None:\n",
            ("tests/test_sites.py", "-k", "every_site_is_listed or bad_sites")),
     Mutant("scores-patch-ignored", "a patched attn_scores site is recorded but the softmax reads the old logits",
            "jaxformer/ops/attention.py",

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxformer import ops
-from jaxformer.arch import adapter
+from jaxformer.arch import architecture
 from jaxformer.config import DataConfig, ModelConfig, replaced
 from jaxformer.data import build_task, pad_rows
 from jaxformer.data.tasks import pad_batch, positions_of
@@ -84,7 +84,7 @@ def test_a_digit_batch_gives_each_pair_the_logits_it_has_alone():
     task = build_task(DataConfig(num_train=16, num_eval=8, min_len=1, max_len=5))
     batch = {k: v[:8] for k, v in task.eval.items()}
     model = _model()
-    logits = np.asarray(adapter("encoder_decoder").forward(model, batch)[0])
+    logits = np.asarray(architecture("encoder_decoder").forward(model, batch)[0])
     for i in range(8):
         n_src, n_tgt = int(batch["src_segment_ids"][i].sum()), int(batch["tgt_segment_ids"][i].sum())
         alone = np.asarray(model(batch["src"][i:i + 1, :n_src], batch["tgt_in"][i:i + 1, :n_tgt])[0])[0]
@@ -172,7 +172,7 @@ def test_the_adapters_prompt_batch_decodes_each_prompt_as_alone(arch):
     reach the decoder."""
     from types import SimpleNamespace
     tok = SimpleNamespace(eod_id=None, bos_id=1, eos_id=2)
-    model, ad = _model(arch), adapter(arch)
+    model, ad = _model(arch), architecture(arch)
     rows = [np.array([4, 5, 6, 7, 8], np.int32), np.array([9, 3], np.int32)]
     batch, seg = ad.prompt_batch(rows, PAD)
     out = np.asarray(ad.generate(model, tok, batch, seg, max_new=3))

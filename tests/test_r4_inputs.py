@@ -102,11 +102,11 @@ def test_a_latin1_runs_csv_is_named_by_file_line_and_column(report_copy, capsys)
 def test_mup_sizes_of_an_encoder_decoder_read_its_decoder_and_encoder_sites():
     """Before: KeyError 'inputs' (the sizes read an LM's batch), a traceback. Traced abstractly: no compile."""
     from jaxformer import mup
-    from jaxformer.arch import adapter
+    from jaxformer.arch import architecture
     cfg = tiny_reverse()
     graph, state = nnx.split(_abstract(cfg))
     sites = tuple(s for s in mup.SITES if s != mup.LEARNED) + mup.ENCODER_SITES
-    out, z = jax.eval_shape(mup._sizes_fn(graph, sites), state, adapter(cfg.model.arch).example_batch(2, 5))
+    out, z = jax.eval_shape(mup._sizes_fn(graph, sites), state, architecture(cfg.model.arch).example_batch(2, 5))
     assert out.shape == (len(sites),) and z.shape == (2, 5)
 
 

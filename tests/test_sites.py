@@ -85,8 +85,8 @@ def test_a_site_is_whatever_a_module_passes_through_sites_found_by_an_abstract_t
     from jaxformer.nn.sites import Sites, discover
     ran = []
 
-    def toy(probe):
-        sites = Sites(probe, 0)
+    def toy(hooks):
+        sites = Sites(hooks, 0)
         x = sites("first", jnp.ones(3))
         jax.debug.callback(lambda: ran.append(1))
         return sites.view("sub_")("second", x * 2)

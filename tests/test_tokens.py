@@ -72,8 +72,8 @@ def test_a_packed_row_gives_each_documents_logits_alone(shards):
             pieces += 1
     assert pieces > 8                                       # rows really hold several documents
     # and the training and evaluation path (the decoder-only adapter) passes the batch's segment ids on
-    from jaxformer.arch import adapter
-    logits, _, _ = jax.jit(lambda s, b: adapter("decoder_only").forward(nnx.merge(graph, s), b))(
+    from jaxformer.arch import architecture
+    logits, _, _ = jax.jit(lambda s, b: architecture("decoder_only").forward(nnx.merge(graph, s), b))(
         state, {k: jnp.asarray(v) for k, v in batch.items()})
     np.testing.assert_allclose(np.asarray(logits), full, rtol=1e-6, atol=1e-6)
 

@@ -1,4 +1,4 @@
-"""The decoder-only adapter: batches {"inputs", "targets", "segment_ids", "positions"}, prompts continued
+"""The decoder-only architecture: batches {"inputs", "targets", "segment_ids", "positions"}, prompts continued
 (left-padded, so every row's last token is its last column; their segment ids say which tokens are real),
 next-token predictions as decoded examples."""
 from __future__ import annotations

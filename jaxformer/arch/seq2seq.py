@@ -1,4 +1,4 @@
-"""The encoder-decoder adapter: batches {"src", "tgt_in", "tgt_out"} with each side's segment ids and positions
+"""The encoder-decoder architecture: batches {"src", "tgt_in", "tgt_out"} with each side's segment ids and positions
 ({src,tgt}_{segment_ids,positions}), answers decoded greedily (or by beam search) from a source prompt + EOS,
 exact match as a held-out metric."""
 from __future__ import annotations

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer.arch import adapter
+from jaxformer.arch import architecture
 from jaxformer.config import Config
 from jaxformer.data import Task, attention_fields, build_task
 from jaxformer.data.tasks import length_segments, pad_batch
@@ -30,7 +30,7 @@ def make_eval_step(model_graph: nnx.GraphDef, cfg: Config, plan: Plan | None = N
     """eval_step(model_state, batch) -> sums {nll, correct, count} (teacher forced, no dropout), and with
     token_bytes ([V] int, the tokenizer's) {text_nll, bytes}: the nll of the targets that stand for text and
     their bytes. Jitted (under a plan: the batch sharded by its rows, the sums replicated)."""
-    pad, arch = cfg.model.pad_id, adapter(cfg.model.arch)
+    pad, arch = cfg.model.pad_id, architecture(cfg.model.arch)
     table = None if token_bytes is None else np.asarray(token_bytes, np.float32)
 
     def eval_step(model_state, batch):
@@ -53,7 +53,7 @@ def evaluate(cfg: Config, task: Task, model: nnx.Module, eval_step=None, plan: P
     eval_step: `make_eval_step(nnx.graphdef(model), cfg, plan)`, built once by a caller that evaluates often.
     Batches have one shape (the last is padded with all-pad rows that count nowhere), so each compiles once;
     under a plan they are global arrays of which this process reads only its rows."""
-    arch = adapter(cfg.model.arch)
+    arch = architecture(cfg.model.arch)
     graph, state = nnx.split(model)
     bytes_of = getattr(task.tokenizer, "token_bytes", None)
     eval_step = eval_step or make_eval_step(graph, cfg, plan, bytes_of() if bytes_of else None)
@@ -90,7 +90,7 @@ def examples(task: Task, model: nnx.Module, k: int, batch_rows: int = 0) -> list
     if k <= 0:
         return []
     tok = task.tokenizer
-    rows = adapter(model.cfg.arch).examples(model, task, k, batch_rows)
+    rows = architecture(model.cfg.arch).examples(model, task, k, batch_rows)
     return [{"input": tok.decode(x), "target": tok.decode(y), "prediction": tok.decode(p), "ok": bool(np.all(p == y))}
             for x, y, p in rows]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from jaxformer.arch import adapter
+from jaxformer.arch import architecture
 from jaxformer.data import DataError, build_task
 from jaxformer.errors import ConfigError
 from jaxformer.data.tokenizers import DigitTokenizer
@@ -27,7 +27,7 @@ def prompt_ids(tokenizer, prompt: str) -> np.ndarray:
 def default_prompts(run: LoadedModel) -> list[str]:
     """Three held-out inputs of the run's task (an LM gets their first half)."""
     task = build_task(run.cfg.data, run.tokenizer)
-    return adapter(run.cfg.model.arch).default_prompts(task)
+    return architecture(run.cfg.model.arch).default_prompts(task)
 
 
 def generate_text(run: LoadedModel, prompts: list[str], *, max_new: int | None = None, temperature: float = 0.0,
@@ -43,7 +43,7 @@ def generate_text(run: LoadedModel, prompts: list[str], *, max_new: int | None =
         raise ConfigError(f"beam={beam!r} must be an integer >= 1 (1 = greedy or sampled decoding)")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
         raise ConfigError(f"seed={seed!r} must be an integer in [0, 2**32)")
-    tok, arch = run.tokenizer, adapter(run.cfg.model.arch)
+    tok, arch = run.tokenizer, architecture(run.cfg.model.arch)
     batch, seg = arch.prompt_batch([arch.prompt_row(tok, prompt_ids(tok, p)) for p in prompts], run.cfg.model.pad_id)
     out = arch.generate(run.model, tok, batch, seg, max_new=max_new, key=jax.random.key(seed), temperature=temperature,
                         top_k=top_k, top_p=top_p, beam=beam, kv_cache=kv_cache)

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer.arch import adapter
+from jaxformer.arch import architecture
 from jaxformer.errors import ConfigError, DataError, Interrupted
 from jaxformer.inference.generate import prompt_ids
 from jaxformer.inference.restore import LoadedModel
@@ -182,7 +182,7 @@ class HarnessModel:
         """`generate_until` of requests of one max_gen_toks n. A prompt (its BOS included) longer than
         model.max_len - n tokens keeps its last ones, as lm-evaluation-harness cuts it (one warning line counts
         them)."""
-        arch, room = adapter("decoder_only"), prompt_room(self.run, n)
+        arch, room = architecture("decoder_only"), prompt_room(self.run, n)
         rows = [arch.prompt_row(self.tok, prompt_ids(self.tok, r.args[0])) for r in requests]
         cut = sum(len(x) > room for x in rows)
         if cut:

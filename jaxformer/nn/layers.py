@@ -36,7 +36,7 @@ class Context(NamedTuple):
     then the T new tokens when cached), broadcastable to [B,N,T,S] or a lazy ops.masks.CausalMask.
     kv_positions [B,S] of those keys (None = positions). valid [B,T] bool: real tokens (MoE routing only).
     memory [B,S_src,D]: the encoder output for cross-attention when its keys/values are not precomputed per
-    layer; memory_mask its mask, broadcastable to [B,N,T,S_src]. probe: the activation sites asked for
+    layer; memory_mask its mask, broadcastable to [B,N,T,S_src]. hooks: the activation sites asked for
     (`nn.sites`)."""
     positions: jax.Array | None = None
     mask: Any = None
@@ -44,7 +44,7 @@ class Context(NamedTuple):
     valid: jax.Array | None = None
     memory: jax.Array | None = None
     memory_mask: Any = None
-    probe: Any = None
+    hooks: Any = None
 
 
 def dropout(layer: nnx.Dropout, x: jax.Array, rngs: nnx.Rngs | None) -> jax.Array:
@@ -191,9 +191,9 @@ class EncoderBlock(nnx.Module):
 
     def __call__(self, x: jax.Array, ctx: Context, *, layer: jax.Array | int,
                  rngs: nnx.Rngs | None = None) -> BlockOut:
-        """x [B,S,D] -> BlockOut([B,S,D], aux, None): aux "moe" from a MoE FFN, "captured": the activation sites ctx.probe captures (`nn.sites`). layer: this block's index in
+        """x [B,S,D] -> BlockOut([B,S,D], aux, None): aux "moe" from a MoE FFN, "captured": the activation sites ctx.hooks captures (`nn.sites`). layer: this block's index in
         its stack (`nn.per_layer`)."""
-        sites, settings = Sites(ctx.probe, layer), per_layer.settings(self.cfg, layer, "encoder")
+        sites, settings = Sites(ctx.hooks, layer), per_layer.settings(self.cfg, layer, "encoder")
         x, _ = self.res_attn(sites("resid_pre", x), lambda y: sites.output("attn_out", self.self_attn(
             sites("attn_in", y), mask=ctx.mask, positions=ctx.positions, rngs=rngs, sites=sites,
             layer=settings)), rngs)
@@ -231,10 +231,10 @@ class DecoderBlock(nnx.Module):
         the caller to write into its cache (None without a cache). memory_kv: this layer's cross-attention keys/values of
         the encoder memory [B,S,K,H] (else they are projected from ctx.memory). decode: this layer's
         decoding-layout weights (`decode_weights`: a token loop's, from `nn.stack.LayerStack.lay_out`). aux holds
-        "moe" statistics, "captured": the activation sites ctx.probe captures (`nn.sites`)."""
+        "moe" statistics, "captured": the activation sites ctx.hooks captures (`nn.sites`)."""
         settings = per_layer.settings(self.cfg, layer)
         decode = DecodeWeights() if decode is None else decode
-        sites = Sites(ctx.probe, layer)
+        sites = Sites(ctx.hooks, layer)
         x = sites("resid_pre", x)
         x, a = self.res_self(x, lambda y: sites.output("attn_out", self.self_attn(
             sites("attn_in", y), mask=ctx.mask, positions=ctx.positions, kv_positions=ctx.kv_positions, cache=cache,

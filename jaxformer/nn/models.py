@@ -35,7 +35,7 @@ from jaxformer.nn import init
 from jaxformer.nn.cache import KVCache, LayerwiseKV, Memory, heads_major, init_cache
 from jaxformer.nn.inputs import AttentionInputs, decoder_self_mask, default_positions  # noqa: F401 (re-exported)
 from jaxformer.nn.layers import Context, DecoderBlock, EncoderBlock, Norm, dropout
-from jaxformer.nn.sites import Probe, Sites, discover, probe as sites_probe, with_captured
+from jaxformer.nn.sites import Hooks, Sites, discover, hooks as make_hooks, with_captured
 from jaxformer.nn.params import DTYPES, param
 from jaxformer.nn.stack import BlockOut, LayerStack
 from jaxformer.ops import positional
@@ -193,17 +193,17 @@ class _Model(nnx.Module):
             _SITES[key] = discover(lambda p: nnx.merge(graphdef, state)(*args, capture=p))
         return _SITES[key]
 
-    def _probe(self, capture, patch) -> Probe | None:
-        """The call's probe: `capture` itself when `sites()` traces with one, else the validated names."""
-        return capture if isinstance(capture, Probe) else sites_probe(capture, patch, self.sites())
+    def _hooks(self, capture, patch) -> Hooks | None:
+        """The call's hooks: `capture` itself when `sites()` traces with one, else the validated names."""
+        return capture if isinstance(capture, Hooks) else make_hooks(capture, patch, self.sites())
 
     def _decoder_pass(self, tokens, side: AttentionInputs, *, memory: Memory | None = None,
                       cache: KVCache | None = None, mode: str = "train", rngs=None, features: bool = False,
-                      probe=None):
+                      hooks=None):
         """The forward pass, written once: embed -> decoder stack -> logits. Uncached (mode "train"), or over a
         cache: the T new tokens attend over the cache's slots (none for "prefill") then themselves, and their
         keys/values are written at slots [index, index+T). -> (logits [B,T,V] float32, aux: "moe", "captured",
-        "cache" the new cache); features=True: the output head's input [B,T,D] instead of the logits. probe:
+        "cache" the new cache); features=True: the output head's input [B,T,D] instead of the logits. hooks:
         activation sites to capture or patch (`nn.sites`)."""
         pos, valid = side.positions, side.valid
         past = None
@@ -218,8 +218,8 @@ class _Model(nnx.Module):
         mask = decoder_self_mask(self.cfg, pos, kv_pos, k_valid, side.segments, k_seg)
         ctx = Context(pos, mask, kv_pos, valid,
                       memory=None if memory is None or memory.kv is not None else memory.x,
-                      memory_mask=None if memory is None else side.cross_mask(memory), probe=probe)
-        sites = Sites(probe)
+                      memory_mask=None if memory is None else side.cross_mask(memory), hooks=hooks)
+        sites = Sites(hooks)
         x = sites("embed", self.embed(tokens, pos, rngs))
         out = self.decoder(x, ctx, cache=past, rngs=rngs)
         h = sites("final_norm", out.x)
@@ -259,11 +259,11 @@ class Transformer(_Model):
         self.encoder = Encoder(cfg, rngs=rngs)
         self.decoder = Decoder(cfg, cross=True, rngs=rngs)
 
-    def _encode(self, src, positions, segment_ids, rngs, probe=None):
+    def _encode(self, src, positions, segment_ids, rngs, hooks=None):
         side = AttentionInputs(self.cfg, src, positions, segment_ids)
-        enc = None if probe is None else probe._replace(prefix="encoder.")
-        ctx = Context(side.positions, side.self_mask(), valid=side.valid, probe=enc)
-        sites = Sites(probe)
+        enc = None if hooks is None else hooks._replace(prefix="encoder.")
+        ctx = Context(side.positions, side.self_mask(), valid=side.valid, hooks=enc)
+        sites = Sites(hooks)
         out = self.encoder(sites("encoder.embed", self.embed(src, side.positions, rngs)), ctx, rngs=rngs)
         memory = Memory(sites("memory", out.x), side.valid, side.segments)
         return memory, with_captured(out.aux, sites.captured)
@@ -289,13 +289,13 @@ class Transformer(_Model):
         if cache is not None and src is not None:
             raise ValueError("a cached call reads the memory its cache was made with (init_cache(..., memory=)); "
                              "pass src=None")
-        probe = self._probe(capture, patch)
+        hooks = self._hooks(capture, patch)
         enc, memory = {}, src
         if src is not None and not isinstance(src, Memory):
-            memory, enc = self._encode(src, src_positions, src_segment_ids, rngs, probe)
+            memory, enc = self._encode(src, src_positions, src_segment_ids, rngs, hooks)
         side = AttentionInputs(self.cfg, tgt, tgt_positions, tgt_segment_ids)
         logits, dec = self._decoder_pass(tgt, side, memory=memory, cache=cache, mode=mode, rngs=rngs,
-                                         features=features, probe=probe)
+                                         features=features, hooks=hooks)
         return logits, _out(dec, enc)
 
 
@@ -326,5 +326,5 @@ class TransformerLM(_Model):
         tokens = jnp.asarray(tokens)
         side = AttentionInputs(self.cfg, tokens, positions, segment_ids)
         logits, aux = self._decoder_pass(tokens, side, cache=cache, mode=mode, rngs=rngs, features=features,
-                                         probe=self._probe(capture, patch))
+                                         hooks=self._hooks(capture, patch))
         return logits, _out(aux)

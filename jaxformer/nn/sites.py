@@ -47,7 +47,7 @@ class _Everything:
         return iter(())
 
 
-class Probe(NamedTuple):
+class Hooks(NamedTuple):
     """What a forward pass reads and replaces: site names to capture, and (name, fn) pairs to patch; prefix:
     prepended to the names a stack's blocks use ("encoder." for an encoder's); reached: where given, every site
     name the pass reaches is recorded in it, in order (`discover`)."""
@@ -60,18 +60,18 @@ class Probe(NamedTuple):
         return name in self.capture or any(n == name for n, _ in self.patch)
 
 
-def discover(call: Callable[[Probe], object]) -> tuple[str, ...]:
-    """The names of the sites a forward pass reaches, in the order it reaches them: `call(probe)` runs the pass
-    with a probe capturing everything, traced abstractly (jax.eval_shape: nothing is computed). A site is
+def discover(call: Callable[[Hooks], object]) -> tuple[str, ...]:
+    """The names of the sites a forward pass reaches, in the order it reaches them: `call(hooks)` runs the pass
+    with a hooks capturing everything, traced abstractly (jax.eval_shape: nothing is computed). A site is
     whatever a module passes through `Sites`, so adding one is a line in the module that computes it; a model
     lists its own (`model.sites()`)."""
-    probe = Probe(capture=_Everything(), reached={})
-    jax.eval_shape(lambda: call(probe))
-    return tuple(probe.reached)
+    hooks = Hooks(capture=_Everything(), reached={})
+    jax.eval_shape(lambda: call(hooks))
+    return tuple(hooks.reached)
 
 
-def probe(capture=(), patch=None, available: tuple[str, ...] = ()) -> Probe | None:
-    """A validated Probe (None when nothing is asked). ConfigError naming a site not in `available` (the model's
+def hooks(capture=(), patch=None, available: tuple[str, ...] = ()) -> Hooks | None:
+    """A validated Hooks (None when nothing is asked). ConfigError naming a site not in `available` (the model's
     sites, `discover`), a patch that is not callable."""
     capture = (capture,) if isinstance(capture, str) else tuple(capture or ())
     patch = dict(patch or {})
@@ -81,41 +81,41 @@ def probe(capture=(), patch=None, available: tuple[str, ...] = ()) -> Probe | No
     for name, fn in patch.items():
         if not callable(fn):
             raise ConfigError(f"patch[{name!r}] must be a function (value, layer) -> value; got {type(fn).__name__}")
-    return Probe(capture, tuple(patch.items())) if capture or patch else None
+    return Hooks(capture, tuple(patch.items())) if capture or patch else None
 
 
 class Sites:
     """One block's (or the model's) sites during a pass: sites(name, value) -> the value, patched when asked,
-    recorded in `captured` (under its full name: the probe's prefix, `sub`, name) when asked. With probe None it
+    recorded in `captured` (under its full name: the hooks's prefix, `sub`, name) when asked. With hooks None it
     returns every value unchanged."""
 
-    def __init__(self, probe: Probe | None, layer=None, sub: str = "", captured: dict | None = None):
-        self.probe, self.layer, self.sub = probe, layer, sub
+    def __init__(self, hooks: Hooks | None, layer=None, sub: str = "", captured: dict | None = None):
+        self.hooks, self.layer, self.sub = hooks, layer, sub
         self.captured = {} if captured is None else captured
 
     def view(self, sub: str) -> "Sites":
         """The same sites, names read with `sub` before them (a cross-attention's: "cross_")."""
-        return Sites(self.probe, self.layer, sub, self.captured)
+        return Sites(self.hooks, self.layer, sub, self.captured)
 
     def _full(self, name: str) -> str:
-        return self.probe.prefix + self.sub + name
+        return self.hooks.prefix + self.sub + name
 
     def wants(self, name: str) -> bool:
-        return self.probe is not None and self.probe.wants(self._full(name))
+        return self.hooks is not None and self.hooks.wants(self._full(name))
 
     def patches(self, name: str) -> bool:
-        return self.probe is not None and any(n == self._full(name) for n, _ in self.probe.patch)
+        return self.hooks is not None and any(n == self._full(name) for n, _ in self.hooks.patch)
 
     def __call__(self, name: str, value):
-        if self.probe is None:
+        if self.hooks is None:
             return value
         name = self._full(name)
-        if self.probe.reached is not None:
-            self.probe.reached[name] = None
-        for n, fn in self.probe.patch:
+        if self.hooks.reached is not None:
+            self.hooks.reached[name] = None
+        for n, fn in self.hooks.patch:
             if n == name:
                 value = fn(value, self.layer)
-        if name in self.probe.capture:
+        if name in self.hooks.capture:
             self.captured[name] = value
         return value
 

@@ -124,7 +124,7 @@ class LayerStack(nnx.Module):
         if self.remat != "none":
             body = jax.checkpoint(body, policy=REMAT[self.remat], prevent_cse=False)
         x, auxes = jax.lax.scan(body, x, (tuple(states), keys, index), unroll=lever("unrolled_layers"))
-        return BlockOut(constrain(x, ACTIVATION), _interleave(_every_layers_sites(auxes, ctx.probe)))
+        return BlockOut(constrain(x, ACTIVATION), _interleave(_every_layers_sites(auxes, ctx.hooks)))
 
     def layer(self, i: int) -> nnx.Module:
         """Block i as a standalone module (a copy of its parameters), for inspection and tests."""
@@ -170,7 +170,7 @@ def _layer(x: LayerwiseKV, i: int):
     return x.layer(i)
 
 
-def _every_layers_sites(auxes: tuple[dict, ...], probe) -> tuple[dict, ...]:
+def _every_layers_sites(auxes: tuple[dict, ...], hooks) -> tuple[dict, ...]:
     """The kinds' aux with only the captured sites every kind of block has: a site some layers do not compute
     (a dense FFN's mlp_hidden beside MoE layers) is no site of the stack, so a model's `sites()`, which
     captures everything (`nn.sites.discover`), does not list it."""
@@ -178,8 +178,8 @@ def _every_layers_sites(auxes: tuple[dict, ...], probe) -> tuple[dict, ...]:
     partial = set().union(*names) - set.intersection(*names)
     if not partial:
         return auxes
-    for name in partial if probe.reached is not None else ():
-        probe.reached.pop(name, None)
+    for name in partial if hooks.reached is not None else ():
+        hooks.reached.pop(name, None)
     return tuple({**a, "captured": {k: v for k, v in a["captured"].items() if k not in partial}}
                  if "captured" in a else a for a in auxes)
 

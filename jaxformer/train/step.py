@@ -19,7 +19,7 @@ import optax
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from jaxformer.arch import adapter
+from jaxformer.arch import architecture
 from jaxformer.config import Config, LoraConfig, OptimConfig
 from jaxformer.nn import build_model
 from jaxformer.nn.lora import trainable
@@ -214,7 +214,7 @@ def forward(model, batch: dict, rngs: nnx.Rngs | None = None, features: bool = F
     """-> (logits [B,T,V], targets [B,T], aux) for the model's architecture (`jaxformer.arch`); aux: the model's
     auxiliary outputs ({"moe": statistics} for a Mixture-of-Experts model, else {}). features=True: the output
     head's input [B,T,D] in place of the logits."""
-    return adapter(model.cfg.arch).forward(model, batch, rngs, features=features)
+    return architecture(model.cfg.arch).forward(model, batch, rngs, features=features)
 
 
 def batch_losses(model, batch: dict, rngs: nnx.Rngs | None, pad: int, label_smoothing: float = 0.0,
@@ -299,7 +299,7 @@ def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
         if k == 1:
             (_, aux), grads = nnx.value_and_grad(loss_fn, argnums=wrt, has_aux=True)(model, batch, rng)
             return aux, grads
-        total = (adapter(cfg.model.arch).targets(batch) != pad).sum().astype(jnp.float32)
+        total = (architecture(cfg.model.arch).targets(batch) != pad).sum().astype(jnp.float32)
         micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
         graph, params = nnx.split(model)
 
@@ -348,7 +348,7 @@ def _shard_map_step(graphs: Graphs, cfg: Config, plan: Plan, loss_fn):
     def per_device(state, batch, rng):
         model, opt = nnx.merge(graphs.model, state["model"]), nnx.merge(graphs.opt, state["opt"])
         rng = jax.random.fold_in(rng, jax.lax.axis_index(axes))
-        targets = adapter(cfg.model.arch).targets(batch)
+        targets = architecture(cfg.model.arch).targets(batch)
         total = jax.lax.psum((targets != pad).sum().astype(jnp.float32), axes)
         shards = plan.batch_shards
         wrt = nnx.DiffState(0, trainable(cfg.model))
