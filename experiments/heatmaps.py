@@ -35,7 +35,7 @@ def anti_diagonal(maps) -> tuple[np.ndarray, np.ndarray]:
     BOS + the answer so far), over the given prompts' maps and their rows -> ([L,N] mass, [L,N] uniform baseline)."""
     total, base, count = 0.0, 0.0, 0
     for m in maps:
-        w = m.weights["decoder_cross"]                                        # [L,N,T,S], S = len + 1 (EOS)
+        w = m.probs["decoder_cross"]                                        # [L,N,T,S], S = len + 1 (EOS)
         n = w.shape[-1] - 1
         rows = np.arange(min(n, w.shape[2]))
         total = total + w[:, :, rows, n - 1 - rows].sum(-1)

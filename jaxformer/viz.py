@@ -1,7 +1,7 @@
 """Attention heatmaps of a trained run: `jaxformer viz --workdir RUN [--prompt TEXT ...] [--which best|latest]
 [--out DIR]`.
 
-For each prompt, every layer's attention weights (the `pattern` sites captured, `PATTERNS`: the probabilities
+For each prompt, every layer's attention probabilities (the `pattern` sites captured, `PATTERNS`: the probabilities
 the attention op itself computes) are drawn as one PNG per layer
 and attention kind, the heads as a grid of subplots, rows = queries, columns = keys, one token per row/column.
 Encoder-decoder runs: encoder self-attention over the prompt (+ EOS), decoder self- and cross-attention for the
@@ -44,10 +44,10 @@ _READABLE = {" ": "␣", "\n": "⏎", "\t": "\\t", "\r": "\\r"}
 
 @dataclasses.dataclass
 class AttentionMaps:
-    """One prompt's attention: weights[kind] [L,N,T,S] float32 with the T query and S key token labels."""
+    """One prompt's attention: probs[kind] [L,N,T,S] float32 with the T query and S key token labels."""
     prompt: str
     answer: str | None                     # the greedy answer's token labels (encoder-decoder runs), else None
-    weights: dict[str, np.ndarray]
+    probs: dict[str, np.ndarray]
     queries: dict[str, list[str]]
     keys: dict[str, list[str]]
 
@@ -84,7 +84,7 @@ PATTERNS = {"decoder_only": {"self": "pattern"},            # what each map is: 
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
-def _weights(graphdef, state, args, kw):
+def _probs(graphdef, state, args, kw):
     """Every layer's attention probabilities, the `pattern` sites captured: {map name: [L,B,N,T,S]}."""
     model = nnx.merge(graphdef, state)
     names = PATTERNS[model.cfg.arch]
@@ -93,7 +93,7 @@ def _weights(graphdef, state, args, kw):
 
 
 def attention_maps(run: LoadedModel, prompts: list[str]) -> list[AttentionMaps]:
-    """Every layer's attention weights for each prompt. The prompts run as one right-padded batch (one compiled
+    """Every layer's attention probabilities for each prompt. The prompts run as one right-padded batch (one compiled
     program whatever their lengths); each prompt's maps are cut to its own tokens, which padding does not
     change (padded keys get weight 0, padded queries are dropped). An encoder-decoder run is shown decoding its
     own greedy answer (`jaxformer.arch`)."""
@@ -102,7 +102,7 @@ def attention_maps(run: LoadedModel, prompts: list[str]) -> list[AttentionMaps]:
     table = cfg.max_len if cfg.positional in ("sinusoidal", "learned") else None
     (args, kw), axes, answers = architecture(cfg.arch).attention_inputs(run.model, tok, rows, cfg.pad_id, table)
     graphdef, state = nnx.split(run.model)
-    w = {k: np.asarray(v) for k, v in _weights(graphdef, state, args, kw).items()}      # kind: [L,B,N,T,S]
+    w = {k: np.asarray(v) for k, v in _probs(graphdef, state, args, kw).items()}      # kind: [L,B,N,T,S]
     label = lambda xs: [token_label(tok, x) for x in xs]                              # noqa: E731
     maps = []
     for b, (p, ax, ans) in enumerate(zip(prompts, axes, answers)):
@@ -151,7 +151,7 @@ def write_maps(maps: AttentionMaps, index: int, out: Path, dpi: int = 100) -> li
     if maps.answer is not None:
         shown += f" -> {maps.answer!r}"
     paths = []
-    for kind, w in maps.weights.items():
+    for kind, w in maps.probs.items():
         name, q_axis, k_axis = KINDS[kind]
         for layer in range(w.shape[0]):
             fig = plot_heads(w[layer], maps.queries[kind], maps.keys[kind], dpi=dpi, query_axis=q_axis,

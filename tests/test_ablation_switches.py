@@ -23,9 +23,9 @@ def _qkv(seed=0, b=2, t=5, n=2, h=8):
 def test_mask_value_zero_leaks_and_default_does_not():
     q, k, v = _qkv()
     mask = ops.causal_mask(5)
-    out, w, _ = ops.dot_product_attention(q, k, v, mask=mask, return_weights=True)
+    out, w, _ = ops.dot_product_attention(q, k, v, mask=mask, return_probs=True)
     assert float(jnp.abs(jnp.where(mask, 0.0, w)).max()) == 0.0          # default: masked weights exactly 0
-    out0, w0, _ = ops.dot_product_attention(q, k, v, mask=mask, return_weights=True, mask_value=0.0)
+    out0, w0, _ = ops.dot_product_attention(q, k, v, mask=mask, return_probs=True, mask_value=0.0)
     assert float(jnp.where(mask, 0.0, w0).min(initial=1.0, where=~mask)) > 0.0   # every masked key leaks
     np.testing.assert_allclose(w0.sum(-1), 1.0, rtol=10 * EPS)
     # the leak is a softmax with the masked logits set to 0 (reference computed here)
@@ -41,7 +41,7 @@ def test_triu_decoder_mask_sees_the_future_only():
     m = decoder_self_mask(cfg, pos, pos, jnp.array([[True, True, True, False]]))[0, 0]
     expect = (np.arange(4)[None, :] >= np.arange(4)[:, None]) & np.array([True, True, True, False])
     np.testing.assert_array_equal(m, expect)
-    normal = decoder_self_mask(tiny_lm().model, pos, pos).dense()[0, 0]
+    normal = decoder_self_mask(tiny_lm().model, pos, pos).materialize()[0, 0]
     np.testing.assert_array_equal(normal, np.tril(np.ones((4, 4), bool)))
 
 

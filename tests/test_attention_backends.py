@@ -52,7 +52,7 @@ def case(name):
         return q, k, v, ops.CausalMask(pos, pos, valid), None, valid, True
     if name == "combined":                                      # causal & random & one query row with no key
         extra = jnp.asarray(r.random((B, 1, T, T)) > 0.3).at[0, 0, 5].set(False)
-        return q, k, v, ops.CausalMask(pos, pos, valid).dense() & extra, None, None, False
+        return q, k, v, ops.CausalMask(pos, pos, valid).materialize() & extra, None, None, False
     if name == "bias":                                          # a learnable dense bias, broadcast over B
         return q, k, v, valid[:, None, None, :], jnp.asarray(r.normal(size=(1, N, T, T)), jnp.float32), None, False
     if name == "alibi":
@@ -145,12 +145,12 @@ def test_chunked_under_vmap():
 
 def test_weights_recomputed_from_lse():
     q, k, v, mask, bias, _, _ = case("alibi")
-    _, want, _ = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=True)
-    out, got, _ = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=True, backend="chunked")
+    _, want, _ = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_probs=True)
+    out, got, _ = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_probs=True, backend="chunked")
     close(got, want, "weights")
     _, _, lse = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_lse=True, backend="chunked")
     rows = jnp.array([0, 7, 23])
-    close(ops.attention_weights(q, k, lse, mask=mask, bias=bias, rows=rows), want[:, :, rows], "rows")
+    close(ops.attention_probs(q, k, lse, mask=mask, bias=bias, rows=rows), want[:, :, rows], "rows")
 
 
 def test_named_refusals():

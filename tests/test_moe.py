@@ -53,9 +53,9 @@ def test_each_token_gets_its_experts_weighted_output():
     y, _ = ffn(x, **p, top_k=2, capacity_factor=0.0)
     r = moe.route(x, p["router"], 2)
     outs = jnp.stack([dense_ffn(x, p, i, "relu") for i in range(e)])             # [E,M,D]
-    ref = sum(r.weights[:, j, None] * outs[r.experts[:, j], jnp.arange(M)] for j in range(2))
+    ref = sum(r.gates[:, j, None] * outs[r.experts[:, j], jnp.arange(M)] for j in range(2))
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * float(jnp.abs(ref).max()))
-    np.testing.assert_allclose(r.weights.sum(1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(r.gates.sum(1), 1.0, rtol=1e-6)
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
@@ -87,7 +87,7 @@ def test_tokens_over_capacity_are_dropped_in_order_and_output_zero():
     y, st = ffn(x, **p, top_k=1, capacity_factor=factor)
     r = moe.route(x, p["router"], 1)
     assert bool(jnp.all(r.experts[:, 0] == 0))
-    ref = r.weights[:cap] * dense_ffn(x[:cap], p, 0, "relu")
+    ref = r.gates[:cap] * dense_ffn(x[:cap], p, 0, "relu")
     np.testing.assert_allclose(y[:cap], ref, rtol=1e-5, atol=1e-5 * float(jnp.abs(ref).max()))
     np.testing.assert_array_equal(y[cap:], 0.0)
     assert float(st.dropped) == pytest.approx((M - cap) / M)
@@ -98,7 +98,7 @@ def test_second_choices_queue_after_every_first_choice():
     """top-2 with capacity: a token's second choice never takes a slot before another token's first choice."""
     e = 2
     r = moe.Routing(probs=jnp.full((3, e), 0.5), experts=jnp.array([[0, 1], [1, 0], [0, 1]], jnp.int32),
-                    weights=jnp.full((3, 2), 0.5), logits=jnp.zeros((3, e)))
+                    gates=jnp.full((3, 2), 0.5), logits=jnp.zeros((3, e)))
     slot, kept = moe._slots(r, e, cap=2, valid=None)
     # expert 0 queue: token0 (1st), token2 (1st), token1 (2nd) -> slots 0, 1, 2 (the last one over capacity)
     np.testing.assert_array_equal(slot, [[0, 1], [0, 2], [1, 2]])

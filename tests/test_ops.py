@@ -103,7 +103,7 @@ def test_attention_weights_shape_dtype_and_row_sums():
     q, k, v = qkv(11, n=4, kh=1)
     mask = random_mask(12, (2, 1, 5, 6), dead_rows=((1, 0, 3),))
     out, w, _ = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=jnp.asarray(mask),
-                                   return_weights=True)
+                                   return_probs=True)
     assert w.shape == (2, 4, 5, 6) and w.dtype == jnp.float32
     w = np.asarray(w)
     full = np.broadcast_to(mask, w.shape)
@@ -132,7 +132,7 @@ def test_low_precision_inputs_keep_dtype_and_match_reference(dtype):
     q, k, v = qkv(31, n=4, kh=2)
     mask = random_mask(32, (2, 4, 5, 6), dead_rows=((0, 1, 2), (1, 3, 0)))
     out, w, _ = dot_product_attention(jnp.asarray(q, dtype), jnp.asarray(k, dtype), jnp.asarray(v, dtype),
-                                   mask=jnp.asarray(mask), return_weights=True)
+                                   mask=jnp.asarray(mask), return_probs=True)
     assert out.dtype == dtype and w.dtype == jnp.float32
     out = np.asarray(out.astype(jnp.float32))
     assert np.isfinite(out).all()
@@ -153,7 +153,7 @@ def test_low_precision_large_logits_do_not_overflow(dtype):
     mask = np.ones((1, 2, 3, 4), bool)
     mask[0, 0, 2] = False                        # one fully masked row
     out, w, _ = dot_product_attention(jnp.asarray(q, dtype), jnp.asarray(k, dtype), jnp.asarray(v, dtype),
-                                   mask=jnp.asarray(mask), return_weights=True)
+                                   mask=jnp.asarray(mask), return_probs=True)
     out32 = np.asarray(out.astype(jnp.float32))
     w = np.asarray(w)
     assert np.isfinite(out32).all() and np.isfinite(w).all()
@@ -192,7 +192,7 @@ def test_bf16_attention_logits_and_softmax_are_float32():
     tol = 1e-4            # float32 softmax of exact logits: ~1e-7; bf16 weights alone would be off by up to 2^-10
     assert np.abs(wb - ref_w).max() > 300 * tol                            # premise: bf16 logits are far off
     out, w, _ = dot_product_attention(jnp.asarray(q, jnp.bfloat16), jnp.asarray(k, jnp.bfloat16),
-                                   jnp.asarray(v, jnp.bfloat16), return_weights=True)
+                                   jnp.asarray(v, jnp.bfloat16), return_probs=True)
     assert out.dtype == jnp.bfloat16 and w.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(w), ref_w, rtol=0, atol=tol)
     # out = weights (cast to bf16) · v, rounded to bf16: a few bf16 ulps (2^-8 relative) of max|v|
@@ -231,7 +231,7 @@ def test_fully_masked_rows_are_zero_with_zero_gradient():
 def test_fully_masked_everything_is_zero_not_nan():
     q, k, v = qkv(61)
     mask = jnp.zeros((2, 1, 5, 6), bool)
-    out, w, _ = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask, return_weights=True)
+    out, w, _ = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask, return_probs=True)
     assert (np.asarray(out) == 0).all() and (np.asarray(w) == 0).all()
 
 
@@ -278,8 +278,8 @@ def test_attention_over_key_segments_equals_concatenated_keys(cuts):
     bias = jnp.asarray(np.random.default_rng(113).normal(size=(1, 4, 5, 6)), jnp.float32)
     bounds = (0, *cuts, 6)
     split = lambda a: tuple(a[:, i:j] for i, j in zip(bounds[:-1], bounds[1:]))  # noqa: E731
-    whole, w_whole, _ = dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=True)
-    seg, w_seg, _ = dot_product_attention(q, split(k), list(split(v)), mask=mask, bias=bias, return_weights=True)
+    whole, w_whole, _ = dot_product_attention(q, k, v, mask=mask, bias=bias, return_probs=True)
+    seg, w_seg, _ = dot_product_attention(q, split(k), list(split(v)), mask=mask, bias=bias, return_probs=True)
     np.testing.assert_allclose(np.asarray(seg), np.asarray(whole), atol=1e-6)
     np.testing.assert_allclose(np.asarray(w_seg), np.asarray(w_whole), atol=1e-7)
     loss = lambda k, v: jnp.sum(jnp.sin(dot_product_attention(q, split(k), split(v), mask=mask).out))  # noqa: E731

@@ -227,7 +227,7 @@ def test_sdpa_parity_scale_and_weights():
     q, k, v = randn(rng, B, T, N, H), randn(rng, B, S, N, H), randn(rng, B, S, N, H)
     mask = np.asarray(ops.causal_mask(T, S))[None, None] & lens_valid(SRC_LENS, S)[:, None, None, :]
     out, w, _ = ops.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=jnp.asarray(mask),
-                                       scale=0.3, return_weights=True)
+                                       scale=0.3, return_probs=True)
     qt, kt, vt = (tt(a).permute(0, 2, 1, 3) for a in (q, k, v))
     ref = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=tt(mask), scale=0.3).permute(0, 2, 1, 3)
     check("sdpa[scale=0.3]", out, ref)

@@ -90,9 +90,9 @@ def test_attention_softcap_equals_numpy_and_chunked_equals_reference_with_gradie
     want, want_w = _np_capped_attention(q, k, v, causal, 1.5, h ** -0.5)
     for backend in ("reference", "chunked"):
         res = ops.dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=jnp.asarray(causal),
-                                        backend=backend, block_size=4, softcap=1.5, return_weights=True)
+                                        backend=backend, block_size=4, softcap=1.5, return_probs=True)
         np.testing.assert_allclose(np.asarray(res.out), want, rtol=2e-5, atol=2e-5)
-        np.testing.assert_allclose(np.asarray(res.weights), want_w, rtol=2e-5, atol=2e-6)
+        np.testing.assert_allclose(np.asarray(res.probs), want_w, rtol=2e-5, atol=2e-6)
     plain, _ = _np_capped_attention(q, k, v, causal, 1e9, h ** -0.5)
     assert np.abs(plain - want).max() > 1e-2                                    # the cap changes the output
 

@@ -13,7 +13,7 @@ from jaxformer.nn import build_model
 from jaxformer.nn.layers import Context
 from jaxformer.nn.models import decoder_self_mask, default_positions
 from jaxformer.train.loop import train
-from jaxformer.viz import PATTERNS, _weights
+from jaxformer.viz import PATTERNS, _probs
 
 TOL = 128 * float(jnp.finfo(jnp.float32).eps)     # float32 rounding of a few matmuls and a softmax, weights in [0, 1]
 SRC = np.array([[4, 5, 6, 7, 2, 0, 0], [8, 9, 2, 0, 0, 0, 0]], np.int32)          # digits + EOS, right-padded
@@ -74,7 +74,7 @@ def test_requesting_weights_changes_no_logit_and_works_under_jit(models):
         eager = weights(model, *args)
         np.testing.assert_allclose(np.asarray(logits), plain, rtol=TOL, atol=TOL * np.abs(plain).max())
         graph, state = nnx.split(model)
-        jitted = _weights(graph, state, args, {})                          # what `jaxformer viz` draws
+        jitted = _probs(graph, state, args, {})                          # what `jaxformer viz` draws
         assert set(jitted) == set(eager) == set(PATTERNS[model.cfg.arch])
         for k, v in eager.items():
             np.testing.assert_allclose(np.asarray(jitted[k]), np.asarray(v), atol=TOL)

@@ -174,9 +174,9 @@ class MultiHeadAttention(nnx.Module):
         return ctx
 
     def _attend(self, q, k, v, mask, q_positions, kv_positions, sites: Sites, kv_layout: str,
-                weights: bool = False):
+                probs: bool = False):
         """q [B,T,N,H], k/v [B,S,K,H] (kv_layout "BSKH") or [B,K,S,H] ("BKSH"), or segments -> (context
-        [B,T,N,H], weights [B,N,T,S] when asked or the pattern site wants them, else None), by the backend
+        [B,T,N,H], probabilities [B,N,T,S] when asked or the pattern site wants them, else None), by the backend
         model.runtime.attention_backend."""
         cfg = self.cfg
         bias = None
@@ -185,7 +185,7 @@ class MultiHeadAttention(nnx.Module):
                 raise ValueError("positional='alibi' needs explicit query and key positions")
             bias = positional.AlibiBias(positional.alibi_slopes(cfg.num_heads), q_positions, kv_positions)
         scores = sites.wants("attn_scores")                  # the logits: read in the materialising backend
-        res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=weights or sites.wants("pattern"),
+        res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_probs=probs or sites.wants("pattern"),
                                         scale=logit_scale(cfg),
                                         mask_value=0.0 if cfg.ablation.mask_value == "zero" else None,
                                         backend="reference" if scores else cfg.runtime.attention_backend,
@@ -193,7 +193,7 @@ class MultiHeadAttention(nnx.Module):
                                         score_mod=(lambda x: sites("attn_scores", x)) if scores else None,
                                         softcap=cfg.attention.softcap, kv_layout=kv_layout,
                                         softmax_grad="gemv" if lever("softmax_gemv") else "jax")
-        return res.out, res.weights
+        return res.out, res.probs
 
 
 def mix(w: jax.Array, values, heads_first: bool = False) -> jax.Array:

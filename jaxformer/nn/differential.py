@@ -59,7 +59,7 @@ class DifferentialAttention(MultiHeadAttention):
         """As `MultiHeadAttention.context`: q [B,T,N,H] -> the context [B,T,N,H] (N/2 heads of 2H, laid out as
         N of H for the output projection wo [N,H,D])."""
         _, w = self._attend(q, keys, values, mask, q_positions, kv_positions, sites,
-                            "BKSH" if heads_first else "BSKH", weights=True)
+                            "BKSH" if heads_first else "BSKH", probs=True)
         w = sites("pattern", w)                                                    # [B,N,T,S] float32
         b, n, t, s = w.shape
         pairs = w.reshape(b, n // 2, 2, t, s)

@@ -24,7 +24,7 @@ def decoder_self_mask(cfg: ModelConfig, q_positions: jax.Array, k_positions: jax
                       k_segments: jax.Array | None = None):
     """The decoder's self-attention mask: causal over positions, valid keys only (and, with segment ids, keys of
     the query's own document). [B,T], [B,S], [B,S] (, [B,T], [B,S]) -> a lazy ops.masks.CausalMask ([B,1,T,S] by
-    its .dense()). With the ablation switch model.ablation.causal='triu' a query sees itself and the future (a
+    its .materialize()). With the ablation switch model.ablation.causal='triu' a query sees itself and the future (a
     dense [B,1,T,S] array)."""
     if cfg.ablation.causal == "triu":
         m = (k_positions[:, None, :] >= q_positions[:, :, None])[:, None]

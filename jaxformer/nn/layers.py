@@ -95,21 +95,21 @@ class FeedForward(nnx.Module):
         w2_out_in: the decoding layout's output weight [D,F] (`output_out_in`), contracted instead of w2. rngs: a
         training call's dropout stream (adapters' input dropout, model.lora). sites: the block's activation sites
         (mlp_hidden, `nn.sites`)."""
-        def dense(w, b, y, eq):
+        def linear(w, b, y, eq):
             out = project(eq, y, w if isinstance(w, jax.Array) else weight(w, rngs))
             return (out + b[...]).astype(y.dtype) if self.use_bias else out
         if self.activation in activations.GATED:
-            gate, h = self._gate_up(x, dense)
+            gate, h = self._gate_up(x, linear)
             h = activations.GATED[self.activation](gate, h)
         else:
-            h = dense(self.w1, getattr(self, "b1", None), x, "BTD,DF->BTF")
+            h = linear(self.w1, getattr(self, "b1", None), x, "BTD,DF->BTF")
             h = activations.UNGATED[self.activation](h)
         h = sites("mlp_hidden", h)
         if w2_out_in is not None:                                             # laid out for one row
-            return dense(w2_out_in, getattr(self, "b2", None), h, "BTF,DF->BTD"), {}
-        return dense(self.w2, getattr(self, "b2", None), h, "BTF,FD->BTD"), {}
+            return linear(w2_out_in, getattr(self, "b2", None), h, "BTF,DF->BTD"), {}
+        return linear(self.w2, getattr(self, "b2", None), h, "BTF,FD->BTD"), {}
 
-    def _gate_up(self, x: jax.Array, dense) -> tuple[jax.Array, jax.Array]:
+    def _gate_up(self, x: jax.Array, linear) -> tuple[jax.Array, jax.Array]:
         """(wg x, w1 x) [B,T,F] each; lever `fused_projections` (`jaxformer.platforms`): as one matmul over [wg|w1]
         [D,2F] (a new array each call; not for quantized weights)."""
         wg, w1 = self.wg[...], self.w1[...]
@@ -119,8 +119,8 @@ class FeedForward(nnx.Module):
             if self.use_bias:
                 gate, up = (gate + self.bg[...]).astype(x.dtype), (up + self.b1[...]).astype(x.dtype)
             return gate, up
-        return (dense(self.wg, getattr(self, "bg", None), x, "BTD,DF->BTF"),
-                dense(self.w1, getattr(self, "b1", None), x, "BTD,DF->BTF"))
+        return (linear(self.wg, getattr(self, "bg", None), x, "BTD,DF->BTF"),
+                linear(self.w1, getattr(self, "b1", None), x, "BTD,DF->BTF"))
 
     def output_out_in(self, batch: int | None) -> jax.Array | None:
         """The decoding layout of a token loop's FFN (`nn.stack.LayerStack.lay_out` asks each layer): over one row

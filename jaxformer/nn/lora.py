@@ -26,7 +26,7 @@ from flax import nnx, struct
 
 from jaxformer.axes import contracted_axes
 from jaxformer.config import LoraConfig, ModelConfig
-from jaxformer.nn.params import dense, project
+from jaxformer.nn.params import dequantized, project
 
 # each target: the module attribute it adapts, in MultiHeadAttention / FeedForward
 ATTRIBUTES = {"q": "wq", "k": "wk", "v": "wv", "o": "wo", "gate": "wg", "up": "w1", "down": "w2"}
@@ -73,7 +73,7 @@ class LoraWeight:
         a = self.a.reshape(*batch, -1, self.a.shape[-1]).astype(jnp.float32)
         b = self.b.reshape(*batch, self.b.shape[n_lead], -1).astype(jnp.float32)
         delta = (a @ b).reshape(self.shape)
-        return dense(self.base).astype(jnp.float32) + self.scale * delta
+        return dequantized(self.base).astype(jnp.float32) + self.scale * delta
 
 
 class Adapted(nnx.Module):

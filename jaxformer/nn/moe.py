@@ -9,7 +9,7 @@ from flax import nnx
 
 from jaxformer.config import ModelConfig
 from jaxformer.nn import init
-from jaxformer.nn.params import dense, param
+from jaxformer.nn.params import dequantized, param
 from jaxformer.ops import activations, moe
 
 
@@ -46,7 +46,7 @@ class MoEFeedForward(nnx.Module):
         """x [B,T,D], valid [B,T] bool (padding takes no expert slot) -> ([B,T,D], {"moe": ops.moe.MoEStats}).
         w2_out_in: the dense FFN's interface; always None here."""
         b, t, d = x.shape
-        get = lambda name: dense(getattr(self, name)[...]) if hasattr(self, name) else None   # quantized: dequantized
+        get = lambda name: dequantized(getattr(self, name)[...]) if hasattr(self, name) else None   # quantized: dequantized
         y, stats = moe.moe_ffn(x.reshape(b * t, d), self.router[...], get("w1"), get("w2"),
                                top_k=self.top_k, capacity_factor=self.capacity_factor if train else 0.0,
                                activation=self.activation, valid=None if valid is None else valid.reshape(-1),

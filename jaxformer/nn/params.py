@@ -130,7 +130,7 @@ def _transpose(x: jax.Array) -> jax.Array:
     return layout.transpose(x) if lever("tiled_transpose") else x.T
 
 
-def dense(w) -> jax.Array:
+def dequantized(w) -> jax.Array:
     """A weight's value as a float array: a weight that brings its own matmul is dequantized (`w.dequantize()`);
     for code that needs the array itself (e.g. grouped expert matmuls)."""
     return w.dequantize() if hasattr(w, "dequantize") else w

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from jaxformer.ops import flash, fused
 from jaxformer.ops.fused import BackendError
-from jaxformer.ops.masks import dense_mask
+from jaxformer.ops.masks import materialized_mask
 
 # reference: materialises the [B,N,T,S] logits (XLA fuses what it can) | chunked: online softmax over tiles with
 # a recomputing backward, O(T + S) memory, any platform | cudnn: cuDNN flash attention (GPU, bf16/fp16) |
@@ -21,9 +21,9 @@ KV_LAYOUTS = ("BSKH", "BKSH")    # k/v [B,S,K,H] (the contract) or heads-major [
 
 
 class Attention(NamedTuple):
-    """What `dot_product_attention` returns, always: the output, and the weights / log-sum-exp when asked."""
+    """What `dot_product_attention` returns, always: the output, and the probabilities / log-sum-exp when asked."""
     out: jax.Array                  # [B,T,N,H] in q's dtype
-    weights: jax.Array | None       # [B,N,T,S] float32 with return_weights=True, else None
+    probs: jax.Array | None       # [B,N,T,S] float32 with return_probs=True, else None
     lse: jax.Array | None           # [B,N,T] float32 with return_lse=True (−inf for a row with no visible key)
 
 
@@ -76,7 +76,7 @@ def _scores(qg: jax.Array, k: jax.Array, single: bool, heads_major: bool = False
 
 
 def _mix(w: jax.Array, v: jax.Array, single: bool, heads_major: bool = False) -> jax.Array:
-    """weights [B,K,G,T,S], v [B,S,K,H] (heads_major: [B,K,S,H]) -> [B,K,G,T,H]."""
+    """probs [B,K,G,T,S], v [B,S,K,H] (heads_major: [B,K,S,H]) -> [B,K,G,T,H]."""
     if heads_major:
         return jnp.einsum("BKGTS,BKSH->BKGTH", w, v)
     if not single:
@@ -85,17 +85,17 @@ def _mix(w: jax.Array, v: jax.Array, single: bool, heads_major: bool = False) ->
     return jnp.transpose(jnp.diagonal(full, axis1=1, axis2=4), (0, 4, 1, 2, 3))           # [B,G,T,H,K]->
 
 
-def _dense_bias(bias):
-    return bias.dense() if hasattr(bias, "dense") else bias
+def _materialized_bias(bias):
+    return bias.materialize() if hasattr(bias, "materialize") else bias
 
 
 def _check_mask(mask) -> None:
-    if mask is not None and not hasattr(mask, "dense") and mask.dtype != jnp.bool_:
+    if mask is not None and not hasattr(mask, "materialize") and mask.dtype != jnp.bool_:
         raise TypeError(f"mask must be boolean (True = may attend); got dtype {mask.dtype}")
 
 
 def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: float | None = None,
-                          return_weights: bool = False, return_lse: bool = False, backend: str = "reference",
+                          return_probs: bool = False, return_lse: bool = False, backend: str = "reference",
                           mask_value: float | None = None, block_size: int = 512,
                           softcap: float = 0.0, kv_layout: str = "BSKH", softmax_grad: str = "jax",
                           score_mod=None) -> Attention:
@@ -112,14 +112,14 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
         (the others materialise it).
       bias: additive logits bias broadcastable to [B,N,T,S], or a lazy `ops.positional.AlibiBias`.
       scale: logits scale, default 1/sqrt(H).
-      return_weights: also return the attention weights [B,N,T,S] (float32). The non-reference backends
-        recompute them from q, k and their own log-sum-exp (`attention_weights`): the output is still theirs.
+      return_probs: also return the attention probs [B,N,T,S] (float32). The non-reference backends
+        recompute them from q, k and their own log-sum-exp (`attention_probs`): the output is still theirs.
       return_lse: also return the per-row log-sum-exp of the logits [B,N,T] (float32; −inf for a row with no
         visible key).
       backend: one of BACKENDS. Every backend meets this contract within float32 rounding, except where
         ops.fused documents a narrower one; a call a backend cannot run raises BackendError while tracing.
       mask_value: for ablations only ("reference" only). None (always, otherwise): masked logits take
-        float32's most negative finite value and masked weights are exactly 0. A float: masked logits take that
+        float32's most negative finite value and masked probabilities are exactly 0. A float: masked logits take that
         value and keep their softmax weight (seed 004's masked_fill(..., 0) leaks this way).
       block_size: "chunked" tile edge (queries and keys).
       softcap: attention-logit soft-capping (Gemma 2 uses 50): 0 = off; "reference" and "chunked" only.
@@ -134,7 +134,7 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
         the mask, which applies to what it returns) -> logits [B,N,T,S]: the `attn_scores` site (`nn.sites`).
 
     Returns:
-      `Attention(out [B,T,N,H] in q's dtype, weights [B,N,T,S] or None, lse [B,N,T] or None)`.
+      `Attention(out [B,T,N,H] in q's dtype, probs [B,N,T,S] or None, lse [B,N,T] or None)`.
       Logits and softmax are float32; a query row whose keys are all masked returns zeros (and zero
       gradient), never NaN.
     """
@@ -150,16 +150,16 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
     _check_mask(mask)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if backend == "reference":
-        out, weights, lse = _reference(q, ks, vs, dense_mask(mask), _dense_bias(bias), scale, mask_value,
-                                       return_weights or return_lse, softcap, heads_major, softmax_grad, score_mod)
+        out, probs, lse = _reference(q, ks, vs, materialized_mask(mask), _materialized_bias(bias), scale, mask_value,
+                                       return_probs or return_lse, softcap, heads_major, softmax_grad, score_mod)
     else:
         kc = ks[0] if len(ks) == 1 else jnp.concatenate(ks, axis=1)
         vc = vs[0] if len(vs) == 1 else jnp.concatenate(vs, axis=1)
         out, lse = _other_backend(backend, q, kc, vc, mask, bias, scale, block_size, softcap,
-                                  want_lse=return_weights or return_lse)
-        weights = (attention_weights(q, kc, lse, mask=mask, bias=bias, scale=scale, softcap=softcap)
-                   if return_weights else None)
-    return Attention(out, weights if return_weights else None, lse if return_lse else None)
+                                  want_lse=return_probs or return_lse)
+        probs = (attention_probs(q, kc, lse, mask=mask, bias=bias, scale=scale, softcap=softcap)
+                   if return_probs else None)
+    return Attention(out, probs if return_probs else None, lse if return_lse else None)
 
 
 def _check_options(backend: str, softmax_grad: str, kv_layout: str, softcap: float, mask_value) -> None:
@@ -187,9 +187,9 @@ def _other_backend(backend: str, q, k, v, mask, bias, scale: float, block_size: 
     return fused.pallas_attention(q, k, v, mask, bias, scale=scale, want_lse=want_lse)
 
 
-def attention_weights(q: jax.Array, k, lse: jax.Array, *, mask=None, bias=None, scale: float | None = None,
+def attention_probs(q: jax.Array, k, lse: jax.Array, *, mask=None, bias=None, scale: float | None = None,
                       rows: jax.Array | None = None, softcap: float = 0.0) -> jax.Array:
-    """Attention weights recomputed from q, k and a saved log-sum-exp: exp(q·kᵀ·scale + bias − lse), 0 where
+    """Attention probs recomputed from q, k and a saved log-sum-exp: exp(q·kᵀ·scale + bias − lse), 0 where
     masked. What a fused backend's heatmap needs without its [T,S] matrix ever having been stored.
 
     q [B,T,N,H]; k [B,S,K,H] (or segments); lse [B,N,T] (`dot_product_attention(..., return_lse=True)`);
@@ -205,7 +205,7 @@ def attention_weights(q: jax.Array, k, lse: jax.Array, *, mask=None, bias=None, 
                         preferred_element_type=jnp.float32).reshape(b, n, t, s) * scale
     if softcap:
         logits = softcap * jnp.tanh(logits / softcap)
-    bias, mask = _dense_bias(bias), dense_mask(mask)
+    bias, mask = _materialized_bias(bias), materialized_mask(mask)
     if bias is not None:
         logits = logits + jnp.broadcast_to(bias, (b, n, t, s)).astype(jnp.float32)
     keep = jnp.ones((b, n, t, s), bool) if mask is None else jnp.broadcast_to(mask, (b, n, t, s))
@@ -238,7 +238,7 @@ _softmax.defvjp(_softmax_fwd, _softmax_bwd)
 
 def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse, softcap=0.0, heads_major=False,
                softmax_grad="jax", score_mod=None):
-    """The materialising backend: -> (out, weights [B,N,T,S], lse [B,N,T] or None)."""
+    """The materialising backend: -> (out, probs [B,N,T,S], lse [B,N,T] or None)."""
     n, kh = q.shape[2], ks[0].shape[1 if heads_major else 2]
     b, t, _, h = q.shape
     sizes = [x.shape[2 if heads_major else 1] for x in ks]
@@ -258,7 +258,7 @@ def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse, softcap=0.0, 
         mask = jnp.broadcast_to(mask, (b, n, t, s)).reshape(b, kh, g, t, s)
         fill = jnp.finfo(jnp.float32).min if mask_value is None else mask_value
         logits = jnp.where(mask, logits, jnp.float32(fill))
-    weights = _softmax(logits) if softmax_grad == "gemv" else jax.nn.softmax(logits, axis=-1)
+    probs = _softmax(logits) if softmax_grad == "gemv" else jax.nn.softmax(logits, axis=-1)
     lse = None
     if want_lse:
         lse = jax.nn.logsumexp(logits, axis=-1)
@@ -266,11 +266,11 @@ def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse, softcap=0.0, 
             lse = jnp.where(mask.any(-1), lse, -jnp.inf)
         lse = lse.reshape(b, n, t)
     if mask is not None and mask_value is None:
-        weights = jnp.where(mask, weights, 0.0)  # all-masked rows: uniform -> zeros
+        probs = jnp.where(mask, probs, 0.0)  # all-masked rows: uniform -> zeros
     out, start = 0.0, 0
     for x, size in zip(vs, sizes):
-        w = jax.lax.slice_in_dim(weights, start, start + size, axis=-1).astype(x.dtype)
+        w = jax.lax.slice_in_dim(probs, start, start + size, axis=-1).astype(x.dtype)
         out = out + _mix(w, x, single, heads_major)
         start += size
     out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, n, h).astype(q.dtype)   # BKGTH -> BTKGH
-    return out, weights.reshape(b, n, t, s), lse
+    return out, probs.reshape(b, n, t, s), lse

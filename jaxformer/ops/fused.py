@@ -159,8 +159,8 @@ def cudnn_attention(q, k, v, mask, bias, *, scale: float, want_lse: bool = False
         raise BackendError(why)
     b, t, n, _ = q.shape
     s = k.shape[1]
-    mask = masks_lib.dense_mask(mask)
-    bias = bias.dense() if hasattr(bias, "dense") else bias
+    mask = masks_lib.materialized_mask(mask)
+    bias = bias.materialize() if hasattr(bias, "materialize") else bias
     mask4 = None if mask is None else jnp.broadcast_to(mask, (b, mask.shape[-3] if mask.ndim >= 3 else 1, t, s))
     bias4 = None if bias is None else jnp.broadcast_to(bias, (b, n, t, s)).astype(q.dtype)
     run = lambda residual, *a: jax.nn.dot_product_attention(*a, bias4, mask4, scale=scale, implementation="cudnn",

@@ -96,7 +96,7 @@ def _grow(x: jax.Array | None, to: int, value) -> jax.Array | None:
 
 class CausalMask(NamedTuple):
     """A lazy `position_causal_mask`: key s is visible to query t iff k_positions[s] <= q_positions[t] and
-    k_valid[s] (and, when given, the same segment id, and within `window` positions). `dense()` gives the
+    k_valid[s] (and, when given, the same segment id, and within `window` positions). `materialize()` gives the
     [B,1,T,S] array; the chunked attention backend builds it one tile at a time (`tile`), so a causal mask over
     long sequences costs O(T + S) memory, not O(T·S).
 
@@ -114,7 +114,7 @@ class CausalMask(NamedTuple):
     def shape(self) -> tuple[int, int, int, int]:
         return (self.q_positions.shape[0], 1, self.q_positions.shape[1], self.k_positions.shape[1])
 
-    def dense(self) -> jax.Array:
+    def materialize(self) -> jax.Array:
         """-> [B,1,T,S] bool."""
         return position_causal_mask(self.q_positions, self.k_positions, self.k_valid, q_segments=self.q_segments,
                                     k_segments=self.k_segments, window=self.window)
@@ -132,6 +132,6 @@ class CausalMask(NamedTuple):
                           _grow(self.q_segments, t, 0), _grow(self.k_segments, s, 0), self.window)
 
 
-def dense_mask(mask) -> jax.Array | None:
+def materialized_mask(mask) -> jax.Array | None:
     """A mask as a boolean array: lazy masks (`CausalMask`) materialised, arrays and None unchanged."""
-    return mask.dense() if hasattr(mask, "dense") else mask
+    return mask.materialize() if hasattr(mask, "materialize") else mask

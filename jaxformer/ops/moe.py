@@ -35,7 +35,7 @@ from jaxformer.ops import activations
 class Routing(NamedTuple):
     probs: jax.Array      # [M,E] float32 router probabilities
     experts: jax.Array    # [M,k] int32 chosen experts, best first
-    weights: jax.Array    # [M,k] float32 combine weights (0 for invalid tokens)
+    gates: jax.Array      # [M,k] float32 combine gates: each chosen expert's share (0 for invalid tokens)
     logits: jax.Array     # [M,E] float32 router logits
 
 
@@ -46,10 +46,10 @@ def route(x: jax.Array, router: jax.Array, top_k: int, valid: jax.Array | None =
     logits = jnp.einsum("MD,DE->ME", x.astype(jnp.float32), router.astype(jnp.float32))
     probs = jax.nn.softmax(logits, axis=-1)
     top, experts = jax.lax.top_k(probs, top_k)                                    # [M,k]
-    weights = top if top_k == 1 else top / jnp.sum(top, axis=-1, keepdims=True)
+    gates = top if top_k == 1 else top / jnp.sum(top, axis=-1, keepdims=True)
     if valid is not None:
-        weights = jnp.where(valid[:, None], weights, 0.0)
-    return Routing(probs, experts.astype(jnp.int32), weights, logits)
+        gates = jnp.where(valid[:, None], gates, 0.0)
+    return Routing(probs, experts.astype(jnp.int32), gates, logits)
 
 
 def capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float) -> int:
@@ -138,7 +138,7 @@ def moe_ffn(x: jax.Array, router: jax.Array, w1: jax.Array, w2: jax.Array, *, to
         ye = _expert_ffn(xe, w1, w2, activation, None if b1 is None else b1[:, None], None if b2 is None
                          else b2[:, None], wg, None if bg is None else bg[:, None], matmul=mm)    # [E,C,D]
         back = jnp.take(ye.reshape(e * cap, -1), row, axis=0, mode="fill", fill_value=0)    # [A,D]
-        w_kept = (r.weights * kept).astype(x.dtype).reshape(-1, 1)
+        w_kept = (r.gates * kept).astype(x.dtype).reshape(-1, 1)
         y = (back * w_kept).reshape(m, top_k, -1).sum(1)
         dropped = 1.0 - jnp.einsum("M,Mk->", w, kept.astype(jnp.float32)) / n_assign
     else:
@@ -151,7 +151,7 @@ def moe_ffn(x: jax.Array, router: jax.Array, w1: jax.Array, w2: jax.Array, *, to
         mm = lambda h, wt: jax.lax.ragged_dot(h, wt.astype(x.dtype), sizes)
         ys = _expert_ffn(xs, w1, w2, activation, None if b1 is None else b1[gid], None if b2 is None
                          else b2[gid], wg, None if bg is None else bg[gid], matmul=mm)    # [A,D]
-        ys = ys * r.weights.reshape(-1)[order][:, None].astype(x.dtype)
+        ys = ys * r.gates.reshape(-1)[order][:, None].astype(x.dtype)
         y = jnp.zeros_like(x).at[tokens].add(ys)
         dropped = jnp.zeros((), jnp.float32)
     stats = MoEStats(load_balancing_loss(r, valid), router_z_loss(r, valid), chosen / n_assign, dropped)

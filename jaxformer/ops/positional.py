@@ -153,7 +153,7 @@ def alibi_bias(num_heads: int, q_positions: jax.Array, k_positions: jax.Array) -
 
 
 class AlibiBias(NamedTuple):
-    """A lazy `alibi_bias`: −slope_n·|q − k| built on demand. `dense()` gives [B,N,T,S]; the chunked attention
+    """A lazy `alibi_bias`: −slope_n·|q − k| built on demand. `materialize()` gives [B,N,T,S]; the chunked attention
     backend builds it one tile at a time (`tile`), never the whole [B,N,T,S] array.
 
     slopes [N] float32 (`alibi_slopes`), q_positions [B,T] int, k_positions [B,S] int.
@@ -171,7 +171,7 @@ class AlibiBias(NamedTuple):
         dist = jnp.abs(qp[:, :, None] - kp[:, None, :]).astype(jnp.float32)
         return -self.slopes.astype(jnp.float32)[None, :, None, None] * dist[:, None]
 
-    def dense(self) -> jax.Array:
+    def materialize(self) -> jax.Array:
         """-> [B,N,T,S] float32."""
         return self._bias(self.q_positions, self.k_positions)
 
