@@ -17,6 +17,7 @@ import pytest
 from jaxformer.config import ConfigError, ModelConfig, replaced
 from jaxformer.nn import build_model
 from jaxformer.nn.differential import lambda_init
+from helpers import cached_and_full
 
 V = 17
 
@@ -69,17 +70,8 @@ def test_cached_decoding_equals_the_uncached_call():
     """Prefill then one token at a time: the uncached call's logits (λ_init follows each layer's own index)."""
     model = build_model(_cfg(), seed=2)
     tokens = jax.random.randint(jax.random.key(1), (2, 6), 1, V)
-    pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
-
-    @jax.jit
-    def cached(tokens):
-        first, out = model(tokens[:, :3], pos[:, :3], cache=model.init_cache(2, 6), mode="prefill")
-        rest = []
-        for t in range(3, 6):
-            logits, out = model(tokens[:, t:t + 1], pos[:, t:t + 1], cache=out["cache"], mode="decode")
-            rest.append(logits)
-        return jnp.concatenate([first, *rest], axis=1)
-    np.testing.assert_allclose(np.asarray(cached(tokens)), np.asarray(model(tokens)[0]), rtol=1e-4, atol=1e-4)
+    got, want, _ = cached_and_full(model, tokens, 3)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
 
 
 def test_it_trains_and_exports_nowhere(tmp_path):

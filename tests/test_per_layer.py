@@ -16,6 +16,7 @@ import pytest
 
 from jaxformer.config import ConfigError, ModelConfig, replaced
 from jaxformer.nn import build_model, per_layer
+from helpers import cached_and_full
 
 V = 17
 
@@ -71,17 +72,8 @@ def test_cached_decoding_of_nope_layers_equals_the_uncached_call():
     cfg = _cfg(rope__nope_every=2, attention__windows=(3, 0))
     model = build_model(cfg, seed=4)
     tokens = jax.random.randint(jax.random.key(2), (2, 6), 1, V)
-    pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
-
-    @jax.jit
-    def cached(tokens):
-        first, out = model(tokens[:, :3], pos[:, :3], cache=model.init_cache(2, 6), mode="prefill")
-        rest = []
-        for t in range(3, 6):
-            logits, out = model(tokens[:, t:t + 1], pos[:, t:t + 1], cache=out["cache"], mode="decode")
-            rest.append(logits)
-        return jnp.concatenate([first, *rest], axis=1)
-    np.testing.assert_allclose(np.asarray(cached(tokens)), np.asarray(model(tokens)[0]), rtol=1e-4, atol=1e-4)
+    got, want, _ = cached_and_full(model, tokens, 3)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
 
 
 def test_an_encoder_decoder_drops_rope_in_both_stacks():
