@@ -46,8 +46,11 @@ def _reference(q, k, v, lam, lam_init, scale, eps):
     return out * (1 - lam_init)
 
 
-def test_each_layer_is_the_papers_differential_attention():
-    model = build_model(_cfg(), seed=1)
+@pytest.mark.parametrize("backend", ["reference", "chunked"])
+def test_each_layer_is_the_papers_differential_attention(backend):
+    """Every layer's z (the heads' context) is the paper's, on the reference backend and on a fused one (whose
+    probabilities are recomputed from its log-sum-exp)."""
+    model = build_model(_cfg(runtime__attention_backend=backend, runtime__attention_block=2), seed=1)
     tokens = jax.random.randint(jax.random.key(0), (2, 6), 1, V)
     _, out = model(tokens, capture=("q", "k", "v", "z"))
     cap = {name: np.asarray(x, np.float64) for name, x in out["captured"].items()}
