@@ -77,6 +77,22 @@ def test_schedule_free_adamw_steps_y_and_evaluates_x_as_the_paper_writes_them():
     step(state, batches[0], jax.random.key(9))                                   # and can still be donated
 
 
+def test_schedule_free_evaluates_x_from_y_and_z_and_leaves_the_training_state():
+    """The default lane's cheap check of what the slow test above follows step by step (no train step compiled):
+    with the trained iterate y moved off z (z = y at init), the evaluated weights are x = (y − (1 − β1)·z) / β1
+    (float64 NumPy), not y, and evaluating leaves the training state's Variables as they were."""
+    cfg, _, graphs, state = _setup("optim.name=schedule_free", "optim.schedule=constant")
+    z = _params(graphs, state["model"])
+    moved = jax.tree.map(lambda a: a + 0.05 if jnp.issubdtype(a.dtype, jnp.floating) else a, state["model"])
+    y = _params(graphs, moved)
+    b1 = cfg.optim.b1
+    ev = _params(graphs, evaluated(cfg.optim, graphs.model, moved, state["opt"])["eval"])
+    for got, yi, zi in zip(ev, y, z):
+        np.testing.assert_allclose(got, (yi - (1 - b1) * zi) / b1, rtol=1e-5, atol=1e-6)
+    for a, b in zip(_params(graphs, moved), y):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.fixture(scope="module")
 def ema_run():
     """Three updates with optim.ema = 0.7 -> (cfg, task, graphs, state, the EMA recomputed here: float64 leaves
