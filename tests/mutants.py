@@ -373,7 +373,7 @@ MUTANTS = (
            ("tests/test_sites.py", "-k", "heads_read")),
     Mutant("mup-router-lr-unscaled", "µP leaves the MoE router's update at SP's (its logits sum over the width)",
            "jaxformer/nn/moe.py", '("embed", None), matrix=True, hidden=True)', '("embed", None), matrix=True)',
-           ("tests/test_mup.py", "-k", "one_over_m")),
+           ("tests/test_mup.py", "-k", "one_over_m or fan_in_grows")),
     Mutant("mup-edge-optimum-a-point", "an unbracketed optimum counts as a point at the grid's edge side (±inf), "
            "not as the range beyond the edge's neighbour", "jaxformer/mup.py",
            "    return (float(x[-2]), np.inf) if v == np.inf else (v, v)", "    return v, v",

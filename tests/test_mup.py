@@ -114,6 +114,19 @@ def test_mup_scales_the_hidden_matrices_updates_by_one_over_m(ffn):
     assert seen == {True, False} and routers == (1 if ffn else 0)
 
 
+def test_every_matrix_whose_fan_in_grows_with_the_width_is_hidden():
+    """The default lane's cheap check of the slow MoE case above: µP scales an update by 1/m where a parameter is
+    marked hidden (`nn.params.param`), so every matrix whose fan-in is D or F, the MoE router and the experts
+    included, is marked, and the embedding, the head and the norms are not."""
+    cfg = _cfg(D0 * M, "mup", D0, "model.ffn=moe", "model.moe.num_experts=4", "model.moe.top_k=2").model
+    flat = nnx.to_flat_state(nnx.state(build_model(cfg), nnx.Param))
+    marks = {"/".join(str(p) for p in path): bool(v.get_metadata().get("hidden")) for path, v in flat}
+    for name, hidden in marks.items():
+        want = any(w in name for w in ("/wq", "/wk", "/wv", "/wo", "/w1", "/w2", "/wg", "/router"))
+        assert hidden == want, name
+    assert any("/router" in n for n in marks) and any("/w1" in n for n in marks)
+
+
 def test_mup_refuses_what_it_does_not_cover():
     with pytest.raises(ConfigError, match="model.base_width=32 means nothing"):
         tiny_lm("model.base_width=32")
