@@ -427,3 +427,13 @@ def test_each_process_reads_its_rows_of_the_same_global_batches():
         got = [next(p) for p in parts]
         for k in full:
             np.testing.assert_array_equal(np.concatenate([g[k] for g in got]), full[k])
+
+
+def test_tokenizers_differ_by_what_their_ids_mean_not_by_their_size():
+    """`tokenizer_difference` (what init_from checks): two character tokenizers of the same size over other
+    characters differ, named by the first id that means another character; the same one does not."""
+    from jaxformer.data.tokenizers import tokenizer_difference
+    assert tokenizer_difference(CharTokenizer("abc"), CharTokenizer("cba")) is None       # the same sorted set
+    why = tokenizer_difference(CharTokenizer("abc"), CharTokenizer("abd"))
+    assert why is not None and "'c' there, 'd' here" in why
+    assert "ids there" in tokenizer_difference(CharTokenizer("abc"), CharTokenizer("abcd"))

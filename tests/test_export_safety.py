@@ -208,3 +208,16 @@ def test_a_field_the_export_does_not_know_is_refused_away_from_its_default(model
         with pytest.raises(HFError, match=rf"the llama family cannot express this model.*rope.{field}=2"):
             save_pretrained(model, tmp_path / "out")                # the family chosen is held to it too
     assert not (tmp_path / "out").exists() and not partial(tmp_path / "out").exists()
+
+
+def test_a_forced_mistral_writes_its_window_or_none():
+    """Mistral's sliding_window is the model's one window, or null (no window: 0 would mask every key), and
+    reads back as the same function (`hf.expressing.to_hf_config`; default-lane twin of the families' export)."""
+    from jaxformer.hf.expressing import function_of, to_hf_config
+    from jaxformer.hf.families import to_model_config
+    for windows, want in (((), None), ((8,), 8)):
+        cfg = replaced(LLAMA, attention__windows=windows)
+        out = to_hf_config(cfg, "mistral")
+        assert out["sliding_window"] == want, windows
+        assert function_of(to_model_config(out)) == function_of(cfg), windows
+
