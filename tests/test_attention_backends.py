@@ -239,7 +239,7 @@ def test_cached_decoding_equals_full_forward_chunked():
     full = jnp.concatenate([prompt, jnp.zeros((2, 6), jnp.int32)], axis=1)
     graphdef, state = nnx.split(model)
     forward = jax.jit(lambda s, t, p: nnx.merge(graphdef, s)(t, positions=p,
-                                                              segment_ids=(t != 0).astype(jnp.int32)))
+                                                              segment_ids=(t != 0).astype(jnp.int32))[0])
     for i in range(4, 10):
         pos = jnp.maximum(jnp.cumsum(full != 0, axis=1) - 1, 0)
         full = full.at[:, i].set(jnp.argmax(forward(state, full, pos)[:, i - 1], -1).astype(jnp.int32))

@@ -59,7 +59,7 @@ def greedy_by_recomputation(model, prompt_ids: list[int], n: int, width: int = 4
 
 @functools.lru_cache(maxsize=None)
 def _forward(graph):
-    return jax.jit(lambda state, x: nnx.merge(graph, state)(x))
+    return jax.jit(lambda state, x: nnx.merge(graph, state)(x)[0])
 
 
 @pytest.mark.slow          # ~3 s; cached decoding = the full forward: tests/test_decode.py

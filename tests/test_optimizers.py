@@ -120,7 +120,7 @@ def test_layer_gradient_norms_are_each_layers_own_and_add_up_to_the_global_norm(
                               moe__every=2)
     model = build_model(cfg, seed=0)
     tokens = jnp.asarray(np.random.default_rng(0).integers(1, 20, (2, 6)))
-    grads = nnx.jit(nnx.grad(lambda m: (m(tokens) ** 2).mean()))(model)
+    grads = nnx.jit(nnx.grad(lambda m: (m(tokens)[0] ** 2).mean()))(model)
     norms = np.asarray(layer_grad_norms(grads)["decoder_grad_norm"])
     assert norms.shape == (4,)
     stack = grads["decoder"]["layers"]["blocks"]

@@ -187,7 +187,7 @@ def test_the_recipe_imports_evaluates_fine_tunes_with_lora_and_exports(tmp_path,
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged", attn_implementation="eager").eval()
     with torch.no_grad():
         merged_logits = back(torch.as_tensor(ids)).logits.numpy()
-    ours = np.asarray(load_model(sft, "latest").model(jnp.asarray(ids)))
+    ours = np.asarray(load_model(sft, "latest").model(jnp.asarray(ids))[0])
     assert np.abs(merged_logits - ours).max() / np.abs(ours).max() < 2e-5
     adapter = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
     cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
