@@ -122,6 +122,16 @@ def test_attn_scores_are_the_scaled_q_dot_k_that_softmax_to_the_pattern(backend)
     np.testing.assert_allclose(cap["pattern"], p / p.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
+def test_a_score_mod_outside_the_reference_backend_is_a_named_error():
+    """The op's score_mod (what the attn_scores site rides on) exists in the materialising backend only: elsewhere
+    a BackendError naming it, not a silently unread function (the model asks the reference backend itself)."""
+    from jaxformer import ops
+    from jaxformer.errors import BackendError
+    q = jnp.zeros((1, 4, 2, 8))
+    with pytest.raises(BackendError, match="score_mod"):
+        ops.dot_product_attention(q, q, q, backend="chunked", score_mod=lambda s: s)
+
+
 def test_patched_scores_are_what_the_softmax_reads_and_the_mask_still_applies():
     """Scores patched to zero make every query's pattern uniform over the keys it may see (the mask applies after
     the patch: no future key gains weight)."""

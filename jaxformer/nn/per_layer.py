@@ -3,7 +3,7 @@
 Every block of a stack is called with its layer index (`layer`: an int32 scalar, traced inside the layer scan,
 a constant in a decoding program's token loop), so what varies with depth is a function of (config, layer) here,
 not an input threaded through the stack, the decoding layout and the model. Adding a per-layer variant is one
-field of `LayerSettings` and one line of `settings`, read by the block that uses it.
+field of `LayerSettings` and one line of `settings`, read by the module that uses it.
 
 Today: the decoder's sliding windows (model.attention.windows, repeated over the layers) and the layers that
 skip RoPE (model.rope.nope_every: SmolLM3's / Llama 4's NoPE layers). Both are read by the self-attention

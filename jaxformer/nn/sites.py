@@ -43,9 +43,6 @@ class _Everything:
     def __contains__(self, name) -> bool:
         return True
 
-    def __iter__(self):
-        return iter(())
-
 
 class Hooks(NamedTuple):
     """What a forward pass reads and replaces: site names to capture, and (name, fn) pairs to patch; prefix:

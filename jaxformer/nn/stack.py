@@ -154,7 +154,7 @@ class DecodingLayers(nnx.Module):
         per_layer = {"cache": cache, "memory_kv": memory_kv}
         auxes, kvs = [], []
         for i, block in enumerate(self.blocks):
-            extra = {name: _layer(v, i) for name, v in per_layer.items() if v is not None}
+            extra = {name: v.layer(i) for name, v in per_layer.items() if v is not None}   # heads-major [B,K,S,H]
             extra["layer"] = jnp.asarray(i, jnp.int32)                 # every block's index, as in the scan
             out = block(constrain(x, ACTIVATION), ctx, decode=self.weights[i], **extra)
             x = out.x
@@ -163,11 +163,6 @@ class DecodingLayers(nnx.Module):
         aux = {name: jax.tree.map(lambda *a: jnp.stack(a), *[a[name] for a in auxes if name in a])
                for name in dict.fromkeys(k for a in auxes for k in a)}
         return BlockOut(constrain(x, ACTIVATION), aux, LayerwiseKV.collect(kvs))
-
-
-def _layer(x: LayerwiseKV, i: int):
-    """Layer i of per-layer keys/values: a `HeadsMajorKV` [B,K,S,H]."""
-    return x.layer(i)
 
 
 def _every_layers_sites(auxes: tuple[dict, ...], hooks) -> tuple[dict, ...]:

@@ -23,7 +23,7 @@ KV_LAYOUTS = ("BSKH", "BKSH")    # k/v [B,S,K,H] (the contract) or heads-major [
 class Attention(NamedTuple):
     """What `dot_product_attention` returns, always: the output, and the probabilities / log-sum-exp when asked."""
     out: jax.Array                  # [B,T,N,H] in q's dtype
-    probs: jax.Array | None       # [B,N,T,S] float32 with return_probs=True, else None
+    probs: jax.Array | None         # [B,N,T,S] float32 with return_probs=True, else None
     lse: jax.Array | None           # [B,N,T] float32 with return_lse=True (−inf for a row with no visible key)
 
 
@@ -112,7 +112,7 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
         (the others materialise it).
       bias: additive logits bias broadcastable to [B,N,T,S], or a lazy `ops.positional.AlibiBias`.
       scale: logits scale, default 1/sqrt(H).
-      return_probs: also return the attention probs [B,N,T,S] (float32). The non-reference backends
+      return_probs: also return the attention probabilities [B,N,T,S] (float32). The non-reference backends
         recompute them from q, k and their own log-sum-exp (`attention_probs`): the output is still theirs.
       return_lse: also return the per-row log-sum-exp of the logits [B,N,T] (float32; −inf for a row with no
         visible key).
@@ -138,9 +138,7 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
       Logits and softmax are float32; a query row whose keys are all masked returns zeros (and zero
       gradient), never NaN.
     """
-    _check_options(backend, softmax_grad, kv_layout, softcap, mask_value)
-    if score_mod is not None and backend != "reference":
-        raise BackendError(f"score_mod (the attn_scores site) exists only in the 'reference' backend, not {backend!r}")
+    _check_options(backend, softmax_grad, kv_layout, softcap, mask_value, score_mod)
     ks, vs = _segments(k, "k"), _segments(v, "v")
     heads_major = kv_layout == "BKSH"
     if heads_major and backend != "reference":
@@ -150,19 +148,21 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
     _check_mask(mask)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if backend == "reference":
-        out, probs, lse = _reference(q, ks, vs, materialized_mask(mask), _materialized_bias(bias), scale, mask_value,
-                                       return_probs or return_lse, softcap, heads_major, softmax_grad, score_mod)
+        out, probs, lse = _reference(q, ks, vs, materialized_mask(mask), _materialized_bias(bias), scale,
+                                     mask_value, return_probs or return_lse, softcap, heads_major, softmax_grad,
+                                     score_mod)
     else:
         kc = ks[0] if len(ks) == 1 else jnp.concatenate(ks, axis=1)
         vc = vs[0] if len(vs) == 1 else jnp.concatenate(vs, axis=1)
         out, lse = _other_backend(backend, q, kc, vc, mask, bias, scale, block_size, softcap,
                                   want_lse=return_probs or return_lse)
         probs = (attention_probs(q, kc, lse, mask=mask, bias=bias, scale=scale, softcap=softcap)
-                   if return_probs else None)
+                 if return_probs else None)
     return Attention(out, probs if return_probs else None, lse if return_lse else None)
 
 
-def _check_options(backend: str, softmax_grad: str, kv_layout: str, softcap: float, mask_value) -> None:
+def _check_options(backend: str, softmax_grad: str, kv_layout: str, softcap: float, mask_value,
+                   score_mod=None) -> None:
     """ValueError for an option that does not exist; BackendError for one the backend does not offer."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
@@ -174,6 +174,8 @@ def _check_options(backend: str, softmax_grad: str, kv_layout: str, softcap: flo
         raise BackendError(f"attention soft-capping runs on the 'reference' and 'chunked' backends, not {backend!r}")
     if mask_value is not None and backend != "reference":
         raise BackendError(f"mask_value (an ablation) exists only in the 'reference' backend, not {backend!r}")
+    if score_mod is not None and backend != "reference":
+        raise BackendError(f"score_mod (the attn_scores site) exists only in the 'reference' backend, not {backend!r}")
 
 
 def _other_backend(backend: str, q, k, v, mask, bias, scale: float, block_size: int, softcap: float, *,
@@ -189,7 +191,7 @@ def _other_backend(backend: str, q, k, v, mask, bias, scale: float, block_size: 
 
 def attention_probs(q: jax.Array, k, lse: jax.Array, *, mask=None, bias=None, scale: float | None = None,
                       rows: jax.Array | None = None, softcap: float = 0.0) -> jax.Array:
-    """Attention probs recomputed from q, k and a saved log-sum-exp: exp(q·kᵀ·scale + bias − lse), 0 where
+    """Attention probabilities recomputed from q, k and a saved log-sum-exp: exp(q·kᵀ·scale + bias − lse), 0 where
     masked. What a fused backend's heatmap needs without its [T,S] matrix ever having been stored.
 
     q [B,T,N,H]; k [B,S,K,H] (or segments); lse [B,N,T] (`dot_product_attention(..., return_lse=True)`);
