@@ -92,5 +92,6 @@ def test_it_trains_and_exports_nowhere(tmp_path):
 
 
 def test_odd_heads_are_a_named_error():
+    """The module's own check (`DifferentialAttention.check`), run when the model is built."""
     with pytest.raises(ConfigError, match="model.attention.kind='differential'.*num_heads=3"):
-        _cfg(num_heads=3, num_kv_heads=1, d_model=24)
+        build_model(_cfg(num_heads=3, num_kv_heads=1, d_model=24))

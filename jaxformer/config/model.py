@@ -10,6 +10,7 @@ MoE token dropping) and changes neither the parameters' shapes nor what trained 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from jaxformer.config.checks import _Validated, check_types, choice, positive
@@ -19,6 +20,10 @@ from jaxformer.ops.attention import BACKENDS
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_attention")
 BIASES = ("q", "k", "v", "o", "ffn")           # the projections model.biases may name
+# model.attention.kind: the self-attention module by name; any other "package.module:Class" path is imported as is
+ATTENTION_KINDS = {"softmax": "jaxformer.nn.attention:MultiHeadAttention",
+                   "differential": "jaxformer.nn.differential:DifferentialAttention"}   # Ye et al. 2024
+_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,13 +93,17 @@ class AttentionConfig(_Validated):
     qk_norm: bool = False                  # RMSNorm over H on each query and key head before RoPE (Qwen3, OLMo 2)
     scale_dim: int = 0                     # scale "rsqrt": 1/sqrt(scale_dim) (0 = the head size H; Gemma 2's
                                            # query_pre_attn_scalar)
-    kind: str = "softmax"                  # self-attention: softmax | differential (Ye et al. 2024: two softmax
-                                           # maps of paired heads subtracted, nn/differential.py)
+    kind: str = "softmax"                  # the self-attention module: a name of ATTENTION_KINDS (softmax |
+                                           # differential: Ye et al. 2024, nn/differential.py) or your own
+                                           # "package.module:Class", a subclass of nn.attention.MultiHeadAttention
+                                           # (a research variant is that one file: nn.layers.self_attention)
 
     def validate(self) -> None:
         check_types(self, "model.attention")
         choice("model.attention.scale", self.scale, ("rsqrt", "none"))
-        choice("model.attention.kind", self.kind, ("softmax", "differential"))
+        if self.kind not in ATTENTION_KINDS and not _IMPORT_PATH.fullmatch(self.kind):
+            raise ConfigError(f"model.attention.kind={self.kind!r} is neither one of {tuple(ATTENTION_KINDS)} nor "
+                              f"a 'package.module:Class' path")
         positive("model.attention.scale_dim", self.scale_dim, allow_zero=True)
         positive("model.attention.softcap", self.softcap, allow_zero=True)
         for w in self.windows:
@@ -309,9 +318,6 @@ class ModelConfig(_Validated):
                 raise ConfigError(f"model.biases={self.biases!r}: expected distinct names of {BIASES}")
         if self.positional == "rope" and self.head_size % 2:
             raise ConfigError(f"model.positional='rope' needs an even head dim; got H={self.head_size}")
-        if self.attention.kind == "differential" and (self.num_heads % 2 or self.kv_heads % 2):
-            raise ConfigError(f"model.attention.kind='differential' pairs heads: model.num_heads={self.num_heads} "
-                              f"and its kv heads ({self.kv_heads}) must be even")
         if self.rope.nope_every and self.positional != "rope":
             raise ConfigError(f"model.rope.nope_every={self.rope.nope_every} needs model.positional='rope' "
                               f"(got {self.positional!r})")
@@ -392,6 +398,19 @@ class ModelConfig(_Validated):
     @property
     def use_final_norm(self) -> bool:
         return self.norm.position in ("pre", "sandwich") if self.norm.final is None else self.norm.final
+
+    def per_layer(self, stack: str = "decoder") -> dict[str, tuple | None]:
+        """What each layer of `stack` ("encoder" | "decoder") does differently, one tuple per setting with one
+        entry per layer (None: no layer differs, the module does as the rest of the config says). The one place
+        a per-layer rule is written: `nn.per_layer.settings` indexes these by a block's (traced) layer index, the
+        module named beside each setting reads it. A new rule for an existing setting is one line here.
+          window: the decoder self-attention's sliding window (0 = global): model.attention.windows repeated.
+          rope:   whether a self-attention layer rotates q and k: model.rope.nope_every=k drops RoPE on layers
+                  k-1, 2k-1, ... of both stacks (SmolLM3's / Llama 4's NoPE layers)."""
+        layers = self.num_decoder_layers if stack == "decoder" else self.num_encoder_layers
+        every = self.rope.nope_every if self.positional == "rope" else 0
+        return {"window": self.layer_windows() if stack == "decoder" and any(self.attention.windows) else None,
+                "rope": tuple((i + 1) % every != 0 for i in range(layers)) if every else None}
 
     def layer_windows(self) -> tuple[int, ...]:
         """Each decoder layer's self-attention window (0 = global): model.attention.windows repeated."""

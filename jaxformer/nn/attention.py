@@ -43,6 +43,11 @@ class MultiHeadAttention(nnx.Module):
             self.q_norm = param(rngs, ones, (h,), ("head_dim",))
             self.k_norm = param(rngs, ones, (h,), ("head_dim",))
 
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """What this module asks of the config beyond its own validation (ConfigError naming the field); a
+        variant named by model.attention.kind overrides it. Called once when the model is built."""
+
     def _bias(self, name: str):
         return getattr(self, f"b{name}")[...] if self.cfg.has_bias(name) else 0.0
 

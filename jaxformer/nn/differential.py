@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config import ModelConfig
+from jaxformer.errors import ConfigError
 from jaxformer.nn.attention import MultiHeadAttention, mix
 from jaxformer.nn.params import ones, param
 from jaxformer.nn.per_layer import LayerSettings
@@ -48,6 +49,13 @@ class DifferentialAttention(MultiHeadAttention):
         for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
             setattr(self, name, param(rngs, nnx.initializers.normal(0.1), (h,), ("head_dim",)))
         self.sub_norm = param(rngs, ones, (2 * h,), (None,))
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """Heads are paired: ConfigError unless model.num_heads and the kv heads are even."""
+        if cfg.num_heads % 2 or cfg.kv_heads % 2:
+            raise ConfigError(f"model.attention.kind={cfg.attention.kind!r} pairs heads: model.num_heads="
+                              f"{cfg.num_heads} and its kv heads ({cfg.kv_heads}) must be even")
 
     def lam(self, layer) -> jax.Array:
         """λ of this layer (a float32 scalar)."""

@@ -11,16 +11,16 @@ else None. Leaf layers (Norm) return their one array.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.config import ModelConfig
+from jaxformer.config import ATTENTION_KINDS, ConfigError, ModelConfig
 from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.cache import LayerKV
-from jaxformer.nn.differential import DifferentialAttention
 from jaxformer.nn.moe import MoEFeedForward
 from jaxformer.nn import init, per_layer
 from jaxformer.nn.params import lever, ones, param, project, weight, zeros
@@ -168,7 +168,22 @@ class Residual(nnx.Module):
         return x + out, aux
 
 
-SELF_ATTENTION = {"softmax": MultiHeadAttention, "differential": DifferentialAttention}   # model.attention.kind
+def self_attention(cfg: ModelConfig) -> type[MultiHeadAttention]:
+    """The self-attention class model.attention.kind names (a name of config.ATTENTION_KINDS or a
+    "package.module:Class" path), imported and checked against the config (its `check`). A research variant of
+    attention is one file: a subclass of `MultiHeadAttention` (e.g. overriding `context`, as nn.differential
+    does), named by its path. ConfigError naming the field when it cannot be imported or is not such a class."""
+    kind = cfg.attention.kind
+    module, _, name = ATTENTION_KINDS.get(kind, kind).partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"model.attention.kind={kind!r} cannot be imported: {type(e).__name__}: {e}") from None
+    if not (isinstance(cls, type) and issubclass(cls, MultiHeadAttention)):
+        raise ConfigError(f"model.attention.kind={kind!r} is {cls!r}, not a subclass of "
+                          f"jaxformer.nn.attention.MultiHeadAttention")
+    cls.check(cfg)
+    return cls
 
 
 def make_ffn(cfg: ModelConfig, moe: bool, rngs: nnx.Rngs, stack: str = "decoder") -> nnx.Module:
@@ -183,7 +198,7 @@ class EncoderBlock(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, moe: bool = False, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.self_attn = SELF_ATTENTION[cfg.attention.kind](cfg, self_attention=True, stack="encoder", rngs=rngs)
+        self.self_attn = self_attention(cfg)(cfg, self_attention=True, stack="encoder", rngs=rngs)
         self.moe = moe
         self.ffn = make_ffn(cfg, moe, rngs, stack="encoder")
         self.res_attn = Residual(cfg, stack="encoder", rngs=rngs)
@@ -209,7 +224,7 @@ class DecoderBlock(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, cross: bool, moe: bool = False, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.self_attn = SELF_ATTENTION[cfg.attention.kind](cfg, self_attention=True, rngs=rngs)
+        self.self_attn = self_attention(cfg)(cfg, self_attention=True, rngs=rngs)
         self.res_self = Residual(cfg, rngs=rngs)
         self.cross = cross
         if cross:

@@ -2,8 +2,9 @@
 
 Every block of a stack is called with its layer index (`layer`: an int32 scalar, traced inside the layer scan,
 a constant in a decoding program's token loop), so what varies with depth is a function of (config, layer) here,
-not an input threaded through the stack, the decoding layout and the model. Adding a per-layer variant is one
-field of `LayerSettings` and one line of `settings`, read by the module that uses it.
+not an input threaded through the stack, the decoding layout and the model. The rules themselves are written
+beside their config fields (`ModelConfig.per_layer`: a new rule for an existing setting is one line there); a new
+setting is also a field of `LayerSettings`, read by the module that uses it.
 
 Today: the decoder's sliding windows (model.attention.windows, repeated over the layers) and the layers that
 skip RoPE (model.rope.nope_every: SmolLM3's / Llama 4's NoPE layers). Both are read by the self-attention
@@ -33,9 +34,8 @@ UNIFORM = LayerSettings()       # a layer like every other (a standalone attenti
 
 
 def settings(cfg: ModelConfig, layer: jax.Array | int, stack: str = "decoder") -> LayerSettings:
-    """The settings of layer `layer` (0-based, its stack's) of `stack` ("encoder" | "decoder")."""
-    windows = cfg.layer_windows() if stack == "decoder" and any(cfg.attention.windows) else None
-    window = None if windows is None else jnp.asarray(windows, jnp.int32)[layer]
-    every = cfg.rope.nope_every if cfg.positional == "rope" else 0
-    rope = None if not every else (jnp.asarray(layer, jnp.int32) + 1) % every != 0     # layers k-1, 2k-1, ...: NoPE
-    return LayerSettings(window, rope, layer)
+    """The settings of layer `layer` (0-based, its stack's) of `stack` ("encoder" | "decoder"): the config's
+    per-layer rules (`ModelConfig.per_layer`) at this index."""
+    rules = cfg.per_layer(stack)
+    return LayerSettings(**{name: None if rule is None else jnp.asarray(rule)[layer] for name, rule in rules.items()},
+                         index=layer)

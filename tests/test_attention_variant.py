@@ -1,0 +1,95 @@
+"""A research variant of attention is one file (`nn.layers.self_attention`): a subclass of
+`nn.attention.MultiHeadAttention` in the researcher's own module, named by model.attention.kind="module:Class".
+
+Here the variant lives in a file written to a temporary folder (nothing in jaxformer is edited): its heads'
+context doubled (`context` overridden). On the same seed it has the softmax model's parameters, so its logits
+equal the softmax model's with every output projection wo doubled; cached decoding equals its uncached call;
+its own `check` runs when the model is built; the export refuses it. Wrong implementations caught: the path
+ignored (the softmax module built), the class imported but its override not reached from the block, the check
+never called; a bad path, a missing class or a class that is not an attention module a traceback, not a named error.
+"""
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxformer.config import ConfigError, ModelConfig, replaced
+from jaxformer.nn import build_model
+from helpers import cached_and_full
+
+V = 17
+VARIANT = textwrap.dedent('''
+    from jaxformer.errors import ConfigError
+    from jaxformer.nn.attention import MultiHeadAttention
+
+    class Doubled(MultiHeadAttention):
+        """Every head's context times two."""
+
+        @classmethod
+        def check(cls, cfg):
+            if cfg.num_heads == 3:
+                raise ConfigError(f"model.attention.kind={cfg.attention.kind!r} refuses model.num_heads=3")
+
+        def context(self, q, *args, **kw):
+            return 2 * super().context(q, *args, **kw)
+
+    NOT_A_CLASS = 3
+''')
+
+
+@pytest.fixture(scope="module")
+def variant(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("variant")
+    (folder / "my_attention.py").write_text(VARIANT)
+    sys.path.insert(0, str(folder))
+    yield "my_attention:Doubled"
+    sys.path.remove(str(folder))
+    sys.modules.pop("my_attention", None)
+
+
+def _cfg(**kw) -> ModelConfig:
+    base = dict(arch="decoder_only", num_encoder_layers=0, vocab_size=V, d_model=32, num_heads=4, num_kv_heads=2,
+                d_ff=32, num_decoder_layers=2, max_len=16, positional="rope", norm__position="pre",
+                runtime__dropout=0.0)
+    return replaced(ModelConfig(), **{**base, **kw})
+
+
+def test_a_variant_in_your_own_file_is_the_module_it_names(variant):
+    model, plain = build_model(_cfg(attention__kind=variant), seed=3), build_model(_cfg(), seed=3)
+    assert type(model.decoder.layers.blocks.self_attn).__name__ == "Doubled"
+    wo = plain.decoder.layers.blocks.self_attn.wo
+    wo[...] = 2 * wo[...]
+    tokens = jax.random.randint(jax.random.key(1), (2, 6), 1, V)
+    np.testing.assert_allclose(np.asarray(model(tokens)[0]), np.asarray(plain(tokens)[0]), rtol=1e-5, atol=1e-5)
+    got, want, _ = cached_and_full(model, tokens, 3)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+def test_the_variants_own_check_runs_when_built(variant):
+    with pytest.raises(ConfigError, match=r"my_attention:Doubled'? refuses model.num_heads=3"):
+        build_model(_cfg(attention__kind=variant, num_heads=3, num_kv_heads=1, d_model=24))
+
+
+def test_the_export_refuses_a_variant(variant, tmp_path):
+    from jaxformer.hf import HFError, save_pretrained
+    model = build_model(_cfg(attention__kind=variant, norm__type="rmsnorm", activation="swiglu", use_bias=False,
+                             scale_embeddings=False))
+    with pytest.raises(HFError, match=r"model.attention.kind='my_attention:Doubled'"):
+        save_pretrained(nnx.clone(model), tmp_path / "out", family="llama")
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("flash", r"model.attention.kind='flash' is neither one of \('softmax', 'differential'\)"),
+    ("my_attention.Doubled", "nor a 'package.module:Class' path"),
+    ("no_such_module_here:X", "model.attention.kind='no_such_module_here:X' cannot be imported: ModuleNotFound"),
+    ("my_attention:Missing", "model.attention.kind='my_attention:Missing' cannot be imported: AttributeError"),
+    ("my_attention:NOT_A_CLASS", "is 3, not a subclass of jaxformer.nn.attention.MultiHeadAttention"),
+    ("jaxformer.nn.layers:FeedForward", "not a subclass of jaxformer.nn.attention.MultiHeadAttention")])
+def test_bad_kinds_are_named(variant, kind, message):
+    with pytest.raises(ConfigError, match=message):
+        build_model(_cfg(attention__kind=kind))
