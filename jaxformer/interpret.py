@@ -1,19 +1,16 @@
 """Research instruments over a model's activation sites (`jaxformer.nn.sites`): the logit lens, a head-ablation
-table, an activation-patching curve and a linear probe. Each takes a model and its inputs (`*inputs`: (tokens,)
-for a language model, (src, tgt) for an encoder-decoder: what the model call takes) and returns arrays; the
-plots are `jaxformer viz --workdir RUN --plot lens --plot heads` (`jaxformer.viz`). Axis legend: L layers,
+table and a linear probe (activation patching and its attribution estimate: `jaxformer.patching`). Each takes a
+model and its inputs (`*inputs`: (tokens,) for a language model, (src, tgt) for an encoder-decoder: what the
+model call takes) and returns arrays; the plots are `jaxformer viz --workdir RUN --plot lens --plot heads` (`jaxformer.viz`). Axis legend: L layers,
 B batch, T length, D width, N heads, V vocab.
 
     lens = logit_lens(model, tokens)                           # [L+1,B,T,V]: the head read at every layer
     table = head_ablation(model, tokens, targets=targets)      # [L,N]: loss increase when head (l, n) is zeroed
-    curve = patching_curve(model, clean, corrupt, "resid_pre", metric)   # [L,T]: fraction of the effect restored
     acc = linear_probe(features, labels, train)                # [L]: held-out accuracy of a ridge probe per layer
 
 Each compiles one program (the layers and heads are a traced index inside it, not a Python loop of passes).
 """
 from __future__ import annotations
-
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -76,37 +73,6 @@ def head_ablation(model, *inputs, targets: jax.Array, weights: jax.Array | None 
                        -1).reshape(-1, 2)
         return jax.lax.map(lambda p: loss(state, p[0], p[1]), lh).reshape(layers, cfg.num_heads) - clean
     return table(state)
-
-
-def patching_curve(model, clean: tuple, corrupt: tuple, site: str,
-                   metric: Callable[[jax.Array], jax.Array]) -> jax.Array:
-    """Activation patching (Meng et al. 2022; Heimersheim & Nanda 2024): run the corrupted inputs with one
-    layer's value of a per-layer site [B,T,...] at one position taken from the clean run, for every layer and
-    position. clean, corrupt: the model's inputs (same shapes); metric: logits [B,T,V] -> a scalar (e.g. the
-    logit difference of the right and the wrong answer). -> [L,T]: (metric(patched) − metric(corrupt)) /
-    (metric(clean) − metric(corrupt)): 1 where that one value restores the clean behaviour, 0 where it does
-    nothing."""
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def curve(state):
-        m = nnx.merge(graphdef, state)
-        logits, aux = m(*clean, capture=(site,))
-        saved = aux["captured"][site]                                              # [L,B,T,...]
-        base, top = metric(m(*corrupt)[0]), metric(logits)
-
-        def patched(p):
-            layer, pos = p[0], p[1]
-
-            def fn(value, at):
-                here = (jnp.arange(value.shape[1]) == pos).reshape((1, -1) + (1,) * (value.ndim - 2))
-                return jnp.where((at == layer) & here, saved[at].astype(value.dtype), value)
-            return metric(nnx.merge(graphdef, state)(*corrupt, patch={site: fn})[0])
-        length = saved.shape[2]
-        layers = saved.shape[0]
-        lp = jnp.stack(jnp.meshgrid(jnp.arange(layers), jnp.arange(length), indexing="ij"), -1).reshape(-1, 2)
-        return ((jax.lax.map(patched, lp) - base) / (top - base)).reshape(layers, length)
-    return curve(state)
 
 
 def linear_probe(features: jax.Array, labels: jax.Array, train: jax.Array, *, num_classes: int | None = None,

@@ -1,12 +1,10 @@
-"""Research instruments (`jaxformer.interpret`): the logit lens, head ablation, activation patching and a linear
-probe, each against an independent computation.
+"""Research instruments (`jaxformer.interpret`): the logit lens, head ablation and a linear probe, each against an
+independent computation (activation patching: tests/test_patching.py).
 
 Wrong implementations these catch: a lens read before each layer instead of after it, or past the final norm
 (row l compared with the same weights cut to l layers); an ablation table with layers and heads swapped or the
 wrong head zeroed (compared with zeroing that head's slice of the output projection), or a mean ablation that
-averages each position apart instead of over the batch and positions; a patching curve that patches every
-position or every layer at once, or takes the value from the corrupted run (a one-token corruption is restored
-exactly at its position before layer 0 and nowhere else); a probe fitted on its test rows (random labels would
+averages each position apart instead of over the batch and positions; a probe fitted on its test rows (random labels would
 then be learned).
 """
 from __future__ import annotations
@@ -19,7 +17,7 @@ from flax import nnx
 
 from jaxformer.config import ModelConfig, replaced
 from jaxformer.errors import ConfigError
-from jaxformer.interpret import head_ablation, linear_probe, logit_lens, patching_curve
+from jaxformer.interpret import head_ablation, linear_probe, logit_lens
 from jaxformer.ops.losses import mean_nll as token_losses
 from jaxformer.nn import build_model
 
@@ -106,23 +104,6 @@ def test_an_encoder_decoders_three_head_tables_zero_their_own_output_projections
                                                          abs=2e-5), site
     with pytest.raises(ConfigError, match="site='cross_z' is not a head-wise site of this model"):
         head_ablation(lm(), TOKENS, targets=TARGETS, site="cross_z")
-
-
-def test_patching_restores_a_one_token_corruption_only_at_its_position_before_layer_0():
-    m = lm()
-    c = 4
-    corrupt = TOKENS.at[:, c].set((TOKENS[:, c] + 7) % 40)
-    right, wrong = TOKENS[0, -1], (TOKENS[0, -1] + 1) % 40
-
-    def metric(logits):
-        return jnp.mean(logits[:, -1, right] - logits[:, -1, wrong])
-    curve = np.asarray(patching_curve(m, (TOKENS,), (corrupt,), "resid_pre", metric))
-    assert curve.shape == (L, 10)
-    assert curve[0, c] == pytest.approx(1.0, abs=1e-5)               # layer 0's input is the embedding alone
-    np.testing.assert_allclose(np.delete(curve[0], c), 0.0, atol=1e-6)
-    np.testing.assert_allclose(curve[:, :c], 0.0, atol=1e-6)         # causal: before c, clean == corrupt
-    last = np.asarray(patching_curve(m, (TOKENS,), (corrupt,), "resid_post", metric))
-    assert last[L - 1, -1] == pytest.approx(1.0, abs=1e-4)         # the last position's final residual: all of it
 
 
 def test_linear_probe_is_ridge_regression_scored_on_held_out_rows():

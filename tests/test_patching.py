@@ -1,0 +1,139 @@
+"""The patching grid in one program and attribution patching (`jaxformer.patching`), against independent
+computations: the grid against a Python loop of single patches (each written as an index assignment, one call per
+cell), attribution against the derivative of each single patch by its own scalar (and by central differences)
+and against real patching where the metric is linear in the site.
+
+Wrong implementations these catch: cells patched at every layer or position at once, or with the corrupted run's
+own value; layers and heads swapped, or a pattern's query axis taken for its head axis; a grid that is not
+normalised by the clean − corrupt difference; an attribution with the gradient at the clean run, without the
+(clean − corrupt) factor, or summed over the wrong axes.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer.config import ModelConfig, replaced
+from jaxformer.errors import ConfigError
+from jaxformer.nn import build_model
+from jaxformer.patching import attribution_patching, patching_grid
+
+L, N, T = 2, 4, 6
+TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, T)))
+C = 3                                                          # the corrupted position
+CORRUPT = TOKENS.at[:, C].set((TOKENS[:, C] + 7) % 40)
+RIGHT, WRONG = int(TOKENS[0, -1]), int(TOKENS[0, -1] + 1) % 40
+
+
+def metric(logits):
+    return jnp.mean(logits[:, -1, RIGHT] - logits[:, -1, WRONG])
+
+
+def lm(**kw):
+    kw = {"norm__position": "pre", **kw}
+    cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=40, d_model=32, num_heads=N, num_kv_heads=2,
+                   d_ff=48, num_decoder_layers=L, max_len=16, positional="rope", runtime__dropout=0.0, **kw)
+    return build_model(cfg, seed=1)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return lm()
+
+
+def _index(site, p, h):
+    """The cell (position p, head h; None = all) of one layer's value, as an index tuple."""
+    every = slice(None)
+    if site.endswith("pattern"):                               # [B,N,T,S]
+        return (every, every if h is None else h, every if p is None else p)
+    return (every, every if p is None else p) + (() if h is None else (h,))
+
+
+def _loop(m, site, over):
+    """The reference: one patched call per cell, the clean value written in by index assignment."""
+    saved = m(TOKENS, capture=(site,))[1]["captured"][site]
+    base, top = metric(m(CORRUPT)[0]), metric(m(TOKENS)[0])
+    cells = {"position": [(lay, p, None) for lay in range(L) for p in range(T)],
+             "head": [(lay, None, h) for lay in range(L) for h in range(saved.shape[3 if site != "pattern" else 2])],
+             "both": [(lay, p, h) for lay in range(L) for p in range(T) for h in range(N)]}[over]
+
+    @jax.jit
+    def one(lay, p, h):                         # p, h: traced ints, or None (all of that axis)
+        idx = _index(site, p, h)
+
+        def fn(value, at):
+            return jnp.where(at == lay, value.at[idx].set(saved[lay][idx].astype(value.dtype)), value)
+        return metric(m(CORRUPT, patch={site: fn})[0])
+    return np.asarray([(one(lay, p, h) - base) / (top - base) for lay, p, h in cells])
+
+
+@pytest.mark.parametrize("site, over", [("resid_pre", "position"), ("z", "both"), ("pattern", "head"),
+                                        pytest.param("attn_out", "position", marks=pytest.mark.slow),
+                                        pytest.param("pattern", "both", marks=pytest.mark.slow),
+                                        pytest.param("k", "head", marks=pytest.mark.slow)])
+def test_the_grid_is_the_loop_of_single_patches(model, site, over):
+    grid = np.asarray(patching_grid(model, (TOKENS,), (CORRUPT,), site, metric, over=over, batch=4))
+    want = _loop(model, site, over)
+    assert grid.shape[0] == L and grid.size == want.size
+    np.testing.assert_allclose(grid.reshape(-1), want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_one_token_corruption_is_restored_at_its_position_before_layer_0(model):
+    grid = np.asarray(patching_grid(model, (TOKENS,), (CORRUPT,), "resid_pre", metric))
+    assert grid[0, C] == pytest.approx(1.0, abs=1e-5)                 # layer 0's input is the embedding alone
+    np.testing.assert_allclose(np.delete(grid[0], C), 0.0, atol=1e-6)
+    np.testing.assert_allclose(grid[:, :C], 0.0, atol=1e-6)           # causal: before C, clean == corrupt
+    raw = np.asarray(patching_grid(model, (TOKENS,), (CORRUPT,), "resid_pre", metric, normalize=False))
+    gap = float(metric(model(TOKENS)[0]) - metric(model(CORRUPT)[0]))
+    np.testing.assert_allclose(raw, grid * gap, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("site, over", [("resid_mid", "position"), ("z", "head"), ("pattern", "both")])
+def test_attribution_is_each_patchs_directional_derivative(model, site, over):
+    """Each cell's estimate is d/dα metric(corrupt + α·(clean − corrupt) on that cell) at α = 0: the gradient of
+    that one patch's scalar α (not the site's whole gradient summed per cell), and its central difference."""
+    got = np.asarray(attribution_patching(model, (TOKENS,), (CORRUPT,), site, metric, over=over,
+                                          normalize=False))
+    saved = model(TOKENS, capture=(site,))[1]["captured"][site]
+    was = model(CORRUPT, capture=(site,))[1]["captured"][site]
+    heads = saved.shape[2 if site == "pattern" else 3]
+    cells = {"position": [(lay, p, None) for lay in range(L) for p in range(T)],
+             "head": [(lay, None, h) for lay in range(L) for h in range(heads)],
+             "both": [(lay, p, h) for lay in range(L) for p in range(T) for h in range(heads)]}[over]
+
+    @jax.jit
+    def slope(direction):
+        def f(alpha):
+            return metric(model(CORRUPT, patch={site: lambda v, at: v + alpha * direction[at].astype(v.dtype)})[0])
+        return jax.grad(f)(0.0), (f(1e-2) - f(-1e-2)) / 2e-2
+    want, differences = [], []
+    for lay, p, h in cells:
+        idx = _index(site, p, h)
+        direction = jnp.zeros_like(saved).at[(lay, *idx)].set((saved - was)[(lay, *idx)])
+        d, fd = slope(direction)
+        want.append(float(d))
+        differences.append(float(fd))
+    np.testing.assert_allclose(got.reshape(-1), want, rtol=2e-3, atol=2e-5)
+    np.testing.assert_allclose(got.reshape(-1), differences, rtol=0.05, atol=5e-3)   # no autodiff at all
+
+
+def test_attribution_equals_patching_where_the_metric_is_linear_in_the_site():
+    """Post-LN has no final norm: the last layer's resid_post reaches the logits linearly, so its row of the
+    estimate is the real patching row; earlier rows are estimates only."""
+    m = lm(norm__position="post")
+    real = np.asarray(patching_grid(m, (TOKENS,), (CORRUPT,), "resid_post", metric))
+    est = np.asarray(attribution_patching(m, (TOKENS,), (CORRUPT,), "resid_post", metric))
+    np.testing.assert_allclose(est[L - 1], real[L - 1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("fn", [patching_grid, attribution_patching])
+@pytest.mark.parametrize("site, over, message", [
+    ("resid_pre", "head", r"over='head': site 'resid_pre' \(2, 6, 32\) has no head axis"),
+    ("nope", "position", "activation site 'nope' does not exist"),
+    ("embed", "position", "'embed' is model-level"),
+    ("z", "layer", r"over='layer' is not one of \('position', 'head', 'both'\)")])
+def test_bad_requests_are_named(model, fn, site, over, message):
+    with pytest.raises(ConfigError, match=message):
+        fn(model, (TOKENS,), (CORRUPT,), site, metric, over=over)
