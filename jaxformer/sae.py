@@ -1,0 +1,310 @@
+"""Sparse autoencoders on a model's activation sites: trained on activations captured as the model runs (no
+dump), reported by what they keep of the model, used as a patch, saved in SAELens' folder format.
+
+Axis legend: R rows (the B·T positions of a batch), D the site's width (d_in), F latents (d_sae), L layers.
+
+    spec = SAESpec(d_in=D, d_sae=8 * D, site="resid_post", layer=1, architecture="topk", k=16)
+    params, log = train_sae(model, batches, spec, steps=2000)     # batches: iterable of the model's inputs
+    report = evaluate_sae(model, params, spec, tokens, targets)   # fve, l0, dead, spliced-in loss
+    logits, _ = model(tokens, patch={spec.site: sae_patch(params, spec, edit=ablate(7))})
+    save_saelens(params, spec, "out/sae"); params, spec = load_saelens("out/sae")
+
+Parameters are SAELens' (a dict): W_enc [D,F], b_enc [F], W_dec [F,D], b_dec [D]; the input has b_dec subtracted
+before encoding (SAELens' apply_b_dec_to_input). Architectures: "topk" (Gao et al. 2024: the k largest
+pre-activations, ReLU'd, the rest 0; trained on the reconstruction error plus the AuxK loss, whose top k_aux =
+D/2 dead latents reconstruct the residual, scaled by min(dead / k_aux, 1), as SAELens does) and "standard" (ReLU,
+trained on the reconstruction error plus l1 · Σ_i f_i·‖W_dec_i‖). The reconstruction error is Σ_D (x̂ − x)²
+averaged over rows (SAELens' mse). A latent is dead once it has not fired for `dead_steps` steps; a standard
+SAE's dead latents are resampled every `resample_every` steps (Bricken et al. 2023: each pointed at a row the SAE
+reconstructs worst, its encoder scaled to 0.2 of the live latents' mean norm, its Adam moments reset).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+from typing import Callable, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxformer.errors import ConfigError, DataError
+from jaxformer.ops.losses import mean_nll
+
+ARCHITECTURES = ("topk", "standard")
+WEIGHTS, CFG = "sae_weights.safetensors", "cfg.json"        # SAELens' file names
+_HOOKS = {"resid_pre": "blocks.{}.hook_resid_pre", "resid_mid": "blocks.{}.hook_resid_mid",
+          "resid_post": "blocks.{}.hook_resid_post", "attn_out": "blocks.{}.hook_attn_out",
+          "mlp_out": "blocks.{}.hook_mlp_out"}                # our site -> TransformerLens' hook name
+
+
+@dataclasses.dataclass(frozen=True)
+class SAESpec:
+    """What an SAE reads and how it is trained: the per-layer `site` [B,T,D] of `layer`, its sizes, its
+    architecture and training settings. Validated on construction (ConfigError naming the field)."""
+    d_in: int
+    d_sae: int
+    site: str = "resid_post"
+    layer: int = 0
+    architecture: str = "topk"
+    k: int = 32                        # topk: active latents per row
+    l1: float = 5.0                    # standard: the sparsity coefficient
+    aux: float = 1 / 32                # topk: the AuxK loss's weight (Gao et al.'s α)
+    lr: float = 4e-4
+    dead_steps: int = 200              # a latent not fired for this many steps is dead
+    resample_every: int = 0            # standard: resample dead latents every n steps (0: never)
+
+    def __post_init__(self):
+        if self.architecture not in ARCHITECTURES:
+            raise ConfigError(f"sae.architecture={self.architecture!r} is not one of {ARCHITECTURES}")
+        for name in ("d_in", "d_sae", "k", "dead_steps"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ConfigError(f"sae.{name}={getattr(self, name)!r} must be a positive int")
+        if self.architecture == "topk" and self.k > self.d_sae:
+            raise ConfigError(f"sae.k={self.k} exceeds sae.d_sae={self.d_sae}")
+        for name in ("l1", "aux", "lr", "layer", "resample_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"sae.{name}={getattr(self, name)!r} must be >= 0")
+
+
+def init_sae(spec: SAESpec, key: jax.Array, mean: jax.Array | None = None) -> dict:
+    """Decoder rows uniform on the unit sphere, the encoder their transpose (Gao et al.), b_enc 0, b_dec the
+    activations' mean when given (else 0)."""
+    w = jax.random.normal(key, (spec.d_sae, spec.d_in))
+    w = w / jnp.linalg.norm(w, axis=-1, keepdims=True)
+    return {"W_enc": w.T, "b_enc": jnp.zeros(spec.d_sae), "W_dec": w,
+            "b_dec": jnp.zeros(spec.d_in) if mean is None else jnp.asarray(mean, jnp.float32)}
+
+
+def pre_activations(params: dict, x: jax.Array) -> jax.Array:
+    """x [..., D] -> (x − b_dec) @ W_enc + b_enc [..., F], float32."""
+    return (x.astype(jnp.float32) - params["b_dec"]) @ params["W_enc"] + params["b_enc"]
+
+
+def encode(params: dict, x: jax.Array, spec: SAESpec) -> jax.Array:
+    """x [..., D] -> the latents f [..., F] (topk: the k largest pre-activations ReLU'd, the rest 0)."""
+    pre = pre_activations(params, x)
+    if spec.architecture == "standard":
+        return jax.nn.relu(pre)
+    return _keep_top(pre, spec.k)
+
+
+def _keep_top(pre: jax.Array, k: int) -> jax.Array:
+    values, index = jax.lax.top_k(pre, k)
+    rows = pre.reshape(-1, pre.shape[-1])
+    out = jnp.zeros_like(rows).at[jnp.arange(rows.shape[0])[:, None], index.reshape(rows.shape[0], k)].set(
+        jax.nn.relu(values).reshape(rows.shape[0], k))
+    return out.reshape(pre.shape)
+
+
+def decode(params: dict, f: jax.Array) -> jax.Array:
+    """f [..., F] -> x̂ = f @ W_dec + b_dec [..., D]."""
+    return f @ params["W_dec"] + params["b_dec"]
+
+
+def sae_loss(params: dict, x: jax.Array, spec: SAESpec, dead: jax.Array) -> tuple[jax.Array, dict]:
+    """The training loss on rows x [R,D] (module docstring) and its parts; dead [F] bool: the dead latents."""
+    x = x.astype(jnp.float32)
+    pre = pre_activations(params, x)
+    f = jax.nn.relu(pre) if spec.architecture == "standard" else _keep_top(pre, spec.k)
+    x_hat = decode(params, f)
+    mse = jnp.mean(jnp.sum((x_hat - x) ** 2, -1))
+    if spec.architecture == "standard":
+        extra = spec.l1 * jnp.mean(jnp.sum(f * jnp.linalg.norm(params["W_dec"], axis=-1), -1))
+    else:
+        k_aux = max(spec.d_in // 2, 1)
+        n_dead = jnp.sum(dead)
+        ranked = jnp.where(dead, pre, -jnp.inf)
+        values, index = jax.lax.top_k(ranked, min(k_aux, spec.d_sae))
+        keep = jnp.arange(values.shape[-1]) < n_dead                             # only dead latents
+        acts = jnp.zeros_like(pre).at[jnp.arange(pre.shape[0])[:, None], index].set(
+            jnp.where(keep, values, 0.0))
+        residual = jax.lax.stop_gradient(x - x_hat)
+        aux = jnp.mean(jnp.sum((acts @ params["W_dec"] - residual) ** 2, -1))
+        extra = spec.aux * jnp.minimum(n_dead / k_aux, 1.0) * jnp.where(n_dead > 0, aux, 0.0)
+    return mse + extra, {"mse": mse, "l0": jnp.mean(jnp.sum(f > 0, -1)), "fired": jnp.any(f > 0, 0)}
+
+
+def site_rows(model, inputs: tuple, spec: SAESpec) -> jax.Array:
+    """The site's values at `spec.layer` for the model's inputs, as rows [B·T, D] (float32)."""
+    value = model(*inputs, capture=(spec.site,))[1]["captured"][spec.site][spec.layer]
+    return value.reshape(-1, value.shape[-1]).astype(jnp.float32)
+
+
+def _check_site(model, spec: SAESpec) -> None:
+    if spec.site not in model.sites():
+        raise ConfigError(f"sae.site={spec.site!r} is not one of the model's sites {list(model.sites())}")
+    layers = model.cfg.num_decoder_layers
+    if spec.layer >= layers:
+        raise ConfigError(f"sae.layer={spec.layer} is outside the model's {layers} layers")
+
+
+
+def _normalized(params: dict, spec: SAESpec) -> dict:
+    """topk keeps unit-norm decoder rows (Gao et al.); standard's L1 reads the norms instead."""
+    if spec.architecture == "standard":
+        return params
+    return {**params, "W_dec": params["W_dec"] / jnp.linalg.norm(params["W_dec"], axis=-1, keepdims=True)}
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec", "tx"), donate_argnums=(0,))
+def _step(train: dict, graphdef, model_state, inputs: tuple, *, spec: SAESpec, tx) -> tuple[dict, dict]:
+    x = site_rows(nnx.merge(graphdef, model_state), inputs, spec)
+    dead = train["since_fired"] >= spec.dead_steps
+    (loss, parts), grads = jax.value_and_grad(sae_loss, has_aux=True)(train["params"], x, spec, dead)
+    updates, opt = tx.update(grads, train["opt"], train["params"])
+    params = _normalized(optax.apply_updates(train["params"], updates), spec)
+    since = jnp.where(parts["fired"], 0, train["since_fired"] + 1)
+    return ({"params": params, "opt": opt, "since_fired": since},
+            {"loss": loss, "mse": parts["mse"], "l0": parts["l0"], "dead": jnp.mean(dead)})
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"), donate_argnums=(0,))
+def _resample(train: dict, graphdef, model_state, inputs: tuple, *, spec: SAESpec) -> dict:
+    """Dead latents pointed at the rows reconstructed worst (module docstring), their Adam moments reset."""
+    p = train["params"]
+    x = site_rows(nnx.merge(graphdef, model_state), inputs, spec)
+    err = jnp.sum((decode(p, encode(p, x, spec)) - x) ** 2, -1)
+    worst = jnp.argsort(-err)
+    dead = train["since_fired"] >= spec.dead_steps
+    row = worst[jnp.maximum(jnp.cumsum(dead) - 1, 0) % worst.shape[0]]                  # [F]
+    direction = x[row] - p["b_dec"]
+    direction = direction / jnp.maximum(jnp.linalg.norm(direction, axis=-1, keepdims=True), 1e-8)
+    live = jnp.linalg.norm(p["W_enc"], axis=0)
+    scale = 0.2 * jnp.sum(jnp.where(dead, 0.0, live)) / jnp.maximum(jnp.sum(~dead), 1)
+    params = {"W_dec": jnp.where(dead[:, None], direction, p["W_dec"]),
+              "W_enc": jnp.where(dead[None, :], direction.T * scale, p["W_enc"]),
+              "b_enc": jnp.where(dead, 0.0, p["b_enc"]), "b_dec": p["b_dec"]}
+    masks = {"W_dec": dead[:, None], "W_enc": dead[None, :], "b_enc": dead, "b_dec": jnp.zeros((), bool)}
+
+    def reset(state):
+        if isinstance(state, optax.ScaleByAdamState):
+            zero = lambda t: {n: jnp.where(masks[n], 0.0, v) for n, v in t.items()}      # noqa: E731
+            return state._replace(mu=zero(state.mu), nu=zero(state.nu))
+        return state
+    opt = jax.tree.map(reset, train["opt"], is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
+    return {"params": params, "opt": opt, "since_fired": jnp.where(dead, 0, train["since_fired"])}
+
+
+def train_sae(model, batches: Iterable[tuple], spec: SAESpec, steps: int, *, seed: int = 0,
+              params: dict | None = None) -> tuple[dict, list[dict]]:
+    """Train an SAE on the site's activations, captured from the model (frozen) batch by batch inside one jitted
+    step (nothing is dumped). batches: the model's inputs per step ((tokens,) or (src, tgt)), at least `steps`
+    of them. -> (params, log): one dict per step of loss, mse, l0 and the dead fraction (device arrays: read
+    them after training). b_dec starts at the first batch's mean row unless `params` are given."""
+    _check_site(model, spec)
+    graphdef, model_state = nnx.split(model)
+    it = iter(batches)
+    tx = optax.adam(spec.lr)
+    log = []
+    for i in range(steps):
+        inputs = next(it, None)
+        if inputs is None:
+            raise DataError(f"train_sae: the batches ran out after {i} of {steps} steps")
+        inputs = tuple(inputs)
+        if i == 0:
+            if params is None:
+                mean = jnp.mean(site_rows(model, inputs, spec), 0)
+                params = init_sae(spec, jax.random.key(seed), mean)
+            params = jax.tree.map(jnp.array, params)                  # copies: the step donates its state
+            train = {"params": params, "opt": tx.init(params), "since_fired": jnp.zeros(spec.d_sae, jnp.int32)}
+        if spec.architecture == "standard" and spec.resample_every and i and i % spec.resample_every == 0:
+            train = _resample(train, graphdef, model_state, inputs, spec=spec)
+        train, metrics = _step(train, graphdef, model_state, inputs, spec=spec, tx=tx)
+        log.append(metrics)
+    return train["params"], log
+
+
+def sae_patch(params: dict, spec: SAESpec, edit: Callable[[jax.Array], jax.Array] | None = None,
+              keep_error: bool = False) -> Callable:
+    """A patch for the model call (`patch={spec.site: ...}`): at spec.layer the site's value becomes the SAE's
+    reconstruction of it, with edit(f) applied to the latents [B,T,F] first (e.g. ablating or clamping one
+    feature). keep_error: add the SAE's own error (x − x̂ of the unedited latents) back, so that only the edit
+    changes the model (with no edit the model is exactly itself)."""
+    def fn(value, at):
+        f = encode(params, value, spec)
+        out = decode(params, edit(f) if edit is not None else f)
+        if keep_error:
+            out = out + (value.astype(jnp.float32) - decode(params, f))
+        return jnp.where(at == spec.layer, out.astype(value.dtype), value)
+    return fn
+
+
+def evaluate_sae(model, params: dict, spec: SAESpec, inputs: tuple, targets: jax.Array,
+                 weights: jax.Array | None = None) -> dict:
+    """What the SAE keeps, on one batch of the model's inputs and next-token targets [B,T]: fve (fraction of
+    variance explained, 1 − Σ(x − x̂)² / Σ(x − x̄)²), mse, l0 (mean active latents per row), dead (the fraction of
+    latents that fire on no row), and the spliced-in loss: the model's loss (`ops.losses.mean_nll`) clean, with
+    the SAE's reconstruction patched in, and with the site zeroed at that layer; recovered = (zero − spliced) /
+    (zero − clean), 1 when the reconstruction loses nothing."""
+    _check_site(model, spec)
+    inputs = tuple(inputs)
+    x = site_rows(model, inputs, spec)
+    f = encode(params, x, spec)
+    x_hat = decode(params, f)
+    loss = lambda patch=None: float(mean_nll(model(*inputs, patch=patch)[0], targets, weights))   # noqa: E731
+    zero = lambda v, at: jnp.where(at == spec.layer, jnp.zeros_like(v), v)                         # noqa: E731
+    clean, spliced, zeroed = loss(), loss({spec.site: sae_patch(params, spec)}), loss({spec.site: zero})
+    return {"fve": float(1 - jnp.sum((x - x_hat) ** 2) / jnp.sum((x - x.mean(0)) ** 2)),
+            "mse": float(jnp.mean(jnp.sum((x - x_hat) ** 2, -1))), "l0": float(jnp.mean(jnp.sum(f > 0, -1))),
+            "dead": float(jnp.mean(~jnp.any(f > 0, 0))), "loss_clean": clean, "loss_spliced": spliced,
+            "loss_zero": zeroed, "recovered": (zeroed - spliced) / (zeroed - clean)}
+
+
+def save_saelens(params: dict, spec: SAESpec, path: str | Path, model_name: str = "jaxformer") -> Path:
+    """The SAE as an SAELens folder: cfg.json (SAELens 6's fields: architecture, d_in, d_sae, dtype, device,
+    apply_b_dec_to_input, normalize_activations, reshape_activations, k for topk, metadata with hook_name in
+    TransformerLens' naming and hook_layer) and sae_weights.safetensors (W_enc, b_enc, W_dec, b_dec, float32).
+    Our own fields (the site name, training settings) go under "jaxformer", which SAELens ignores."""
+    from safetensors.numpy import save_file
+    if spec.site not in _HOOKS:
+        raise ConfigError(f"save_saelens: site {spec.site!r} has no TransformerLens hook name (one of "
+                          f"{tuple(_HOOKS)})")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {"architecture": spec.architecture, "d_in": spec.d_in, "d_sae": spec.d_sae, "dtype": "float32",
+           "device": "cpu", "apply_b_dec_to_input": True, "normalize_activations": "none",
+           "reshape_activations": "none", **({"k": spec.k} if spec.architecture == "topk" else {}),
+           "metadata": {"model_name": model_name, "hook_name": _HOOKS[spec.site].format(spec.layer),
+                        "hook_layer": spec.layer, "sae_lens_version": "6.0.0"},
+           "jaxformer": dataclasses.asdict(spec)}
+    save_file({n: np.asarray(v, np.float32) for n, v in params.items()}, str(path / WEIGHTS))
+    (path / CFG).write_text(json.dumps(cfg, indent=1) + "\n")
+    return path
+
+
+def load_saelens(path: str | Path) -> tuple[dict, SAESpec]:
+    """An SAELens folder (cfg.json + sae_weights.safetensors: ours or SAELens' own, standard or topk, with
+    apply_b_dec_to_input and no activation normalisation) -> (params, spec). DataError naming what is missing
+    or unsupported."""
+    from safetensors.numpy import load_file
+    path = Path(path)
+    if not (path / CFG).is_file() or not (path / WEIGHTS).is_file():
+        raise DataError(f"{path}: an SAELens folder holds {CFG} and {WEIGHTS}")
+    cfg = json.loads((path / CFG).read_text())
+    for key, want in (("apply_b_dec_to_input", True), ("normalize_activations", "none")):
+        if cfg.get(key, want) != want:
+            raise DataError(f"{path / CFG}: {key}={cfg[key]!r} is not supported (only {want!r})")
+    hook = (cfg.get("metadata") or {}).get("hook_name") or cfg.get("hook_name", "")
+    site = next((s for s, h in _HOOKS.items() if h.format(cfg.get("metadata", {}).get("hook_layer", 0)) == hook),
+                None)
+    ours = cfg.get("jaxformer", {})
+    try:
+        spec = SAESpec(**{**ours, "d_in": cfg["d_in"], "d_sae": cfg["d_sae"],
+                          "architecture": cfg.get("architecture", "standard"),
+                          **({"k": cfg["k"]} if "k" in cfg else {}),
+                          **({"site": site, "layer": cfg["metadata"]["hook_layer"]} if site and not ours else {})})
+    except (KeyError, TypeError, ConfigError) as e:
+        raise DataError(f"{path / CFG}: not a usable SAELens config ({type(e).__name__}: {e})") from None
+    weights = load_file(str(path / WEIGHTS))
+    shapes = {"W_enc": (spec.d_in, spec.d_sae), "b_enc": (spec.d_sae,), "W_dec": (spec.d_sae, spec.d_in),
+              "b_dec": (spec.d_in,)}
+    for name, shape in shapes.items():
+        if name not in weights or weights[name].shape != shape:
+            got = weights[name].shape if name in weights else "missing"
+            raise DataError(f"{path / WEIGHTS}: {name} should be {shape}, got {got}")
+    return {n: jnp.asarray(weights[n], jnp.float32) for n in shapes}, spec

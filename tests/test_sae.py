@@ -1,0 +1,209 @@
+"""Sparse autoencoders (`jaxformer.sae`) against NumPy transcriptions of SAELens' math, on a tiny model's captured
+activations.
+
+Wrong implementations these catch: TopK choosing the k smallest pre-activations; b_dec not subtracted before encoding;
+an L1 term that ignores the decoder norms; an AuxK loss over live latents, or not scaled by min(dead / k_aux, 1);
+the dead counter reset by a latent that did not fire; resampling that leaves the Adam moments; a patch applied at
+every layer, or whose error term is not the unedited reconstruction's; a saved folder SAELens could not read
+(other file names, other keys or shapes).
+"""
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer.config import ModelConfig, replaced
+from jaxformer.errors import ConfigError, DataError
+from jaxformer.nn import build_model
+from jaxformer.ops.losses import mean_nll
+from jaxformer.sae import (SAESpec, decode, encode, evaluate_sae, init_sae, load_saelens, sae_loss, sae_patch,
+                           save_saelens, site_rows, train_sae)
+
+D, V = 32, 40
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=V, d_model=D, num_heads=4, num_kv_heads=2,
+                   d_ff=64, num_decoder_layers=2, max_len=16, positional="rope", norm__position="pre",
+                   runtime__dropout=0.0)
+    return build_model(cfg, seed=0)
+
+
+def _batch(i, b=16, t=12):
+    return (jax.random.randint(jax.random.key(i), (b, t), 0, V),)
+
+
+def _params(spec, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"W_enc": rng.standard_normal((spec.d_in, spec.d_sae)).astype(np.float32) * 0.3,
+            "b_enc": rng.standard_normal(spec.d_sae).astype(np.float32) * 0.1,
+            "W_dec": rng.standard_normal((spec.d_sae, spec.d_in)).astype(np.float32) * 0.3,
+            "b_dec": rng.standard_normal(spec.d_in).astype(np.float32) * 0.1}
+
+
+def _np_encode(p, x, spec):
+    pre = (x - p["b_dec"]) @ p["W_enc"] + p["b_enc"]
+    if spec.architecture == "standard":
+        return pre, np.maximum(pre, 0)
+    out = np.zeros_like(pre)
+    top = np.argsort(-pre, -1)[:, :spec.k]                       # SAELens' TopK: choose the k, then ReLU them
+    np.put_along_axis(out, top, np.maximum(np.take_along_axis(pre, top, -1), 0), -1)
+    return pre, out
+
+
+@pytest.mark.parametrize("architecture", ["topk", "standard"])
+def test_encode_decode_and_loss_are_saelens_math(architecture):
+    spec = SAESpec(d_in=8, d_sae=24, architecture=architecture, k=5, l1=0.7, aux=0.5)
+    p = _params(spec)
+    x = np.random.default_rng(1).standard_normal((10, 8)).astype(np.float32)
+    pre, f = _np_encode(p, x.astype(np.float64), spec)
+    np.testing.assert_allclose(encode(p, x, spec), f, rtol=1e-5, atol=1e-5)
+    x_hat = f @ p["W_dec"] + p["b_dec"]
+    np.testing.assert_allclose(decode(p, jnp.asarray(f, jnp.float32)), x_hat, rtol=1e-5, atol=1e-5)
+    mse = np.mean(np.sum((x_hat - x) ** 2, -1))
+    dead = np.zeros(24, bool)
+    dead[[2, 3, 7, 11, 19]] = True
+    if architecture == "standard":
+        want = mse + 0.7 * np.mean(np.sum(f * np.linalg.norm(p["W_dec"], axis=-1), -1))
+    else:
+        k_aux = 8 // 2                                                   # d_in / 2; 5 dead: the top 4 of them
+        ranked = np.where(dead, pre, -np.inf)
+        top = np.argsort(-ranked, -1)[:, :k_aux]
+        acts = np.zeros_like(pre)
+        np.put_along_axis(acts, top, np.take_along_axis(pre, top, -1), -1)
+        aux = np.mean(np.sum((acts @ p["W_dec"] - (x - x_hat)) ** 2, -1))
+        want = mse + 0.5 * min(5 / k_aux, 1.0) * aux
+    got, parts = sae_loss(p, x, spec, jnp.asarray(dead))
+    assert float(got) == pytest.approx(want, rel=1e-4)
+    assert float(parts["l0"]) == pytest.approx(np.mean(np.sum(f > 0, -1)))
+
+
+def test_the_auxk_loss_is_scaled_by_the_dead_share_and_absent_without_dead_latents():
+    spec = SAESpec(d_in=8, d_sae=24, k=5, aux=1.0)
+    p, x = _params(spec), np.random.default_rng(2).standard_normal((6, 8)).astype(np.float32)
+    none = jnp.zeros(24, bool)
+    base = float(sae_loss(p, x, spec, none)[1]["mse"])
+    assert float(sae_loss(p, x, spec, none)[0]) == pytest.approx(base)
+    one, two = none.at[3].set(True), none.at[3].set(True).at[5].set(True)
+    a1, a2 = (float(sae_loss(p, x, spec, d)[0]) - base for d in (one, two))
+    pre = (x - p["b_dec"]) @ p["W_enc"] + p["b_enc"]
+    r = x - decode(p, encode(p, x, spec))
+    want1 = float(np.mean(np.sum((np.outer(pre[:, 3], p["W_dec"][3]) - np.asarray(r)) ** 2, -1))) / 4  # 1 of 4
+    assert a1 == pytest.approx(want1, rel=1e-4) and a2 != pytest.approx(a1)
+
+
+def test_training_on_captured_activations_explains_the_variance(model):
+    spec = SAESpec(d_in=D, d_sae=4 * D, site="resid_post", layer=1, k=8, lr=3e-3)
+    params, log = train_sae(model, (_batch(i) for i in range(1000)), spec, steps=150)
+    first, last = float(log[0]["mse"]), float(log[-1]["mse"])
+    report = evaluate_sae(model, params, spec, _batch(10 ** 6), _batch(10 ** 6)[0])
+    assert last < 0.3 * first, (first, last)
+    assert report["fve"] > 0.75 and report["l0"] <= 8, report          # 0.81 when written
+    assert 0.0 < report["recovered"] <= 1.05 and report["loss_zero"] > report["loss_clean"], report
+    x = site_rows(model, _batch(10 ** 6), spec)
+    x_hat = decode(params, encode(params, x, spec))
+    assert report["fve"] == pytest.approx(float(1 - jnp.sum((x - x_hat) ** 2) / jnp.sum((x - x.mean(0)) ** 2)),
+                                          rel=1e-5)
+
+
+def test_dead_latents_are_counted_and_resampled_with_fresh_adam_moments(model):
+    """Latents 0..9 get b_enc = −1e4 (they can never fire): after dead_steps steps they are dead; a standard
+    SAE resampled at step 4 points them at rows, zeroes their Adam moments, and they fire again."""
+    import optax
+    from jaxformer.sae import _resample, _step
+    from flax import nnx
+    spec = SAESpec(d_in=D, d_sae=64, architecture="standard", l1=0.01, site="resid_mid", layer=0, dead_steps=3,
+                   resample_every=4)
+    p = init_sae(spec, jax.random.key(0))
+    p["b_enc"] = p["b_enc"].at[:10].set(-1e4)
+    _, log = train_sae(model, (_batch(i) for i in range(100)), spec, steps=4, params=dict(p))
+    assert [round(float(m["dead"]) * 64) for m in log] == [0, 0, 0, 10]           # dead from the 4th step
+    graphdef, state = nnx.split(model)
+    tx = optax.adam(spec.lr)
+    train = {"params": dict(p), "opt": tx.init(p), "since_fired": jnp.zeros(64, jnp.int32)}
+    for i in range(3):
+        train, _ = _step(train, graphdef, state, _batch(i), spec=spec, tx=tx)
+    assert float(jnp.abs(train["opt"][0].mu["W_enc"][:, :10]).max()) == 0.0       # never fired: no gradient yet
+    train["opt"] = jax.tree.map(lambda a: a + 1.0 if a.dtype == jnp.float32 else a, train["opt"])
+    before = np.asarray(train["opt"][0].mu["W_enc"])
+    out = _resample(train, graphdef, state, _batch(3), spec=spec)
+    assert float(jnp.abs(out["opt"][0].mu["W_enc"][:, :10]).max()) == 0.0
+    assert float(jnp.abs(out["opt"][0].nu["W_dec"][:10]).max()) == 0.0
+    np.testing.assert_array_equal(out["opt"][0].mu["W_enc"][:, 10:], before[:, 10:])   # the live ones kept theirs
+    np.testing.assert_allclose(jnp.linalg.norm(out["params"]["W_dec"][:10], axis=-1), 1.0, rtol=1e-5)
+    f = encode(out["params"], site_rows(model, _batch(3), spec), spec)
+    assert bool(jnp.all(jnp.any(f[:, :10] > 0, 0)))                                # they fire again
+
+
+def test_the_patch_splices_the_reconstruction_at_its_layer_only(model):
+    spec = SAESpec(d_in=D, d_sae=64, site="resid_pre", layer=1, k=4)
+    p = init_sae(spec, jax.random.key(3))
+    tokens = _batch(5)[0]
+    exact = model(tokens, patch={"resid_pre": sae_patch(p, spec, keep_error=True)})[0]
+    np.testing.assert_allclose(exact, model(tokens)[0], rtol=1e-4, atol=1e-4)        # with its error: itself
+
+    def by_hand(value, at):
+        x = value[...]
+        f = encode(p, x, spec).at[..., 7].set(0.0)
+        return jnp.where(at == 1, decode(p, f) + (x - decode(p, encode(p, x, spec))), value)
+    ablated = model(tokens, patch={"resid_pre": sae_patch(p, spec, edit=lambda f: f.at[..., 7].set(0.0),
+                                                          keep_error=True)})[0]
+    np.testing.assert_allclose(ablated, model(tokens, patch={"resid_pre": by_hand})[0], rtol=1e-5, atol=1e-5)
+    spliced = model(tokens, patch={"resid_pre": sae_patch(p, spec)}, capture=("resid_pre",))[1]["captured"]
+    clean = model(tokens, capture=("resid_pre",))[1]["captured"]["resid_pre"]
+    np.testing.assert_allclose(spliced["resid_pre"][0], clean[0])                 # layer 0 untouched
+    report = evaluate_sae(model, p, spec, (tokens,), tokens)
+    want = float(mean_nll(model(tokens, patch={"resid_pre": sae_patch(p, spec)})[0], tokens))
+    assert report["loss_spliced"] == pytest.approx(want, rel=1e-5)
+
+
+def test_saved_in_saelens_layout_and_read_back(tmp_path):
+    from safetensors.numpy import load_file
+    spec = SAESpec(d_in=8, d_sae=24, site="resid_post", layer=3, k=5)
+    p = {n: jnp.asarray(v) for n, v in _params(spec).items()}
+    save_saelens(p, spec, tmp_path / "sae", model_name="tiny")
+    cfg = json.loads((tmp_path / "sae" / "cfg.json").read_text())
+    assert {k: cfg[k] for k in ("architecture", "d_in", "d_sae", "k", "apply_b_dec_to_input",
+                                "normalize_activations")} == {"architecture": "topk", "d_in": 8, "d_sae": 24, "k": 5,
+                                                              "apply_b_dec_to_input": True,
+                                                              "normalize_activations": "none"}
+    assert cfg["metadata"]["hook_name"] == "blocks.3.hook_resid_post" and cfg["metadata"]["hook_layer"] == 3
+    weights = load_file(str(tmp_path / "sae" / "sae_weights.safetensors"))
+    assert {n: w.shape for n, w in weights.items()} == {"W_enc": (8, 24), "b_enc": (24,), "W_dec": (24, 8),
+                                                         "b_dec": (8,)}
+    back, spec2 = load_saelens(tmp_path / "sae")
+    assert spec2 == spec and all(np.array_equal(back[n], p[n]) for n in p)
+    del cfg["jaxformer"]                                        # as SAELens itself writes it: read from hook_name
+    (tmp_path / "sae" / "cfg.json").write_text(json.dumps(cfg))
+    assert load_saelens(tmp_path / "sae")[1] == spec
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(architecture="gated"), "sae.architecture='gated' is not one of"),
+    (dict(k=0), "sae.k=0 must be a positive int"), (dict(k=99), "sae.k=99 exceeds sae.d_sae=24"),
+    (dict(lr=-1.0, k=5), "sae.lr=-1.0 must be >= 0")])
+def test_bad_specs_are_named(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        SAESpec(**{"d_in": 8, "d_sae": 24, **kw})
+
+
+def test_bad_sites_and_folders_are_named(model, tmp_path):
+    with pytest.raises(ConfigError, match="sae.site='nope' is not one of the model's sites"):
+        train_sae(model, [_batch(0)], SAESpec(d_in=D, d_sae=8, k=2, site="nope"), steps=1)
+    with pytest.raises(ConfigError, match="sae.layer=5 is outside the model's 2 layers"):
+        train_sae(model, [_batch(0)], SAESpec(d_in=D, d_sae=8, k=2, layer=5), steps=1)
+    with pytest.raises(DataError, match="the batches ran out after 1 of 3 steps"):
+        train_sae(model, [_batch(0)], SAESpec(d_in=D, d_sae=8, k=2), steps=3)
+    with pytest.raises(DataError, match="an SAELens folder holds cfg.json and sae_weights.safetensors"):
+        load_saelens(tmp_path)
+    spec = SAESpec(d_in=8, d_sae=24, k=5)
+    save_saelens({n: jnp.asarray(v) for n, v in _params(spec).items()}, spec, tmp_path / "s")
+    cfg = json.loads((tmp_path / "s" / "cfg.json").read_text())
+    (tmp_path / "s" / "cfg.json").write_text(json.dumps({**cfg, "normalize_activations": "layer_norm"}))
+    with pytest.raises(DataError, match="normalize_activations='layer_norm' is not supported"):
+        load_saelens(tmp_path / "s")
