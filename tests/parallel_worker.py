@@ -13,6 +13,9 @@ JOB keys (all optional but "devices"):
   lm_decode {name: overrides}    a fresh tiny char LM decoded (generate_lm) under each mesh ("one" = one device)
   eval_tasks {train, workdir, meshes}
                                  a tiny char LM trained, then scored as eval-tasks scores under each mesh
+  interp {name: overrides}       a fresh tiny char LM read and patched under each mesh ("one" = one device): captured
+                                 sites (values and shardings) with a patch applied, the patching grid and the
+                                 attribution map (jaxformer.patching)
   reshard {overrides, workdir, meshes {name: overrides}}
                                  train() under `overrides` (saving a checkpoint), then load that checkpoint onto
                                  each mesh: every parameter's values and greedy / beam outputs there
@@ -34,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import jax  # noqa: E402
 import jax.monitoring  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
@@ -163,6 +167,39 @@ def lm_decode(meshes: dict) -> dict:
     return out
 
 
+def _logit_diff(logits):
+    return jnp.mean(logits[:, -1, 3] - logits[:, -1, 4])
+
+
+def interp(meshes: dict) -> dict:
+    """Capture, patch, the patching grid and attribution patching of a fresh tiny char LM under each mesh."""
+    from jaxformer.patching import attribution_patching, patching_grid
+    out = {}
+    tokens = np.random.default_rng(0).integers(1, 32, (8, 10)).astype(np.int32)
+    corrupt = tokens.copy()
+    corrupt[:, 4] = corrupt[:, 4] % 31 + 1
+    for name, overrides in meshes.items():
+        cfg = resolve_vocab(tiny_lm(*overrides), 32)
+        plan = Plan(cfg.parallel, jax.devices()[:1] if name == "one" else None)
+        graphs, state = init_state(cfg, plan)
+        model = nnx.merge(graphs.model, state["model"])
+        with plan.use():
+            @jax.jit
+            def read(state, tokens):
+                steer = {"resid_mid": lambda v, at: v + 0.5 * (at == 1)}          # a steering patch at layer 1
+                return nnx.merge(graphs.model, state)(tokens, capture=("resid_post", "z"), patch=steer)
+            logits, aux = read(state["model"], tokens)
+            grid = patching_grid(model, (tokens,), (corrupt,), "resid_pre", _logit_diff)
+            est = attribution_patching(model, (tokens,), (corrupt,), "z", _logit_diff, over="head")
+        cap = aux["captured"]
+        out[name] = {"logits": np.asarray(logits).tolist(), "grid": np.asarray(grid).tolist(),
+                     "attribution": np.asarray(est).tolist(),
+                     **{site: np.asarray(v).tolist() for site, v in cap.items()},
+                     "specs": {site: [list(a) if isinstance(a, tuple) else a for a in v.sharding.spec]
+                               for site, v in cap.items()}, "mesh": plan.sizes}
+    return out
+
+
 def shipped(path: str) -> dict:
     """A shipped parallel config: its plan on these devices, and that every parameter fits the plan."""
     cfg = resolve_vocab(load_config_file(path), 13)
@@ -203,6 +240,9 @@ _lap("errors")
 if "lm_decode" in job:
     results["lm_decode"] = lm_decode(job["lm_decode"])
     _lap("lm_decode")
+if "interp" in job:
+    results["interp"] = interp(job["interp"])
+    _lap("interp")
 if "eval_tasks" in job:
     results["eval_tasks"] = eval_tasks(job["eval_tasks"])
     _lap("eval_tasks")

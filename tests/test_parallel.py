@@ -47,6 +47,11 @@ LORA_MESHES = {"one device": ["parallel.data=1"], "fsdp": STRATEGIES["fsdp"],
                "data x fsdp x tensor": STRATEGIES["data x fsdp x tensor"],
                "int8 one device": ["parallel.data=1", "model.lora.base=int8"],
                "int8 data x fsdp x tensor": STRATEGIES["data x fsdp x tensor"] + ["model.lora.base=int8"]}
+# capture, patch, the patching grid and attribution under each plan (a tiny char LM, heads that split 2 ways)
+INTERP = {"one": ["parallel.data=1", "model.num_heads=4"],
+          "data x fsdp x tensor": ["parallel.data=2", "parallel.fsdp=2", "parallel.tensor=2", "model.num_heads=4"],
+          "fsdp": ["parallel.data=1", "parallel.fsdp=8", "model.num_heads=4"],
+          "data x tensor": ["parallel.data=2", "parallel.tensor=4", "model.num_heads=4"]}
 REFUSED = {
     "sizes that do not multiply to 8": (["parallel.data=3"], "needs 3 devices; 8 are available"),
     "a rule naming an unknown mesh axis": (["parallel.rules=mlp:pipeline"], "unknown mesh axis 'pipeline'"),
@@ -82,6 +87,7 @@ def eight(tmp_path_factory):
         "strategies": {k: SMALL + STRATEGIES[k] for k in DEFAULT_STRATEGIES},
         "errors": {k: v[0] for k, v in REFUSED.items()},
         "configs": [str(p) for p in sorted((ROOT / "configs/parallel").glob("*.py"))],
+        "interp": {"one": INTERP["one"], "data x fsdp x tensor": INTERP["data x fsdp x tensor"]},
     }, tmp)
 
 
@@ -105,6 +111,7 @@ def eight_more(tmp_path_factory):
                                  "model.num_heads=4"], "workdir": str(tmp / "lm-run"),
                        "meshes": {"one": ["parallel.data=1"], "data x tensor": ["parallel.data=2", "parallel.tensor=4"],
                                   "fsdp": ["parallel.data=1", "parallel.fsdp=8"]}},
+        "interp": {k: v for k, v in INTERP.items() if k not in ("data x fsdp x tensor",)},
         "lm_decode": {"one": ["parallel.data=1", "model.num_heads=4"],
                       "data x tensor": ["parallel.data=2", "parallel.tensor=4", "model.num_heads=4"]},
     }, tmp)
@@ -278,6 +285,25 @@ def test_sharded_lm_decoding_gives_the_tokens_of_one_device(eight_more):
     r = eight_more["lm_decode"]
     assert r["data x tensor"] == r["one"]
     assert len({t for row in r["one"]["sampled"] for t in row}) > 3            # sampling really varies
+
+
+@pytest.mark.parametrize("mesh", ["data x fsdp x tensor", pytest.param("fsdp", marks=pytest.mark.slow),
+                                  pytest.param("data x tensor", marks=pytest.mark.slow)])
+def test_capture_patch_and_the_patching_grid_under_a_plan_equal_one_device(request, mesh):
+    """Captured sites (with a steering patch applied), the patched logits, the patching grid and the attribution
+    map under each parallel plan equal one device's, and the captured values are split over the batch like the
+    activations they are (the batch axis of [L,B,...] over the plan's data axes)."""
+    r = request.getfixturevalue("eight" if mesh == "data x fsdp x tensor" else "eight_more")["interp"]
+    one = request.getfixturevalue("eight")["interp"]["one"]
+    ours = r[mesh]
+    for key in ("logits", "resid_post", "z", "grid", "attribution"):
+        np.testing.assert_allclose(np.asarray(ours[key]), np.asarray(one[key]), rtol=1e-4, atol=1e-5, err_msg=key)
+    assert np.abs(np.asarray(one["grid"])).max() > 0.1                     # the corruption matters somewhere
+    batch_axes = [a for a in ("data", "fsdp") if ours["mesh"].get(a, 1) > 1]
+    for site in ("resid_post", "z"):
+        spec = ours["specs"][site] + [None] * 5
+        split = spec[1] if isinstance(spec[1], list) else [spec[1]]
+        assert set(batch_axes) <= set(split), (site, spec)
 
 
 # ----------------------------------------------------------------------------- two processes
