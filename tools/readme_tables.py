@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tools"))
 from claims_table import _margin, _signed, claims, difference, values  # noqa: E402
 from train_step import TARGETS, paired_ratio, target_verdict  # noqa: E402
+from interp_tables import capture_parity, patching  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 _BLOCK = re.compile(r"(?s)(<!-- table:(?P<name>[a-z_]+) [^\n]*-->\n).*?(\n<!-- /table:(?P=name) -->)")
 
@@ -408,7 +409,8 @@ def mup_check() -> str:
 
 
 TABLES = {"hf_keys": hf_keys, "mup_check": mup_check, "lora_memory": lora_memory, "performance": performance, "levers": levers, "make_run": make_run, "claims": claims,
-          "attention": attention, "moe_quantize": moe_quantize, "step_profile": step_profile, "tokenizers": tokenizers}
+          "attention": attention, "moe_quantize": moe_quantize, "step_profile": step_profile, "tokenizers": tokenizers,
+          "capture_parity": capture_parity, "patching": patching}
 
 
 def render(text: str) -> str:
