@@ -2,8 +2,8 @@
 `jaxformer generate --workdir RUN [--prompt TEXT ...]`, `jaxformer eval-tasks --workdir RUN --tasks FILE ...`,
 `jaxformer params CONFIG`, `jaxformer plan CONFIG`, `jaxformer mup-check CONFIG` (µP's coordinate check),
 `jaxformer sweep SWEEP.py`, `jaxformer report SWEEP.py`,
-`jaxformer viz --workdir RUN [--prompt TEXT ...] [--plot attention|lens|heads] [--out DIR]` (attention heatmaps,
-the logit lens, the head-ablation table)."""
+`jaxformer viz --workdir RUN [--prompt TEXT ...] [--plot attention|lens|heads|patching] [--out DIR]` (attention
+heatmaps, the logit lens, the head-ablation table, the patching grid with its attribution estimate)."""
 from __future__ import annotations
 
 import contextlib
@@ -149,8 +149,12 @@ def cmd_viz(args) -> int:
     plots = list(dict.fromkeys(args.plot or ["attention"]))
     paths = write_heatmaps(args.workdir, args.prompt, args.which, args.out, weights=args.weights) \
         if "attention" in plots else []
-    if set(plots) - {"attention"}:
+    if set(plots) - {"attention", "patching"}:
         paths += write_probes(args.workdir, args.prompt, plots, args.which, args.out, weights=args.weights)
+    if "patching" in plots:
+        from jaxformer.viz_patching import write_patching
+        paths += write_patching(args.workdir, args.prompt, args.corrupt, args.site, args.over, args.which, args.out,
+                                weights=args.weights)
     console.print(f"{len(paths)} figure(s) written ({', '.join(plots)}):")
     for p in paths:
         console.print(str(p), markup=False, highlight=False)

@@ -120,11 +120,17 @@ def _studies(sub) -> None:
     v.add_argument("--which", choices=("best", "latest"), default="best")
     v.add_argument("--weights", choices=WEIGHTS, default="trained", help=WEIGHTS_HELP)
     v.add_argument("--out", help="output folder (default: RUN/viz/)")
-    v.add_argument("--plot", action="append", choices=("attention", "lens", "heads"),
+    v.add_argument("--corrupt", help="--plot patching: the corrupted input (as many tokens as the one --prompt)")
+    v.add_argument("--site", help="--plot patching: the site patched (default resid_pre; encoder-decoder: "
+                   "encoder.resid_pre)")
+    v.add_argument("--over", choices=("position", "head", "both"), default="position",
+                   help="--plot patching: the cells, per (layer, position), (layer, head) or both")
+    v.add_argument("--plot", action="append", choices=("attention", "lens", "heads", "patching"),
                    help="what to draw (repeatable; default attention): attention heatmaps per layer; lens: the "
                    "logit lens of each prompt (each layer's probability of the next token); heads: the loss "
                    "increase when each head is zeroed, over the prompts (an encoder-decoder: a table each for the "
-                   "self-attention, cross-attention and encoder heads)")
+                   "self-attention, cross-attention and encoder heads); patching: the patching grid and its attribution "
+                   "estimate for --prompt against --corrupt")
 
 
 def _data(sub) -> None:

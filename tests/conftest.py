@@ -66,6 +66,20 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")
+def trained_runs(tmp_path_factory):
+    """Two runs trained for 2 steps, shared by the files that draw from runs (once per xdist worker): a 1+1-layer
+    encoder-decoder (reversal) and a 1-layer char LM. -> (s2s run dir, lm run dir)."""
+    from helpers import tiny_lm, tiny_reverse
+    from jaxformer.train.loop import train
+    root = tmp_path_factory.mktemp("trained-runs")
+    short = ["train.steps=2", "train.log_every=2", "train.eval_every=2", "train.checkpoint_every=2",
+             "train.num_examples=0"]
+    train(tiny_reverse(*short), root / "s2s", progress="none")
+    train(tiny_lm(*short), root / "lm", progress="none")
+    return root / "s2s", root / "lm"
+
+
+@pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The real corpora: ../shared/data beside the project, or $JAXFORMER_DATA. Skips where absent."""
     d = Path(os.environ.get("JAXFORMER_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")

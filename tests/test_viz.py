@@ -12,7 +12,6 @@ from jaxformer.cli import main as cli_main
 from jaxformer.nn import build_model
 from jaxformer.nn.layers import Context
 from jaxformer.nn.models import decoder_self_mask, default_positions
-from jaxformer.train.loop import train
 from jaxformer.viz import PATTERNS, _probs
 
 TOL = 128 * float(jnp.finfo(jnp.float32).eps)     # float32 rounding of a few matmuls and a softmax, weights in [0, 1]
@@ -121,14 +120,9 @@ def test_each_layers_weights_are_that_layers_own_attention(models):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Two runs trained for 2 steps: a 1+1-layer encoder-decoder (reversal) and a 1-layer char LM."""
-    root = tmp_path_factory.mktemp("viz-runs")
-    short = ["train.steps=2", "train.log_every=2", "train.eval_every=2", "train.checkpoint_every=2",
-             "train.num_examples=0"]
-    train(tiny_reverse(*short), root / "s2s", progress="none")
-    train(tiny_lm(*short), root / "lm", progress="none")
-    return root / "s2s", root / "lm"
+def runs(trained_runs):
+    """The two 2-step runs (conftest's trained_runs: an encoder-decoder and a char LM)."""
+    return trained_runs
 
 
 def _pngs(paths):
