@@ -19,7 +19,9 @@ al. 2023) is the first-order estimate of every cell at once: (clean − corrupt)
 run, summed over the cell, from one clean and one corrupted forward and one backward pass. It is exact for a
 metric linear in the site and fails where the model is far from linear between the two runs: a saturated softmax
 (an attention pattern near one-hot) has a near-zero gradient however much a patch would move it (AtP*'s
-"attention saturation").
+"attention saturation", Kramár et al. 2024). Patching a row of `attn_scores` and patching that row of `pattern`
+are the same patch; estimated at `pattern`, past the softmax, the saturation is not in the way
+(tests/test_patching.py shows both on a model whose q is scaled ×30).
 
 Where the axes are: a site whose name ends in "pattern" or "attn_scores" is [B,N,T,S] (heads on axis 1, query
 positions on axis 2); every other per-layer site is [B,T,...] (positions on axis 1) and, when it has four axes

@@ -137,3 +137,22 @@ def test_attribution_equals_patching_where_the_metric_is_linear_in_the_site():
 def test_bad_requests_are_named(model, fn, site, over, message):
     with pytest.raises(ConfigError, match=message):
         fn(model, (TOKENS,), (CORRUPT,), site, metric, over=over)
+
+
+def test_saturated_attention_blinds_the_estimate_at_the_scores_not_at_the_pattern():
+    """AtP*'s known failure (Kramár et al. 2024): with q scaled ×30 the softmax saturates (a query's largest
+    probability ~0.96), so the gradient through it is ~0 and attribution at `attn_scores` misses a patch that
+    real patching shows; patching a row of scores and patching that row's probabilities are the same patch
+    (equal grids), and estimated at `pattern`, past the softmax, the same cell is found."""
+    m = lm()
+    att = m.decoder.layers.blocks.self_attn
+    att.wq[...] = att.wq[...] * 30.0
+    scores = np.asarray(patching_grid(m, (TOKENS,), (CORRUPT,), "attn_scores", metric))
+    pattern = np.asarray(patching_grid(m, (TOKENS,), (CORRUPT,), "pattern", metric))
+    np.testing.assert_allclose(scores, pattern, atol=1e-4)
+    cell = np.unravel_index(np.argmax(np.abs(scores)), scores.shape)
+    at_scores = np.asarray(attribution_patching(m, (TOKENS,), (CORRUPT,), "attn_scores", metric))[cell]
+    at_pattern = np.asarray(attribution_patching(m, (TOKENS,), (CORRUPT,), "pattern", metric))[cell]
+    assert abs(scores[cell]) > 0.5, scores                          # a patch that matters (1.03 when written)
+    assert abs(at_scores) < 0.1 * abs(scores[cell]), (at_scores, scores[cell])              # 0.037: blind
+    assert abs(at_pattern - scores[cell]) < 0.25 * abs(scores[cell]), (at_pattern, scores[cell])  # 0.92
