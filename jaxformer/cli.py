@@ -3,7 +3,8 @@
 `jaxformer params CONFIG`, `jaxformer plan CONFIG`, `jaxformer mup-check CONFIG` (µP's coordinate check),
 `jaxformer sweep SWEEP.py`, `jaxformer report SWEEP.py`,
 `jaxformer viz --workdir RUN [--prompt TEXT ...] [--plot attention|lens|heads|patching] [--out DIR]` (attention
-heatmaps, the logit lens, the head-ablation table, the patching grid with its attribution estimate)."""
+heatmaps, the logit lens, the head-ablation table, the patching grid with its attribution estimate),
+`jaxformer sae --workdir RUN --layer L` (a sparse autoencoder on a site)."""
 from __future__ import annotations
 
 import contextlib
@@ -141,6 +142,15 @@ def cmd_generate(args) -> int:
     sep = architecture(run.cfg.model.arch).separator
     for p, o in zip(prompts, outs):
         console.print(Text.assemble((p, "bold"), (sep, "dim"), (o, "green")))
+    return 0
+
+
+def cmd_sae(args) -> int:
+    from jaxformer.sae_run import train_run_sae
+    r = train_run_sae(args.workdir, args.site, args.layer, steps=args.steps, d_sae=args.d_sae, k=args.k,
+                      architecture=args.architecture, batch_size=args.batch_size, out=args.out, which=args.which)
+    console.print(f"SAE on {args.site} layer {args.layer}: variance explained {r['fve']:.3f}, L0 {r['l0']:.1f}, "
+                  f"dead {r['dead']:.1%}, loss recovered {r['recovered']:.3f} -> {r['out']}", markup=False)
     return 0
 
 
@@ -329,7 +339,7 @@ def cmd_eval_tasks(args) -> int:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     cmds = {"data": cmd_data, "train": cmd_train, "eval": cmd_eval, "params": cmd_params, "generate": cmd_generate,
-            "plan": cmd_plan, "sweep": cmd_sweep, "report": cmd_report, "viz": cmd_viz, "import-hf": cmd_import_hf,
+            "plan": cmd_plan, "sweep": cmd_sweep, "report": cmd_report, "viz": cmd_viz, "sae": cmd_sae, "import-hf": cmd_import_hf,
             "export-hf": cmd_export_hf, "eval-tasks": cmd_eval_tasks, "mup-check": cmd_mup_check}
     try:
         for flag in ("workdir", "out"):      # '' would be the working directory, which no one asked for

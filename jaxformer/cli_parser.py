@@ -112,6 +112,18 @@ def _studies(sub) -> None:
                    "the config's ratio); µP's base width is the smallest")
     c.add_argument("--steps", type=int, default=4, help="training steps after initialisation")
     c.add_argument("--out", default="runs/mup-check", help="folder for mup_check.json and mup_check.png")
+    a = sub.add_parser("sae", help="train a sparse autoencoder on a run's activation site over its own training "
+                       "data; writes it in SAELens' format with its report, frequency histogram and top contexts")
+    a.add_argument("--workdir", required=True)
+    a.add_argument("--site", default="resid_post", help="a per-layer activation site (default resid_post)")
+    a.add_argument("--layer", type=int, required=True)
+    a.add_argument("--steps", type=int, default=1000)
+    a.add_argument("--d-sae", type=int, default=0, help="latents (default 8 x the site's width)")
+    a.add_argument("--k", type=int, default=32, help="topk: active latents per position")
+    a.add_argument("--architecture", choices=("topk", "standard"), default="topk")
+    a.add_argument("--batch-size", type=int, default=0, help="rows per step (default the run's data.batch_size)")
+    a.add_argument("--which", choices=("best", "latest"), default="best")
+    a.add_argument("--out", help="output folder (default RUN/sae/SITE-LAYER)")
     v = sub.add_parser("viz", help="write per-layer attention heatmaps, the logit lens or the head-ablation table "
                        "(PNG) of a run's best (or latest) checkpoint")
     v.add_argument("--workdir", required=True)

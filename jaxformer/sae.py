@@ -24,7 +24,7 @@ import dataclasses
 import functools
 import json
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -106,15 +106,19 @@ def decode(params: dict, f: jax.Array) -> jax.Array:
     return f @ params["W_dec"] + params["b_dec"]
 
 
-def sae_loss(params: dict, x: jax.Array, spec: SAESpec, dead: jax.Array) -> tuple[jax.Array, dict]:
-    """The training loss on rows x [R,D] (module docstring) and its parts; dead [F] bool: the dead latents."""
+def sae_loss(params: dict, x: jax.Array, spec: SAESpec, dead: jax.Array,
+             w: jax.Array | None = None) -> tuple[jax.Array, dict]:
+    """The training loss on rows x [R,D] (module docstring) and its parts; dead [F] bool: the dead latents; w [R]:
+    1 for a real row, 0 for padding (None: every row), what every mean is over."""
     x = x.astype(jnp.float32)
+    w = jnp.ones(x.shape[0], jnp.float32) if w is None else w.astype(jnp.float32)
+    mean = lambda v: jnp.sum(v * w) / jnp.maximum(jnp.sum(w), 1.0)                  # noqa: E731
     pre = pre_activations(params, x)
     f = jax.nn.relu(pre) if spec.architecture == "standard" else _keep_top(pre, spec.k)
     x_hat = decode(params, f)
-    mse = jnp.mean(jnp.sum((x_hat - x) ** 2, -1))
+    mse = mean(jnp.sum((x_hat - x) ** 2, -1))
     if spec.architecture == "standard":
-        extra = spec.l1 * jnp.mean(jnp.sum(f * jnp.linalg.norm(params["W_dec"], axis=-1), -1))
+        extra = spec.l1 * mean(jnp.sum(f * jnp.linalg.norm(params["W_dec"], axis=-1), -1))
     else:
         k_aux = max(spec.d_in // 2, 1)
         n_dead = jnp.sum(dead)
@@ -124,15 +128,32 @@ def sae_loss(params: dict, x: jax.Array, spec: SAESpec, dead: jax.Array) -> tupl
         acts = jnp.zeros_like(pre).at[jnp.arange(pre.shape[0])[:, None], index].set(
             jnp.where(keep, values, 0.0))
         residual = jax.lax.stop_gradient(x - x_hat)
-        aux = jnp.mean(jnp.sum((acts @ params["W_dec"] - residual) ** 2, -1))
+        aux = mean(jnp.sum((acts @ params["W_dec"] - residual) ** 2, -1))
         extra = spec.aux * jnp.minimum(n_dead / k_aux, 1.0) * jnp.where(n_dead > 0, aux, 0.0)
-    return mse + extra, {"mse": mse, "l0": jnp.mean(jnp.sum(f > 0, -1)), "fired": jnp.any(f > 0, 0)}
+    return mse + extra, {"mse": mse, "l0": mean(jnp.sum(f > 0, -1)), "fired": jnp.any((f > 0) & (w[:, None] > 0), 0)}
 
 
-def site_rows(model, inputs: tuple, spec: SAESpec) -> jax.Array:
-    """The site's values at `spec.layer` for the model's inputs, as rows [B·T, D] (float32)."""
-    value = model(*inputs, capture=(spec.site,))[1]["captured"][spec.site][spec.layer]
-    return value.reshape(-1, value.shape[-1]).astype(jnp.float32)
+class SiteInputs(NamedTuple):
+    """One batch of the model's inputs: positional args ((tokens,) or (src, tgt)), keywords of the call
+    (segment_ids, positions, ...) and valid [B,T] (1 = a real position, 0 = padding: not a row to fit or score;
+    None = every position)."""
+    args: tuple
+    kw: dict = {}
+    valid: jax.Array | None = None
+
+
+def _as_inputs(batch) -> SiteInputs:
+    return batch if isinstance(batch, SiteInputs) else SiteInputs(tuple(batch))
+
+
+def site_rows(model, inputs, spec: SAESpec) -> tuple[jax.Array, jax.Array]:
+    """The site's values at `spec.layer` for a batch (a `SiteInputs`, or a tuple of positional inputs) as rows
+    [B·T, D] (float32), with their weights [B·T] (1 real, 0 padding)."""
+    inputs = _as_inputs(inputs)
+    value = model(*inputs.args, capture=(spec.site,), **inputs.kw)[1]["captured"][spec.site][spec.layer]
+    rows = value.reshape(-1, value.shape[-1]).astype(jnp.float32)
+    valid = jnp.ones(rows.shape[0]) if inputs.valid is None else jnp.asarray(inputs.valid).reshape(-1)
+    return rows, valid.astype(jnp.float32)
 
 
 def _check_site(model, spec: SAESpec) -> None:
@@ -153,9 +174,9 @@ def _normalized(params: dict, spec: SAESpec) -> dict:
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec", "tx"), donate_argnums=(0,))
 def _step(train: dict, graphdef, model_state, inputs: tuple, *, spec: SAESpec, tx) -> tuple[dict, dict]:
-    x = site_rows(nnx.merge(graphdef, model_state), inputs, spec)
+    x, w = site_rows(nnx.merge(graphdef, model_state), inputs, spec)
     dead = train["since_fired"] >= spec.dead_steps
-    (loss, parts), grads = jax.value_and_grad(sae_loss, has_aux=True)(train["params"], x, spec, dead)
+    (loss, parts), grads = jax.value_and_grad(sae_loss, has_aux=True)(train["params"], x, spec, dead, w)
     updates, opt = tx.update(grads, train["opt"], train["params"])
     params = _normalized(optax.apply_updates(train["params"], updates), spec)
     since = jnp.where(parts["fired"], 0, train["since_fired"] + 1)
@@ -167,8 +188,8 @@ def _step(train: dict, graphdef, model_state, inputs: tuple, *, spec: SAESpec, t
 def _resample(train: dict, graphdef, model_state, inputs: tuple, *, spec: SAESpec) -> dict:
     """Dead latents pointed at the rows reconstructed worst (module docstring), their Adam moments reset."""
     p = train["params"]
-    x = site_rows(nnx.merge(graphdef, model_state), inputs, spec)
-    err = jnp.sum((decode(p, encode(p, x, spec)) - x) ** 2, -1)
+    x, w = site_rows(nnx.merge(graphdef, model_state), inputs, spec)
+    err = jnp.where(w > 0, jnp.sum((decode(p, encode(p, x, spec)) - x) ** 2, -1), -1.0)     # padding last
     worst = jnp.argsort(-err)
     dead = train["since_fired"] >= spec.dead_steps
     row = worst[jnp.maximum(jnp.cumsum(dead) - 1, 0) % worst.shape[0]]                  # [F]
@@ -193,8 +214,8 @@ def _resample(train: dict, graphdef, model_state, inputs: tuple, *, spec: SAESpe
 def train_sae(model, batches: Iterable[tuple], spec: SAESpec, steps: int, *, seed: int = 0,
               params: dict | None = None) -> tuple[dict, list[dict]]:
     """Train an SAE on the site's activations, captured from the model (frozen) batch by batch inside one jitted
-    step (nothing is dumped). batches: the model's inputs per step ((tokens,) or (src, tgt)), at least `steps`
-    of them. -> (params, log): one dict per step of loss, mse, l0 and the dead fraction (device arrays: read
+    step (nothing is dumped). batches: the model's inputs per step (`SiteInputs`, or tuples of positional inputs:
+    (tokens,) or (src, tgt)), at least `steps` of them; padding positions (SiteInputs.valid 0) are not fitted. -> (params, log): one dict per step of loss, mse, l0 and the dead fraction (device arrays: read
     them after training). b_dec starts at the first batch's mean row unless `params` are given."""
     _check_site(model, spec)
     graphdef, model_state = nnx.split(model)
@@ -205,10 +226,11 @@ def train_sae(model, batches: Iterable[tuple], spec: SAESpec, steps: int, *, see
         inputs = next(it, None)
         if inputs is None:
             raise DataError(f"train_sae: the batches ran out after {i} of {steps} steps")
-        inputs = tuple(inputs)
+        inputs = _as_inputs(inputs)
         if i == 0:
             if params is None:
-                mean = jnp.mean(site_rows(model, inputs, spec), 0)
+                x, w = site_rows(model, inputs, spec)
+                mean = jnp.sum(x * w[:, None], 0) / jnp.maximum(jnp.sum(w), 1.0)
                 params = init_sae(spec, jax.random.key(seed), mean)
             params = jax.tree.map(jnp.array, params)                  # copies: the step donates its state
             train = {"params": params, "opt": tx.init(params), "since_fired": jnp.zeros(spec.d_sae, jnp.int32)}
@@ -234,42 +256,49 @@ def sae_patch(params: dict, spec: SAESpec, edit: Callable[[jax.Array], jax.Array
     return fn
 
 
-def evaluate_sae(model, params: dict, spec: SAESpec, inputs: tuple, targets: jax.Array,
+def evaluate_sae(model, params: dict, spec: SAESpec, inputs, targets: jax.Array,
                  weights: jax.Array | None = None) -> dict:
-    """What the SAE keeps, on one batch of the model's inputs and next-token targets [B,T]: fve (fraction of
-    variance explained, 1 − Σ(x − x̂)² / Σ(x − x̄)²), mse, l0 (mean active latents per row), dead (the fraction of
+    """What the SAE keeps, on one batch (`SiteInputs` or a tuple of positional inputs) and its next-token targets
+    [B,T] (weights [B,T]: which count; None = the batch's valid positions): fve (fraction of variance explained,
+    1 − Σ(x − x̂)² / Σ(x − x̄)² over the real rows), mse, l0 (mean active latents per row), dead (the fraction of
     latents that fire on no row), and the spliced-in loss: the model's loss (`ops.losses.mean_nll`) clean, with
     the SAE's reconstruction patched in, and with the site zeroed at that layer; recovered = (zero − spliced) /
     (zero − clean), 1 when the reconstruction loses nothing."""
     _check_site(model, spec)
-    inputs = tuple(inputs)
-    x = site_rows(model, inputs, spec)
+    inputs = _as_inputs(inputs)
+    weights = inputs.valid if weights is None else weights
+    x, w = site_rows(model, inputs, spec)
     f = encode(params, x, spec)
-    x_hat = decode(params, f)
-    loss = lambda patch=None: float(mean_nll(model(*inputs, patch=patch)[0], targets, weights))   # noqa: E731
+    err = jnp.sum((x - decode(params, f)) ** 2, -1)
+    mean = lambda v: float(jnp.sum(v * w) / jnp.sum(w))                                       # noqa: E731
+    centre = jnp.sum(x * w[:, None], 0) / jnp.sum(w)
+    loss = lambda patch=None: float(mean_nll(model(*inputs.args, patch=patch, **inputs.kw)[0], targets,  # noqa: E731
+                                             weights))
     zero = lambda v, at: jnp.where(at == spec.layer, jnp.zeros_like(v), v)                         # noqa: E731
     clean, spliced, zeroed = loss(), loss({spec.site: sae_patch(params, spec)}), loss({spec.site: zero})
-    return {"fve": float(1 - jnp.sum((x - x_hat) ** 2) / jnp.sum((x - x.mean(0)) ** 2)),
-            "mse": float(jnp.mean(jnp.sum((x - x_hat) ** 2, -1))), "l0": float(jnp.mean(jnp.sum(f > 0, -1))),
-            "dead": float(jnp.mean(~jnp.any(f > 0, 0))), "loss_clean": clean, "loss_spliced": spliced,
-            "loss_zero": zeroed, "recovered": (zeroed - spliced) / (zeroed - clean)}
+    return {"fve": float(1 - jnp.sum(err * w) / jnp.sum(jnp.sum((x - centre) ** 2, -1) * w)), "mse": mean(err),
+            "l0": mean(jnp.sum(f > 0, -1)), "dead": float(jnp.mean(~jnp.any((f > 0) & (w[:, None] > 0), 0))),
+            "loss_clean": clean, "loss_spliced": spliced, "loss_zero": zeroed,
+            "recovered": (zeroed - spliced) / (zeroed - clean)}
+
+
+def _hook_name(spec: SAESpec) -> str:
+    """TransformerLens' name of the site where it has one (blocks.L.hook_resid_post, ...), else SITE.L."""
+    return _HOOKS[spec.site].format(spec.layer) if spec.site in _HOOKS else f"{spec.site}.{spec.layer}"
 
 
 def save_saelens(params: dict, spec: SAESpec, path: str | Path, model_name: str = "jaxformer") -> Path:
     """The SAE as an SAELens folder: cfg.json (SAELens 6's fields: architecture, d_in, d_sae, dtype, device,
     apply_b_dec_to_input, normalize_activations, reshape_activations, k for topk, metadata with hook_name in
-    TransformerLens' naming and hook_layer) and sae_weights.safetensors (W_enc, b_enc, W_dec, b_dec, float32).
+    TransformerLens' naming where the site has one, else SITE.LAYER, and hook_layer) and sae_weights.safetensors (W_enc, b_enc, W_dec, b_dec, float32).
     Our own fields (the site name, training settings) go under "jaxformer", which SAELens ignores."""
     from safetensors.numpy import save_file
-    if spec.site not in _HOOKS:
-        raise ConfigError(f"save_saelens: site {spec.site!r} has no TransformerLens hook name (one of "
-                          f"{tuple(_HOOKS)})")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = {"architecture": spec.architecture, "d_in": spec.d_in, "d_sae": spec.d_sae, "dtype": "float32",
            "device": "cpu", "apply_b_dec_to_input": True, "normalize_activations": "none",
            "reshape_activations": "none", **({"k": spec.k} if spec.architecture == "topk" else {}),
-           "metadata": {"model_name": model_name, "hook_name": _HOOKS[spec.site].format(spec.layer),
+           "metadata": {"model_name": model_name, "hook_name": _hook_name(spec),
                         "hook_layer": spec.layer, "sae_lens_version": "6.0.0"},
            "jaxformer": dataclasses.asdict(spec)}
     save_file({n: np.asarray(v, np.float32) for n, v in params.items()}, str(path / WEIGHTS))

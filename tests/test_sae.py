@@ -105,7 +105,7 @@ def test_training_on_captured_activations_explains_the_variance(model):
     assert last < 0.3 * first, (first, last)
     assert report["fve"] > 0.75 and report["l0"] <= 8, report          # 0.81 when written
     assert 0.0 < report["recovered"] <= 1.05 and report["loss_zero"] > report["loss_clean"], report
-    x = site_rows(model, _batch(10 ** 6), spec)
+    x, _ = site_rows(model, _batch(10 ** 6), spec)
     x_hat = decode(params, encode(params, x, spec))
     assert report["fve"] == pytest.approx(float(1 - jnp.sum((x - x_hat) ** 2) / jnp.sum((x - x.mean(0)) ** 2)),
                                           rel=1e-5)
@@ -136,7 +136,7 @@ def test_dead_latents_are_counted_and_resampled_with_fresh_adam_moments(model):
     assert float(jnp.abs(out["opt"][0].nu["W_dec"][:10]).max()) == 0.0
     np.testing.assert_array_equal(out["opt"][0].mu["W_enc"][:, 10:], before[:, 10:])   # the live ones kept theirs
     np.testing.assert_allclose(jnp.linalg.norm(out["params"]["W_dec"][:10], axis=-1), 1.0, rtol=1e-5)
-    f = encode(out["params"], site_rows(model, _batch(3), spec), spec)
+    f = encode(out["params"], site_rows(model, _batch(3), spec)[0], spec)
     assert bool(jnp.all(jnp.any(f[:, :10] > 0, 0)))                                # they fire again
 
 
@@ -207,3 +207,30 @@ def test_bad_sites_and_folders_are_named(model, tmp_path):
     (tmp_path / "s" / "cfg.json").write_text(json.dumps({**cfg, "normalize_activations": "layer_norm"}))
     with pytest.raises(DataError, match="normalize_activations='layer_norm' is not supported"):
         load_saelens(tmp_path / "s")
+
+
+def test_padding_rows_are_neither_fitted_nor_counted(model):
+    """With weights, the loss and its parts are those of the real rows alone (a padding row's activation, however
+    large, moves nothing and fires no latent); a batch's `valid` reaches the rows and the report."""
+    from jaxformer.sae import SiteInputs
+    for architecture in ("topk", "standard"):
+        spec = SAESpec(d_in=8, d_sae=24, architecture=architecture, k=5)
+        p = _params(spec)
+        x = np.random.default_rng(3).standard_normal((10, 8)).astype(np.float32)
+        x[7:] *= 1e3
+        w = (np.arange(10) < 7).astype(np.float32)
+        dead = jnp.zeros(24, bool).at[4].set(True)
+        got, parts = sae_loss(p, x, spec, dead, jnp.asarray(w))
+        want, wparts = sae_loss(p, x[:7], spec, dead)
+        assert float(got) == pytest.approx(float(want), rel=1e-5)
+        assert np.array_equal(parts["fired"], wparts["fired"]) and float(parts["l0"]) == float(wparts["l0"])
+    spec = SAESpec(d_in=D, d_sae=64, site="resid_post", layer=0, k=4)
+    p = init_sae(spec, jax.random.key(1))
+    tokens = _batch(4)[0]
+    valid = jnp.ones(tokens.shape).at[:, 8:].set(0)
+    rows, weights = site_rows(model, SiteInputs((tokens,), {}, valid), spec)
+    assert rows.shape == (16 * 12, D) and float(weights.sum()) == 16 * 8
+    cut = evaluate_sae(model, p, spec, (tokens[:, :8],), tokens[:, :8])
+    full = evaluate_sae(model, p, spec, SiteInputs((tokens,), {}, valid), tokens)   # causal: the first 8 agree
+    assert full["fve"] == pytest.approx(cut["fve"], rel=1e-5) and full["l0"] == pytest.approx(cut["l0"])
+    assert full["loss_clean"] == pytest.approx(cut["loss_clean"], rel=1e-5)

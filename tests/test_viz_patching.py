@@ -57,3 +57,24 @@ def test_viz_writes_the_grid_and_the_estimate_of_both_architectures(runs, tmp_pa
     assert cli_main(["viz", "--workdir", str(lm), "--plot", "patching", "--prompt", "hello", "--corrupt",
                      "hello"]) == 2
     assert "does not change the clean answer's log-probability" in capsys.readouterr().out
+
+
+@pytest.mark.slow          # the trained runs fixture
+def test_sae_command_trains_saves_and_reports_on_a_run(runs, tmp_path, capsys):
+    """`jaxformer sae`: an SAE on the char LM's resid_post over its own training data, saved in SAELens' folder
+    (read back), with its report, histogram and top contexts; and on the encoder-decoder's encoder."""
+    from jaxformer.sae import load_saelens
+    s2s, lm = runs
+    assert cli_main(["sae", "--workdir", str(lm), "--layer", "0", "--steps", "30", "--k", "4",
+                     "--out", str(tmp_path / "a")]) == 0
+    assert "variance explained" in capsys.readouterr().out
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    params, spec = load_saelens(tmp_path / "a" / "sae")
+    assert spec.site == "resid_post" and spec.d_sae == 8 * spec.d_in and report["l0"] <= 4 and report["fve"] > 0
+    top = json.loads((tmp_path / "a" / "top_contexts.json").read_text())
+    assert top and all(t["top"] and t["top"][0]["activation"] > 0 for t in top)
+    assert (tmp_path / "a" / "frequencies.png").read_bytes()[:4] == b"\x89PNG"
+    assert cli_main(["sae", "--workdir", str(s2s), "--site", "encoder.resid_post", "--layer", "0", "--steps", "5",
+                     "--k", "4", "--out", str(tmp_path / "b")]) == 0
+    assert cli_main(["sae", "--workdir", str(lm), "--site", "nope", "--layer", "0"]) == 2
+    assert "--site 'nope' is not one of the model's sites" in capsys.readouterr().out
