@@ -307,6 +307,11 @@ def test_the_recipe_imports_fine_tunes_evaluates_generates_and_exports(tmp_path,
     assert cli_main(["viz", "--workdir", str(run), "--prompt", "Alice was", "--out", str(tmp_path / "viz")]) == 0
     assert sorted(p.name for p in (tmp_path / "viz").iterdir()) == ["prompt0-self-layer0.png",
                                                                     "prompt0-self-layer1.png"]
+    assert cli_main(["viz", "--workdir", str(run), "--plot", "patching", "--prompt", "Alice was", "--corrupt",
+                     "Alice saw", "--out", str(tmp_path / "viz-p")]) == 0               # the instruments, imported
+    assert cli_main(["sae", "--workdir", str(run), "--layer", "1", "--steps", "20", "--k", "8",
+                     "--out", str(tmp_path / "sae")]) == 0
+    assert json.loads((tmp_path / "sae" / "report.json").read_text())["fve"] > 0
 
     assert cli_main(["export-hf", "--workdir", str(run), "--out", str(tmp_path / "out")]) == 0
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
