@@ -83,6 +83,18 @@ def cached_and_full(model, x, prefill: int):
     return run(model, x)
 
 
+def random_hf_model(config, seed: int = 0):
+    """transformers' model of `config` with random weights of std 0.2 (norm weights included), float32, eager."""
+    import torch
+    import transformers
+    torch.manual_seed(seed)
+    m = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.2)
+    return m.eval().float()
+
+
 def edited_config(src, dst, **changes):
     """A copy of checkpoint folder `src` whose config.json has `changes` (None: the key removed)."""
     import shutil

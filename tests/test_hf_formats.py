@@ -26,7 +26,7 @@ from flax import nnx
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from helpers import edited_config  # noqa: E402
+from helpers import edited_config, random_hf_model  # noqa: E402
 from jaxformer.config import ModelConfig, flat_items, replaced  # noqa: E402
 from jaxformer.hf import HFError, from_pretrained, save_pretrained, to_model_config  # noqa: E402
 from jaxformer.nn import build_model  # noqa: E402
@@ -37,14 +37,7 @@ TOL = 2e-5         # float32, relative to the largest logit (observed ~3e-7; the
 IDS = np.random.default_rng(7).integers(0, V, (2, 12))
 
 
-def hf_model(config, seed: int = 0):
-    """transformers' model of `config` with random weights of std 0.2 (norm weights included), float32, eager."""
-    torch.manual_seed(seed)
-    m = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(0, 0.2)
-    return m.eval().float()
+hf_model = random_hf_model
 
 
 def hf_logits(m, ids=IDS):

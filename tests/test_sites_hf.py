@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from helpers import random_hf_model  # noqa: E402
 from jaxformer.hf import from_pretrained  # noqa: E402
 
 V = 97
@@ -30,13 +31,7 @@ FAMILIES = {
 }
 
 
-def hf_model(config, seed: int = 0):
-    torch.manual_seed(seed)
-    m = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(0, 0.2)
-    return m.eval().float()
+hf_model = random_hf_model
 
 
 def rel(a, b) -> float:
