@@ -801,6 +801,13 @@ MUTANTS = (
     Mutant("sae-padding-fitted", "padding rows are fitted and counted like real ones", "jaxformer/sae.py",
            "    mean = lambda v: jnp.sum(v * w) / jnp.maximum(jnp.sum(w), 1.0)", "    mean = jnp.mean",
            ("tests/test_sae.py",)),
+    Mutant("context-keys-local", "context-parallel attention reads only its own device's keys",
+           "jaxformer/ops/context.py", "dot_product_attention(q, _gather(k, axis), _gather(v, axis), mask=keys,",
+           "dot_product_attention(q, k, v, mask=mask,", ("tests/test_context_parallel.py",)),
+    Mutant("context-mask-local", "the key side of the mask left local while the keys are gathered",
+           "jaxformer/ops/context.py", "k_segments=_gather(mask.k_segments, axis))",
+           "k_segments=_gather(mask.k_segments, axis))\n    keys = keys._replace(k_positions=jnp.tile("
+           "mask.k_positions, (1, k.shape[1] and jax.lax.psum(1, axis))))", ("tests/test_context_parallel.py",)),
     Mutant("windows-ignore-the-layer", "every layer takes the first layer's window", "jaxformer/nn/per_layer.py",
            "jnp.asarray(rule)[layer]", "jnp.asarray(rule)[0]",
            ("tests/test_decode_layout.py", "-k", "own_window")),
