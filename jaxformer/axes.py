@@ -7,7 +7,7 @@ H head dim, F FFN width, V vocab, L layers, E experts.
 """
 from __future__ import annotations
 
-MESH_AXES = ("data", "fsdp", "expert", "tensor")
+MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
 
 # Logical axis names. "embed" is a parameter's D; "act_embed" is an activation's D.
 LOGICAL_AXES = ("batch", "length", "vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "layers",

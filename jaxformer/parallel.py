@@ -37,7 +37,7 @@ from jaxformer.errors import ConfigError
 # Activation axes: batch, length, act_embed (and q_heads/kv_heads/mlp/vocab for activations of those dims).
 RULES: dict[str, tuple[str, ...]] = {
     "batch": ("data", "fsdp", "expert"),  # activations, batches, the KV cache's rows
-    "length": (),                   # T / S
+    "length": ("context",),         # T / S: context parallelism splits the sequence of every activation
     "vocab": ("tensor",),           # embedding rows, output head columns, logits
     "embed": ("fsdp",),             # a parameter's D: FSDP shards every weight along it
     "act_embed": (),                # an activation's D (its batch is already split over fsdp)

@@ -37,6 +37,8 @@ STRATEGIES = {
     "data x tensor": ["parallel.data=2", "parallel.tensor=4"],
     "data x fsdp x tensor": ["parallel.data=2", "parallel.fsdp=2", "parallel.tensor=2"],
     "shard_map": ["parallel.mode=shard_map", "parallel.data=8"],
+    "context": ["parallel.data=1", "parallel.context=8"],
+    "data x context": ["parallel.data=2", "parallel.context=4"],
 }
 # a MoE reversal model whose 8 experts split over the expert axis (top-2, capacity that drops some tokens)
 MOE = SMALL + ["model.ffn=moe", "model.moe.num_experts=8", "model.moe.top_k=2", "model.runtime.moe_capacity_factor=1.0"]
@@ -72,7 +74,7 @@ def _worker(job: dict, tmp) -> dict:
 # parameters over fsdp and tensor) against one device, the refused meshes and the shipped configs; the slow lane's
 # second worker (~80 s) adds the other strategies (data parallel and FSDP alone among them), the expert axis,
 # checkpoints resharded across meshes and sharded decoding.
-DEFAULT_STRATEGIES = ("data x fsdp x tensor",)
+DEFAULT_STRATEGIES = ("data x fsdp x tensor", "data x context")
 
 
 def _strategy(name):
@@ -227,13 +229,16 @@ def test_fsdp_holds_an_eighth_of_each_sharded_array_per_device(eight, eight_more
 
 
 def test_shipped_parallel_configs_plan_eight_devices(eight):
+    mesh = lambda data=1, fsdp=1, context=1, expert=1, tensor=1: {                 # noqa: E731
+        "data": data, "fsdp": fsdp, "context": context, "expert": expert, "tensor": tensor}
     assert eight["configs"] == {
-        "data": {"mesh": {"data": 8, "fsdp": 1, "expert": 1, "tensor": 1}, "mode": "jit"},
-        "expert": {"mesh": {"data": 2, "fsdp": 1, "expert": 4, "tensor": 1}, "mode": "jit"},
-        "fsdp": {"mesh": {"data": 1, "fsdp": 8, "expert": 1, "tensor": 1}, "mode": "jit"},
-        "tensor": {"mesh": {"data": 4, "fsdp": 1, "expert": 1, "tensor": 2}, "mode": "jit"},
-        "hybrid": {"mesh": {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}, "mode": "jit"},
-        "shard_map": {"mesh": {"data": 8, "fsdp": 1, "expert": 1, "tensor": 1}, "mode": "shard_map"}}
+        "data": {"mesh": mesh(data=8), "mode": "jit"},
+        "expert": {"mesh": mesh(data=2, expert=4), "mode": "jit"},
+        "fsdp": {"mesh": mesh(fsdp=8), "mode": "jit"},
+        "tensor": {"mesh": mesh(data=4, tensor=2), "mode": "jit"},
+        "hybrid": {"mesh": mesh(data=2, fsdp=2, tensor=2), "mode": "jit"},
+        "context": {"mesh": mesh(data=2, context=4), "mode": "jit"},
+        "shard_map": {"mesh": mesh(data=8), "mode": "shard_map"}}
 
 
 @pytest.mark.parametrize("name", list(REFUSED))

@@ -170,6 +170,8 @@ class ParallelConfig(_Validated):
     mode: str = "jit"                      # jit: GSPMD over the mesh | shard_map: explicit per-device data parallel
     data: int = -1                         # mesh axis sizes; one may be -1 = the devices left
     fsdp: int = 1
+    context: int = 1                       # context parallelism: every activation's sequence split over it (GSPMD
+                                           # all-gathers keys/values for attention: ops.context is the op's form)
     expert: int = 1                        # expert parallelism: MoE experts split over it (batch rows too)
     tensor: int = 1
     rules: tuple[str, ...] = ()            # overrides of the rule table: "logical:axis[+axis]" ("logical:" = none)
@@ -189,10 +191,10 @@ class ParallelConfig(_Validated):
                 raise ConfigError(f"parallel.{a}={v} must be a positive mesh axis size or -1 (the devices left)")
         if sum(v == -1 for v in sizes.values()) > 1:
             raise ConfigError(f"parallel: only one mesh axis size may be -1; got {sizes}")
-        if self.mode == "shard_map" and (self.fsdp != 1 or self.tensor != 1 or self.expert != 1):
+        if self.mode == "shard_map" and (self.fsdp != 1 or self.tensor != 1 or self.expert != 1 or self.context != 1):
             raise ConfigError(f"parallel.mode='shard_map' is the explicit data-parallel step; it needs "
-                              f"parallel.fsdp=1, parallel.expert=1 and parallel.tensor=1 (got {self.fsdp}, "
-                              f"{self.expert}, {self.tensor})")
+                              f"parallel.fsdp=1, parallel.context=1, parallel.expert=1 and parallel.tensor=1 (got "
+                              f"{self.fsdp}, {self.context}, {self.expert}, {self.tensor})")
         for r in self.rules:
             logical, sep, axes = r.partition(":")
             if not sep:
