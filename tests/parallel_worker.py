@@ -148,6 +148,15 @@ def eval_tasks(spec: dict) -> dict:
     return out
 
 
+def _fresh_lm(name: str, overrides: list[str]):
+    """A freshly initialised tiny char LM (the tests' TINY_LM) under the mesh of `overrides` ("one": one device)
+    -> (plan, graphs, state, model)."""
+    cfg = resolve_vocab(tiny_lm(*overrides), 32)
+    plan = Plan(cfg.parallel, jax.devices()[:1] if name == "one" else None)
+    graphs, state = init_state(cfg, plan)
+    return plan, graphs, state, nnx.merge(graphs.model, state["model"])
+
+
 def lm_decode(meshes: dict) -> dict:
     """A freshly initialised tiny char LM (the tests' TINY_LM) decoded under each mesh: greedy and sampled
     continuations of ragged, left-padded prompts."""
@@ -155,10 +164,7 @@ def lm_decode(meshes: dict) -> dict:
     prompts = np.array([[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14], [0, 0, 0, 0, 3, 4], [7, 7, 7, 7, 7, 7]] * 2,
                        np.int32)
     for name, overrides in meshes.items():
-        cfg = resolve_vocab(tiny_lm(*overrides), 32)
-        plan = Plan(cfg.parallel, jax.devices()[:1] if name == "one" else None)
-        graphs, state = init_state(cfg, plan)
-        model = nnx.merge(graphs.model, state["model"])
+        plan, graphs, state, model = _fresh_lm(name, overrides)
         with plan.use():
             seg = (prompts != 0).astype(np.int32)                 # the padding, said explicitly
             greedy = generate_lm(model, prompts, max_new=8, segment_ids=seg)
@@ -179,10 +185,7 @@ def interp(meshes: dict) -> dict:
     corrupt = tokens.copy()
     corrupt[:, 4] = corrupt[:, 4] % 31 + 1
     for name, overrides in meshes.items():
-        cfg = resolve_vocab(tiny_lm(*overrides), 32)
-        plan = Plan(cfg.parallel, jax.devices()[:1] if name == "one" else None)
-        graphs, state = init_state(cfg, plan)
-        model = nnx.merge(graphs.model, state["model"])
+        plan, graphs, state, model = _fresh_lm(name, overrides)
         with plan.use():
             @jax.jit
             def read(state, tokens):
