@@ -808,6 +808,12 @@ MUTANTS = (
            "jaxformer/ops/context.py", "k_segments=_gather(mask.k_segments, axis))",
            "k_segments=_gather(mask.k_segments, axis))\n    keys = keys._replace(k_positions=jnp.tile("
            "mask.k_positions, (1, k.shape[1] and jax.lax.psum(1, axis))))", ("tests/test_context_parallel.py",)),
+    Mutant("sae-run-encoder-valid-from-decoder", "an encoder site's padding read from the decoder input",
+           "jaxformer/sae_run.py", 'side = "src" if site.startswith("encoder.") else "tgt"', 'side = "tgt"',
+           ("tests/test_viz_patching.py",)),
+    Mutant("sae-top-contexts-padding", "top contexts may land on padding positions", "jaxformer/sae_run.py",
+           "f = np.asarray(encode(params, x, spec)) * np.asarray(w)[:, None]", "f = np.asarray(encode(params, x, spec))",
+           ("tests/test_viz_patching.py",)),
     Mutant("windows-ignore-the-layer", "every layer takes the first layer's window", "jaxformer/nn/per_layer.py",
            "jnp.asarray(rule)[layer]", "jnp.asarray(rule)[0]",
            ("tests/test_decode_layout.py", "-k", "own_window")),

@@ -78,3 +78,81 @@ def test_sae_command_trains_saves_and_reports_on_a_run(runs, tmp_path, capsys):
                      "--k", "4", "--out", str(tmp_path / "b")]) == 0
     assert cli_main(["sae", "--workdir", str(lm), "--site", "nope", "--layer", "0"]) == 2
     assert "--site 'nope' is not one of the model's sites" in capsys.readouterr().out
+
+
+def test_a_task_batch_becomes_the_sites_inputs_with_its_padding_left_out():
+    """Default-lane twin of the `jaxformer sae` command's input path (`sae_run.run_inputs`): an LM batch's
+    segment ids and positions reach the call and padding (segment 0) is not a row; an encoder-decoder's
+    valid positions are the source's for an encoder site and the decoder input's otherwise; targets are the
+    batch's, weighted off where they are padding."""
+    from types import SimpleNamespace
+    from jaxformer.sae_run import run_inputs
+    seg = np.array([[1, 1, 2, 0], [1, 1, 1, 1]], np.int32)
+    lm = {"inputs": np.arange(8).reshape(2, 4), "targets": np.array([[5, 6, 0, 0], [1, 2, 3, 4]]),
+          "segment_ids": seg, "positions": np.array([[0, 1, 0, 0], [0, 1, 2, 3]])}
+    cfg = SimpleNamespace(model=SimpleNamespace(arch="decoder_only", pad_id=0))
+    inputs, targets, weights = run_inputs(cfg, lm, "resid_post")
+    assert inputs.args[0] is lm["inputs"] and set(inputs.kw) == {"segment_ids", "positions"}
+    assert inputs.valid.tolist() == (seg != 0).tolist() and weights.tolist() == (lm["targets"] != 0).tolist()
+    s2s = {"src": np.array([[4, 5, 2, 0]]), "tgt_in": np.array([[1, 7, 0, 0]]), "tgt_out": np.array([[7, 2, 0, 0]]),
+           "src_segment_ids": np.array([[1, 1, 1, 0]]), "tgt_segment_ids": np.array([[1, 1, 0, 0]])}
+    cfg = SimpleNamespace(model=SimpleNamespace(arch="encoder_decoder", pad_id=0))
+    enc, _, _ = run_inputs(cfg, s2s, "encoder.resid_post")
+    dec, targets, weights = run_inputs(cfg, s2s, "resid_post")
+    assert enc.valid.tolist() == [[True, True, True, False]] and dec.valid.tolist() == [[True, True, False, False]]
+    assert enc.args == (s2s["src"], s2s["tgt_in"]) and set(enc.kw) == {"src_segment_ids", "tgt_segment_ids"}
+    assert targets is s2s["tgt_out"] and weights.tolist() == [[True, True, False, False]]
+
+
+def test_top_contexts_are_the_strongest_real_positions_with_the_tokens_before_them():
+    """`sae_run.top_contexts` on a tiny model: each listed latent's positions are its largest activations among
+    the valid positions (a padded position never appears), each context the decoded tokens ending there."""
+    from types import SimpleNamespace
+    import jax
+    import jax.numpy as jnp
+    from helpers import tiny_lm
+    from jaxformer.data.tokenizers import CharTokenizer
+    from jaxformer.nn import build_model
+    from jaxformer.sae import SAESpec, SiteInputs, encode, init_sae, site_rows
+    from jaxformer.sae_run import top_contexts
+    tok = CharTokenizer("abcdefghij")
+    model = build_model(tiny_lm("model.vocab_size=11").model)
+    run = SimpleNamespace(model=model, tokenizer=tok)
+    spec = SAESpec(d_in=16, d_sae=32, site="resid_post", layer=0, k=4)
+    params = init_sae(spec, jax.random.key(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 11, (3, 6)))
+    valid = jnp.ones((3, 6)).at[:, 4:].set(0)
+    inputs = SiteInputs((tokens,), {}, valid)
+    top = top_contexts(run, params, spec, inputs, latents=3, per=2, width=3)
+    f = np.asarray(encode(params, site_rows(model, inputs, spec)[0], spec)).reshape(3, 6, -1)
+    for entry in top:
+        for hit in entry["top"]:
+            r, p = hit["row"], hit["position"]
+            assert p < 4 and hit["activation"] == pytest.approx(float(f[r, p, entry["latent"]]))
+            assert hit["context"] == tok.decode([int(i) for i in tokens[r, max(0, p - 2):p + 1]])
+        best = f[:, :4, entry["latent"]].max()
+        assert entry["top"][0]["activation"] == pytest.approx(float(best))
+
+
+def test_the_commands_metric_restores_the_clean_answer_at_the_corrupted_token(monkeypatch):
+    """Default-lane twin of the command (`viz_patching.patching_maps`) on an untrained char LM standing in for a
+    run: the metric is the clean answer's log-probability, so writing the clean embedding back at the corrupted
+    position before layer 0 restores it exactly (1) and no other position does anything; the tokens are the
+    prompt's; prompts of different lengths are a named error."""
+    from helpers import tiny_lm
+    from jaxformer import viz_patching
+    from jaxformer.data.tokenizers import CharTokenizer
+    from jaxformer.errors import DataError
+    from jaxformer.inference import LoadedModel
+    from jaxformer.nn import build_model
+    cfg = tiny_lm("model.vocab_size=11", "model.positional=rope")
+    run = LoadedModel(cfg, CharTokenizer("abcdefghij"), build_model(cfg.model, seed=1), 0, "best")
+    monkeypatch.setattr(viz_patching, "load_model", lambda *a, **k: run)
+    maps = viz_patching.patching_maps("RUN", "abcdef", "abcjef")
+    grid = np.asarray(maps["grid"])
+    assert maps["site"] == "resid_pre" and maps["tokens"] == list("abcdef") and grid.shape == (1, 6)
+    assert grid[0, 3] == pytest.approx(1.0, abs=1e-5)
+    np.testing.assert_allclose(np.delete(grid[0], 3), 0.0, atol=1e-5)
+    assert np.asarray(maps["attribution"]).shape == (1, 6)
+    with pytest.raises(DataError, match="patching pairs positions"):
+        viz_patching.patching_maps("RUN", "abcdef", "abc")
