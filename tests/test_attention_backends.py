@@ -317,3 +317,24 @@ def test_the_residual_of_jax_attention_is_read_as_btn(t, n):
     got = fused.residual_lse(res)
     assert got.dtype == jnp.float32 and got.shape == want.shape == (2, n, t)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.05)
+
+
+def _scanned_grad_temp_bytes(t: int) -> int:
+    """XLA's temporaries of the gradient of two chunked attentions applied by a lax.scan (as the layer stack
+    applies its blocks), causal over t tokens, tiles of 128."""
+    q = jax.ShapeDtypeStruct((1, t, 2, 32), jnp.float32)
+    pos = jnp.arange(t)[None]
+
+    def loss(q, k, v):
+        mask = ops.masks.CausalMask(pos, pos)
+        step = lambda x, _: (ops.flash.chunked_attention(x, k, v, mask, scale=0.2, block_q=128, block_k=128)[0],
+                             None)
+        return jnp.sum(jnp.sin(jax.lax.scan(step, q, None, length=2)[0]))
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    return grad.lower(q, q, q).compile().memory_analysis().temp_size_in_bytes
+
+
+def test_chunked_attention_under_a_differentiated_scan_keeps_no_tiles():
+    # a lax.cond skipping tiles made JAX keep every [bq,bk] tile as a scan residual: T² memory (16x for 4x T)
+    small, large = _scanned_grad_temp_bytes(512), _scanned_grad_temp_bytes(2048)
+    assert large < 6 * small, (small, large)

@@ -92,6 +92,20 @@ def _tile_logits(sp: _Spec, qb, k, mask, bias, q0, j, *, slope: bool = False):
     return jnp.where(ok, s, _MIN), ok, k0
 
 
+def _when(pred, fn, carry):
+    """fn(carry) if pred else carry, as a while loop of 0 or 1 trips. Not `lax.cond`, and no tile computed
+    outside fn: under a differentiated `lax.scan` (the layer stack) JAX kept every tile of this forward that a
+    cond read (logits and mask, O(T·S) memory) as residuals (benchmarks/context_memory.py found it)."""
+    return jax.lax.while_loop(lambda c: c[0], lambda c: (jnp.zeros((), bool), fn(c[1])), (pred, carry))[1]
+
+
+def _visible(sp: _Spec, mask, q0, j):
+    """Whether the tile at query q0, key block j has a visible key (its mask, no logits)."""
+    k0 = j * sp.bk
+    ok = (k0 + jnp.arange(sp.bk) < sp.s)[None, None, None, :]
+    return jnp.any(ok if mask is None else ok & _tile(mask, q0, sp.bq, k0, sp.bk))
+
+
 def _q_blocks(sp: _Spec, x, width):
     """[B,Tp,...] -> [nq, B, bq, ...]."""
     return jnp.moveaxis(x.reshape(sp.b, sp.nq, sp.bq, *width), 1, 0)
@@ -106,9 +120,8 @@ def _forward(sp: _Spec, q, k, v, mask, bias):
         q0 = i * sp.bq
 
         def body(carry, j):
-            s, ok, k0 = _tile_logits(sp, qb, k, mask, bias, q0, j)
-
-            def update(carry):
+            def update(carry):                          # the tile computed inside: no tile escapes the loop
+                s, ok, k0 = _tile_logits(sp, qb, k, mask, bias, q0, j)
                 m, l, acc = carry
                 vb = jax.lax.dynamic_slice_in_dim(v, k0, sp.bk, axis=1)
                 m_new = jnp.maximum(m, s.max(-1))
@@ -118,7 +131,7 @@ def _forward(sp: _Spec, q, k, v, mask, bias):
                                                          preferred_element_type=jnp.float32)
                 return m_new, l * corr + p.sum(-1), acc
 
-            return jax.lax.cond(ok.any(), update, lambda c: c, carry), None
+            return _when(_visible(sp, mask, q0, j), update, carry), None
 
         shape = (sp.b, sp.kh, sp.g, sp.bq)
         init = (jnp.full(shape, _MIN, jnp.float32), jnp.zeros(shape, jnp.float32),
