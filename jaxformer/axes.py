@@ -4,10 +4,11 @@ rule table mapping logical names onto mesh axes is `jaxformer.parallel.RULES`.
 
 Axis legend: B batch, T query length, S key length / cache slots, D model width, N query heads, K kv heads,
 H head dim, F FFN width, V vocab, L layers, E experts.
+Stacked layers [L, ...] are split over the "stage" mesh axis (pipeline parallelism: `jaxformer.nn.pipeline`).
 """
 from __future__ import annotations
 
-MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
+MESH_AXES = ("stage", "data", "fsdp", "context", "expert", "tensor")   # stage: pipeline stages (outermost)
 
 # Logical axis names. "embed" is a parameter's D; "act_embed" is an activation's D.
 LOGICAL_AXES = ("batch", "length", "vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "layers",

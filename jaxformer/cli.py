@@ -259,6 +259,7 @@ def cmd_plan(args) -> int:
     cfg = _config(args, resolved=True)
     plan = Plan(cfg.parallel)
     plan.check_batch(cfg.data.batch_size, "data.batch_size")
+    plan.check_pipeline(cfg)
     _, state = abstract_state(cfg, plan)
     console.print(f"mesh: {plan.describe()} on {jax.device_count()} {jax.devices()[0].platform} device(s)")
     console.print(rules_table(cfg.parallel))

@@ -1,4 +1,5 @@
-"""The parallel plan: a device mesh (data × fsdp × expert × tensor) and one rule table mapping logical axes onto it.
+"""The parallel plan: a device mesh (stage × data × fsdp × context × expert × tensor) and one rule table mapping
+logical axes onto it.
 
 Parameters carry logical axis names (`jaxformer.nn.params`); activations and the KV cache are constrained with
 `constrain(x, names)`. The same table shards both, so a strategy is a choice of mesh sizes, not code:
@@ -10,6 +11,9 @@ Parameters carry logical axis names (`jaxformer.nn.params`); activations and the
                                              all-reduced after the attention output and FFN projections
     expert (EP)     parallel.expert=N        MoE experts split N ways (and the batch, as data parallel elsewhere):
                                              tokens reach their experts' devices through collectives GSPMD inserts
+    pipeline (PP)   parallel.stage=N         stacked layers split N ways; a GPipe schedule over
+                    parallel.microbatches=M  M micro-batches (`jaxformer.nn.pipeline`): each stage's activations
+                                             passed on to the next by a collective-permute
     combinations    e.g. data=2 tensor=4     the mesh's axes compose
     shard_map       parallel.mode=shard_map  explicit per-device data-parallel step (`train.step`)
 
@@ -45,7 +49,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "kv_heads": ("tensor",),        # K (parameters and the KV cache)
     "head_dim": (),                 # H
     "mlp": ("tensor",),             # F
-    "layers": (),                   # L: the stacked layer axis (scanned; each step uses one layer)
+    "layers": ("stage",),           # L: the stacked layer axis; pipeline stages each hold L/stage layers
     "cache_slots": (),              # the KV cache's S
     "expert": ("expert",),          # E: MoE expert weights (expert parallelism)
 }
@@ -160,6 +164,32 @@ class Plan:
             raise ConfigError(f"{what}={rows} is not divisible by the {self.batch_shards} batch shards "
                               f"({'×'.join(self.batch_axes)} of mesh {self.sizes})")
 
+    def check_pipeline(self, cfg) -> None:
+        """With parallel.stage > 1 (`jaxformer.nn.pipeline`): ConfigError for a MoE model (a pipelined stack
+        returns no router statistics), and unless every layer stack's layers split evenly over the stages and each
+        step's rows (data.batch_size over optim.accumulate) split into parallel.microbatches micro-batches that
+        split over the batch shards. `cfg`: a Config."""
+        stages, m = self.sizes["stage"], self.cfg.microbatches
+        if stages == 1:
+            return
+        model = cfg.model
+        if model.ffn == "moe":
+            raise ConfigError(f"parallel.stage={stages} with model.ffn='moe': a pipelined stack returns no "
+                              f"router statistics (`jaxformer.nn.pipeline`); use parallel.stage=1")
+        stacks = {"model.num_decoder_layers": model.num_decoder_layers}
+        if model.arch == "encoder_decoder":
+            stacks["model.num_encoder_layers"] = model.num_encoder_layers
+        for field, layers in stacks.items():
+            if layers % stages:
+                raise ConfigError(f"{field}={layers} is not divisible by parallel.stage={stages}: each pipeline "
+                                  f"stage holds an equal share of the layers")
+        rows = cfg.data.batch_size // cfg.optim.accumulate
+        if rows % (m * self.batch_shards):
+            raise ConfigError(f"parallel.microbatches={m}: data.batch_size={cfg.data.batch_size} (over "
+                              f"optim.accumulate={cfg.optim.accumulate}: {rows} rows a step) is not divisible by "
+                              f"{m} micro-batches × {self.batch_shards} batch shards "
+                              f"({'×'.join(self.batch_axes)} of mesh {self.sizes})")
+
     def local_rows(self, rows: int) -> slice:
         """The rows of a [rows, ...] batch that this process's devices hold (a process reads only those)."""
         index = self.batch_sharding(1).addressable_devices_indices_map((rows,))
@@ -183,10 +213,21 @@ class Plan:
             _ACTIVE.reset(token)
 
     def describe(self) -> str:
-        return " × ".join(f"{a} {n}" for a, n in self.sizes.items()) + f" ({self.mode})"
+        extra = []
+        if self.sizes["context"] > 1:
+            extra.append(f"context attention {self.cfg.context_attention}, order {self.cfg.context_order}")
+        if self.sizes["stage"] > 1:
+            m, p = self.cfg.microbatches, self.sizes["stage"]
+            extra.append(f"{m} micro-batches, bubble {(p - 1) / (m + p - 1):.2f}")
+        return " × ".join(f"{a} {n}" for a, n in self.sizes.items()) + f" ({', '.join([self.mode, *extra])})"
 
 
 _ACTIVE: contextvars.ContextVar[Plan | None] = contextvars.ContextVar("jaxformer_plan", default=None)
+
+
+def active_plan() -> "Plan | None":
+    """The plan whose `use()` block this code runs in (None outside one)."""
+    return _ACTIVE.get()
 
 
 def abstract_with_shardings(state: Any, plan: "Plan | None" = None) -> Any:
@@ -342,3 +383,4 @@ def check_fits(abstract: dict, what: str = "the training state") -> None:
                 f"{what} needs at least {gib(need)} of {where} ({', '.join(f'{k} {gib(v)}' for k, v in parts.items())}; "
                 f"activations come on top) and {gib(free)} is free: make the model smaller (model.d_model, "
                 f"model.d_ff, the layer counts, model.vocab_size) or shard it over more devices (parallel.fsdp)")
+

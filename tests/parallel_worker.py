@@ -207,6 +207,7 @@ def shipped(path: str) -> dict:
     """A shipped parallel config: its plan on these devices, and that every parameter fits the plan."""
     cfg = resolve_vocab(load_config_file(path), 13)
     plan = Plan(cfg.parallel)
+    plan.check_pipeline(cfg)
     abstract_state(cfg, plan)
     return {"mesh": plan.sizes, "mode": plan.mode}
 

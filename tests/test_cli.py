@@ -59,7 +59,7 @@ def test_plan_shows_the_sharding_of_every_parameter_without_compiling(capsys):
     n, platform = jax.device_count(), jax.devices()[0].platform
     assert cli_main(["plan", str(ROOT / "configs/parallel/fsdp.py")]) == 0
     out = capsys.readouterr().out
-    assert f"mesh: data 1 × fsdp {n} × context 1 × expert 1 × tensor 1 (jit) on {n} {platform} device(s)" in out
+    assert f"mesh: stage 1 × data 1 × fsdp {n} × context 1 × expert 1 × tensor 1 (jit) on {n} {platform} device(s)" in out
     assert "| embed | fsdp |" in out and "encoder/layers/blocks/ffn/w1" in out
     if n % 2:                                                           # tensor=2 needs an even device count
         assert cli_main(["plan", str(ROOT / "configs/parallel/tensor.py")]) == 2

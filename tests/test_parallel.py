@@ -229,8 +229,8 @@ def test_fsdp_holds_an_eighth_of_each_sharded_array_per_device(eight, eight_more
 
 
 def test_shipped_parallel_configs_plan_eight_devices(eight):
-    mesh = lambda data=1, fsdp=1, context=1, expert=1, tensor=1: {                 # noqa: E731
-        "data": data, "fsdp": fsdp, "context": context, "expert": expert, "tensor": tensor}
+    mesh = lambda stage=1, data=1, fsdp=1, context=1, expert=1, tensor=1: {        # noqa: E731
+        "stage": stage, "data": data, "fsdp": fsdp, "context": context, "expert": expert, "tensor": tensor}
     assert eight["configs"] == {
         "data": {"mesh": mesh(data=8), "mode": "jit"},
         "expert": {"mesh": mesh(data=2, expert=4), "mode": "jit"},
@@ -238,6 +238,7 @@ def test_shipped_parallel_configs_plan_eight_devices(eight):
         "tensor": {"mesh": mesh(data=4, tensor=2), "mode": "jit"},
         "hybrid": {"mesh": mesh(data=2, fsdp=2, tensor=2), "mode": "jit"},
         "context": {"mesh": mesh(data=2, context=4), "mode": "jit"},
+        "pipeline": {"mesh": mesh(stage=2, data=4), "mode": "jit"},
         "shard_map": {"mesh": mesh(data=8), "mode": "shard_map"}}
 
 

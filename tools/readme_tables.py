@@ -396,6 +396,23 @@ def lora_memory() -> str:
     return "\n".join(out)
 
 
+def context_memory() -> str:
+    """Per-device train-step memory against sequence length, one device against context parallelism
+    (benchmarks/context_memory.py)."""
+    from context_memory import table
+    res = _load("context_memory")
+    return (table(res) + f"\n\nMachine: {res['machine']}, {res['date']} "
+            "([context_memory.md](benchmarks/results/context_memory.md)).")
+
+
+def pipeline_bubble() -> str:
+    """The GPipe bubble against micro-batches (benchmarks/pipeline_bubble.py)."""
+    from pipeline_bubble import table
+    res = _load("pipeline_bubble")
+    return (table(res) + f"\n\nMachine: {res['machine']}, {res['date']} "
+            "([pipeline_bubble.md](benchmarks/results/pipeline_bubble.md)).")
+
+
 def mup_check() -> str:
     """µP's coordinate check (docs/mup/mup_check.json, `jaxformer mup-check`): per site, the slope of log mean|x|
     against log width after the last step, under SP and µP."""
@@ -408,7 +425,7 @@ def mup_check() -> str:
     return "\n".join(out)
 
 
-TABLES = {"hf_keys": hf_keys, "mup_check": mup_check, "lora_memory": lora_memory, "performance": performance, "levers": levers, "make_run": make_run, "claims": claims,
+TABLES = {"context_memory": context_memory, "pipeline_bubble": pipeline_bubble, "hf_keys": hf_keys, "mup_check": mup_check, "lora_memory": lora_memory, "performance": performance, "levers": levers, "make_run": make_run, "claims": claims,
           "attention": attention, "moe_quantize": moe_quantize, "step_profile": step_profile, "tokenizers": tokenizers,
           "capture_parity": capture_parity, "patching": patching}
 

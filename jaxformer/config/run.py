@@ -170,10 +170,14 @@ class ParallelConfig(_Validated):
     mode: str = "jit"                      # jit: GSPMD over the mesh | shard_map: explicit per-device data parallel
     data: int = -1                         # mesh axis sizes; one may be -1 = the devices left
     fsdp: int = 1
-    context: int = 1                       # context parallelism: every activation's sequence split over it (GSPMD
-                                           # all-gathers keys/values for attention: ops.context is the op's form)
+    context: int = 1                       # context parallelism: every activation's sequence split over it
+    context_attention: str = "gather"      # how attention reads the other devices' keys: gather (GSPMD all-gathers
+                                           # them) | ring (`ops.context.ring_attention`: blocks passed round)
+    context_order: str = "contiguous"      # contiguous | zigzag: device i holds chunks i and 2C-1-i (causal balance)
     expert: int = 1                        # expert parallelism: MoE experts split over it (batch rows too)
     tensor: int = 1
+    stage: int = 1                         # pipeline parallelism: stacked layers split over it, a GPipe schedule
+    microbatches: int = 1                  # (`jaxformer.nn.pipeline`) over this many micro-batches of each step
     rules: tuple[str, ...] = ()            # overrides of the rule table: "logical:axis[+axis]" ("logical:" = none)
     distributed: str = "auto"              # auto (when configured or launched by SLURM/Open MPI) | on | off
     coordinator: str = ""                  # host:port of process 0 (else $JAX_COORDINATOR_ADDRESS or detected)
@@ -195,6 +199,15 @@ class ParallelConfig(_Validated):
             raise ConfigError(f"parallel.mode='shard_map' is the explicit data-parallel step; it needs "
                               f"parallel.fsdp=1, parallel.context=1, parallel.expert=1 and parallel.tensor=1 (got "
                               f"{self.fsdp}, {self.context}, {self.expert}, {self.tensor})")
+        choice("parallel.context_attention", self.context_attention, ("gather", "ring"))
+        choice("parallel.context_order", self.context_order, ("contiguous", "zigzag"))
+        positive("parallel.microbatches", self.microbatches)
+        if self.context_attention == "ring" and self.stage != 1:
+            raise ConfigError(f"parallel.context_attention='ring' with parallel.stage={self.stage}: the ring's "
+                              f"shard_map does not run inside the pipeline's stages; use 'gather' there")
+        if self.stage != 1 and self.mode != "jit":
+            raise ConfigError(f"parallel.stage={self.stage} (pipeline parallelism) runs under parallel.mode='jit' "
+                              f"(got {self.mode!r})")
         for r in self.rules:
             logical, sep, axes = r.partition(":")
             if not sep:
@@ -252,6 +265,28 @@ class Config(_Validated):
                               f"the shard_map step does not accumulate")
         longest = max(self.data.max_len, self.data.eval_lengths[1]) + 1 if seq2seq else self.data.block_size
         self.model.check_length(longest, "data")
+        self._check_context_order(seq2seq)
+
+    def _check_context_order(self, seq2seq: bool) -> None:
+        """A language model's sequence splits evenly over parallel.context; parallel.context_order='zigzag'
+        reorders a language model's training rows (`LanguageModel.balanced`)."""
+        c = self.parallel.context
+        if c > 1 and not seq2seq and self.data.block_size % c:
+            raise ConfigError(f"parallel.context={c}: data.block_size={self.data.block_size} must be a multiple of "
+                              f"it (each device holds an equal share of every sequence)")
+        if self.parallel.context_order != "zigzag":
+            return
+        if seq2seq:
+            raise ConfigError("parallel.context_order='zigzag' balances a causal language model's sequence; "
+                              f"data.task={self.data.task!r} is a seq2seq task: use 'contiguous'")
+        if c < 1 or self.data.block_size % (2 * c):
+            raise ConfigError(f"parallel.context_order='zigzag' with parallel.context={c}: data.block_size="
+                              f"{self.data.block_size} must be a multiple of 2 x parallel.context (a known size; "
+                              f"each device holds two of the 2C chunks)")
+        if self.model.ffn == "moe" and self.model.runtime.moe_capacity_factor:
+            raise ConfigError(f"parallel.context_order='zigzag' with model.runtime.moe_capacity_factor="
+                              f"{self.model.runtime.moe_capacity_factor}: which tokens overflow an expert depends "
+                              f"on their order; set it 0 (dropless)")
 
 
 def resolve_vocab(cfg: Config, vocab_size: int, pad_id: int | None = None) -> Config:

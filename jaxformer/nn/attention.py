@@ -17,6 +17,7 @@ from jaxformer.nn.per_layer import UNIFORM, LayerSettings
 from jaxformer.nn.params import lever, ones, param, project, weight, zeros
 from jaxformer.nn.sites import NO_SITES, Sites
 from jaxformer.ops import norms, positional
+from jaxformer.nn.ring import over_context
 
 
 class MultiHeadAttention(nnx.Module):
@@ -190,6 +191,13 @@ class MultiHeadAttention(nnx.Module):
                 raise ValueError("positional='alibi' needs explicit query and key positions")
             bias = positional.AlibiBias(positional.alibi_slopes(cfg.num_heads), q_positions, kv_positions)
         scores = sites.wants("attn_scores")                  # the logits: read in the materialising backend
+        plain = not (bias is not None or probs or scores or sites.wants("pattern") or kv_layout != "BSKH"
+                     or cfg.ablation.mask_value == "zero")
+        if plain:                                            # parallel.context_attention="ring" over the plan
+            ring = over_context(q, k, v, mask, scale=logit_scale(cfg), softcap=cfg.attention.softcap,
+                                block_size=cfg.runtime.attention_block)
+            if ring is not None:
+                return ring, None
         res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_probs=probs or sites.wants("pattern"),
                                         scale=logit_scale(cfg),
                                         mask_value=0.0 if cfg.ablation.mask_value == "zero" else None,

@@ -21,6 +21,8 @@ from flax import nnx
 from jaxformer.axes import ACTIVATION
 from jaxformer.nn.cache import LayerKV, LayerwiseKV
 from jaxformer.nn.params import lever
+from jaxformer import parallel
+from jaxformer.nn import pipeline
 from jaxformer.parallel import constrain
 
 REMAT = {"none": None, "full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
@@ -96,7 +98,8 @@ class LayerStack(nnx.Module):
         [B,T,D], aux, None).
 
         ctx: what every block reads (`nn.layers.Context`). layer: each block's index (int32, scanned), from which
-        it computes what varies with depth (`nn.per_layer`).
+        it computes what varies with depth (`nn.per_layer`). Under a plan with parallel.stage > 1 the groups run
+        in a GPipe schedule over the stages (`nn.pipeline`; no aux there), unless ctx.hooks captures sites.
         aux: each key's leaves stacked on a leading axis over the layers that returned it, in layer order (L for
         all layers). rngs: a dropout stream (training); each layer gets its own key. (Cached calls run the
         laid-out stack, `lay_out`.)
@@ -109,21 +112,29 @@ class LayerStack(nnx.Module):
             keys = keys.reshape(groups, n, *keys.shape[1:])
         index = jnp.arange(self.num_layers, dtype=jnp.int32).reshape(groups, n)     # every block's index
 
-        def body(h, xs):
-            layer_states, key, layer = xs
-            outs = []
-            for j in range(n):
-                h = constrain(h, ACTIVATION)               # block boundary: sharded by the active plan's rules
-                block = nnx.merge(graphdefs[j], layer_states[j])
-                r = nnx.Rngs(dropout=key[j]) if key is not None else None
-                out = block(h, ctx, layer=layer[j], rngs=r)
-                h = out.x
-                outs.append(out.aux)
-            return h, tuple(outs)
+        def make_body(ctx):
+            def body(h, xs):
+                layer_states, key, layer = xs
+                outs = []
+                for j in range(n):
+                    h = constrain(h, ACTIVATION)               # block boundary: sharded by the active plan's rules
+                    block = nnx.merge(graphdefs[j], layer_states[j])
+                    r = nnx.Rngs(dropout=key[j]) if key is not None else None
+                    out = block(h, ctx, layer=layer[j], rngs=r)
+                    h = out.x
+                    outs.append(out.aux)
+                return h, tuple(outs)
+            if self.remat != "none":
+                body = jax.checkpoint(body, policy=REMAT[self.remat], prevent_cse=False)
+            return body
 
-        if self.remat != "none":
-            body = jax.checkpoint(body, policy=REMAT[self.remat], prevent_cse=False)
-        x, auxes = jax.lax.scan(body, x, (tuple(states), keys, index), unroll=lever("unrolled_layers"))
+        plan, hooks = parallel.active_plan(), ctx.hooks
+        if plan is not None and plan.sizes["stage"] > 1 and not (hooks is not None and hooks.capture):
+            # pipeline parallelism over the stages (a pass capturing activation sites runs the plain scan)
+            x = pipeline.run(make_body, (tuple(states), keys, index), x, ctx, plan=plan, stages=plan.sizes["stage"],
+                             microbatches=plan.cfg.microbatches)
+            return BlockOut(constrain(x, ACTIVATION), {})
+        x, auxes = jax.lax.scan(make_body(ctx), x, (tuple(states), keys, index), unroll=lever("unrolled_layers"))
         return BlockOut(constrain(x, ACTIVATION), _interleave(_every_layers_sites(auxes, ctx.hooks)))
 
     def layer(self, i: int) -> nnx.Module:

@@ -134,6 +134,7 @@ def prepare(cfg: Config, run: RunDir, plan: Plan) -> Prepared:
                                              f"now (sha256 {saved[:12]}… then, {str(task.fingerprint)[:12]}… now); "
                                              f"restore the file or use a new --workdir")
         plan.check_batch(cfg.data.batch_size, "data.batch_size")
+        plan.check_pipeline(cfg)                            # layers and rows against the pipeline stages
         graphs, target = abstract_state(cfg, plan)          # checks every sharded dimension
         check_fits(target)                                  # and that it can fit at all
         if resuming:

@@ -1,0 +1,118 @@
+"""Pipeline parallelism (GPipe) of a layer stack over the "stage" mesh axis, in GSPMD (as MaxText's pipeline):
+the stack's stacked parameters [G, ...] (G groups of its pattern of blocks, `nn.stack.LayerStack`) are split over
+P stages ([P, G/P, ...], each stage's devices holding G/P groups: rule "layers" -> stage), the batch into M
+micro-batches, and one scan of M+P-1 iterations runs every stage at once (vmapped over the stage axis): stage p
+applies its groups to micro-batch t-p at iteration t, then the stages' outputs shift one stage forward (a roll of
+the stage axis, which GSPMD turns into a collective-permute). `LayerStack.__call__` takes this path when the active
+plan has parallel.stage > 1; nothing else in the model changes.
+
+Axis legend: B batch, T length, D width, L layers (G groups of them), P stages, M micro-batches.
+
+The micro-batches are strided (row r in micro-batch r mod M, as optim.accumulate's), so each spans every batch shard.
+A batch whose rows parallel.microbatches does not divide (an evaluation's, a decode's prefill) runs in the largest
+number of micro-batches ≤ parallel.microbatches that divides them. Dropout: each layer's key as unpipelined, folded
+with the micro-batch's index. Limitation: blocks that return aux (MoE router statistics, captured activation sites)
+are refused (ValueError): pipelined stacks return no aux.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxformer.axes import ACTIVATION
+
+
+def bubble_fraction(stages: int, microbatches: int) -> float:
+    """GPipe's idle share of the (iteration, stage) slots: (P-1)/(M+P-1)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def held(t, stages: int, microbatches: int, xp=jnp):
+    """The micro-batch each stage holds at iteration t: [P] ints t-p; outside [0, M) the slot is a bubble."""
+    return t - xp.arange(stages)
+
+
+def schedule(stages: int, microbatches: int) -> np.ndarray:
+    """[M+P-1, P] the micro-batch that `run` has each stage work on at each iteration (-1: a bubble), from the
+    same `held` the schedule runs with."""
+    it = np.arange(microbatches + stages - 1)[:, None]
+    m = held(it, stages, microbatches, xp=np)
+    return np.where((m >= 0) & (m < microbatches), m, -1)
+
+
+def counted_bubble_fraction(stages: int, microbatches: int) -> float:
+    """The share of (iteration, stage) slots of `schedule` holding no micro-batch."""
+    return float(np.mean(schedule(stages, microbatches) < 0))
+
+
+def usable_microbatches(rows: int, microbatches: int) -> int:
+    """The largest number of micro-batches ≤ `microbatches` that divides `rows`."""
+    return max(m for m in range(1, min(rows, microbatches) + 1) if rows % m == 0)
+
+
+def split_rows(a: jax.Array, m: int) -> jax.Array:
+    """[B, ...] -> [M, B/M, ...], row r in micro-batch r mod M."""
+    return a.reshape(a.shape[0] // m, m, *a.shape[1:]).swapaxes(0, 1)
+
+
+def merge_rows(a: jax.Array) -> jax.Array:
+    """[M, B/M, ...] -> [B, ...], the inverse of `split_rows`."""
+    return a.swapaxes(0, 1).reshape(-1, *a.shape[2:])
+
+
+def _ctx_splitter(ctx, rows: int, m: int):
+    """ctx (`nn.layers.Context`) -> (its [B, ...] leaves split [M, B/M, ...], at(i): ctx with those leaves replaced
+    by micro-batch i's [B/M, ...]). Scalars, broadcast leaves (a leading 1), None and the hooks stay as they are."""
+    hooks = ctx.hooks
+    leaves, tree = jax.tree.flatten(ctx._replace(hooks=None))
+    batched = [getattr(a, "ndim", 0) >= 1 and a.shape[0] == rows for a in leaves]
+    parts = [split_rows(a, m) if b else None for a, b in zip(leaves, batched)]
+
+    def at(i):
+        new = [p[i] if b else a for a, p, b in zip(leaves, parts, batched)]
+        return jax.tree.unflatten(tree, new)._replace(hooks=hooks)
+    return at
+
+
+def run(make_body: Callable, xs, x: jax.Array, ctx, *, plan, stages: int, microbatches: int) -> jax.Array:
+    """The GPipe schedule of a layer stack. make_body(ctx) -> body(h [b,T,D], (states, keys, layer)) -> (h, aux):
+    the stack's per-group step (remat as the stack's); xs = (states with leaves [G, ...], dropout keys [G, n] or
+    None, layer indices [G, n]); x [B,T,D] -> [B,T,D], equal to scanning body over the G groups."""
+    p, rows = stages, x.shape[0]
+    m = usable_microbatches(rows, microbatches)
+    per_stage = jax.tree.map(lambda a: a.reshape(p, a.shape[0] // p, *a.shape[1:]), xs)   # [P, G/P, ...]
+    inputs, ctx_at = split_rows(x, m), _ctx_splitter(ctx, rows, m)                         # [M, B/M, T, D]
+    act = plan.spec(ACTIVATION, inputs.shape[1:], strict=False)
+    on_stages = NamedSharding(plan.mesh, PartitionSpec("stage", *act))                     # [P, B/M, T, D]
+    gathered = NamedSharding(plan.mesh, PartitionSpec(None, *act))                         # [M, B/M, T, D]
+
+    def stage(h, stage_xs, i):
+        """One stage: its G/P groups over micro-batch i. h [B/M,T,D] -> [B/M,T,D]."""
+        states, keys, layer = stage_xs
+        if keys is not None:
+            keys = jax.vmap(jax.vmap(jax.random.fold_in, (0, None)), (0, None))(keys, i)
+        h, aux = jax.lax.scan(make_body(ctx_at(i)), h, (states, keys, layer))
+        if jax.tree.leaves(aux):
+            raise ValueError("parallel.stage > 1 (pipeline parallelism) cannot return the blocks' aux (MoE router "
+                             "statistics, captured activation sites): run such models with parallel.stage=1")
+        return h
+
+    def step(carry, t):
+        buf, out = carry                                    # buf [P, B/M, T, D]: each stage's input
+        buf = buf.at[0].set(jnp.where(t < m, inputs[jnp.minimum(t, m - 1)], buf[0]))
+        buf = jax.lax.with_sharding_constraint(buf, on_stages)
+        i = jnp.clip(held(t, p, m), 0, m - 1)             # the micro-batch each stage holds (clipped in bubbles)
+        y = jax.vmap(stage, spmd_axis_name="stage")(buf, per_stage, i)
+        y = jax.lax.with_sharding_constraint(y, on_stages)
+        done = jnp.clip(t - (p - 1), 0, m - 1)             # the micro-batch the last stage finished
+        out = out.at[done].set(jnp.where(t >= p - 1, y[p - 1], out[done]))
+        return (jnp.roll(y, 1, axis=0), jax.lax.with_sharding_constraint(out, gathered)), None
+
+    buf = jax.lax.with_sharding_constraint(jnp.zeros((p, *inputs.shape[1:]), x.dtype), on_stages)
+    out = jax.lax.with_sharding_constraint(jnp.zeros_like(inputs), gathered)
+    (_, out), _ = jax.lax.scan(step, (buf, out), jnp.arange(m + p - 1))
+    return merge_rows(out)

@@ -1,0 +1,40 @@
+"""Context parallelism in the model: a self-attention's keys and values passed round the active plan's context
+axis (parallel.context_attention="ring", `ops.context.ring_attention`) instead of all-gathered by GSPMD.
+
+Axis legend: B batch, T length (of the whole sequence, split over the context axis), N query heads, K kv heads,
+H head dim.
+"""
+from __future__ import annotations
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+from jaxformer.ops.context import ring_attention as ring
+from jaxformer.ops.masks import CausalMask
+from jaxformer.parallel import active_plan
+
+
+def over_context(q: jax.Array, k, v, mask, *, scale: float | None, softcap: float,
+                 block_size: int) -> jax.Array | None:
+    """Attention by `ops.context.ring_attention` over the active plan's context axis when the plan asks for it
+    (parallel.context > 1, parallel.context_attention="ring"): q [B,T,N,H], k/v [B,T,K,H], mask a CausalMask
+    [B,T] -> out [B,T,N,H], inside a shard_map over the whole mesh (rows over the batch axes, T over context, heads
+    over tensor where N and K both split). None where the ring does not apply (no such plan; keys in segments, as
+    a cache gives them; a dense mask; T not split evenly): the caller attends as on one device and GSPMD gathers
+    the keys, which gives the same result."""
+    plan = active_plan()
+    if (plan is None or plan.mode != "jit" or plan.sizes["context"] == 1 or plan.cfg.context_attention != "ring"
+            or not isinstance(mask, CausalMask) or isinstance(k, (tuple, list)) or q.shape[1] != k.shape[1]
+            or q.shape[1] % plan.sizes["context"]):
+        return None
+    qs = plan.spec(("batch", "length", "q_heads", "head_dim"), q.shape, strict=False)
+    ks = plan.spec(("batch", "length", "kv_heads", "head_dim"), k.shape, strict=False)
+    if qs[2] != ks[2]:                                # heads split on one side only: keep every head together
+        qs, ks = P(*qs[:2], None, None), P(*ks[:2], None, None)
+    rows = P(*qs[:2])
+    mspec = jax.tree.map(lambda a: P() if a.ndim == 0 else rows, mask)
+
+    def local(q, k, v, mask):
+        return ring(q, k, v, mask, axis="context", scale=scale, softcap=softcap, block_size=block_size)
+    return jax.shard_map(local, mesh=plan.mesh, in_specs=(qs, ks, ks, mspec), out_specs=qs,
+                         check_vma=False)(q, k, v, mask)
