@@ -134,7 +134,7 @@ def lm_steps(overrides: list[str], n: int = 4) -> dict:
     flat = jax.tree_util.tree_flatten_with_path(state["model"])[0]
     return {"losses": losses, "params": {jax.tree_util.keystr(p): np.asarray(a, np.float64).ravel().tolist()
                                          for p, a in flat},
-            "collective-permute": hlo.count("collective-permute("), "mesh": plan.sizes}
+            "collective-permute": hlo.count("collective-permute("), "mesh": plan.sizes, "describe": plan.describe()}
 
 
 def resumed(tmp: Path) -> dict:

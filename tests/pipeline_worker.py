@@ -71,7 +71,7 @@ def steps(overrides: list[str], devices=None, n: int = 3) -> dict:
     plan = Plan(cfg.parallel, devices)
     graphs, state = init_state(cfg, plan)
     task = build_task(cfg.data)
-    rows, out = cfg.data.batch_size, {"mesh": plan.sizes}
+    rows, out = cfg.data.batch_size, {"mesh": plan.sizes, "describe": plan.describe()}
     it = iter(task.train_dataset(rows, cfg.train.seed, plan.local_rows(rows)))
     step, key, losses = make_train_step(graphs, cfg, plan), jax.random.key(cfg.train.seed), []
     with plan.use():

@@ -65,7 +65,9 @@ def _trains_like_one_device(runs: dict, name: str) -> None:
 
 
 def test_a_language_model_trains_under_ring_attention_and_zigzag_like_one_device(eight):
-    assert eight["train"]["data x context ring zigzag"]["mesh"]["context"] == 4
+    got = eight["train"]["data x context ring zigzag"]
+    assert got["mesh"]["context"] == 4
+    assert got["describe"].endswith("(jit, context attention ring, order zigzag)"), got["describe"]   # `plan`
     _trains_like_one_device(eight["train"], "data x context ring zigzag")
 
 

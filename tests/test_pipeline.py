@@ -98,6 +98,7 @@ def test_pipelined_training_equals_one_device(request, name):
     runs = _record(request, name)
     got, base = runs[name], runs[RUNS[name][1]]
     assert got["mesh"]["stage"] > 1 and len(got["losses"]) == 3
+    assert f"stage {got['mesh']['stage']} × " in got["describe"] and "micro-batches, bubble" in got["describe"]   # `jaxformer plan`
     np.testing.assert_allclose(got["losses"], base["losses"], rtol=RTOL)
     assert base["losses"][0] != base["losses"][-1]                    # the steps did change the model
     _assert_params_close(got["params"], base["params"])
