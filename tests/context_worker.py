@@ -115,7 +115,9 @@ PLANS = {"one": ["parallel.data=1"],
          "fsdp x context gather zigzag": ["parallel.data=1", "parallel.fsdp=2", "parallel.context=4",
                                           "parallel.context_order=zigzag"],
          "context ring zigzag": ["parallel.data=1", "parallel.context=8", "parallel.context_attention=ring",
-                                 "parallel.context_order=zigzag"]}
+                                 "parallel.context_order=zigzag"],
+         "fsdp x context ring": ["parallel.data=1", "parallel.fsdp=2", "parallel.context=4",
+                                 "parallel.context_attention=ring"]}
 
 
 def lm_steps(overrides: list[str], n: int = 4) -> dict:

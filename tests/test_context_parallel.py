@@ -73,7 +73,7 @@ def test_a_language_model_trains_under_ring_attention_and_zigzag_like_one_device
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["data x context ring", "data x context ring zigzag", "fsdp x context gather zigzag",
-                                  "context ring zigzag"])
+                                  "context ring zigzag", "fsdp x context ring"])
 def test_every_context_plan_trains_like_one_device(eight_all, name):
     _trains_like_one_device(eight_all["train"], name)
 
