@@ -27,6 +27,11 @@ test-slow: install
 test-gpu: install
 	JAXFORMER_TEST_LOG=test-gpu.log $(BIN)/python -m pytest -rs -m gpu
 
+# The documentation site (mkdocs.yml): --strict, so a broken link or an unresolved API reference fails; CI runs it.
+docs: install
+	$(BIN)/pip install -q -c constraints.txt -e ".[test,docs]"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 test-all: install
 	$(BIN)/python -m pytest -n 2 --dist loadfile -rs -m "slow or not slow or gpu"
 
@@ -42,7 +47,9 @@ bench: install
 	$(BIN)/python benchmarks/cache_layout.py --reps 5
 	$(BIN)/python benchmarks/parallel.py --devices 8 --steps 5
 	$(BIN)/python benchmarks/pipeline.py
+	$(BIN)/python benchmarks/context_memory.py
+	$(BIN)/python benchmarks/pipeline_bubble.py
 	$(BIN)/python benchmarks/levers.py
 	$(BIN)/python tools/readme_tables.py
 
-.PHONY: install run test test-slow test-gpu test-all bench
+.PHONY: install run test test-slow test-gpu test-all bench docs

@@ -442,8 +442,8 @@ def test_parallel_config_errors_name_the_field(kw, message):
         ParallelConfig(**kw)
 
 
-def test_readme_prints_the_rule_table():
-    assert rules_table() in (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_scaling_guide_prints_the_rule_table():
+    assert rules_table() in (ROOT / "docs" / "guide" / "scaling.md").read_text(encoding="utf-8")
 
 
 def test_launch_settings_come_from_config_then_environment(monkeypatch):

@@ -1,8 +1,9 @@
-"""Render the README's tables from the committed results files, so that no figure in them can go stale: the
-performance table and `make run`'s phases (here), and the claims table (tools/claims_table.py).
+"""Render the tables of the README and the guide's pages (docs/guide/*.md) from the committed results files, so
+that no figure in them can go stale: the performance table and `make run`'s phases (here), and the claims table
+(tools/claims_table.py).
 
-  python tools/readme_tables.py          # rewrite README.md between the table markers
-  python tools/readme_tables.py --check  # exit 1 if README.md differs from what the results give
+  python tools/readme_tables.py          # rewrite README.md and docs/guide/*.md between the table markers
+  python tools/readme_tables.py --check  # exit 1 if a page differs from what the results give
 
 A block is `<!-- table:NAME (rendered by tools/readme_tables.py from ...) -->` ... `<!-- /table:NAME -->`;
 tests/test_reports.py fails when a block and its results files disagree. `make bench` runs this last.
@@ -430,29 +431,42 @@ TABLES = {"context_memory": context_memory, "pipeline_bubble": pipeline_bubble, 
           "capture_parity": capture_parity, "patching": patching}
 
 
-def render(text: str) -> str:
-    """`text` with every table block replaced by its rendering; ValueError names a block with no renderer."""
+def render(text: str, page: str = "README.md") -> str:
+    """`text` with every table block replaced by its rendering; ValueError names a block with no renderer.
+    page: where the text lives (the renderers write links from the repository root; a docs/guide page's are
+    rewritten to resolve from there: docs/X -> ../X, benchmarks/results/X -> ../results/X, the site's copy)."""
     def one(m):
         if m["name"] not in TABLES:
-            raise ValueError(f"README table block {m['name']!r} has no renderer in tools/readme_tables.py")
-        return m.group(1) + TABLES[m["name"]]() + m.group(3)
+            raise ValueError(f"{page}: table block {m['name']!r} has no renderer in tools/readme_tables.py")
+        table = TABLES[m["name"]]()
+        if page.startswith("docs/guide/"):
+            table = table.replace("](docs/", "](../").replace("](benchmarks/results/", "](../results/")
+        return m.group(1) + table + m.group(3)
     return _BLOCK.sub(one, text)
+
+
+def pages() -> list[str]:
+    """Every page that holds table blocks: the README and the guide's pages."""
+    return ["README.md", *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs" / "guide").glob("*.md")))]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true")
     args = p.parse_args(argv)
-    path = ROOT / "README.md"
-    old = path.read_text(encoding="utf-8")
-    new = render(old)
-    if args.check:
+    stale = []
+    for page in pages():
+        path = ROOT / page
+        old = path.read_text(encoding="utf-8")
+        new = render(old, page)
         if new != old:
-            print("README.md's tables differ from benchmarks/results/: run python tools/readme_tables.py")
-            return 1
-        return 0
-    path.write_text(new, encoding="utf-8")
-    print(f"rendered {len(_BLOCK.findall(old))} table(s) into {path}")
+            stale.append(page)
+            if not args.check:
+                path.write_text(new, encoding="utf-8")
+                print(f"rendered {len(_BLOCK.findall(old))} table(s) into {page}")
+    if args.check and stale:
+        print(f"{', '.join(stale)}: tables differ from their results files: run python tools/readme_tables.py")
+        return 1
     return 0
 
 

@@ -2,7 +2,7 @@
 under jit, grad and the scanned layer stack, without a Python loop over layers.
 
 `model(tokens, capture=(names...), patch={name: fn})` (in every mode, cached decoding included): each captured
-site's value comes back in out["captured"][name], a per-layer site stacked over the layers ([L, ...]); a patched site's value is replaced by
+site's value comes back in `out["captured"][name]`, a per-layer site stacked over the layers ([L, ...]); a patched site's value is replaced by
 fn(value, layer) wherever it is computed (layer: the layer's index, a traced int32 inside the scan; None for a
 model-level site), and what follows reads the replacement (a captured site records the value after its patch).
 `model.sites()` lists the names, found by tracing the call (`discover`): a site is whatever a module passes through
