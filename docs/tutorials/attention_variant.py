@@ -27,6 +27,10 @@ import numpy as np
 
 from jaxformer.configio import apply_overrides, load_config_file
 from jaxformer.nn import build_model
+import os
+
+if not Path("configs").is_dir():        # run as a notebook from docs/tutorials: the repository root
+    os.chdir(Path.cwd().parents[1])
 
 folder = Path(tempfile.mkdtemp())
 (folder / "my_attention.py").write_text(textwrap.dedent('''

@@ -37,6 +37,10 @@ from flax import nnx
 
 from jaxformer.configio import apply_overrides, load_config_file
 from jaxformer.nn import build_model, count_params
+import os
+
+if not Path("configs").is_dir():        # run as a notebook from docs/tutorials: the repository root
+    os.chdir(Path.cwd().parents[1])
 
 # The shipped reversal config (1,000 training strings of 3-6 digits, a Pre-LN 2+2-layer encoder-decoder) made
 # deeper (4+4 layers, where the placement starts to matter), narrower in its FFN, and short: 300 steps, evaluated

@@ -38,6 +38,10 @@ import numpy as np
 
 from jaxformer.configio import apply_overrides, load_config_file
 from jaxformer.train.loop import train
+import os
+
+if not Path("configs").is_dir():        # run as a notebook from docs/tutorials: the repository root
+    os.chdir(Path.cwd().parents[1])
 
 cfg = apply_overrides(load_config_file("configs/reverse.py"),
                       ["train.steps=600", "train.eval_every=600", "train.checkpoint_every=600",
