@@ -123,7 +123,8 @@ def _studies(sub) -> None:
     a.add_argument("--architecture", choices=("topk", "standard"), default="topk")
     a.add_argument("--batch-size", type=int, default=0, help="rows per step (default the run's data.batch_size)")
     a.add_argument("--which", choices=("best", "latest"), default="best")
-    a.add_argument("--out", help="output folder (default RUN/sae/SITE-LAYER)")
+    a.add_argument("--out", help="output folder, new or empty: nothing in it is replaced (default RUN/sae/SITE-LAYER, "
+                   "or SITE-LAYER-2, -3, ... when that is taken)")
     v = sub.add_parser("viz", help="write per-layer attention heatmaps, the logit lens or the head-ablation table "
                        "(PNG) of a run's best (or latest) checkpoint")
     v.add_argument("--workdir", required=True)
@@ -131,7 +132,8 @@ def _studies(sub) -> None:
                    "run's first held-out inputs. An encoder-decoder run is shown decoding its own greedy answer")
     v.add_argument("--which", choices=("best", "latest"), default="best")
     v.add_argument("--weights", choices=WEIGHTS, default="trained", help=WEIGHTS_HELP)
-    v.add_argument("--out", help="output folder (default: RUN/viz/)")
+    v.add_argument("--out", help="output folder (default: RUN/viz/); files of the same names that jaxformer did not "
+                   "write there are refused, never replaced")
     v.add_argument("--corrupt", help="--plot patching: the corrupted input (as many tokens as the one --prompt)")
     v.add_argument("--site", help="--plot patching: the site patched (default resid_pre; encoder-decoder: "
                    "encoder.resid_pre)")

@@ -24,6 +24,12 @@ class RunDirError(JaxformerError):
     label = "run directory error"
 
 
+class OutputError(JaxformerError):
+    """An output cannot be written without losing a file: its folder holds a user's files (or is being written
+    by another process); the message names them and what to do instead (`jaxformer.staging`)."""
+    label = "output error"
+
+
 class CheckpointError(JaxformerError):
     """No usable checkpoint: none saved yet, or every saved one is unreadable."""
     label = "checkpoint error"

@@ -34,9 +34,10 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from jaxformer.errors import ConfigError
+from jaxformer.errors import ConfigError, DataError
 
 OVER = ("position", "head", "both")
 
@@ -52,11 +53,101 @@ def _axes(site: str, value: jax.Array, over: str) -> tuple[int, int | None]:
     return 1, (2 if value.ndim == 4 else None)
 
 
-def _check(model, site: str, over: str) -> None:
+def _check(model, site: str, over: str, metric) -> None:
     if over not in OVER:
         raise ConfigError(f"over={over!r} is not one of {OVER}")
     if site not in model.sites():
         raise ConfigError(f"activation site {site!r} does not exist; the model's sites: {list(model.sites())}")
+    if not callable(metric):
+        raise ConfigError(f"metric={metric!r} is not callable: it is a function of the logits [B,T,V] to a scalar")
+
+
+def _inputs(model, clean, corrupt) -> tuple[tuple, tuple]:
+    """clean, corrupt as tuples, checked before anything is traced. DataError for what the model would refuse
+    from inside the program, or read silently wrong: not a tuple (a bare array would be split into its rows), a
+    number of inputs the model does not take or that differs between the two, an input that is not a
+    [batch, length] integer array, clean and corrupt inputs of different shapes (patching pairs every cell of
+    one with the other), a token id outside the vocabulary (the embedding would read another row), an LM's
+    position outside model.max_len where positions index a table (NaN). Values of concrete arrays only (a traced
+    one is not looked at)."""
+    arch, vocab = model.cfg.arch, model.cfg.vocab_size
+    takes, arity = (("(tokens,) or (tokens, positions)", (1, 2)) if arch == "decoder_only" else
+                    ("(src, tgt)", (2,)))
+    for what, x in (("clean", clean), ("corrupt", corrupt)):
+        if not isinstance(x, (tuple, list)):
+            shape = f"an array {list(np.shape(x))}" if hasattr(x, "shape") else f"a {type(x).__name__}"
+            raise DataError(f"{what} must be a tuple of the model's inputs, {takes}; got {shape}")
+        if len(x) not in arity:
+            raise DataError(f"{what} holds {len(x)} input(s); model.arch={arch!r} takes {takes}")
+    if len(clean) != len(corrupt):
+        raise DataError(f"clean holds {len(clean)} input(s) and corrupt {len(corrupt)}: patching pairs the two "
+                        f"runs, so both need the same inputs")
+    clean, corrupt = tuple(jnp.asarray(x) for x in clean), tuple(jnp.asarray(x) for x in corrupt)
+    for i, (a, b) in enumerate(zip(clean, corrupt)):
+        for what, x in (("clean", a), ("corrupt", b)):
+            if x.ndim != 2 or 0 in x.shape:
+                raise DataError(f"{what} input {i} is {list(x.shape)}: the model reads a [batch, length] array "
+                                f"with at least one row and one token")
+            if not jnp.issubdtype(x.dtype, jnp.integer):
+                raise DataError(f"{what} input {i} is {x.dtype} {list(x.shape)}: token ids and positions are "
+                                f"integers (a cast would round them)")
+        if a.shape != b.shape:
+            raise DataError(f"clean input {i} is {list(a.shape)} and corrupt input {i} {list(b.shape)}: patching "
+                            f"pairs every position of one run with the other's, so both need the same shapes")
+    # what each input may hold: token ids, and an LM's positions where they index a table (sinusoidal, learned)
+    table = model.cfg.positional in ("sinusoidal", "learned")
+    ranges = [(vocab, "the vocabulary", "model.vocab_size")] * (len(clean) if arch != "decoder_only" else 1)
+    if arch == "decoder_only" and len(clean) == 2 and table:
+        ranges.append((model.cfg.max_len, "the position table", "model.max_len"))
+    for what, xs in (("clean", clean), ("corrupt", corrupt)):
+        for i, (high, within, field) in enumerate(ranges):
+            if isinstance(xs[i], jax.core.Tracer) or not xs[i].is_fully_addressable:
+                continue
+            v = np.asarray(xs[i])
+            bad = np.argwhere((v < 0) | (v >= high))
+            if len(bad):
+                r, c = (int(j) for j in bad[0])
+                raise DataError(f"{what} input {i} {list(v.shape)}: row {r}, position {c} holds {int(v[r, c])}, "
+                                f"outside {within} [0, {high}) ({field})")
+    return clean, corrupt
+
+
+def _batch(batch) -> None:
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1):
+        raise ConfigError(f"batch={batch!r} must be None or an integer >= 1 (the cells vmapped together)")
+
+
+def _scalar(value, logits: jax.Array, grad: bool = False) -> jax.Array:
+    """metric(logits) as an array, checked while the program is traced (before anything runs): ConfigError for a
+    value that is not a real scalar (a float one where it is differentiated)."""
+    try:
+        v = jnp.asarray(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"metric returned a {type(value).__name__}: it must return a scalar of the logits "
+                          f"{list(logits.shape)}") from None
+    if v.shape != ():
+        raise ConfigError(f"metric returned shape {list(v.shape)} ({v.dtype}) for logits {list(logits.shape)}: it "
+                          f"must return a scalar (reduce over the batch and positions, e.g. a mean)")
+    if not (jnp.issubdtype(v.dtype, jnp.floating) or (not grad and jnp.issubdtype(v.dtype, jnp.integer))):
+        raise ConfigError(f"metric returned {v.dtype}: " + ("attribution patching differentiates it, so it must be a "
+                                                            "float scalar" if grad else "it must be a real scalar"))
+    return v
+
+
+def _normalized(effect: jax.Array, top: jax.Array, base: jax.Array, normalize: bool) -> jax.Array:
+    """`effect`, or DataError where every cell is NaN or Inf: metric(clean) or metric(corrupt) not finite, or
+    (normalize=True) the two equal (values this process holds only: not traced, not another host's)."""
+    if isinstance(top, jax.core.Tracer) or not getattr(top, "is_fully_addressable", True):
+        return effect
+    t, b = float(top), float(base)
+    if not (np.isfinite(t) and np.isfinite(b)):
+        raise DataError(f"metric(clean) = {t:.6g}, metric(corrupt) = {b:.6g}: a metric that is not finite makes "
+                        f"every cell NaN or Inf (the metric's own arithmetic, e.g. a log of 0?)")
+    if normalize and t == b:
+        raise DataError(f"metric(clean) = {t:.6g}, metric(corrupt) = {b:.6g}: normalize=True divides by their "
+                        f"difference, so every cell would be NaN or Inf; pick a corruption that moves the metric "
+                        f"(or pass normalize=False for the raw changes)")
+    return effect
 
 
 def _cells(saved: jax.Array, site: str, over: str) -> tuple[jax.Array, tuple[int, ...]]:
@@ -99,11 +190,16 @@ def patching_grid(model, clean: tuple, corrupt: tuple, site: str, metric: Callab
     weights, no recompilation). clean, corrupt: the model's inputs ((tokens,) or (src, tgt), same shapes);
     metric: logits [B,T,V] -> a scalar; over: "position" [L,T] | "head" [L,N] | "both" [L,T,N]; batch: cells
     vmapped together (None: one at a time, the least memory). ConfigError for an unknown or model-level site, an
-    `over` the site has no axis for."""
-    _check(model, site, over)
+    `over` the site has no axis for, a metric that is not callable or returns no scalar, a batch that is not a
+    positive integer; DataError for inputs the model does not take, clean and corrupt inputs of other shapes,
+    ids outside the vocabulary, and (normalize=True) a metric the corruption does not change (every cell 0/0)."""
+    _check(model, site, over, metric)
+    _batch(batch)
+    clean, corrupt = _inputs(model, clean, corrupt)
     graphdef, state = nnx.split(model)
-    return _grid(state, tuple(clean), tuple(corrupt), graphdef=graphdef, site=site, metric=metric, over=over,
-                 normalize=normalize, batch=batch)
+    grid, top, base = _grid(state, clean, corrupt, graphdef=graphdef, site=site, metric=metric, over=over,
+                            normalize=normalize, batch=batch)
+    return _normalized(grid, top, base, normalize)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "site", "metric", "over", "normalize", "batch"))
@@ -112,7 +208,8 @@ def _grid(state, clean, corrupt, *, graphdef, site, metric, over, normalize, bat
     m = nnx.merge(graphdef, state)
     logits, aux = m(*clean, capture=(site,))
     saved = aux["captured"][site]                                                  # [L,B,...]
-    base, top = metric(m(*corrupt)[0]), metric(logits)
+    top = _scalar(metric(logits), logits)
+    base = metric(m(*corrupt)[0])
     cells, shape = _cells(saved, site, over)
 
     def patched(cell):
@@ -122,25 +219,28 @@ def _grid(state, clean, corrupt, *, graphdef, site, metric, over, normalize, bat
             return jnp.where(here, saved[at].astype(value.dtype), value)
         return metric(nnx.merge(graphdef, state)(*corrupt, patch={site: fn})[0])
     effect = jax.lax.map(patched, cells, batch_size=batch) - base
-    return (effect / (top - base) if normalize else effect).reshape(shape)
+    return (effect / (top - base) if normalize else effect).reshape(shape), top, base
 
 
 def attribution_patching(model, clean: tuple, corrupt: tuple, site: str, metric: Callable[[jax.Array], jax.Array],
                          *, over: str = "position", normalize: bool = True) -> jax.Array:
     """Attribution patching: the linear estimate of `patching_grid` (same arguments and shape), every cell from
     one gradient: Σ_cell (clean − corrupt) · ∂metric/∂value at the corrupted run (the module docstring says where
-    it fails). One jitted program of two forward passes and one backward pass, compiled once as the grid's is."""
-    _check(model, site, over)
+    it fails). One jitted program of two forward passes and one backward pass, compiled once as the grid's is.
+    The grid's errors, and ConfigError for a metric that is not a float scalar (it is differentiated)."""
+    _check(model, site, over, metric)
+    clean, corrupt = _inputs(model, clean, corrupt)
     graphdef, state = nnx.split(model)
-    return _attribution(state, tuple(clean), tuple(corrupt), graphdef=graphdef, site=site, metric=metric,
-                        over=over, normalize=normalize)
+    effect, top, base = _attribution(state, clean, corrupt, graphdef=graphdef, site=site, metric=metric, over=over,
+                                     normalize=normalize)
+    return _normalized(effect, top, base, normalize)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "site", "metric", "over", "normalize"))
 def _attribution(state, clean, corrupt, *, graphdef, site, metric, over, normalize):
     refuse = _per_layer(site)
     logits, aux = nnx.merge(graphdef, state)(*clean, capture=(site,))
-    saved, top = aux["captured"][site], metric(logits)
+    saved, top = aux["captured"][site], _scalar(metric(logits), logits, grad=True)
 
     def corrupted(delta):
         def fn(value, at):
@@ -155,4 +255,4 @@ def _attribution(state, clean, corrupt, *, graphdef, site, metric, over, normali
     effect = jnp.sum(contrib, axis=tuple(a for a in range(1, saved.ndim) if a - 1 not in keep))
     if over == "both" and head_axis < pos_axis:
         effect = jnp.swapaxes(effect, 1, 2)                                            # [L,T,N]
-    return effect / (top - base) if normalize else effect
+    return (effect / (top - base) if normalize else effect), top, base

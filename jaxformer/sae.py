@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
 
@@ -34,12 +35,14 @@ from flax import nnx
 
 from jaxformer.errors import ConfigError, DataError
 from jaxformer.ops.losses import mean_nll
+from jaxformer.saelens import ARCHITECTURES, CFG, WEIGHTS, hook_name
 
-ARCHITECTURES = ("topk", "standard")
-WEIGHTS, CFG = "sae_weights.safetensors", "cfg.json"        # SAELens' file names
-_HOOKS = {"resid_pre": "blocks.{}.hook_resid_pre", "resid_mid": "blocks.{}.hook_resid_mid",
-          "resid_post": "blocks.{}.hook_resid_post", "attn_out": "blocks.{}.hook_attn_out",
-          "mlp_out": "blocks.{}.hook_mlp_out"}                # our site -> TransformerLens' hook name
+
+
+_NOT_ROWS = {"pattern": "is [B,N,T,S], weights over the keys, not a vector per position",
+             "attn_scores": "is [B,N,T,S], the attention logits over the keys, not a vector per position",
+             **{h: "is [B,T,N,H] per head; SAELens flattens the heads of z only (its hook_z): read z or attn_out"
+                for h in ("q", "k", "v")}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,14 +64,25 @@ class SAESpec:
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
             raise ConfigError(f"sae.architecture={self.architecture!r} is not one of {ARCHITECTURES}")
+        if not isinstance(self.site, str) or not self.site:
+            raise ConfigError(f"sae.site={self.site!r} must name an activation site")
         for name in ("d_in", "d_sae", "k", "dead_steps"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+            if not _is_int(getattr(self, name)) or getattr(self, name) <= 0:
                 raise ConfigError(f"sae.{name}={getattr(self, name)!r} must be a positive int")
+        for name in ("layer", "resample_every"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
+                raise ConfigError(f"sae.{name}={getattr(self, name)!r} must be an int >= 0")
         if self.architecture == "topk" and self.k > self.d_sae:
             raise ConfigError(f"sae.k={self.k} exceeds sae.d_sae={self.d_sae}")
-        for name in ("l1", "aux", "lr", "layer", "resample_every"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"sae.{name}={getattr(self, name)!r} must be >= 0")
+        for name in ("l1", "aux", "lr"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                    or (name == "lr" and v == 0):
+                raise ConfigError(f"sae.{name}={v!r} must be a finite number " + (">= 0" if name != "lr" else "> 0"))
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 def init_sae(spec: SAESpec, key: jax.Array, mean: jax.Array | None = None) -> dict:
@@ -151,17 +165,41 @@ def site_rows(model, inputs, spec: SAESpec) -> tuple[jax.Array, jax.Array]:
     [B·T, D] (float32), with their weights [B·T] (1 real, 0 padding)."""
     inputs = _as_inputs(inputs)
     value = model(*inputs.args, capture=(spec.site,), **inputs.kw)[1]["captured"][spec.site][spec.layer]
-    rows = value.reshape(-1, value.shape[-1]).astype(jnp.float32)
+    rows = value.reshape(value.shape[0] * value.shape[1], -1).astype(jnp.float32)         # z: heads flattened
     valid = jnp.ones(rows.shape[0]) if inputs.valid is None else jnp.asarray(inputs.valid).reshape(-1)
     return rows, valid.astype(jnp.float32)
 
 
+def check_site(model, site: str, layer: int) -> None:
+    """ConfigError unless an SAE can read `site` at `layer` of `model`: a per-layer site whose value is a vector
+    per position, [B,T,D] (z, [B,T,N,H], has its heads flattened to N·H, as SAELens' hook_z SAEs read it), at a
+    layer its stack has (an "encoder." site counts the encoder's layers)."""
+    if site not in model.sites():
+        raise ConfigError(f"sae.site={site!r} is not one of the model's sites {list(model.sites())}")
+    layers = model.site_layers(site)
+    if not layers:
+        raise ConfigError(f"sae.site={site!r} is model-level (one value for the model, not one per layer); an SAE "
+                          f"reads a per-layer site (resid_pre at layer 0 is what the stack reads from embed)")
+    base = site.removeprefix("encoder.").removeprefix("cross_")
+    if base in _NOT_ROWS:
+        raise ConfigError(f"sae.site={site!r} {_NOT_ROWS[base]}")
+    if not _is_int(layer) or not 0 <= layer < layers:
+        raise ConfigError(f"sae.layer={layer!r} is outside the {layers} layers of site {site!r} (0..{layers - 1})")
+
+
+def site_width(model, site: str) -> int:
+    """The width D of the rows an SAE on `site` reads (N·H for z), from the model's shapes (nothing computed)."""
+    t = jnp.zeros((1, 2), jnp.int32)
+    args = (t,) if model.cfg.arch == "decoder_only" else (t, t)
+    shape = jax.eval_shape(lambda: model(*args, capture=(site,))[1]["captured"][site]).shape       # [L,B,T,...]
+    return math.prod(shape[3:])
+
+
 def _check_site(model, spec: SAESpec) -> None:
-    if spec.site not in model.sites():
-        raise ConfigError(f"sae.site={spec.site!r} is not one of the model's sites {list(model.sites())}")
-    layers = model.cfg.num_decoder_layers
-    if spec.layer >= layers:
-        raise ConfigError(f"sae.layer={spec.layer} is outside the model's {layers} layers")
+    check_site(model, spec.site, spec.layer)
+    width = site_width(model, spec.site)
+    if width != spec.d_in:
+        raise ConfigError(f"sae.d_in={spec.d_in} but site {spec.site!r} has width {width}")
 
 
 
@@ -217,12 +255,19 @@ def train_sae(model, batches: Iterable[tuple], spec: SAESpec, steps: int, *, see
     step (nothing is dumped). batches: the model's inputs per step (`SiteInputs`, or tuples of positional inputs:
     (tokens,) or (src, tgt)), at least `steps` of them; padding positions (SiteInputs.valid 0) are not fitted. -> (params, log): one dict per step of loss, mse, l0 and the dead fraction (device arrays: read
     them after training). b_dec starts at the first batch's mean row unless `params` are given."""
+    if not _is_int(steps) or steps < 1:
+        raise ConfigError(f"steps={steps!r}: an SAE trains for at least one step")
     _check_site(model, spec)
     graphdef, model_state = nnx.split(model)
     it = iter(batches)
     tx = optax.adam(spec.lr)
     log = []
     for i in range(steps):
+        from jaxformer.errors import Interrupted
+        from jaxformer.signals import pending
+        if pending():       # a stop signal the command line holds (`signals.hold_from_start`; library calls: never)
+            raise Interrupted(f"jaxformer sae stopped on {pending()} at step {i} of {steps}; nothing was written",
+                              pending())
         inputs = next(it, None)
         if inputs is None:
             raise DataError(f"train_sae: the batches ran out after {i} of {steps} steps")
@@ -246,13 +291,19 @@ def sae_patch(params: dict, spec: SAESpec, edit: Callable[[jax.Array], jax.Array
     """A patch for the model call (`patch={spec.site: ...}`): at spec.layer the site's value becomes the SAE's
     reconstruction of it, with edit(f) applied to the latents [B,T,F] first (e.g. ablating or clamping one
     feature). keep_error: add the SAE's own error (x − x̂ of the unedited latents) back, so that only the edit
-    changes the model (with no edit the model is exactly itself)."""
+    changes the model (with no edit the model is exactly itself). z's heads [B,T,N,H] are read flattened, as
+    its SAE was trained. The function's `layer` attribute lets the model refuse a layer it does not have
+    (ConfigError at the call)."""
     def fn(value, at):
-        f = encode(params, value, spec)
+        x = value.reshape(*value.shape[:2], -1)
+        if x.shape[-1] != spec.d_in:
+            raise ConfigError(f"the SAE reads sae.d_in={spec.d_in} but site {spec.site!r} has width {x.shape[-1]}")
+        f = encode(params, x, spec)
         out = decode(params, edit(f) if edit is not None else f)
         if keep_error:
-            out = out + (value.astype(jnp.float32) - decode(params, f))
-        return jnp.where(at == spec.layer, out.astype(value.dtype), value)
+            out = out + (x.astype(jnp.float32) - decode(params, f))
+        return jnp.where(at == spec.layer, out.reshape(value.shape).astype(value.dtype), value)
+    fn.layer = spec.layer
     return fn
 
 
@@ -282,58 +333,40 @@ def evaluate_sae(model, params: dict, spec: SAESpec, inputs, targets: jax.Array,
             "recovered": (zeroed - spliced) / (zeroed - clean)}
 
 
-def _hook_name(spec: SAESpec) -> str:
-    """TransformerLens' name of the site where it has one (blocks.L.hook_resid_post, ...), else SITE.L."""
-    return _HOOKS[spec.site].format(spec.layer) if spec.site in _HOOKS else f"{spec.site}.{spec.layer}"
-
-
 def save_saelens(params: dict, spec: SAESpec, path: str | Path, model_name: str = "jaxformer") -> Path:
     """The SAE as an SAELens folder: cfg.json (SAELens 6's fields: architecture, d_in, d_sae, dtype, device,
     apply_b_dec_to_input, normalize_activations, reshape_activations, k for topk, metadata with hook_name in
     TransformerLens' naming where the site has one, else SITE.LAYER, and hook_layer) and sae_weights.safetensors (W_enc, b_enc, W_dec, b_dec, float32).
-    Our own fields (the site name, training settings) go under "jaxformer", which SAELens ignores."""
+    Our own fields (the site name, training settings) go under "jaxformer", which SAELens ignores.
+    Written whole (`jaxformer.staging.staged`: into PATH.partial, renamed to PATH when complete): PATH must not
+    exist or be an empty folder; one holding anything (a user's cfg.json, an earlier SAE) raises OutputError
+    naming what it holds, and nothing in it is replaced. -> PATH."""
     from safetensors.numpy import save_file
+
+    from jaxformer.staging import staged
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     cfg = {"architecture": spec.architecture, "d_in": spec.d_in, "d_sae": spec.d_sae, "dtype": "float32",
            "device": "cpu", "apply_b_dec_to_input": True, "normalize_activations": "none",
-           "reshape_activations": "none", **({"k": spec.k} if spec.architecture == "topk" else {}),
-           "metadata": {"model_name": model_name, "hook_name": _hook_name(spec),
+           "reshape_activations": "hook_z" if spec.site.rsplit(".", 1)[-1] in ("z", "cross_z") else "none", **({"k": spec.k} if spec.architecture == "topk" else {}),
+           "metadata": {"model_name": model_name, "hook_name": hook_name(spec.site, spec.layer),
                         "hook_layer": spec.layer, "sae_lens_version": "6.0.0"},
            "jaxformer": dataclasses.asdict(spec)}
-    save_file({n: np.asarray(v, np.float32) for n, v in params.items()}, str(path / WEIGHTS))
-    (path / CFG).write_text(json.dumps(cfg, indent=1) + "\n")
+    with staged(path, noun="SAE folder") as tmp:
+        save_file({n: np.asarray(v, np.float32) for n, v in params.items()}, str(tmp / WEIGHTS))
+        (tmp / CFG).write_text(json.dumps(cfg, indent=1) + "\n")
     return path
 
 
 def load_saelens(path: str | Path) -> tuple[dict, SAESpec]:
-    """An SAELens folder (cfg.json + sae_weights.safetensors: ours or SAELens' own, standard or topk, with
-    apply_b_dec_to_input and no activation normalisation) -> (params, spec). DataError naming what is missing
-    or unsupported."""
-    from safetensors.numpy import load_file
-    path = Path(path)
-    if not (path / CFG).is_file() or not (path / WEIGHTS).is_file():
-        raise DataError(f"{path}: an SAELens folder holds {CFG} and {WEIGHTS}")
-    cfg = json.loads((path / CFG).read_text())
-    for key, want in (("apply_b_dec_to_input", True), ("normalize_activations", "none")):
-        if cfg.get(key, want) != want:
-            raise DataError(f"{path / CFG}: {key}={cfg[key]!r} is not supported (only {want!r})")
-    hook = (cfg.get("metadata") or {}).get("hook_name") or cfg.get("hook_name", "")
-    site = next((s for s, h in _HOOKS.items() if h.format(cfg.get("metadata", {}).get("hook_layer", 0)) == hook),
-                None)
-    ours = cfg.get("jaxformer", {})
+    """An SAELens folder (cfg.json + sae_weights.safetensors), ours or SAELens' own (6, a trainer's checkpoint, or
+    before 6), read as SAELens reads it (`jaxformer.saelens`: the site and layer from the hook name, settings
+    folded into the weights or refused) -> (params, spec). DataError naming what is missing, unreadable or
+    unsupported."""
+    from jaxformer.saelens import check_ours, read_folder
+    cfg, params, fields = read_folder(path)
+    ours = check_ours(Path(path), fields, cfg.get("jaxformer"))
     try:
-        spec = SAESpec(**{**ours, "d_in": cfg["d_in"], "d_sae": cfg["d_sae"],
-                          "architecture": cfg.get("architecture", "standard"),
-                          **({"k": cfg["k"]} if "k" in cfg else {}),
-                          **({"site": site, "layer": cfg["metadata"]["hook_layer"]} if site and not ours else {})})
-    except (KeyError, TypeError, ConfigError) as e:
-        raise DataError(f"{path / CFG}: not a usable SAELens config ({type(e).__name__}: {e})") from None
-    weights = load_file(str(path / WEIGHTS))
-    shapes = {"W_enc": (spec.d_in, spec.d_sae), "b_enc": (spec.d_sae,), "W_dec": (spec.d_sae, spec.d_in),
-              "b_dec": (spec.d_in,)}
-    for name, shape in shapes.items():
-        if name not in weights or weights[name].shape != shape:
-            got = weights[name].shape if name in weights else "missing"
-            raise DataError(f"{path / WEIGHTS}: {name} should be {shape}, got {got}")
-    return {n: jnp.asarray(weights[n], jnp.float32) for n in shapes}, spec
+        spec = SAESpec(**{**ours, **fields})
+    except (TypeError, ConfigError) as e:
+        raise DataError(f"{Path(path) / CFG}: not a usable SAE ({type(e).__name__}: {e})") from None
+    return params, spec

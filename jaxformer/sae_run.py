@@ -2,7 +2,8 @@
 [--d-sae F] [--k K] [--architecture topk|standard] [--out DIR]`.
 
 Trains `jaxformer.sae` on the site's activations as the run's model reads its own training data (the run's
-data.* config, its tokenizer; batches streamed, padding left out), then writes into OUT (default RUN/sae/SITE-L):
+data.* config, its tokenizer; batches streamed, padding left out), then writes into OUT (default RUN/sae/SITE-L,
+SITE-L-2, -3, ... when that is taken; an explicit --out must be new or empty; written whole, `jaxformer.staging`):
 sae/ (SAELens' folder: cfg.json + sae_weights.safetensors), report.json (evaluate_sae on the first held-out batch:
 variance explained, L0, dead latents, the spliced-in loss; the training curve), frequencies.png (a histogram of
 each latent's firing frequency on the held-out batch, log10, the dead ones counted apart) and top_contexts.json
@@ -15,7 +16,6 @@ import json
 import logging
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -24,7 +24,9 @@ from jaxformer.data import build_task
 from jaxformer.errors import ConfigError
 from jaxformer.inference import load_model
 from jaxformer.runs import RunDir
-from jaxformer.sae import SAESpec, SiteInputs, encode, evaluate_sae, save_saelens, site_rows, train_sae
+from jaxformer.sae import (SAESpec, SiteInputs, check_site, encode, evaluate_sae, save_saelens, site_rows, site_width,
+                           train_sae)
+from jaxformer.staging import check_free, fresh, staged
 
 log = logging.getLogger("jaxformer")
 
@@ -80,29 +82,37 @@ def train_run_sae(workdir, site: str, layer: int, *, steps: int = 1000, d_sae: i
                   architecture: str = "topk", batch_size: int = 0, out=None, which: str = "best",
                   seed: int = 0) -> dict:
     """Train, evaluate and save an SAE on a run (module docstring). d_sae 0: 8 × the site's width; batch_size 0:
-    the run's data.batch_size. -> the report (also in OUT/report.json)."""
+    the run's data.batch_size. -> the report (also in OUT/report.json). An explicit `out` must not exist or be
+    an empty folder (OutputError naming what it holds, before anything is trained); the default RUN/sae/SITE-L
+    goes to SITE-L-2, -3, ... when taken. OUT is written whole (`jaxformer.staging.staged`)."""
+    for flag, value, least in (("--steps", steps, 1), ("--batch-size", batch_size, 0), ("--d-sae", d_sae, 0),
+                               ("--k", k, 1), ("--layer", layer, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigError(f"{flag} {value!r} must be an integer >= {least}")
+    if out:
+        check_free(out, what="--out")         # refused now, not after the training
     run = load_model(workdir, which)
-    if site not in run.model.sites():
-        raise ConfigError(f"--site {site!r} is not one of the model's sites {list(run.model.sites())}")
+    check_site(run.model, site, layer)        # a per-layer site of vectors, a layer its stack has
+    width = site_width(run.model, site)
+    spec = SAESpec(d_in=width, d_sae=d_sae or 8 * width, site=site, layer=layer, architecture=architecture, k=k)
     task = build_task(run.cfg.data, run.tokenizer)
     rows = batch_size or run.cfg.data.batch_size
     stream = (run_inputs(run.cfg, b, site)[0] for b in task.train_dataset(rows, seed))
-    first = next(iter(stream))
-    width = site_rows(run.model, first, SAESpec(d_in=1, d_sae=1, k=1, site=site, layer=layer))[0].shape[-1]
-    spec = SAESpec(d_in=int(width), d_sae=d_sae or 8 * int(width), site=site, layer=layer,
-                   architecture=architecture, k=k)
-    params, curve = train_sae(run.model, (first, *(b for _, b in zip(range(steps - 1), stream))), spec, steps,
-                              seed=seed)
+    params, curve = train_sae(run.model, (b for _, b in zip(range(steps), stream)), spec, steps,
+                              seed=seed)              # batches built as the steps take them
     held, targets, weights = run_inputs(run.cfg, next(task.eval_batches(rows)), site)
     report = {**evaluate_sae(run.model, params, spec, held, targets, weights), "step": run.step, "steps": steps,
               "spec": dataclasses.asdict(spec), "curve": [{k: float(v) for k, v in m.items()} for m in curve[:: max(1, steps // 50)]]}
-    out = Path(out) if out else RunDir(workdir).path / "sae" / f"{site}-{layer}"
-    save_saelens(params, spec, out / "sae", model_name=str(workdir))
     f = np.asarray(encode(params, site_rows(run.model, held, spec)[0], spec))
     valid = np.asarray(held.valid).reshape(-1) > 0
-    _frequencies((f[valid] > 0).mean(0)).savefig(out / "frequencies.png")
-    (out / "top_contexts.json").write_text(json.dumps(top_contexts(run, params, spec, held), indent=1) + "\n")
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    figure, contexts = _frequencies((f[valid] > 0).mean(0)), top_contexts(run, params, spec, held)
+    named = bool(out)
+    out = Path(out) if named else fresh(RunDir(workdir).path / "sae" / f"{site}-{layer}")
+    with staged(out, "sae", what="--out" if named else None) as tmp:     # OUT whole, or nothing
+        save_saelens(params, spec, tmp / "sae", model_name=str(workdir))
+        figure.savefig(tmp / "frequencies.png")
+        (tmp / "top_contexts.json").write_text(json.dumps(contexts, indent=1) + "\n")
+        (tmp / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     log.info("%s: SAE on %s layer %d: fve %.3f, l0 %.1f, recovered %.3f -> %s", workdir, site, layer,
              report["fve"], report["l0"], report["recovered"], out)
     return report | {"out": str(out)}

@@ -9,7 +9,9 @@ decoder input BOS + the model's own greedy answer (without its EOS), so the axes
 Decoder-only runs: the causal self-attention over the prompt.
 
 Files: OUT/prompt{i}-{kind}-layer{l}.png (kind: encoder_self, decoder_self, decoder_cross, or self), OUT defaults
-to RUN/viz/. Rendering uses matplotlib's Agg canvas directly (no pyplot, no global backend switch).
+to RUN/viz/. Several calls may write into one OUT (one per --plot, or again): each replaces only the files jaxformer
+wrote there (listed in OUT/.jaxformer-viz); a file of a name it would write that a user put there is refused, by
+name, before anything is written (`write_figures`). Each file is written whole. Rendering uses matplotlib's Agg canvas directly (no pyplot, no global backend switch).
 Axis legend: L layers, N heads, T query length, S key length.
 """
 from __future__ import annotations
@@ -144,22 +146,34 @@ def plot_heads(w: np.ndarray, queries: list[str], keys: list[str], *, title: str
     return fig
 
 
-def write_maps(maps: AttentionMaps, index: int, out: Path, dpi: int = 100) -> list[Path]:
-    """One PNG per layer and kind of one prompt's maps, in `out` (created)."""
-    out.mkdir(parents=True, exist_ok=True)
+def write_figures(out: Path, writers: dict, named: bool = False) -> list[Path]:
+    """Write {file name: write(path)} into `out` (created) with `jaxformer.staging.write_kept`: each file whole,
+    replacing only files jaxformer wrote there (its manifest, `.jaxformer-viz`); any other file of one of those
+    names (a user's) raises OutputError before anything is written. named: `out` is the user's --out."""
+    from jaxformer.staging import write_kept
+    return write_kept(out, writers, what="--out" if named else None)
+
+
+def _map_writers(maps: AttentionMaps, index: int, dpi: int = 100) -> dict:
+    """{file name: write(path)} of one prompt's maps: one PNG per layer and kind, drawn as it is written."""
     shown = repr(maps.prompt) if len(maps.prompt) <= 60 else repr(maps.prompt[:57] + "...")
     if maps.answer is not None:
         shown += f" -> {maps.answer!r}"
-    paths = []
+    writers = {}
     for kind, w in maps.probs.items():
         name, q_axis, k_axis = KINDS[kind]
         for layer in range(w.shape[0]):
-            fig = plot_heads(w[layer], maps.queries[kind], maps.keys[kind], dpi=dpi, query_axis=q_axis,
-                             key_axis=k_axis, title=f"{name}, layer {layer} — prompt {index}: {shown}")
-            path = out / f"prompt{index}-{kind}-layer{layer}.png"
-            fig.savefig(path, dpi=dpi)
-            paths.append(path)
-    return paths
+            def write(path, kind=kind, layer=layer, w=w, name=name, q_axis=q_axis, k_axis=k_axis):
+                plot_heads(w[layer], maps.queries[kind], maps.keys[kind], dpi=dpi, query_axis=q_axis, key_axis=k_axis,
+                           title=f"{name}, layer {layer} — prompt {index}: {shown}").savefig(path, dpi=dpi)
+            writers[f"prompt{index}-{kind}-layer{layer}.png"] = write
+    return writers
+
+
+def write_maps(maps: AttentionMaps, index: int, out: Path, dpi: int = 100) -> list[Path]:
+    """One PNG per layer and kind of one prompt's maps, in `out` (created; `write_figures`: a user's file of one
+    of those names is refused, never replaced)."""
+    return write_figures(Path(out), _map_writers(maps, index, dpi))
 
 
 def write_heatmaps(workdir: str | Path, prompts: list[str] | None = None, which: str = "best",
@@ -167,14 +181,15 @@ def write_heatmaps(workdir: str | Path, prompts: list[str] | None = None, which:
     """Restore a run's best (or latest) model (weights: `load_model`'s) and write its attention heatmaps for `prompts`
     (default: the first held-out inputs, `jaxformer.inference.default_prompts`) into `out` (default RUN/viz/):
     one set of figures per prompt, see the module docstring. -> the written paths, in order. Every prompt is
-    checked before any figure is written (a bad prompt raises DataError, naming it)."""
+    checked before any figure is written (a bad prompt raises DataError, naming it), and so is `out`: a file
+    there of a name it writes that jaxformer did not write raises OutputError (`write_figures`)."""
     run = load_model(workdir, which, weights=weights)
     prompts = list(prompts) if prompts else default_prompts(run)
     maps = attention_maps(run, prompts)                 # checks every prompt before anything is written
-    out = RunDir(workdir).viz_path if out is None else Path(out)
+    named, out = out is not None, RunDir(workdir).viz_path if out is None else Path(out)
     log.info("%s: %s checkpoint (step %d); heatmaps of %d prompt(s) into %s", workdir, run.which, run.step,
              len(prompts), out)
-    return [path for i, m in enumerate(maps) for path in write_maps(m, i, out, dpi)]
+    return write_figures(out, {n: w for i, m in enumerate(maps) for n, w in _map_writers(m, i, dpi).items()}, named)
 
 
 # ------------------------------------------------------------------ the logit lens and the head-ablation table
@@ -260,7 +275,8 @@ def write_probes(workdir: str | Path, prompts: list[str] | None = None, plots=("
     """The logit lens of each prompt (OUT/prompt{i}-lens.png) and the head-ablation tables over all of them
     (OUT/heads.png; an encoder-decoder's cross-attention and encoder too: heads-cross.png, heads-encoder.png),
     `jaxformer.interpret`'s, for a run's best (or latest) model. -> the written paths. DataError for a bad
-    prompt, or with "heads" a prompt of one token (nothing to score), before anything is written."""
+    prompt, or with "heads" a prompt of one token (nothing to score), before anything is written; OutputError
+    for a file in `out` of a name it writes that jaxformer did not write (`write_figures`), likewise."""
     from jaxformer.interpret import head_ablation, logit_lens
     run = load_model(workdir, which, weights=weights)
     prompts = list(prompts) if prompts else default_prompts(run)
@@ -269,28 +285,27 @@ def write_probes(workdir: str | Path, prompts: list[str] | None = None, plots=("
     if "heads" in plots and lone:               # its row would add 0 to every head's loss increase
         raise DataError(f"--plot heads: prompt {lone[0][:40]!r} is a single token, with no next token to score; "
                         f"a head's loss increase needs prompts of at least 2 tokens")
-    out = RunDir(workdir).viz_path if out is None else Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    named, out = out is not None, RunDir(workdir).viz_path if out is None else Path(out)
     label = lambda xs: [token_label(run.tokenizer, x) for x in xs]                    # noqa: E731
-    paths = []
+    figures = {}                                                                      # file name -> figure
     if "lens" in plots:
         lens = np.asarray(jax.nn.softmax(jax.jit(lambda *a, **k: logit_lens(run.model, *a, **k))(*nt.args, **nt.kw)))
         for b, (p, q) in enumerate(zip(prompts, nt.queries)):
             probs = np.take_along_axis(lens[:, b, :len(q)], nt.targets[b, None, :len(q), None], -1)[..., 0]
             probs = probs * nt.weights[b, :len(q)]                                    # no next token: blank
             top = [label(np.argmax(lens[i, b, :len(q)], -1)) for i in range(lens.shape[0])]
-            fig = plot_lens(probs, top, label(q), dpi=dpi, title=f"logit lens — prompt {b}: {p[:60]!r}")
-            paths.append(out / f"prompt{b}-lens.png")
-            fig.savefig(paths[-1], dpi=dpi)
+            figures[f"prompt{b}-lens.png"] = plot_lens(probs, top, label(q), dpi=dpi,
+                                                       title=f"logit lens — prompt {b}: {p[:60]!r}")
     for site, name, what in HEAD_TABLES if "heads" in plots else ():
         if site not in run.model.sites():
             continue
         table = np.asarray(head_ablation(run.model, *nt.args, targets=nt.targets, weights=nt.weights, site=site,
                                          **nt.kw))
-        fig = plot_head_table(table, dpi=dpi, title=f"head ablation ({what}) over {len(prompts)} prompt(s): loss "
-                              "increase on the next tokens when one head's output is zeroed")
-        paths.append(out / f"{name}.png")
-        fig.savefig(paths[-1], dpi=dpi)
+        figures[f"{name}.png"] = plot_head_table(table, dpi=dpi, title=f"head ablation ({what}) over "
+                                                 f"{len(prompts)} prompt(s): loss increase on the next tokens when "
+                                                 "one head's output is zeroed")
+    paths = write_figures(out, {n: lambda path, fig=fig: fig.savefig(path, dpi=dpi) for n, fig in figures.items()},
+                          named)
     log.info("%s: %s checkpoint (step %d); %s of %d prompt(s) into %s", workdir, run.which, run.step,
              "/".join(p for p in plots if p != "attention"), len(prompts), out)
     return paths

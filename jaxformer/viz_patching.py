@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from jaxformer.errors import ConfigError, DataError
 from jaxformer.inference import load_model
 from jaxformer.runs import RunDir
-from jaxformer.viz import encode_prompt, next_tokens, token_label
+from jaxformer.viz import encode_prompt, next_tokens, token_label, write_figures
 
 log = logging.getLogger("jaxformer")
 
@@ -102,15 +102,15 @@ def plot_patching(maps: dict, dpi: int = 100) -> Figure:
 def write_patching(workdir, prompts: list[str] | None, corrupt: str | None, site: str | None = None,
                    over: str = "position", which: str = "best", out=None, *, dpi: int = 100,
                    weights: str = "trained") -> list[Path]:
-    """OUT/patching-{site}.png and .json for the one --prompt and --corrupt (module docstring)."""
+    """OUT/patching-{site}.png and .json for the one --prompt and --corrupt (module docstring). A file in OUT of
+    either name that jaxformer did not write raises OutputError, nothing written (`viz.write_figures`)."""
     if not prompts or len(prompts) != 1 or corrupt is None:
         raise ConfigError("--plot patching takes exactly one --prompt (the clean input) and one --corrupt")
     maps = patching_maps(workdir, prompts[0], corrupt, site, over, which, weights)
-    out = RunDir(workdir).viz_path if out is None else Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    named, out = out is not None, RunDir(workdir).viz_path if out is None else Path(out)
     name = maps["site"].replace(".", "-")
-    paths = [out / f"patching-{name}.png", out / f"patching-{name}.json"]
-    plot_patching(maps, dpi).savefig(paths[0], dpi=dpi)
-    paths[1].write_text(json.dumps(maps, indent=1) + "\n")
+    paths = write_figures(out, {
+        f"patching-{name}.png": lambda path: plot_patching(maps, dpi).savefig(path, dpi=dpi),
+        f"patching-{name}.json": lambda path: path.write_text(json.dumps(maps, indent=1) + "\n")}, named)
     log.info("%s: step %d; patching of %s into %s", workdir, maps["step"], maps["site"], out)
     return paths

@@ -163,3 +163,19 @@ def attention_pattern(attn, *args, **kw):
     sites = Sites(hooks(("pattern",), None, ("pattern",)))
     attn(*args, sites=sites, **kw)
     return sites.captured["pattern"]
+
+
+def run_cli(capsys, *argv) -> tuple[int, str]:
+    """`jaxformer ARGV` in-process -> (exit code, everything it printed as one line of words)."""
+    from jaxformer.cli import main
+    rc = main([str(a) for a in argv])
+    cap = capsys.readouterr()
+    return rc, " ".join((cap.out + cap.err).split())
+
+
+def stop_now(monkeypatch, signame: str = "SIGTERM") -> None:
+    """A stop signal held by the command line arrives now (`jaxformer.signals.pending`)."""
+    import types
+
+    from jaxformer import signals
+    monkeypatch.setattr(signals, "_startup", types.SimpleNamespace(received=signame))

@@ -305,7 +305,7 @@ def test_the_recipe_imports_fine_tunes_evaluates_generates_and_exports(tmp_path,
     assert after["bits_per_byte"] < before["bits_per_byte"]
     assert cli_main(["generate", "--workdir", str(run), "--prompt", "Alice", "--max-new", "4"]) == 0
     assert cli_main(["viz", "--workdir", str(run), "--prompt", "Alice was", "--out", str(tmp_path / "viz")]) == 0
-    assert sorted(p.name for p in (tmp_path / "viz").iterdir()) == ["prompt0-self-layer0.png",
+    assert sorted(p.name for p in (tmp_path / "viz").iterdir()) == [".jaxformer-viz", "prompt0-self-layer0.png",
                                                                     "prompt0-self-layer1.png"]
     assert cli_main(["viz", "--workdir", str(run), "--plot", "patching", "--prompt", "Alice was", "--corrupt",
                      "Alice saw", "--out", str(tmp_path / "viz-p")]) == 0               # the instruments, imported

@@ -33,9 +33,8 @@ import types
 import jax
 import numpy as np
 import pytest
-from helpers import ROOT
+from helpers import ROOT, run_cli, stop_now
 
-from jaxformer import signals
 from jaxformer.cli import main as cli_main
 from jaxformer.config import ModelConfig, replaced
 from jaxformer.errors import ConfigError, DataError, JaxformerError
@@ -44,15 +43,6 @@ ACTIVATIONS = ROOT / "configs/sweeps/activations.py"
 MC = {"context": "the cat", "choices": [" sat", " ran"], "answer": 0}
 
 
-def run_cli(capsys, *argv) -> tuple[int, str]:
-    rc = cli_main([str(a) for a in argv])
-    cap = capsys.readouterr()
-    return rc, " ".join((cap.out + cap.err).split())
-
-
-def stop_now(monkeypatch, signame: str = "SIGTERM") -> None:
-    """A stop signal held by the command line arrives now (`signals.pending`)."""
-    monkeypatch.setattr(signals, "_startup", types.SimpleNamespace(received=signame))
 
 
 # ----------------------------------------------------------------------------- eval-tasks

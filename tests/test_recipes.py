@@ -69,9 +69,11 @@ def _run(index: int) -> None:
     pytest.fail(message, pytrace=False)
 
 
-@pytest.mark.parametrize("index", [pytest.param(i, marks=pytest.mark.slow) if h.startswith("7.") else i
+@pytest.mark.parametrize("index", [pytest.param(i, marks=pytest.mark.slow) if h.startswith(("7.", "8.")) else i
                                    for i, (h, _, _) in enumerate(BLOCKS)],
-                         ids=[h for h, _, _ in BLOCKS])       # 7 (trains a model, then four instruments): ~8 s
+                         ids=[h for h, _, _ in BLOCKS])
+# 7 (trains a model, then four instruments): ~8 s; 8 (an SAE on 7's model, which it runs first): ~12 s in all.
+# The default lane keeps their behaviour in tests/test_interpret.py, test_patching.py, test_sae.py.
 def test_recipe(index):
     while _state["ran"] <= index:          # earlier blocks first (they define names later ones use)
         if _state["failed"] is not None:

@@ -186,7 +186,10 @@ def test_saved_in_saelens_layout_and_read_back(tmp_path):
 @pytest.mark.parametrize("kw, message", [
     (dict(architecture="gated"), "sae.architecture='gated' is not one of"),
     (dict(k=0), "sae.k=0 must be a positive int"), (dict(k=99), "sae.k=99 exceeds sae.d_sae=24"),
-    (dict(lr=-1.0, k=5), "sae.lr=-1.0 must be >= 0")])
+    (dict(lr=-1.0, k=5), "sae.lr=-1.0 must be a finite number > 0"),
+    (dict(lr=float("nan"), k=5), "sae.lr=nan must be a finite"), (dict(l1=float("inf"), k=5), "sae.l1=inf must be"),
+    (dict(lr=0.0, k=5), "sae.lr=0.0 must be a finite number > 0"), (dict(layer=-1, k=5), "sae.layer=-1 must be an int"),
+    (dict(layer=1.5, k=5), "sae.layer=1.5 must be an int"), (dict(site="", k=5), "sae.site='' must name")])
 def test_bad_specs_are_named(kw, message):
     with pytest.raises(ConfigError, match=message):
         SAESpec(**{"d_in": 8, "d_sae": 24, **kw})
@@ -195,7 +198,7 @@ def test_bad_specs_are_named(kw, message):
 def test_bad_sites_and_folders_are_named(model, tmp_path):
     with pytest.raises(ConfigError, match="sae.site='nope' is not one of the model's sites"):
         train_sae(model, [_batch(0)], SAESpec(d_in=D, d_sae=8, k=2, site="nope"), steps=1)
-    with pytest.raises(ConfigError, match="sae.layer=5 is outside the model's 2 layers"):
+    with pytest.raises(ConfigError, match="sae.layer=5 is outside the 2 layers of site 'resid_post'"):
         train_sae(model, [_batch(0)], SAESpec(d_in=D, d_sae=8, k=2, layer=5), steps=1)
     with pytest.raises(DataError, match="the batches ran out after 1 of 3 steps"):
         train_sae(model, [_batch(0)], SAESpec(d_in=D, d_sae=8, k=2), steps=3)
@@ -253,3 +256,57 @@ def test_a_feature_ablated_in_cached_decoding_is_the_patched_call(model):
     want = model(tokens, patch=patch)[0]
     np.testing.assert_allclose(jnp.concatenate(steps, 1), want, rtol=1e-4, atol=1e-4)
     assert float(jnp.abs(want - model(tokens)[0]).max()) > 1e-2                    # the steering does something
+
+
+# ----------------------------------------------------------------------------- R5: silent wrongs and tracebacks
+def test_a_patch_for_a_layer_the_model_lacks_is_refused(model):
+    """sae_patch at layer 7 of a 2-layer model ran and changed nothing."""
+    spec = SAESpec(d_in=D, d_sae=48, k=4, site="resid_post", layer=7)
+    p = {n: jnp.asarray(v) for n, v in _params(spec).items()}
+    with pytest.raises(ConfigError, match=r"patch\['resid_post'\] is for layer 7, but site 'resid_post' has 2 layers"):
+        model(*_batch(0), patch={"resid_post": sae_patch(p, spec)})
+    with pytest.raises(ConfigError, match="is model-level"):
+        model(*_batch(0), patch={"embed": sae_patch(p, replaced_spec(spec, site="embed", layer=0))})
+    with pytest.raises(ConfigError, match="the SAE reads sae.d_in=32 but site 'mlp_hidden' has width 64"):
+        model(*_batch(0), patch={"mlp_hidden": sae_patch(p, replaced_spec(spec, site="mlp_hidden", layer=0))})
+
+
+def replaced_spec(spec, **kw):
+    import dataclasses
+    return dataclasses.replace(spec, **kw)
+
+
+@pytest.fixture(scope="module")
+def seq2seq():
+    cfg = replaced(ModelConfig(), arch="encoder_decoder", vocab_size=V, d_model=D, num_heads=4, num_kv_heads=2,
+                   d_ff=64, num_encoder_layers=3, num_decoder_layers=1, max_len=16, runtime__dropout=0.0)
+    return build_model(cfg, seed=0)
+
+
+def test_an_encoder_site_counts_the_encoders_layers(seq2seq):
+    """train_sae on an encoder site counted layers in the decoder: layer 2 of a 3-layer encoder was refused
+    (the decoder has 1), and a decoder site past its layers was not."""
+    src, tgt = _batch(1, 4, 6)[0], _batch(2, 4, 5)[0]
+    params, log = train_sae(seq2seq, [(src, tgt)], SAESpec(d_in=D, d_sae=16, k=2, site="encoder.resid_post",
+                                                           layer=2), steps=1)
+    assert np.isfinite(float(log[0]["loss"]))
+    with pytest.raises(ConfigError, match="sae.layer=1 is outside the 1 layers of site 'resid_post'"):
+        train_sae(seq2seq, [(src, tgt)], SAESpec(d_in=D, d_sae=16, k=2, site="resid_post", layer=1), steps=1)
+    for site, message in [("memory", "is model-level"), ("cross_k", "SAELens flattens the heads of z only"),
+                          ("cross_pattern", r"\[B,N,T,S\]"), ("encoder.embed", "is model-level")]:
+        with pytest.raises(ConfigError, match=message):
+            train_sae(seq2seq, [(src, tgt)], SAESpec(d_in=D, d_sae=16, k=2, site=site), steps=1)
+
+
+@pytest.mark.parametrize("steps", [0, -3, 2.5])
+def test_steps_below_one_are_named(model, steps):
+    with pytest.raises(ConfigError, match=f"steps={steps!r}: an SAE trains for at least one step"):
+        train_sae(model, [_batch(0)], SAESpec(d_in=D, d_sae=8, k=2), steps=steps)
+
+
+def test_a_z_sae_trains_on_the_heads_flattened(model):
+    spec = SAESpec(d_in=32, d_sae=16, k=2, site="z", layer=1)          # N·H = 4·8
+    params, log = train_sae(model, [_batch(i) for i in range(2)], spec, steps=2)
+    assert params["W_enc"].shape == (32, 16) and np.isfinite(float(log[-1]["loss"]))
+    with pytest.raises(ConfigError, match="sae.d_in=8 but site 'z' has width 32"):
+        train_sae(model, [_batch(0)], SAESpec(d_in=8, d_sae=16, k=2, site="z", layer=1), steps=1)

@@ -89,8 +89,11 @@ def test_a_site_is_whatever_a_module_passes_through_sites_found_by_an_abstract_t
         sites = Sites(hooks, 0)
         x = sites("first", jnp.ones(3))
         jax.debug.callback(lambda: ran.append(1))
-        return sites.view("sub_")("second", x * 2)
-    assert discover(toy) == ("first", "sub_second") and not ran
+        return Sites(hooks).view("sub_")("second", x * 2)           # model-level: no layer
+    assert discover(toy) == {"first": True, "sub_second": False} and not ran
+    assert list(discover(toy)) == ["first", "sub_second"]
+    model = lm()
+    assert model.site_layers("resid_post") == model.cfg.num_decoder_layers and model.site_layers("embed") == 0
     with pytest.raises(ConfigError, match=r"'attn_score' does not exist.*'attn_scores'"):
         lm()(TOKENS, capture=("attn_score",))
 

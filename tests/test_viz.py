@@ -129,18 +129,24 @@ def _pngs(paths):
     return all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
 
 
+def _figures(folder):
+    """The figures in a viz folder: all but its manifest (`jaxformer.staging.MANIFEST`, what jaxformer wrote)."""
+    from jaxformer.staging import MANIFEST
+    return [p for p in folder.iterdir() if p.name != MANIFEST]
+
+
 @pytest.mark.slow          # two trainings for the fixture (~13 s); the weights themselves are checked by default
 def test_viz_writes_one_png_per_prompt_layer_and_kind(runs, tmp_path, capsys):
     s2s, lm = runs
     assert cli_main(["viz", "--workdir", str(s2s), "--prompt", "123", "--prompt", "98765"]) == 0
     want = {f"prompt{i}-{k}-layer0.png" for i in (0, 1) for k in ("encoder_self", "decoder_self", "decoder_cross")}
-    assert {p.name for p in (s2s / "viz").iterdir()} == want and _pngs((s2s / "viz").iterdir())
+    assert {p.name for p in _figures(s2s / "viz")} == want and _pngs(_figures(s2s / "viz"))
     out = capsys.readouterr().out
     assert "6 figure(s) written (attention)" in out and str(s2s / "viz" / "prompt1-decoder_cross-layer0.png") in out
 
     assert cli_main(["viz", "--workdir", str(lm), "--which", "latest", "--out", str(tmp_path / "o")]) == 0
-    written = sorted(p.name for p in (tmp_path / "o").iterdir())      # default prompts: three held-out inputs
-    assert written == [f"prompt{i}-self-layer0.png" for i in range(3)] and _pngs((tmp_path / "o").iterdir())
+    written = sorted(p.name for p in _figures(tmp_path / "o"))         # default prompts: three held-out inputs
+    assert written == [f"prompt{i}-self-layer0.png" for i in range(3)] and _pngs(_figures(tmp_path / "o"))
     assert not (lm / "viz").exists()
 
 
@@ -153,13 +159,13 @@ def test_viz_draws_the_logit_lens_and_the_head_ablation_table(runs, tmp_path, ca
     s2s, lm = runs
     assert cli_main(["viz", "--workdir", str(s2s), "--prompt", "123", "--prompt", "98765", "--plot", "lens",
                      "--plot", "heads", "--plot", "attention", "--out", str(tmp_path / "a")]) == 0
-    names = {p.name for p in (tmp_path / "a").iterdir()}
+    names = {p.name for p in _figures(tmp_path / "a")}
     assert {"prompt0-lens.png", "prompt1-lens.png", "heads.png", "heads-cross.png", "heads-encoder.png",
             "prompt1-decoder_cross-layer0.png"} <= names
-    assert len(names) == 11 and _pngs((tmp_path / "a").iterdir())
+    assert len(names) == 11 and _pngs(_figures(tmp_path / "a"))
     assert "11 figure(s) written (lens, heads, attention)" in capsys.readouterr().out
     assert cli_main(["viz", "--workdir", str(lm), "--plot", "lens", "--out", str(tmp_path / "b")]) == 0
-    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [f"prompt{i}-lens.png" for i in range(3)]
+    assert sorted(p.name for p in _figures(tmp_path / "b")) == [f"prompt{i}-lens.png" for i in range(3)]
     run = load_model(lm, "best")
     nt = next_tokens(run, ["abc", "hello"])
     ids = run.tokenizer.encode("hello")

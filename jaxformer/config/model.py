@@ -106,10 +106,20 @@ class AttentionConfig(_Validated):
                               f"a 'package.module:Class' path")
         positive("model.attention.scale_dim", self.scale_dim, allow_zero=True)
         positive("model.attention.softcap", self.softcap, allow_zero=True)
+        if not isinstance(self.windows, (tuple, list)):
+            raise ConfigError(f"model.attention.windows={self.windows!r} must be a tuple of windows (a pattern "
+                              f"repeated over the layers, 0 = global), e.g. (128,) or (128, 0)")
         for w in self.windows:
+            if not isinstance(w, int) or isinstance(w, bool):
+                raise ConfigError(f"model.attention.windows={self.windows!r}: a window must be an integer; got "
+                                  f"{w!r} ({type(w).__name__})")
             if w < 0:
                 raise ConfigError(f"model.attention.windows={self.windows!r}: a window must be >= 0 (0 = global); "
                                   f"got {w}")
+            if w >= 2 ** 31:            # the mask compares int32 position distances with it (`nn.per_layer`)
+                raise ConfigError(f"model.attention.windows={self.windows!r}: a window must fit int32 (< 2**31); "
+                                  f"got {w} (a window at least the sequence length is global attention: use 0 = "
+                                  f"global)")
 
 
 @dataclasses.dataclass(frozen=True)

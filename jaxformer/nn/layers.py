@@ -11,7 +11,9 @@ else None. Leaf layers (Norm) return their one array.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import traceback
 from typing import Any, NamedTuple
 
 import jax
@@ -19,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config import ATTENTION_KINDS, ConfigError, ModelConfig
+from jaxformer.errors import JaxformerError
 from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.cache import LayerKV
 from jaxformer.nn.moe import MoEFeedForward
@@ -172,18 +175,44 @@ def self_attention(cfg: ModelConfig) -> type[MultiHeadAttention]:
     """The self-attention class model.attention.kind names (a name of config.ATTENTION_KINDS or a
     "package.module:Class" path), imported and checked against the config (its `check`). A research variant of
     attention is one file: a subclass of `MultiHeadAttention` (e.g. overriding `context`, as nn.differential
-    does), named by its path. ConfigError naming the field when it cannot be imported or is not such a class."""
+    does), named by its path. ConfigError naming the field when it cannot be imported (a missing module or
+    class, or its module failing: any exception, a syntax error), is not such a class, or its check fails with
+    anything but a jaxformer error (which passes unchanged)."""
     kind = cfg.attention.kind
     module, _, name = ATTENTION_KINDS.get(kind, kind).partition(":")
-    try:
+    with _variants_own(kind, " cannot be imported:"):      # a missing module or class, its module failing
         cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"model.attention.kind={kind!r} cannot be imported: {type(e).__name__}: {e}") from None
     if not (isinstance(cls, type) and issubclass(cls, MultiHeadAttention)):
         raise ConfigError(f"model.attention.kind={kind!r} is {cls!r}, not a subclass of "
                           f"jaxformer.nn.attention.MultiHeadAttention")
-    cls.check(cfg)
+    with _variants_own(kind, ": its check(cfg) raised"):   # an assert, or a bug, in the variant's check
+        cls.check(cfg)
     return cls
+
+
+@contextlib.contextmanager
+def _variants_own(kind: str, what: str):
+    """Runs code of the module model.attention.kind names (importing it, its check): any exception but a
+    jaxformer error (the variant's own refusal, passed unchanged) becomes a ConfigError naming the field, `what`
+    went wrong and `_failure`'s line for it (chained: JAXFORMER_DEBUG=1 prints the original traceback)."""
+    try:
+        yield
+    except JaxformerError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"model.attention.kind={kind!r}{what} {_failure(e)}") from e
+
+
+def _failure(e: Exception) -> str:
+    """One line for an exception of a user's module: its type and message, and where it was raised (a syntax
+    error: the file and line it is in; else the innermost frame's file and line, when that is not here)."""
+    if isinstance(e, SyntaxError):
+        return f"SyntaxError: {e.msg} ({e.filename}, line {e.lineno})"
+    message = " ".join(str(e).split()[:60])
+    frames = traceback.extract_tb(e.__traceback__)
+    inner = frames[-1] if frames and not isinstance(e, ImportError) else None
+    where = f" ({inner.filename}, line {inner.lineno})" if inner and inner.filename != __file__ else ""
+    return f"{type(e).__name__}{': ' + message if message else ''}{where}"
 
 
 def make_ffn(cfg: ModelConfig, moe: bool, rngs: nnx.Rngs, stack: str = "decoder") -> nnx.Module:

@@ -185,6 +185,20 @@ class _Model(nnx.Module):
         """The activation sites the call can capture and patch, in the order the pass reaches them
         (`jaxformer.nn.sites`): those its modules pass through `Sites`, found by tracing the call abstractly
         (`nn.sites.discover`), once per model class and config."""
+        return tuple(self._site_table())
+
+    def site_layers(self, site: str) -> int:
+        """How many layers `site` has a value for (L of its [L, ...] capture: the encoder's for an "encoder."
+        site, else the decoder's), 0 for a model-level site (embed, final_norm, logits, memory, ...).
+        ConfigError for a name that is no site of the model."""
+        table = self._site_table()
+        if site not in table:
+            raise ConfigError(f"activation site {site!r} does not exist; the model's sites: {list(table)}")
+        if not table[site]:
+            return 0
+        return self.cfg.num_encoder_layers if site.startswith("encoder.") else self.cfg.num_decoder_layers
+
+    def _site_table(self) -> dict[str, bool]:
         key = (type(self), self.cfg)
         if key not in _SITES:
             graphdef, state = nnx.split(self)
@@ -194,8 +208,21 @@ class _Model(nnx.Module):
         return _SITES[key]
 
     def _hooks(self, capture, patch) -> Hooks | None:
-        """The call's hooks: `capture` itself when `sites()` traces with one, else the validated names."""
-        return capture if isinstance(capture, Hooks) else make_hooks(capture, patch, self.sites())
+        """The call's hooks: `capture` itself when `sites()` traces with one, else the validated names. A patch
+        function that says which layer it is for (an attribute `layer`, as `jaxformer.sae.sae_patch`'s) is
+        checked against the site's layers: ConfigError for a layer the site does not have (it would change
+        nothing)."""
+        if isinstance(capture, Hooks):
+            return capture
+        hooks = make_hooks(capture, patch, self.sites())
+        for name, fn in (patch or {}).items():
+            at = getattr(fn, "layer", None)
+            if at is not None and not 0 <= at < self.site_layers(name):
+                has = (f"has {self.site_layers(name)} layers (0..{self.site_layers(name) - 1})"
+                       if self.site_layers(name) else "is model-level (no layers)")
+                raise ConfigError(f"patch[{name!r}] is for layer {at}, but site {name!r} {has}: it would change "
+                                  f"nothing")
+        return hooks
 
     def _decoder_pass(self, tokens, side: AttentionInputs, *, memory: Memory | None = None,
                       cache: KVCache | None = None, mode: str = "train", rngs=None, features: bool = False,

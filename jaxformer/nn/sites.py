@@ -57,14 +57,15 @@ class Hooks(NamedTuple):
         return name in self.capture or any(n == name for n, _ in self.patch)
 
 
-def discover(call: Callable[[Hooks], object]) -> tuple[str, ...]:
-    """The names of the sites a forward pass reaches, in the order it reaches them: `call(hooks)` runs the pass
-    with a hooks capturing everything, traced abstractly (jax.eval_shape: nothing is computed). A site is
-    whatever a module passes through `Sites`, so adding one is a line in the module that computes it; a model
-    lists its own (`model.sites()`)."""
+def discover(call: Callable[[Hooks], object]) -> dict[str, bool]:
+    """The sites a forward pass reaches, in the order it reaches them, each with whether it is per-layer (a value
+    per layer of a stack, [L, ...] when captured) or model-level (False): `call(hooks)` runs the pass with a hooks
+    capturing everything, traced abstractly (jax.eval_shape: nothing is computed). A site is whatever a module
+    passes through `Sites`, so adding one is a line in the module that computes it; a model lists its own
+    (`model.sites()`)."""
     hooks = Hooks(capture=_Everything(), reached={})
     jax.eval_shape(lambda: call(hooks))
-    return tuple(hooks.reached)
+    return dict(hooks.reached)
 
 
 def hooks(capture=(), patch=None, available: tuple[str, ...] = ()) -> Hooks | None:
@@ -108,7 +109,7 @@ class Sites:
             return value
         name = self._full(name)
         if self.hooks.reached is not None:
-            self.hooks.reached[name] = None
+            self.hooks.reached[name] = self.layer is not None
         for n, fn in self.hooks.patch:
             if n == name:
                 value = fn(value, self.layer)
