@@ -29,7 +29,6 @@ positions on axis 2); every other per-layer site is [B,T,...] (positions on axis
 """
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import jax
@@ -202,8 +201,7 @@ def patching_grid(model, clean: tuple, corrupt: tuple, site: str, metric: Callab
     return _normalized(grid, top, base, normalize)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "site", "metric", "over", "normalize", "batch"))
-def _grid(state, clean, corrupt, *, graphdef, site, metric, over, normalize, batch):
+def _grid_program(state, clean, corrupt, *, graphdef, site, metric, over, normalize, batch):
     refuse = _per_layer(site)
     m = nnx.merge(graphdef, state)
     logits, aux = m(*clean, capture=(site,))
@@ -222,6 +220,10 @@ def _grid(state, clean, corrupt, *, graphdef, site, metric, over, normalize, bat
     return (effect / (top - base) if normalize else effect).reshape(shape), top, base
 
 
+# jitted by assignment, not decorated: a mutation tester (tools/mutation.py) mutates the body of an undecorated one
+_grid = jax.jit(_grid_program, static_argnames=("graphdef", "site", "metric", "over", "normalize", "batch"))
+
+
 def attribution_patching(model, clean: tuple, corrupt: tuple, site: str, metric: Callable[[jax.Array], jax.Array],
                          *, over: str = "position", normalize: bool = True) -> jax.Array:
     """Attribution patching: the linear estimate of `patching_grid` (same arguments and shape), every cell from
@@ -236,8 +238,7 @@ def attribution_patching(model, clean: tuple, corrupt: tuple, site: str, metric:
     return _normalized(effect, top, base, normalize)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "site", "metric", "over", "normalize"))
-def _attribution(state, clean, corrupt, *, graphdef, site, metric, over, normalize):
+def _attribution_program(state, clean, corrupt, *, graphdef, site, metric, over, normalize):
     refuse = _per_layer(site)
     logits, aux = nnx.merge(graphdef, state)(*clean, capture=(site,))
     saved, top = aux["captured"][site], _scalar(metric(logits), logits, grad=True)
@@ -256,3 +257,6 @@ def _attribution(state, clean, corrupt, *, graphdef, site, metric, over, normali
     if over == "both" and head_axis < pos_axis:
         effect = jnp.swapaxes(effect, 1, 2)                                            # [L,T,N]
     return (effect / (top - base) if normalize else effect), top, base
+
+
+_attribution = jax.jit(_attribution_program, static_argnames=("graphdef", "site", "metric", "over", "normalize"))

@@ -1,12 +1,13 @@
 """A research variant of attention is one file (`nn.layers.self_attention`): a subclass of
 `nn.attention.MultiHeadAttention` in the researcher's own module, named by model.attention.kind="module:Class".
 
-Here the variant lives in a file written to a temporary folder (nothing in jaxformer is edited): its heads'
-context doubled (`context` overridden). On the same seed it has the softmax model's parameters, so its logits
-equal the softmax model's with every output projection wo doubled; cached decoding equals its uncached call;
-its own `check` runs when the model is built; the export refuses it. Wrong implementations caught: the path
-ignored (the softmax module built), the class imported but its override not reached from the block, the check
-never called; a bad path, a missing class or a class that is not an attention module a traceback, not a named error.
+Here the variant lives in a file written to a temporary folder (nothing in jaxformer is edited): its heads' context
+doubled (`context` overridden). On the same seed it has the softmax model's parameters, so its logits equal the
+softmax model's with every output projection wo doubled (an encoder-decoder's encoder too); cached decoding equals
+its uncached call; its own `check` runs when the model is built; the export refuses it. Wrong implementations
+caught: the path ignored (the softmax module built, for the encoder alone too), the class imported but its override
+not reached from the block, the check never called; a bad path, a missing class or a class that is not an attention
+module a traceback, not a named error.
 """
 from __future__ import annotations
 
@@ -68,6 +69,25 @@ def test_a_variant_in_your_own_file_is_the_module_it_names(variant):
     np.testing.assert_allclose(np.asarray(model(tokens)[0]), np.asarray(plain(tokens)[0]), rtol=1e-5, atol=1e-5)
     got, want, _ = cached_and_full(model, tokens, 3)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+def test_an_encoder_decoder_s_encoder_uses_the_variant_too(variant):
+    """model.attention.kind names the self-attention of both stacks: the encoder's memory equals the softmax
+    model's with its encoder's wo doubled (and not the softmax model's own), and the logits equal it with every
+    self-attention's wo doubled (the cross-attention stays softmax). Wrong implementation caught: EncoderBlock
+    building MultiHeadAttention (softmax) while the decoder builds the variant."""
+    kw = dict(arch="encoder_decoder", num_encoder_layers=2, attention__kind=variant)
+    model, plain = build_model(_cfg(**kw), seed=3), build_model(_cfg(**{**kw, "attention__kind": "softmax"}), seed=3)
+    src = jax.random.randint(jax.random.key(1), (2, 7), 1, V)
+    tgt = jax.random.randint(jax.random.key(2), (2, 5), 1, V)
+    softmax_memory = np.asarray(plain.encode(src).x)
+    for stack in (plain.encoder, plain.decoder):
+        wo = stack.layers.blocks.self_attn.wo
+        wo[...] = 2 * wo[...]
+    memory = np.asarray(model.encode(src).x)
+    np.testing.assert_allclose(memory, np.asarray(plain.encode(src).x), rtol=1e-5, atol=1e-5)
+    assert np.abs(memory - softmax_memory).max() > 1e-2                # doubling the context shows in the memory
+    np.testing.assert_allclose(np.asarray(model(src, tgt)[0]), np.asarray(plain(src, tgt)[0]), rtol=1e-5, atol=1e-5)
 
 
 def test_the_variants_own_check_runs_when_built(variant):

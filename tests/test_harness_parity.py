@@ -104,16 +104,17 @@ def _lp(seen, target) -> float:
     return -1.0 - zlib.crc32(np.asarray([*seen, -1, target], np.int64).tobytes()) % 1000 / 100.0
 
 
-def stand_in(bos: bool, max_len: int = L) -> HarnessModel:
+def stand_in(bos: bool, max_len: int = L, tok=None) -> HarnessModel:
     """A HarnessModel of the stand-in LM: its _scores gives (log P [B,T], is argmax [B,T]), position i seeing
-    tokens[:, :i+1], and refuses inputs longer than max_len as a model of learned or sinusoidal positions does."""
+    tokens[:, :i+1], and refuses inputs longer than max_len as a model of learned or sinusoidal positions does.
+    tok: its tokenizer (default `_Bytes(bos)`)."""
     def scores(state, tokens, targets, seg):
         tokens, targets = np.asarray(tokens), np.asarray(targets)
         assert tokens.shape[1] <= max_len, f"sequence length {tokens.shape[1]} exceeds model.max_len={max_len}"
         lp = np.array([[_lp(row[:i + 1], t) for i, t in enumerate(tg)] for row, tg in zip(tokens, targets)])
         return lp, lp > -3.0
     cfg = types.SimpleNamespace(model=types.SimpleNamespace(arch="decoder_only", max_len=max_len, pad_id=0))
-    hm = HarnessModel(LoadedModel(cfg, _Bytes(bos), nnx.Linear(1, 1, rngs=nnx.Rngs(0)), 0, "latest"),
+    hm = HarnessModel(LoadedModel(cfg, tok or _Bytes(bos), nnx.Linear(1, 1, rngs=nnx.Rngs(0)), 0, "latest"),
                       batch_rows=3)
     hm._scores = scores
     return hm
@@ -151,6 +152,44 @@ def test_rows_are_padded_to_a_power_of_two_no_wider_than_max_len():
     hm, tok = stand_in(False, max_len=12), _Bytes(False)
     (got, _), = hm.loglikelihood([_Request("a" * 30, "bc")])
     assert got == pytest.approx(harness_pair(list(tok.encode("a" * 30)), list(tok.encode("bc")), max_len=12)[0])
+
+
+def bpe():
+    """A 300-id byte-level BPE tokenizer (<unk>, <s>, </s>) trained on TEXT (`tokenizers`, nothing downloaded)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return tok
+
+
+# pairs the BPE merges across: "sh" + "e said" is "s h" alone, "s he Ġs a i d" whole. (No two requests of the
+# HFLM test below may share their whole row of tokens: HFLM's logits cache then scores the second continuation on
+# the first's positions, e.g. ("the ", "rabbit") and ("the rab", "bit").)
+MERGING = [("sh", "e said"), ("Alice wa", "s tired"), ("an", "d the"), ("th", "e rabbit")]
+
+
+@pytest.mark.parametrize("bos", [False, True])
+def test_a_pair_is_encoded_by_lm_evals_own_encode_pair(bos):
+    """lm_eval's TemplateLM._encode_pair itself (its causal rule: the context's trailing space moved, the context
+    encoded alone, the continuation the whole's tokens after as many as the context's) on a BPE that merges across
+    the boundary, each pair scored as HFLM scores (context_enc, continuation_enc) (`harness_pair`). Wrong
+    implementations caught: the context's tokens taken from the whole ("s he", where lm-eval conditions on "s h"),
+    the continuation encoded alone ("e Ġs a i d", where lm-eval scores "Ġs a i d")."""
+    lm = pytest.importorskip("lm_eval.api.model", reason="lm-evaluation-harness (the test extra) encodes the pairs")
+    from jaxformer.data.tokenizers import HFTokenizer
+    tok = HFTokenizer(bpe(), eod_id=EOS, pad_id=-1, bos_id=BOS if bos else None)
+    opening = [BOS] if bos else []          # HFLM's tok_encode with a post-processor adding <s> (Llama's)
+    harness = types.SimpleNamespace(backend="causal",
+                                    tok_encode=lambda s, **kw: opening + [int(t) for t in tok.encode(s)])
+    whole, alone = list(tok.encode("she said")), list(tok.encode("sh"))
+    assert whole[:len(alone)] != alone                                 # the pair tells the rules apart
+    want = [harness_pair(*lm.TemplateLM._encode_pair(harness, c, x)) for c, x in MERGING]
+    got = stand_in(bos, tok=tok).loglikelihood([_Request(c, x) for c, x in MERGING])
+    np.testing.assert_allclose([g for g, _ in got], [w for w, _ in want], rtol=0, atol=1e-9)
+    assert [g for _, g in got] == [w for _, w in want]
 
 
 @pytest.mark.parametrize("bos", [False, True])
@@ -209,15 +248,11 @@ def models(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
     from lm_eval.models.huggingface import HFLM
     from test_export_families import BASE, random_model
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, processors
     from jaxformer.config import replaced
     from jaxformer.data.tokenizers import HFTokenizer
     from jaxformer.hf import save_pretrained
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = bpe()
     cfg = replaced(BASE, vocab_size=tok.get_vocab_size(), max_len=L, num_decoder_layers=1)
     ours = random_model(cfg)
     folder = tmp_path_factory.mktemp("parity") / "hf"
@@ -249,8 +284,9 @@ def test_loglikelihood_inside_and_past_the_window_equals_hflm(models, kind):
     ours, theirs = models[kind]
     pairs = [("Alice was", " beginning"), ("the ", "rabbit"), ("", "Alice"),      # inside; a space moved; empty
              (TEXT[:200], " and the"), (TEXT[300:360], " she said to herself"),   # far and just past the window
-             (TEXT[:40], TEXT[40:60])]      # a continuation of max_len tokens (the trailing space moved)
-    assert len(ours._pair(*pairs[-1])[1]) == L and len(ours._pair(*pairs[3])[0]) > 3 * L
+             (TEXT[:40], TEXT[40:60]),      # a continuation of max_len tokens (the trailing space moved)
+             *MERGING]                      # merges across the boundary
+    assert len(ours._pair(*pairs[5])[1]) == L and len(ours._pair(*pairs[3])[0]) > 3 * L
     got, want = ours.loglikelihood(requests("loglikelihood", *pairs)), theirs.loglikelihood(
         requests("loglikelihood", *pairs))
     np.testing.assert_allclose([g for g, _ in got], [w for w, _ in want], atol=TOL, rtol=0)

@@ -5,7 +5,8 @@ check separates them: SP's activations grow with width after a few Adam steps, �
 
 Wrong implementations these catch: µP's learning-rate factor on every parameter (the embedding's update would
 shrink too) or on none; the output multiplier m instead of 1/m; the attention scale 1/H without √H₀ (not SP at
-the base width) or left at 1/√H; an embedding multiplier that still grows as √D; a base width that changes a
+the base width) or left at 1/√H; an embedding multiplier that still grows as √D; an untied head under
+runtime.init=pytorch at SP's fan-in (the width) instead of the base width's; a base width that changes a
 model under SP.
 """
 from __future__ import annotations
@@ -75,6 +76,24 @@ def test_each_mup_rule_on_the_models_own_activations():
     np.testing.assert_allclose(logits, cap["final_norm"] @ model.embed.head[...] / M, rtol=1e-5, atol=1e-6)
     # the untied readout starts as at the base width (microsoft/mup's MuReadout: SP's init × √m), not SP's 1/√D
     assert float(jnp.std(model.embed.head[...])) == pytest.approx(D0 ** -0.5, rel=0.05)
+
+
+def test_mup_untied_head_under_pytorch_init_is_the_base_widths_kaiming_uniform():
+    """runtime.init=pytorch: SP's untied head is PyTorch's nn.Linear(D, V) default, kaiming-uniform(a=√5) =
+    U(±1/√D); µP's MuReadout multiplies SP's init by √m (m = D/D₀), i.e. U(±1/√D₀): the same bound at every
+    width (measured on built models at m = 2 and 4, std 1/√(3·D₀), none past the bound), while SP's shrinks
+    as 1/√D. Catches µP's head taking SP's fan-in (the model width D) instead of the base width's."""
+    def head(d, par):
+        cfg = _cfg(d, par, D0, "model.runtime.init=pytorch").model
+        return np.asarray(build_model(cfg).embed.head[...], np.float64)
+    for m in (2, 4):
+        d = D0 * m
+        for par, fan_in in (("mup", D0), ("sp", d)):
+            w = head(d, par)
+            bound = 1.0 / math.sqrt(fan_in)                           # U(-b, b): std b/√3
+            assert np.abs(w).max() <= bound * (1 + 1e-6), (par, d)
+            assert np.abs(w).max() > 0.95 * bound, (par, d)             # thousands of draws reach near the bound
+            assert w.std() == pytest.approx(bound / math.sqrt(3.0), rel=0.05), (par, d)
 
 
 def test_mup_scales_a_tied_head_too():

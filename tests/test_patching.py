@@ -5,8 +5,9 @@ and against real patching where the metric is linear in the site.
 
 Wrong implementations these catch: cells patched at every layer or position at once, or with the corrupted run's
 own value; layers and heads swapped, or a pattern's query axis taken for its head axis; a grid that is not
-normalised by the clean − corrupt difference; an attribution with the gradient at the clean run, without the
-(clean − corrupt) factor, or summed over the wrong axes.
+normalised by the clean − corrupt difference, or (grid or attribution) by its absolute value (the sign lost where
+the corruption raises the metric); an attribution with the gradient at the clean run, without the (clean − corrupt)
+factor, or summed over the wrong axes.
 """
 from __future__ import annotations
 
@@ -126,6 +127,28 @@ def test_attribution_equals_patching_where_the_metric_is_linear_in_the_site():
     real = np.asarray(patching_grid(m, (TOKENS,), (CORRUPT,), "resid_post", metric))
     est = np.asarray(attribution_patching(m, (TOKENS,), (CORRUPT,), "resid_post", metric))
     np.testing.assert_allclose(est[L - 1], real[L - 1], rtol=1e-4, atol=1e-5)
+
+
+def negated(logits):
+    return -metric(logits)
+
+
+def test_normalised_cells_keep_their_sign_whichever_way_the_corruption_moves_the_metric():
+    """Normalised, a cell is (patched − corrupt) / (clean − corrupt): negating the metric negates both, so the grid
+    and the estimate are unchanged, and the cell that restores the clean logits outright is +1 whether the
+    corruption lowers the metric or raises it. Post-LN has no final norm: the last position's logits are the last
+    layer's resid_post there times the head, so patching that one cell gives the clean metric exactly (and the
+    estimate is exact, the metric being linear in it). Catches a normalisation by |clean − corrupt| (in the grid
+    or in attribution patching): -1 and a flipped grid where the corruption raises the metric."""
+    m = lm(norm__position="post")
+    gaps = [float(f(m(TOKENS)[0]) - f(m(CORRUPT)[0])) for f in (metric, negated)]
+    assert gaps[0] * gaps[1] < 0 and min(map(abs, gaps)) > 1e-3, gaps          # one lowers, one raises
+    for fn in (patching_grid, attribution_patching):
+        up, down = (np.asarray(fn(m, (TOKENS,), (CORRUPT,), "resid_post", f)) for f in (metric, negated))
+        for got in (up, down):
+            assert got[L - 1, T - 1] == pytest.approx(1.0, abs=1e-4), (fn.__name__, got[L - 1])
+            np.testing.assert_allclose(got[L - 1, :T - 1], 0.0, atol=1e-5, err_msg=fn.__name__)
+        np.testing.assert_allclose(down, up, rtol=1e-4, atol=1e-5, err_msg=fn.__name__)
 
 
 @pytest.mark.parametrize("fn", [patching_grid, attribution_patching])

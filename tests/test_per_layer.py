@@ -2,10 +2,14 @@
 without RoPE (SmolLM3, Llama 4), computed from the layer index every block is given, in the scanned stack and in
 cached decoding alike.
 
+Sliding windows (model.attention.windows): a pattern repeated over the layers, each layer's attention masked to
+its own window.
+
 Wrong implementations these tests catch: every layer skipping RoPE, or none; the NoPE layers counted from 0
 (layers 0, k, 2k: SmolLM3 drops layers k-1, 2k-1, ...); RoPE skipped on q but not k (or k only); cached decoding
 told another layer's index (the cached logits then differ from the uncached call's); an encoder stack left
-rotating; a NoPE model exported as a plain Llama (`jaxformer.hf.expressing` compares every field).
+rotating; a NoPE model exported as a plain Llama (`jaxformer.hf.expressing` compares every field); a window
+pattern whose last entry extends over the remaining layers instead of repeating.
 """
 from __future__ import annotations
 
@@ -64,6 +68,25 @@ def test_a_nope_layer_leaves_q_and_k_unrotated_and_a_rope_layer_rotates_both():
             want = plain if i % 2 else positional.apply_rope(plain, pos, 10000.0)
             np.testing.assert_allclose(np.asarray(got[name][i]), np.asarray(want), rtol=1e-5, atol=1e-5,
                                        err_msg=f"{name} of layer {i}")
+
+
+@pytest.mark.parametrize("windows, layers, want", [((3, 0), 4, (3, 0, 3, 0)), ((2, 0, 4), 6, (2, 0, 4, 2, 0, 4))])
+def test_each_layer_attends_within_its_own_window_of_the_repeated_pattern(windows, layers, want):
+    """model.attention.windows is a pattern repeated over the layers: each layer's captured attention pattern puts
+    weight on exactly the keys its window allows (a NumPy causal mask with q − k < w, w = 0 global): none beyond
+    it, some on every key within it (a softmax). Catches a pattern whose last entry extends over the remaining
+    layers ((3, 0) over 4 layers as 3, 0, 0, 0), and layers that read another layer's window."""
+    t = 8
+    model = build_model(_cfg(num_decoder_layers=layers, attention__windows=windows), seed=6)
+    tokens = jax.random.randint(jax.random.key(5), (2, t), 1, V)
+    pattern = np.asarray(model(tokens, capture=("pattern",))[1]["captured"]["pattern"], np.float64)  # [L,B,N,T,S]
+    assert pattern.shape == (layers, 2, 2, t, t)
+    q, k = np.arange(t)[:, None], np.arange(t)[None, :]
+    for i, w in enumerate(want):
+        visible = (k <= q) & ((q - k < w) | (w == 0))
+        np.testing.assert_array_equal(pattern[i] > 0, np.broadcast_to(visible, pattern[i].shape),
+                                      err_msg=f"layer {i}, window {w}")
+        np.testing.assert_allclose(pattern[i].sum(-1), 1.0, rtol=1e-5)
 
 
 def test_cached_decoding_of_nope_layers_equals_the_uncached_call():

@@ -1,5 +1,6 @@
 """Pipeline parallelism (parallel.stage, parallel.microbatches; `jaxformer.nn.pipeline`): the GPipe schedule's
-bubble, config errors, and on 8 fake CPU devices (tests/pipeline_worker.py, one subprocess per lane) training under
+bubble, config errors, the schedule at 3 and 4 stages against running the groups in order (in this process), and
+on 8 fake CPU devices (tests/pipeline_worker.py, one subprocess per lane) training under
 stage × data (× fsdp) plans equal to one device, stacked layers split over the stages, and checkpoints resumed
 across a pipelined and a data-parallel mesh."""
 from __future__ import annotations
@@ -7,13 +8,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from helpers import ROOT
 from jaxformer.config import ConfigError, ParallelConfig
 from jaxformer.nn import pipeline
+from jaxformer.parallel import Plan
 
 RTOL = 2 ** 7 * float(np.finfo(np.float32).eps)           # as tests/test_parallel.py
 SMALL = ["model.num_heads=4", "model.vocab_size=16", "model.runtime.dropout=0.0", "optim.schedule=constant",
@@ -127,6 +132,44 @@ def test_split_rows_is_strided_and_merge_undoes_it():
     assert s.shape == (4, 3, 1) and s[1, :, 0].tolist() == [1, 5, 9]
     assert (pipeline.merge_rows(s) == a).all()
     assert pipeline.usable_microbatches(12, 8) == 6 and pipeline.usable_microbatches(7, 4) == 1
+
+
+class _Ctx(NamedTuple):
+    """A stand-in for `nn.layers.Context`: one per-row leaf (split into micro-batches as the real one's) and hooks."""
+    shift: jax.Array
+    hooks: object = None
+
+
+def _make_body(ctx):
+    """Group g: h -> tanh(h · w_g + g/10) + shift[row]: no two groups commute, and the row's own ctx leaf is read."""
+    def body(h, xs):
+        w, _, layer = xs
+        return jnp.tanh(h * w + 0.1 * layer[0]) + ctx.shift[:, None, None], {}
+    return body
+
+
+@pytest.mark.parametrize("stages, groups, rows, microbatches", [(3, 6, 6, 3), (4, 4, 4, 2), (3, 3, 5, 2)])
+def test_the_schedule_equals_running_the_groups_in_order(stages, groups, rows, microbatches):
+    """`pipeline.run` at 3 and 4 stages, in this process (one device: the stage axis is the vmapped one, its
+    mesh axis of size 1), against a NumPy loop applying the groups one after another to each row. Wrong
+    implementations caught: the stages' outputs shifted one stage back instead of forward (`jnp.roll(y, -1)`,
+    the same as forward at 2 stages, all the worker's default lane runs), or not shifted; the last stage's output
+    collected at the wrong iteration; a row given another micro-batch's ctx. (3, 3, 5, 2): 5 rows run as one
+    micro-batch."""
+    rng = np.random.default_rng(stages * 100 + groups)
+    x = rng.normal(size=(rows, 2, 3)).astype(np.float32)
+    w = rng.normal(size=(groups, 3)).astype(np.float32)
+    shift = rng.normal(size=rows).astype(np.float32)
+    want = x.astype(np.float64)
+    for r in range(rows):
+        for g in range(groups):
+            want[r] = np.tanh(want[r] * w[g] + 0.1 * g) + shift[r]
+    plan = Plan(ParallelConfig(), jax.devices()[:1])
+    index = np.arange(groups, dtype=np.int32)[:, None]
+    with plan.use():
+        got = jax.jit(lambda x, w, s: pipeline.run(_make_body, (w, None, index), x, _Ctx(s), plan=plan,
+                                                   stages=stages, microbatches=microbatches))(x, w, shift)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", list(REFUSED))

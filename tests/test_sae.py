@@ -1,7 +1,8 @@
 """Sparse autoencoders (`jaxformer.sae`) against NumPy transcriptions of SAELens' math, on a tiny model's captured
 activations.
 
-Wrong implementations these catch: TopK choosing the k smallest pre-activations; b_dec not subtracted before encoding;
+Wrong implementations these catch: TopK choosing the k smallest pre-activations, or keeping negative ones among
+its k (no ReLU after the choice); b_dec not subtracted before encoding;
 an L1 term that ignores the decoder norms; an AuxK loss over live latents, or not scaled by min(dead / k_aux, 1);
 the dead counter reset by a latent that did not fire; resampling that leaves the Adam moments; a patch applied at
 every layer, or whose error term is not the unedited reconstruction's; a saved folder SAELens could not read
@@ -81,6 +82,28 @@ def test_encode_decode_and_loss_are_saelens_math(architecture):
     got, parts = sae_loss(p, x, spec, jnp.asarray(dead))
     assert float(got) == pytest.approx(want, rel=1e-4)
     assert float(parts["l0"]) == pytest.approx(np.mean(np.sum(f > 0, -1)))
+
+
+def test_topk_relus_its_k_where_fewer_than_k_pre_activations_are_positive():
+    """A very negative b_enc leaves rows with fewer than k positive pre-activations (some with none): TopK chooses
+    the k largest, then ReLUs them (SAELens' TopK), so every latent is >= 0 and a row has min(k, #positive) active
+    ones, each its pre-activation, in float64 NumPy; the loss's reconstruction and L0 read the same latents.
+    Catches a TopK that keeps negative pre-activations among its k (no ReLU after the choice)."""
+    spec = SAESpec(d_in=8, d_sae=24, architecture="topk", k=6)
+    p = _params(spec, seed=3)
+    p["b_enc"] = np.linspace(-4.0, 0.0, 24).astype(np.float32)          # 0 to 4 positive per row
+    x = np.random.default_rng(4).standard_normal((12, 8)).astype(np.float32)
+    pre, want = _np_encode(p, x.astype(np.float64), spec)
+    positive = (pre > 0).sum(-1)
+    assert positive.min() == 0 and (positive < spec.k).all() and positive.max() > 0, positive   # the case at hand
+    got = np.asarray(encode(p, x, spec))
+    assert (got >= 0).all()
+    np.testing.assert_array_equal((got > 0).sum(-1), np.minimum(positive, spec.k))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    _, parts = sae_loss(p, x, spec, jnp.zeros(24, bool))
+    assert float(parts["l0"]) == pytest.approx(positive.mean())
+    x_hat = want @ p["W_dec"] + p["b_dec"]
+    assert float(parts["mse"]) == pytest.approx(np.mean(np.sum((x_hat - x) ** 2, -1)), rel=1e-4)
 
 
 def test_the_auxk_loss_is_scaled_by_the_dead_share_and_absent_without_dead_latents():

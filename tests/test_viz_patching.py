@@ -77,7 +77,7 @@ def test_sae_command_trains_saves_and_reports_on_a_run(runs, tmp_path, capsys):
     assert cli_main(["sae", "--workdir", str(s2s), "--site", "encoder.resid_post", "--layer", "0", "--steps", "5",
                      "--k", "4", "--out", str(tmp_path / "b")]) == 0
     assert cli_main(["sae", "--workdir", str(lm), "--site", "nope", "--layer", "0"]) == 2
-    assert "--site 'nope' is not one of the model's sites" in capsys.readouterr().out
+    assert "sae.site='nope' is not one of the model's sites" in capsys.readouterr().out
 
 
 def test_a_task_batch_becomes_the_sites_inputs_with_its_padding_left_out():

@@ -23,10 +23,11 @@ apart two files of one stem: `task_names`) as each task finishes; a stop signal 
 user has lm_eval and the data: `lm_eval.evaluator.simple_evaluate(model=HarnessModel(run), tasks=[...])`.
 
 Tokenization and windows follow lm-evaluation-harness 0.4's HFLM (`tests/test_harness_parity.py` runs it on the
-same weights): trailing whitespace of a context moves to its continuation, the pair is encoded whole, and the
-continuation's tokens are those after the context's (so a word is tokenized as it is in running text); the run's
-BOS opens each row where its tokenizer has one (a pretrained model's), else its end-of-document token opens a row
-whose context is empty. A pair is scored on the last max_len + 1 tokens of context + continuation: the model
+same weights): trailing whitespace of a context moves to its continuation; the model reads the context encoded
+alone, then the continuation's tokens: those of the whole pair's encoding after as many as the context's
+(lm-eval's `_encode_pair`; where the tokenizer merges across the boundary, the two are not the whole's encoding);
+the run's BOS opens each row where its tokenizer has one (a pretrained model's), else its end-of-document token
+opens a row whose context is empty. A pair is scored on the last max_len + 1 tokens of context + continuation: the model
 reads the first max_len of them and the continuation's last token is only a target (HFLM's
 `(context + continuation)[-(max_length + 1):][:-1]`); a continuation longer than max_len tokens is refused.
 `loglikelihood_rolling` scores a text in HFLM's disjoint windows (`get_rolling_token_windows` with
@@ -93,13 +94,15 @@ class HarnessModel:
         return [] if bos is None else [int(bos)]
 
     def _pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        """(prefix ids, continuation ids) as lm-evaluation-harness encodes a pair."""
+        """(prefix ids, continuation ids) as lm-evaluation-harness encodes a pair (`TemplateLM._encode_pair`, causal):
+        the context encoded alone, the continuation the whole's tokens after as many as the context's (where the
+        tokenizer merges across the boundary, prefix + continuation is not the whole's encoding: lm-eval's rule)."""
         spaces = len(context) - len(context.rstrip())
         if spaces:
             context, continuation = context[:-spaces], context[-spaces:] + continuation
         whole = [int(t) for t in self.tok.encode(context + continuation)] if context + continuation else []
         ctx = [int(t) for t in self.tok.encode(context)] if context else []
-        prefix = self._opening() + whole[:len(ctx)]
+        prefix = self._opening() + ctx                   # the context encoded alone, as lm-eval's _encode_pair
         if not prefix:
             eod = getattr(self.tok, "eod_id", None)
             if eod is None:
