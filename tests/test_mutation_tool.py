@@ -1,0 +1,32 @@
+"""`make mutants` (tools/mutation.py): the score arithmetic, the committed table's consistency with its config, and
+the config naming modules and test files that exist (the mutmut runs themselves take minutes to hours: not here)."""
+from __future__ import annotations
+
+import json
+import sys
+import tomllib
+
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import mutation  # noqa: E402
+
+
+def test_equivalents_leave_the_denominator_and_unreached_mutants_are_survivors():
+    status = {"jaxformer.m.x_f__mutmut_1": "killed", "jaxformer.m.x_f__mutmut_2": "survived",
+              "jaxformer.m.x_f__mutmut_3": "timeout", "jaxformer.m.x_f__mutmut_4": "no tests",
+              "jaxformer.m.x_f__mutmut_5": "survived"}
+    row = mutation.score(status, {"x_f__mutmut_5": "why", "x_f__mutmut_9": "gone"}, 12.0)
+    assert (row["mutants"], row["killed"], row["equivalent"]) == (5, 2, 1)
+    assert row["survivors"] == ["x_f__mutmut_2", "x_f__mutmut_4"] and row["stale_equivalents"] == ["x_f__mutmut_9"]
+    assert row["score"] == 2 / 4
+
+
+def test_the_config_names_real_modules_and_tests_and_the_page_is_the_rendering_of_the_scores():
+    config = tomllib.loads((ROOT / "tests" / "mutation.toml").read_text())
+    for module, entry in config["modules"].items():
+        assert (ROOT / module).is_file(), module
+        assert entry["tests"] and all((ROOT / t).is_file() for t in entry["tests"]), module
+    scores = json.loads((ROOT / "tests" / "mutation_scores.json").read_text())
+    assert set(scores) <= set(config["modules"])
+    assert (ROOT / "docs" / "mutation.md").read_text() == mutation.render(scores, config)
