@@ -21,7 +21,6 @@ reconstructs worst, its encoder scaled to 0.2 of the live latents' mean norm, it
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 from pathlib import Path
@@ -33,9 +32,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxformer.errors import ConfigError, DataError
+from jaxformer.errors import ConfigError, DataError, Interrupted
 from jaxformer.ops.losses import mean_nll
 from jaxformer.saelens import ARCHITECTURES, CFG, WEIGHTS, hook_name
+from jaxformer.signals import pending
 
 
 
@@ -210,8 +210,7 @@ def _normalized(params: dict, spec: SAESpec) -> dict:
     return {**params, "W_dec": params["W_dec"] / jnp.linalg.norm(params["W_dec"], axis=-1, keepdims=True)}
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "spec", "tx"), donate_argnums=(0,))
-def _step(train: dict, graphdef, model_state, inputs: tuple, *, spec: SAESpec, tx) -> tuple[dict, dict]:
+def _step_program(train: dict, graphdef, model_state, inputs: tuple, *, spec: SAESpec, tx) -> tuple[dict, dict]:
     x, w = site_rows(nnx.merge(graphdef, model_state), inputs, spec)
     dead = train["since_fired"] >= spec.dead_steps
     (loss, parts), grads = jax.value_and_grad(sae_loss, has_aux=True)(train["params"], x, spec, dead, w)
@@ -222,8 +221,7 @@ def _step(train: dict, graphdef, model_state, inputs: tuple, *, spec: SAESpec, t
             {"loss": loss, "mse": parts["mse"], "l0": parts["l0"], "dead": jnp.mean(dead)})
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "spec"), donate_argnums=(0,))
-def _resample(train: dict, graphdef, model_state, inputs: tuple, *, spec: SAESpec) -> dict:
+def _resample_program(train: dict, graphdef, model_state, inputs: tuple, *, spec: SAESpec) -> dict:
     """Dead latents pointed at the rows reconstructed worst (module docstring), their Adam moments reset."""
     p = train["params"]
     x, w = site_rows(nnx.merge(graphdef, model_state), inputs, spec)
@@ -249,6 +247,11 @@ def _resample(train: dict, graphdef, model_state, inputs: tuple, *, spec: SAESpe
     return {"params": params, "opt": opt, "since_fired": jnp.where(dead, 0, train["since_fired"])}
 
 
+# jitted by assignment, not by decorator: mutation testing (tools/mutation.py) mutates undecorated functions only
+_step = jax.jit(_step_program, static_argnames=("graphdef", "spec", "tx"), donate_argnums=(0,))
+_resample = jax.jit(_resample_program, static_argnames=("graphdef", "spec"), donate_argnums=(0,))
+
+
 def train_sae(model, batches: Iterable[tuple], spec: SAESpec, steps: int, *, seed: int = 0,
               params: dict | None = None) -> tuple[dict, list[dict]]:
     """Train an SAE on the site's activations, captured from the model (frozen) batch by batch inside one jitted
@@ -263,8 +266,6 @@ def train_sae(model, batches: Iterable[tuple], spec: SAESpec, steps: int, *, see
     tx = optax.adam(spec.lr)
     log = []
     for i in range(steps):
-        from jaxformer.errors import Interrupted
-        from jaxformer.signals import pending
         if pending():       # a stop signal the command line holds (`signals.hold_from_start`; library calls: never)
             raise Interrupted(f"jaxformer sae stopped on {pending()} at step {i} of {steps}; nothing was written",
                               pending())
@@ -335,7 +336,8 @@ def evaluate_sae(model, params: dict, spec: SAESpec, inputs, targets: jax.Array,
 
 def save_saelens(params: dict, spec: SAESpec, path: str | Path, model_name: str = "jaxformer") -> Path:
     """The SAE as an SAELens folder: cfg.json (SAELens 6's fields: architecture, d_in, d_sae, dtype, device,
-    apply_b_dec_to_input, normalize_activations, reshape_activations, k for topk, metadata with hook_name in
+    apply_b_dec_to_input, normalize_activations, reshape_activations, k and rescale_acts_by_decoder_norm (false:
+    the weights are as they act) for topk, metadata with hook_name in
     TransformerLens' naming where the site has one, else SITE.LAYER, and hook_layer) and sae_weights.safetensors (W_enc, b_enc, W_dec, b_dec, float32).
     Our own fields (the site name, training settings) go under "jaxformer", which SAELens ignores.
     Written whole (`jaxformer.staging.staged`: into PATH.partial, renamed to PATH when complete): PATH must not
@@ -347,7 +349,8 @@ def save_saelens(params: dict, spec: SAESpec, path: str | Path, model_name: str 
     path = Path(path)
     cfg = {"architecture": spec.architecture, "d_in": spec.d_in, "d_sae": spec.d_sae, "dtype": "float32",
            "device": "cpu", "apply_b_dec_to_input": True, "normalize_activations": "none",
-           "reshape_activations": "hook_z" if spec.site.rsplit(".", 1)[-1] in ("z", "cross_z") else "none", **({"k": spec.k} if spec.architecture == "topk" else {}),
+           "reshape_activations": "hook_z" if spec.site.rsplit(".", 1)[-1] in ("z", "cross_z") else "none",
+           **({"k": spec.k, "rescale_acts_by_decoder_norm": False} if spec.architecture == "topk" else {}),
            "metadata": {"model_name": model_name, "hook_name": hook_name(spec.site, spec.layer),
                         "hook_layer": spec.layer, "sae_lens_version": "6.0.0"},
            "jaxformer": dataclasses.asdict(spec)}

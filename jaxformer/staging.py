@@ -50,7 +50,9 @@ def _choose(what: str | None) -> str:
 
 
 def _article(noun: str) -> str:
-    return "an" if noun[:1].lower() in "aeiou" else "a"
+    """"an" before a vowel sound: a vowel, or an initialism spelt out from a letter named with one ("an SAE")."""
+    word = noun.split(" ", 1)[0]
+    return "an" if word[:1].lower() in "aeiou" or (word.isupper() and word[:1] in "FHLMNRSX") else "a"
 
 
 def check_free(out: str | Path, *, what: str | None = None, noun: str = "output",

@@ -65,7 +65,7 @@ def loss(fn):
 want = reference(q, k, v)
 want_grads = jax.grad(loss(reference), argnums=(0, 1, 2))(q, k, v)
 out = {}
-CASES = ("contiguous reference", "contiguous ring", "zigzag ring")        # the default lane's; train-all: all six
+CASES = ()      # train-all: all six (the default lane checks them on 4 devices: tests/test_context_devices.py)
 for order in ("contiguous", "zigzag"):
     for backend in ("reference", "chunked", "ring"):
         if f"{order} {backend}" not in CASES and "train-all" not in sys.argv[2:]:
@@ -95,11 +95,12 @@ def ring_capped(q, k, v):
         q, k, v, positions, segments)
 
 
-g_want = jax.grad(loss(capped), argnums=(0, 1, 2))(q, k, v)
-g_got = jax.grad(loss(jax.jit(ring_capped)), argnums=(0, 1, 2))(q, k, v)
-out["ring window softcap"] = {"out": float(jnp.max(jnp.abs(jax.jit(ring_capped)(q, k, v) - capped(q, k, v)))),
-                              "grads": max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(g_got, g_want)),
-                              "scale": float(jnp.max(jnp.abs(capped(q, k, v))))}
+if "train-all" in sys.argv[2:]:
+    g_want = jax.grad(loss(capped), argnums=(0, 1, 2))(q, k, v)
+    g_got = jax.grad(loss(jax.jit(ring_capped)), argnums=(0, 1, 2))(q, k, v)
+    out["ring window softcap"] = {"out": float(jnp.max(jnp.abs(jax.jit(ring_capped)(q, k, v) - capped(q, k, v)))),
+                                  "grads": max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(g_got, g_want)),
+                                  "scale": float(jnp.max(jnp.abs(capped(q, k, v))))}
 # the ring's program passes blocks (collective-permute) and never gathers the sequence
 hlo = jax.jit(jax.grad(loss(ring_capped), argnums=(0, 1, 2))).lower(q, k, v).compile().as_text()
 out["ring collectives"] = {"all-gather": hlo.count("all-gather("), "collective-permute": hlo.count("collective-permute(")}

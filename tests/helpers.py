@@ -179,3 +179,28 @@ def stop_now(monkeypatch, signame: str = "SIGTERM") -> None:
 
     from jaxformer import signals
     monkeypatch.setattr(signals, "_startup", types.SimpleNamespace(received=signame))
+
+
+def with_devices(n: int):
+    """A test that needs n devices runs where they are: in this process when it has them (the mutation tool
+    starts its runs with n fake CPU devices: tests/mutation.toml `devices`, so mutmut sees what the test reaches),
+    else as its own node id in a child pytest whose XLA_FLAGS add --xla_force_host_platform_device_count=n."""
+    import functools
+    import os
+    import subprocess
+    import sys
+
+    def wrap(test):
+        @functools.wraps(test)
+        def run(*args, **kwargs):
+            import jax
+            if jax.device_count() >= n:
+                return test(*args, **kwargs)
+            node = os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0]
+            flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n}".strip()
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")} | {"XLA_FLAGS": flags}
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "", node],
+                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+            assert proc.returncode == 0, f"{node} on {n} devices:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
+        return run
+    return wrap

@@ -86,12 +86,11 @@ def test_a_run_resumed_across_context_plans_continues_as_one_run(eight_all, name
     np.testing.assert_allclose(list(got.values()), list(base.values()), rtol=RTOL)
 
 
+@pytest.mark.slow      # the default lane's twin: tests/test_context_devices.py, on 4 devices in or out of process
 @pytest.mark.parametrize("case", ["contiguous reference", "contiguous ring", "zigzag ring", "ring window softcap",
-                                  *(pytest.param(c, marks=pytest.mark.slow) for c in
-                                    ("zigzag reference", "contiguous chunked", "zigzag chunked"))])
-def test_a_sequence_split_over_eight_devices_attends_as_one(request, case):
-    r = request.getfixturevalue("eight_all" if case in ("zigzag reference", "contiguous chunked",
-                                                        "zigzag chunked") else "eight")[case]
+                                  "zigzag reference", "contiguous chunked", "zigzag chunked"])
+def test_a_sequence_split_over_eight_devices_attends_as_one(eight_all, case):
+    r = eight_all[case]
     assert r["out"] < 1e-5 * max(r["scale"], 1.0) and r["grads"] < 1e-5, r
 
 

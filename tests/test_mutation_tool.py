@@ -30,3 +30,13 @@ def test_the_config_names_real_modules_and_tests_and_the_page_is_the_rendering_o
     scores = json.loads((ROOT / "tests" / "mutation_scores.json").read_text())
     assert set(scores) <= set(config["modules"])
     assert (ROOT / "docs" / "mutation.md").read_text() == mutation.render(scores, config)
+    for module, row in scores.items():                  # every row already counts the equivalents named since
+        assert mutation.rescored(row, config["modules"][module].get("equivalent", {})) == row, module
+
+
+def test_a_survivor_judged_equivalent_after_the_run_leaves_the_denominator():
+    row = mutation.score({"x_f__mutmut_1": "killed", "x_f__mutmut_2": "survived", "x_f__mutmut_3": "survived"}, {},
+                         1.0)
+    again = mutation.rescored(row, {"x_f__mutmut_2": "why"})
+    assert again["survivors"] == ["x_f__mutmut_3"] and again["equivalent"] == 1 and again["score"] == 0.5
+    assert mutation._scope(["x_f", "x__g", "xǁBlockǁ__init__"]) == "f, _g, Block.__init__"

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from jaxformer.config import ModelConfig, replaced
-from jaxformer.errors import ConfigError
+from jaxformer.errors import ConfigError, DataError
 from jaxformer.nn import build_model
 from jaxformer.patching import attribution_patching, patching_grid
 
@@ -179,3 +179,119 @@ def test_saturated_attention_blinds_the_estimate_at_the_scores_not_at_the_patter
     assert abs(scores[cell]) > 0.5, scores                          # a patch that matters (1.03 when written)
     assert abs(at_scores) < 0.1 * abs(scores[cell]), (at_scores, scores[cell])              # 0.037: blind
     assert abs(at_pattern - scores[cell]) < 0.25 * abs(scores[cell]), (at_pattern, scores[cell])  # 0.92
+
+# --------------------------------------------------------------------------- where the setting above hides a bug
+# The patching grid and attribution patching (`jaxformer.patching`) where the main tests' setting hides a bug:
+# more layers than rows (an L read from the batch axis), batch=1, an integer metric (the grid takes one), a metric
+# finite on one run only, the calls traced under the user's own jax.jit (inputs and metrics not read on the
+# host), learned position tables, and the named errors' words (which run, which field). The mutants of
+# tests/mutation_scores.json's patching row that these kill are listed with each test.
+
+E_TOKENS = jnp.asarray(np.random.default_rng(3).integers(0, 40, (2, T)))
+E_CORRUPT = E_TOKENS.at[:, 2].set((E_TOKENS[:, 2] + 5) % 40)
+
+
+def gap12(logits):
+    return jnp.mean(logits[:, -1, 1] - logits[:, -1, 2])
+
+
+def edge_lm(layers=3, **kw):
+    kw = {"positional": "rope", **kw}
+    cfg = replaced(ModelConfig(), arch="decoder_only", num_encoder_layers=0, vocab_size=40, d_model=16,
+                   num_heads=2, d_ff=16, num_decoder_layers=layers, max_len=8, runtime__dropout=0.0,
+                   norm__position="pre", **kw)
+    return build_model(cfg, seed=2)
+
+
+@pytest.fixture(scope="module")
+def three():
+    return edge_lm()
+
+
+def test_the_grid_has_one_row_per_layer_and_batch_1_is_batch_none(three):
+    """3 layers, 2 rows: the grid is [L=3, T] (not [B, T]: _cells_10), and batch=1 is accepted and is the cells
+    one at a time (_batch_6, _batch_7), equal to batch=None."""
+    one = np.asarray(patching_grid(three, (E_TOKENS,), (E_CORRUPT,), "resid_pre", gap12, batch=1))
+    assert one.shape == (3, T)
+    whole = patching_grid(three, (E_TOKENS,), (E_CORRUPT,), "resid_pre", gap12)
+    np.testing.assert_allclose(one, np.asarray(whole), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(one[0, 2], 1.0, atol=1e-5)           # the corrupted token restored before layer 0
+    np.testing.assert_allclose(one[0, [0, 1, 3, 4, 5]], 0.0, atol=1e-6)
+
+
+def test_the_grid_takes_an_integer_metric(three):
+    """A count (argmax hits) is a real scalar the grid may difference (only attribution differentiates):
+    refused with grad=True as _scalar's default (_scalar_1) or a dtype test that never holds (_scalar_13..16).
+    The grid of the count equals the grid of the same count as float32, and the count's own patched values."""
+    count = lambda logits: jnp.sum(jnp.argmax(logits[:, -1], -1) == 1)              # noqa: E731
+    grid = np.asarray(patching_grid(three, (E_TOKENS,), (E_CORRUPT,), "resid_pre", count, normalize=False))
+    as_float = lambda logits: count(logits).astype(jnp.float32)                    # noqa: E731
+    np.testing.assert_array_equal(grid, np.asarray(
+        patching_grid(three, (E_TOKENS,), (E_CORRUPT,), "resid_pre", as_float, normalize=False)))
+    # restoring the corrupted token before layer 0 gives the clean run's count
+    assert grid[0, 2] == int(count(three(E_TOKENS)[0])) - int(count(three(E_CORRUPT)[0]))
+
+
+@pytest.mark.parametrize("fn", [patching_grid, attribution_patching])
+def test_a_metric_finite_on_the_clean_run_only_is_named(three, fn):
+    """inf on the corrupted run, finite on the clean one: refused (the `and` of the two finiteness tests:
+    _normalized_16), as an inf on both is."""
+    clean, corrupt = (np.asarray(three(x)[0][:, -1]) for x in (E_TOKENS, E_CORRUPT))
+    v = int(np.argmax(np.abs(clean - corrupt).max(0)))                # the logit the corruption moves most
+    r = int(np.argmax(np.abs(clean[:, v] - corrupt[:, v])))
+    mid = float(clean[r, v] + corrupt[r, v]) / 2
+    up = corrupt[r, v] > clean[r, v]
+    bad = lambda logits: jnp.where((logits[r, -1, v] > mid) == up, jnp.inf, 0.0) + logits[r, -1, v]  # noqa: E731
+    with pytest.raises(DataError, match=r"metric\(clean\) = \S+, metric\(corrupt\) = inf: a metric that is not "
+                                        r"finite"):
+        fn(three, (E_TOKENS,), (E_CORRUPT,), "resid_pre", bad)
+
+
+@pytest.mark.parametrize("fn", [patching_grid, attribution_patching])
+def test_the_calls_trace_under_a_users_jit(three, fn):
+    """Inside the user's jax.jit the inputs and the metric's values are tracers: nothing of them is read on the
+    host (_inputs_94, _normalized_1: a host read of a tracer), and the result is the eager one."""
+    traced = jax.jit(lambda c, k: fn(three, (c,), (k,), "resid_pre", gap12))(E_TOKENS, E_CORRUPT)
+    eager = fn(three, (E_TOKENS,), (E_CORRUPT,), "resid_pre", gap12)
+    np.testing.assert_allclose(np.asarray(traced), np.asarray(eager), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn", [patching_grid, attribution_patching])
+def test_concrete_positions_are_checked_when_the_tokens_are_traced(fn):
+    """The tokens traced, the positions a concrete array: the positions are still checked (a `break` at the
+    first traced input would skip them: _inputs_96), in a learned table (_inputs_63, _inputs_64)."""
+    m = edge_lm(layers=1, positional="learned")
+    positions = jnp.broadcast_to(jnp.arange(T), (2, T)) + 3            # 8 is past model.max_len=8
+    with pytest.raises(DataError, match=r"clean input 1 \[2, 6\]: row 0, position 5 holds 8, outside the position "
+                                        r"table \[0, 8\) \(model.max_len\)"):
+        jax.jit(lambda c, k: fn(m, (c, positions), (k, positions), "resid_pre", gap12))(E_TOKENS, E_CORRUPT)
+
+
+@pytest.mark.parametrize("fn", [patching_grid, attribution_patching])
+@pytest.mark.parametrize("clean, corrupt, says", [
+    ((E_TOKENS,), 5, r"^corrupt must be a tuple of the model's inputs, .*; got a int$"),
+    ((E_TOKENS,), [E_CORRUPT[0]], r"^corrupt input 0 is \[6\]"),
+    ((E_TOKENS,), (E_CORRUPT.at[1, 4].set(40),), r"^corrupt input 0 \[2, 6\]: row 1, position 4 holds 40, outside the "
+                                              r"vocabulary \[0, 40\) \(model.vocab_size\)$")])
+def test_the_named_errors_name_the_run_and_the_field(three, fn, clean, corrupt, says):
+    """Which run ("corrupt", _inputs_17/18/46/47), what was passed (a int, not "an array []": _inputs_22/31), the
+    id equal to vocab_size refused (not only past it: _inputs_104), the field (_inputs_69/70)."""
+    with pytest.raises(DataError, match=says):
+        fn(three, clean, corrupt, "resid_pre", gap12)
+
+
+def test_values_another_process_holds_are_not_read():
+    """On many hosts the metric's values are global arrays this process holds part of: the finiteness and
+    zero-difference checks read values this process holds only (an attribute misnamed or read off the wrong
+    object would read a global array: _normalized_3, _9, _10)."""
+    from jaxformer import patching
+
+    class Remote:                       # a global array's face: not fully addressable, not to be read
+        is_fully_addressable = False
+
+        def __float__(self):
+            raise AssertionError("read a value another process holds")
+    effect = jnp.ones(3)
+    assert patching._normalized(effect, Remote(), Remote(), True) is effect
+    with pytest.raises(DataError, match="normalize=True divides by their difference"):
+        patching._normalized(effect, jnp.float32(1.0), jnp.float32(1.0), True)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, with_devices
 from jaxformer.config import ConfigError, ParallelConfig
 from jaxformer.nn import pipeline
 from jaxformer.parallel import Plan
@@ -132,6 +132,7 @@ def test_split_rows_is_strided_and_merge_undoes_it():
     assert s.shape == (4, 3, 1) and s[1, :, 0].tolist() == [1, 5, 9]
     assert (pipeline.merge_rows(s) == a).all()
     assert pipeline.usable_microbatches(12, 8) == 6 and pipeline.usable_microbatches(7, 4) == 1
+    assert pipeline.usable_microbatches(6, 2) == 2 and pipeline.usable_microbatches(4, 3) == 2      # never more
 
 
 class _Ctx(NamedTuple):
@@ -170,6 +171,100 @@ def test_the_schedule_equals_running_the_groups_in_order(stages, groups, rows, m
         got = jax.jit(lambda x, w, s: pipeline.run(_make_body, (w, None, index), x, _Ctx(s), plan=plan,
                                                    stages=stages, microbatches=microbatches))(x, w, shift)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_bfloat16_stack_is_the_groups_scanned_in_order_bit_for_bit():
+    """The schedule only reorders the work: in bfloat16 each row's groups run the same ops in the same dtype as
+    scanning them in order, so the two agree exactly (a stage buffer of another dtype computes in it: 8e-3 off)."""
+    rng = np.random.default_rng(0)
+    x, w, shift = (jnp.asarray(rng.normal(size=s), jnp.bfloat16) for s in ((6, 2, 3), (6, 3), (6,)))
+    index = np.arange(6, dtype=np.int32)[:, None]
+    plan = Plan(ParallelConfig(), jax.devices()[:1])
+    with plan.use():
+        got = jax.jit(lambda x, w, s: pipeline.run(_make_body, (w, None, index), x, _Ctx(s), plan=plan, stages=3,
+                                                   microbatches=3))(x, w, shift)
+    want = jax.jit(lambda x, w: jax.lax.scan(_make_body(_Ctx(shift)), x, (w, None, index))[0])(x, w)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+class _RichCtx(NamedTuple):
+    """Leaves of every kind a Context has: per-row ([rows]), broadcast ([1, D]), a traced scalar, a Python float
+    (each but the first kept whole for every micro-batch), and hooks (kept as they are)."""
+    shift: jax.Array
+    bias: jax.Array
+    offset: jax.Array
+    scale: float
+    hooks: object = None
+
+
+def _make_rich_body(ctx):
+    """Group g on micro-batch i: h -> hooks(tanh(h · w_g · scale + g/10 + bias) + shift[row] + offset + u), u a
+    uniform draw of the group's dropout key folded with i."""
+    def body(h, xs):
+        w, keys, layer = xs
+        u = jax.random.uniform(keys[0], h.shape[-1:])
+        h = jnp.tanh(h * w * ctx.scale + 0.1 * layer[0] + ctx.bias[:, None]) + ctx.shift[:, None, None]
+        return ctx.hooks(h + ctx.offset + u), {}
+    return body
+
+
+def _rich_reference(x, w, keys, ctx, microbatches):
+    """The groups in order on each row, row r in micro-batch r mod M (`split_rows`), its keys folded with it."""
+    want = np.asarray(x, np.float64).copy()
+    for r in range(x.shape[0]):
+        for g in range(w.shape[0]):
+            u = np.asarray(jax.random.uniform(jax.random.fold_in(keys[g, 0], r % microbatches), (x.shape[-1],)))
+            h = np.tanh(want[r] * w[g] * ctx.scale + 0.1 * g + np.asarray(ctx.bias)) + float(ctx.shift[r])
+            want[r] = (h + float(ctx.offset) + u) * 0.5
+    return want
+
+
+def _rich_run(plan, stages, groups, rows, microbatches):
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(rows, 2, 3)).astype(np.float32)
+    w = rng.normal(size=(groups, 3)).astype(np.float32)
+    ctx = _RichCtx(jnp.asarray(rng.normal(size=rows), jnp.float32), jnp.asarray(rng.normal(size=(1, 3)), jnp.float32),
+                   jnp.float32(0.25), 0.75, lambda h: h * 0.5)
+    keys = jax.random.split(jax.random.key(3), groups)[:, None]                          # [G, 1]
+    index = np.arange(groups, dtype=np.int32)[:, None]
+    with plan.use():           # the arrays traced, the Python float and the hooks closed over as a Context holds them
+        f = jax.jit(lambda x, w, keys, shift, bias, offset: pipeline.run(
+            _make_rich_body, (w, keys, index), x, ctx._replace(shift=shift, bias=bias, offset=offset), plan=plan,
+            stages=stages, microbatches=microbatches))
+        got = f(x, w, keys, ctx.shift, ctx.bias, ctx.offset)
+        hlo = f.lower(x, w, keys, ctx.shift, ctx.bias, ctx.offset).compile().as_text()
+    np.testing.assert_allclose(np.asarray(got), _rich_reference(x, w, keys, ctx, microbatches), rtol=1e-5, atol=1e-5)
+    return hlo
+
+
+def test_every_kind_of_context_leaf_dropout_keys_and_hooks_reach_each_micro_batch():
+    """Per-row leaves split with their rows, the others (broadcast, scalar, Python number) whole, the hooks kept,
+    and each group's dropout key folded with the micro-batch's index (so micro-batches draw differently), at 3
+    stages of 2 groups and 3 micro-batches, against the groups run in order on each row."""
+    _rich_run(Plan(ParallelConfig(), jax.devices()[:1]), stages=3, groups=6, rows=6, microbatches=3)
+
+
+def test_a_body_that_returns_aux_is_refused():
+    """A pipelined stack returns no aux (MoE router statistics, captured sites): refused, not dropped."""
+    plan = Plan(ParallelConfig(), jax.devices()[:1])
+    body = lambda ctx: lambda h, xs: (h, {"seen": h})                                      # noqa: E731
+    with plan.use(), pytest.raises(ValueError, match="cannot return the blocks' aux"):
+        pipeline.run(body, (jnp.ones((2, 3)), None, jnp.zeros((2, 1), jnp.int32)), jnp.ones((2, 2, 3)),
+                     _Ctx(jnp.zeros(2)), plan=plan, stages=2, microbatches=2)
+
+
+@with_devices(4)
+def test_stages_on_their_own_devices_hand_over_and_rows_split_leniently():
+    """On 4 devices: at stage=4 each stage's buffer lives on its device, so the hand-over between stages is a
+    collective-permute and nothing is all-gathered (a buffer or stage output left unpinned is gathered; one
+    replicated over the stages would run every stage everywhere: no permute); at
+    data=2 × stage=2 a micro-batch of 1 row is not split over data (the activation spec drops what does not
+    divide, instead of refusing or mis-sharding). Both against the groups run in order."""
+    hlo = _rich_run(Plan(ParallelConfig(stage=4, data=1), jax.devices()[:4]), 4, 4, 4, 2)
+    assert "collective-permute(" in hlo and "all-gather(" not in hlo          # a stage's buffer is never gathered
+    hlo = _rich_run(Plan(ParallelConfig(stage=2, data=2), jax.devices()[:4]), 2, 2, 2, 2)
+    assert "all-gather(" not in hlo and "all-to-all(" not in hlo               # nor resharded between steps
 
 
 @pytest.mark.parametrize("name", list(REFUSED))

@@ -333,3 +333,141 @@ def test_a_z_sae_trains_on_the_heads_flattened(model):
     assert params["W_enc"].shape == (32, 16) and np.isfinite(float(log[-1]["loss"]))
     with pytest.raises(ConfigError, match="sae.d_in=8 but site 'z' has width 32"):
         train_sae(model, [_batch(0)], SAESpec(d_in=8, d_sae=16, k=2, site="z", layer=1), steps=1)
+
+
+def test_an_encoder_z_sae_is_written_with_its_heads_flattened(tmp_path):
+    """encoder.z (and cross_z) hold heads as z does: the folder says hook_z, and reads back as the same spec."""
+    import json
+    for site in ("encoder.z", "cross_z", "z"):
+        spec = SAESpec(d_in=8, d_sae=16, site=site, layer=0, k=2)
+        params = {"W_enc": jnp.zeros((8, 16)), "b_enc": jnp.zeros(16), "W_dec": jnp.zeros((16, 8)),
+                  "b_dec": jnp.zeros(8)}
+        path = save_saelens(params, spec, tmp_path / site)
+        assert json.loads((path / "cfg.json").read_text())["reshape_activations"] == "hook_z", site
+        assert load_saelens(path)[1] == spec
+
+
+def test_an_sae_folder_is_refused_over_a_users_files_by_that_name(tmp_path):
+    from jaxformer.errors import OutputError
+    spec = SAESpec(d_in=8, d_sae=16, site="resid_post", layer=0, k=2)
+    (tmp_path / "sae").mkdir()
+    (tmp_path / "sae" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match=r"sae is not empty \(it holds notes.txt\); an SAE folder is written only"):
+        save_saelens(init_sae(spec, jax.random.key(0)), spec, tmp_path / "sae")
+
+
+def test_resampling_points_the_ith_dead_latent_at_the_ith_worst_real_row(model, monkeypatch):
+    """The resampling rule against NumPy (float64), on rows given directly (`site_rows` stood in for): real
+    rows ranked by squared reconstruction error, worst first, padding rows after every real one whatever their
+    error (here the largest, and every real error is below 1); the i-th dead latent's decoder row is the unit
+    direction of its row minus b_dec, its encoder column that direction times 0.2 × the live columns' mean
+    norm, its b_enc 0, its Adam moments and its since-fired count 0; live latents and b_dec as they were."""
+    import optax
+    from flax import nnx
+
+    from jaxformer import sae as module
+    spec = SAESpec(d_in=4, d_sae=10, architecture="standard", site="resid_mid", layer=0, dead_steps=3,
+                   resample_every=4)
+    rng = np.random.default_rng(5)
+    p = {n: v * 0.3 for n, v in _params(spec, seed=5).items()}
+    x = rng.standard_normal((9, 4)).astype(np.float32) * 0.2
+    x[[2, 6]] *= 40.0                                                    # the padding rows: the worst reconstructed
+    w = np.ones(9, np.float32)
+    w[[2, 6]] = 0.0
+    monkeypatch.setattr(module, "site_rows", lambda *a: (jnp.asarray(x), jnp.asarray(w)))
+    tx = optax.adam(spec.lr)
+    opt = jax.tree.map(lambda a: a + 1.0 if a.dtype == jnp.float32 else a, tx.init(p))
+    since = np.array([0, 5, 1, 3, 9, 0, 2, 4, 0, 1], np.int32)              # dead: 1, 3, 4, 7
+    graphdef, state = nnx.split(model)
+    out = module._resample_program({"params": {n: jnp.asarray(v) for n, v in p.items()}, "opt": opt,
+                                    "since_fired": jnp.asarray(since)}, graphdef, state, None, spec=spec)
+    q = {n: np.asarray(v, np.float64) for n, v in p.items()}
+    x64 = x.astype(np.float64)
+    err = (((np.maximum((x64 - q["b_dec"]) @ q["W_enc"] + q["b_enc"], 0) @ q["W_dec"] + q["b_dec"] - x64) ** 2)
+           .sum(-1))
+    assert err[w > 0].max() < 1.0 < err[w == 0].min()
+    worst = [int(r) for r in np.argsort(-np.where(w > 0, err, -1.0), kind="stable")]
+    dead = np.flatnonzero(since >= 3)
+    scale = 0.2 * np.linalg.norm(q["W_enc"][:, since < 3], axis=0).mean()
+    got = {n: np.asarray(v, np.float64) for n, v in out["params"].items()}
+    for i, j in enumerate(dead):
+        d = x64[worst[i]] - q["b_dec"]
+        d /= np.linalg.norm(d)
+        np.testing.assert_allclose(got["W_dec"][j], d, rtol=1e-5, atol=1e-6, err_msg=f"dead latent {j}")
+        np.testing.assert_allclose(got["W_enc"][:, j], d * scale, rtol=1e-5, atol=1e-6, err_msg=f"dead latent {j}")
+    live = since < 3
+    np.testing.assert_array_equal(got["W_dec"][live], q["W_dec"][live])
+    np.testing.assert_array_equal(got["b_enc"], np.where(live, q["b_enc"], 0.0))
+    np.testing.assert_array_equal(got["b_dec"], q["b_dec"])
+    np.testing.assert_array_equal(np.asarray(out["since_fired"]), np.where(live, since, 0))
+    adam = out["opt"][0]
+    for moments in (adam.mu, adam.nu):
+        np.testing.assert_array_equal(np.asarray(moments["W_enc"]), np.where(live[None, :], 1.0, 0.0).repeat(4, 0))
+        np.testing.assert_array_equal(np.asarray(moments["W_dec"]), np.where(live[:, None], 1.0, 0.0).repeat(4, 1))
+        np.testing.assert_array_equal(np.asarray(moments["b_enc"]), np.where(live, 1.0, 0.0))
+        np.testing.assert_array_equal(np.asarray(moments["b_dec"]), 1.0)
+
+
+def test_our_training_settings_round_trip_and_a_hand_edited_folder_is_named(tmp_path):
+    """Settings SAELens has no field for (l1, aux, lr, dead_steps, resample_every) come back from our "jaxformer"
+    entry; an entry that disagrees with the SAELens fields is refused naming the file."""
+    import json
+    from jaxformer.errors import DataError
+    spec = SAESpec(d_in=8, d_sae=16, site="resid_mid", layer=1, architecture="standard", l1=2.5, aux=0.1, lr=1e-3,
+                   dead_steps=7, resample_every=3)
+    path = save_saelens(init_sae(spec, jax.random.key(0)), spec, tmp_path / "sae")
+    assert load_saelens(path)[1] == spec
+    cfg = json.loads((path / "cfg.json").read_text())
+    assert cfg["metadata"]["model_name"] == "jaxformer"                                  # the default
+    cfg["jaxformer"]["d_sae"] = 32
+    (path / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(DataError, match=rf"^{path / 'cfg.json'}: jaxformer.d_sae=32 disagrees with the SAELens "
+                                        rf"fields \(d_sae 16\)"):
+        load_saelens(path)
+
+
+@pytest.mark.parametrize("architecture", ["topk", "standard"])
+def test_a_topk_sae_keeps_unit_decoder_rows_and_a_standard_one_does_not(model, architecture):
+    """Gao et al.'s TopK renormalises the decoder rows after every step; a standard SAE's L1 reads their norms
+    (Anthropic's April update), so they are left as trained: here started at norm 3, they stay near 3."""
+    spec = SAESpec(d_in=D, d_sae=64, architecture=architecture, k=8, l1=0.01, site="resid_mid", layer=0)
+    p = init_sae(spec, jax.random.key(0))
+    p["W_dec"] = p["W_dec"] * 3.0
+    params, _ = train_sae(model, (_batch(i) for i in range(2)), spec, steps=2, params=p)
+    norms = np.linalg.norm(np.asarray(params["W_dec"]), axis=-1)
+    if architecture == "topk":
+        np.testing.assert_allclose(norms, 1.0, rtol=1e-5)
+    else:
+        np.testing.assert_allclose(norms, 3.0, rtol=0.05)
+
+
+def test_a_training_step_fits_the_real_rows_only(model):
+    """One step of train_sae on a batch with padding (valid 0 past position 8) is one Adam step on the loss of
+    the real rows alone: the model is causal, so its first 8 positions are those of the batch cut at 8."""
+    import optax
+    from jaxformer.sae import SiteInputs
+    spec = SAESpec(d_in=D, d_sae=64, architecture="standard", l1=0.01, site="resid_post", layer=1)
+    p = {n: jnp.asarray(v) for n, v in _params(spec).items()}
+    tokens = _batch(6)[0]
+    valid = jnp.ones(tokens.shape).at[:, 8:].set(0)
+    got, _ = train_sae(model, [SiteInputs((tokens,), {}, valid)], spec, steps=1, params=dict(p))
+    x = site_rows(model, (tokens[:, :8],), spec)[0]
+    grads = jax.grad(lambda q: sae_loss(q, x, spec, jnp.zeros(64, bool))[0])(p)
+    tx = optax.adam(spec.lr)
+    want = optax.apply_updates(p, tx.update(grads, tx.init(p), p)[0])
+    for n in p:
+        np.testing.assert_allclose(np.asarray(got[n]), np.asarray(want[n]), rtol=1e-5, atol=1e-7, err_msg=n)
+
+
+@pytest.mark.parametrize("real", [8, 1])
+def test_b_dec_starts_at_the_mean_of_the_first_batchs_real_rows(model, real):
+    """Without params, b_dec starts at the first batch's mean real row (padding left out; one real position: that
+    row itself); an lr of 1e-9 leaves one step's params at their start."""
+    from jaxformer.sae import SiteInputs
+    spec = SAESpec(d_in=D, d_sae=64, site="resid_post", layer=0, k=4, lr=1e-9)
+    tokens = _batch(7)[0]
+    valid = jnp.zeros(tokens.shape).at[:, :real].set(1) if real > 1 else jnp.zeros(tokens.shape).at[0, 0].set(1)
+    got, _ = train_sae(model, [SiteInputs((tokens,), {}, valid)], spec, steps=1)
+    x = np.asarray(site_rows(model, (tokens,), spec)[0], np.float64)
+    want = x[np.asarray(valid).reshape(-1) > 0].mean(0)
+    np.testing.assert_allclose(np.asarray(got["b_dec"]), want, rtol=1e-4, atol=1e-5)

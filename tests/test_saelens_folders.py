@@ -231,3 +231,29 @@ def test_sites_an_sae_cannot_read_are_named(model):
         with pytest.raises(ConfigError, match=message):
             check_site(model, site, 0)
     check_site(model, "z", 1)
+
+
+@pytest.mark.parametrize("architecture, site, layer", [("topk", "resid_post", 1), ("standard", "z", 0)])
+def test_our_cfg_json_is_the_one_saelens_writes_for_the_same_sae(tmp_path, architecture, site, layer):
+    """save_saelens' cfg.json against SAELens' own `save_model` of an SAE of the same settings: every field SAELens
+    writes, ours holds with SAELens' value (metadata: the hook and model), and ours adds only "jaxformer" (which
+    SAELens ignores); z's heads flattened (reshape_activations hook_z), a TopK's decoder norms not rescaled."""
+    from jaxformer.saelens import hook_name
+    spec = SAESpec(d_in=32, d_sae=48, site=site, layer=layer, architecture=architecture, k=4)
+    params = {"W_enc": jnp.zeros((32, 48)), "b_enc": jnp.zeros(48), "W_dec": jnp.zeros((48, 32)),
+              "b_dec": jnp.zeros(32)}
+    ours = json.loads((save_saelens(params, spec, tmp_path / "ours", model_name="tiny") / "cfg.json").read_text())
+    cls, config = (sl.TopKSAE, sl.TopKSAEConfig) if architecture == "topk" else (sl.StandardSAE, sl.StandardSAEConfig)
+    extra = {"k": 4} if architecture == "topk" else {}
+    reshape = "hook_z" if site.endswith("z") else "none"
+    cls(config(d_in=32, d_sae=48, dtype="float32", device="cpu", apply_b_dec_to_input=True,
+               normalize_activations="none", reshape_activations=reshape, **extra,
+               metadata=SAEMetadata(hook_name=hook_name(site, layer), model_name="tiny"))
+        ).save_model(tmp_path / "theirs")
+    theirs = json.loads((tmp_path / "theirs" / "cfg.json").read_text())
+    assert set(ours) - set(theirs) == {"jaxformer"}, set(ours) ^ set(theirs)
+    for key in set(theirs) - {"metadata"}:
+        assert ours.get(key) == theirs[key], (key, ours.get(key), theirs[key])
+    for key in ("hook_name", "model_name"):
+        assert ours["metadata"][key] == theirs["metadata"][key]
+    assert ours["reshape_activations"] == reshape

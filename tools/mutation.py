@@ -17,12 +17,19 @@ function (so a jitted function is written undecorated and jitted by assignment w
 `_grid = jax.jit(_grid_program, ...)`), nor module-level code. The text of an error message is not mutated
 (lines starting `raise X(`: that an error is raised, and where, is mutated; its wording is prose).
 
+A test that needs several devices reaches the code in its own process only (mutmut records which tests reach
+which function there, not in a child process): such a module's entry names `devices`, the run gets that many fake
+CPU devices, and its tests (`helpers.with_devices`) run in the process instead of a child. A module's entry may
+name `functions` (mutmut's mangled names: `x_name` for a function, `xǁClassǁmethod` for a
+method): then only those are mutated and scored, for a capability that is a few functions of a larger file.
+
 Score = (killed + timeout) / (mutants − equivalent); a mutant no test reaches ("no tests") counts as a survivor.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import fnmatch
 import json
 import os
 import platform
@@ -46,6 +53,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("modules", nargs="*", help="module paths, e.g. jaxformer/patching.py (default: every one listed)")
     p.add_argument("--children", type=int, default=2, help="mutants tested at once (mutmut --max-children)")
+    p.add_argument("--survivors", action="store_true",
+                   help="rerun only the module's survivors of the score table (after tests were added)")
     p.add_argument("--render-only", action="store_true", help="only render docs/mutation.md from the scores")
     args = p.parse_args(argv)
     config = tomllib.loads(CONFIG.read_text())
@@ -55,9 +64,18 @@ def main(argv=None) -> int:
         print(f"not in {CONFIG.relative_to(ROOT)}: {unknown} (add the module with the tests that cover it)")
         return 2
     scores = json.loads(SCORES.read_text()) if SCORES.exists() else {}
-    if not args.render_only:
+    scores = {m: rescored(r, config["modules"].get(m, {}).get("equivalent", {})) for m, r in scores.items()}
+    if args.render_only:
+        SCORES.write_text(json.dumps(scores, indent=1, sort_keys=True) + "\n")
+    else:
         for module in modules:
-            scores[module] = run_module(module, config, args.children)
+            again = scores.get(module, {}).get("survivors", []) if args.survivors else []
+            row = run_module(module, config, args.children, again)
+            if again:                                       # the minutes: the whole run's and the rerun's
+                row["seconds"] += scores[module]["seconds"]
+            scores = json.loads(SCORES.read_text()) if SCORES.exists() else {}     # another module's run may have
+            scores[module] = row                                                    # written its row meanwhile
+            scores = {m: rescored(r, config["modules"].get(m, {}).get("equivalent", {})) for m, r in scores.items()}
             SCORES.write_text(json.dumps(scores, indent=1, sort_keys=True) + "\n")
             row = scores[module]
             print(f"{module}: {row['killed']}/{row['mutants'] - row['equivalent']} killed ({row['score']:.1%}), "
@@ -66,8 +84,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def run_module(module: str, config: dict, children: int) -> dict:
-    """Mutate `module`, run mutmut in its own folder, -> its score row."""
+def run_module(module: str, config: dict, children: int, again: list[str] = ()) -> dict:
+    """Mutate `module`, run mutmut in its own folder, -> its score row. again: mutant names to rerun (mutmut
+    keeps every other verdict: a changed test selection would reset them all, so survivors' tests go in a file
+    already listed)."""
     entry = config["modules"][module]
     work = WORK / module.replace("/", "_").removesuffix(".py")
     _copy_tree(work)
@@ -82,14 +102,21 @@ def run_module(module: str, config: dict, children: int) -> dict:
         f.write("\n[tool.mutmut]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
     (work / "mutants").mkdir(exist_ok=True)     # on PYTHONPATH before mutmut fills it: a path missing when Python
     env = {**os.environ, "PYTHONPATH": str(work / "mutants"), "JAX_PLATFORMS": "cpu"}   # starts is never searched
+    if entry.get("devices"):        # tests that need n devices run in mutmut's process (helpers.with_devices)
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={entry['devices']}"
     mutmut = str(Path(sys.executable).with_name("mutmut"))
+    dotted = module.removesuffix(".py").replace("/", ".")
+    only = [f"{dotted}.{f}__mutmut_*" for f in entry.get("functions", [])]
     start = time.time()
     with open(work / "mutmut.log", "w") as log:          # mutmut's own progress and errors, kept for a look
-        subprocess.run([mutmut, "run", "--max-children", str(children)], cwd=work, env=env, check=False,
+        subprocess.run([mutmut, "run", "--max-children", str(children),
+                        *([f"{dotted}.{n}" for n in again] or only)], cwd=work, env=env, check=False,
                        stdout=log, stderr=subprocess.STDOUT)
     seconds = time.time() - start
     out = subprocess.run([mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True)
     status = dict(re.findall(r"^\s*(\S+__mutmut_\d+): (.+)$", out.stdout, re.M))
+    if only:                                            # a module's named functions only (its `functions`)
+        status = {n: s for n, s in status.items() if any(fnmatch.fnmatch(n, pat) for pat in only)}
     return score(status, entry.get("equivalent", {}), seconds)
 
 
@@ -109,6 +136,23 @@ def score(status: dict[str, str], equivalent: dict[str, str], seconds: float) ->
                                                   f"{os.cpu_count()} cores", "date": str(datetime.date.today())}
 
 
+def rescored(row: dict, reasons: dict) -> dict:
+    """A row with the survivors judged equivalent since its run (tests/mutation.toml) moved to `equivalent`."""
+    moved = [n for n in row["survivors"] if n in reasons]
+    if not moved:
+        return row
+    survivors = [n for n in row["survivors"] if n not in reasons]
+    equivalent = row["equivalent"] + len(moved)
+    return {**row, "survivors": survivors, "equivalent": equivalent,
+            "unchecked": [n for n in row["unchecked"] if n in survivors],
+            "score": row["killed"] / max(row["mutants"] - equivalent, 1)}
+
+
+def _scope(functions: list[str]) -> str:
+    """mutmut's mangled names as Python's: x_name -> name, xǁClassǁmethod -> Class.method."""
+    return ", ".join(".".join(p for p in f.split("ǁ")[1:]) if "ǁ" in f else f.removeprefix("x_") for f in functions)
+
+
 def render(scores: dict, config: dict) -> str:
     lines = ["# Mutation scores", "",
              "Rendered by `tools/mutation.py` from `tests/mutation_scores.json` (`make mutants MODULES=...`; the",
@@ -116,8 +160,11 @@ def render(scores: dict, config: dict) -> str:
              "| module | mutants | killed | equivalent | survivors | score | minutes | machine, date |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for module, r in sorted(scores.items()):
-        lines.append(f"| `{module}` | {r['mutants']} | {r['killed']} | {r['equivalent']} | {len(r['survivors'])} | "
-                     f"{r['score']:.1%} | {r['seconds'] / 60:.0f} | {r['machine']}, {r['date']} |")
+        only = config["modules"].get(module, {}).get("functions")
+        scope = f" ({_scope(only)} only)" if only else ""
+        lines.append(f"| `{module}`{scope} | {r['mutants']} | {r['killed']} | {r['equivalent']} | "
+                     f"{len(r['survivors'])} | {r['score']:.1%} | {r['seconds'] / 60:.0f} | {r['machine']}, "
+                     f"{r['date']} |")
     for module, r in sorted(scores.items()):
         reasons = config["modules"].get(module, {}).get("equivalent", {})
         if reasons or r["survivors"]:

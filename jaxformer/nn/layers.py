@@ -228,7 +228,6 @@ class EncoderBlock(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, moe: bool = False, rngs: nnx.Rngs):
         self.cfg = cfg
         self.self_attn = self_attention(cfg)(cfg, self_attention=True, stack="encoder", rngs=rngs)
-        self.moe = moe
         self.ffn = make_ffn(cfg, moe, rngs, stack="encoder")
         self.res_attn = Residual(cfg, stack="encoder", rngs=rngs)
         self.res_ffn = Residual(cfg, stack="encoder", rngs=rngs)
@@ -259,7 +258,6 @@ class DecoderBlock(nnx.Module):
         if cross:
             self.cross_attn = MultiHeadAttention(cfg, self_attention=False, rngs=rngs)
             self.res_cross = Residual(cfg, rngs=rngs)
-        self.moe = moe
         self.ffn = make_ffn(cfg, moe, rngs)
         self.res_ffn = Residual(cfg, rngs=rngs)
 

@@ -31,7 +31,7 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
     return (stages - 1) / (microbatches + stages - 1)
 
 
-def held(t, stages: int, microbatches: int, xp=jnp):
+def held(t, stages: int, xp=jnp):
     """The micro-batch each stage holds at iteration t: [P] ints t-p; outside [0, M) the slot is a bubble."""
     return t - xp.arange(stages)
 
@@ -40,7 +40,7 @@ def schedule(stages: int, microbatches: int) -> np.ndarray:
     """[M+P-1, P] the micro-batch that `run` has each stage work on at each iteration (-1: a bubble), from the
     same `held` the schedule runs with."""
     it = np.arange(microbatches + stages - 1)[:, None]
-    m = held(it, stages, microbatches, xp=np)
+    m = held(it, stages, xp=np)
     return np.where((m >= 0) & (m < microbatches), m, -1)
 
 
@@ -105,7 +105,7 @@ def run(make_body: Callable, xs, x: jax.Array, ctx, *, plan, stages: int, microb
         buf, out = carry                                    # buf [P, B/M, T, D]: each stage's input
         buf = buf.at[0].set(jnp.where(t < m, inputs[jnp.minimum(t, m - 1)], buf[0]))
         buf = jax.lax.with_sharding_constraint(buf, on_stages)
-        i = jnp.clip(held(t, p, m), 0, m - 1)             # the micro-batch each stage holds (clipped in bubbles)
+        i = jnp.clip(held(t, p), 0, m - 1)             # the micro-batch each stage holds (clipped in bubbles)
         y = jax.vmap(stage, spmd_axis_name="stage")(buf, per_stage, i)
         y = jax.lax.with_sharding_constraint(y, on_stages)
         done = jnp.clip(t - (p - 1), 0, m - 1)             # the micro-batch the last stage finished
