@@ -471,3 +471,95 @@ def test_b_dec_starts_at_the_mean_of_the_first_batchs_real_rows(model, real):
     x = np.asarray(site_rows(model, (tokens,), spec)[0], np.float64)
     want = x[np.asarray(valid).reshape(-1) > 0].mean(0)
     np.testing.assert_allclose(np.asarray(got["b_dec"]), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("architecture", ["standard", "topk"])
+def test_train_sae_resamples_a_standard_saes_dead_latents_on_its_schedule_only(model, architecture):
+    """resample_every=2, dead after 1 step unfired: latents 0..9 (b_enc −1e4) are dead at step 1; a standard SAE
+    resamples them before step 2 (dead 0 again), a TopK one never resamples (its dead latents are AuxK's)."""
+    spec = SAESpec(d_in=D, d_sae=64, architecture=architecture, k=8, l1=0.01, site="resid_mid", layer=0,
+                   dead_steps=1, resample_every=2)
+    p = init_sae(spec, jax.random.key(0))
+    p["b_enc"] = p["b_enc"].at[:10].set(-1e4)
+    _, log = train_sae(model, (_batch(i) for i in range(3)), spec, steps=3, params=p)
+    want = [0, 10, 0] if architecture == "standard" else [0, 10, 10]
+    assert [round(float(m["dead"]) * 64) for m in log] == want
+
+
+def test_evaluate_sae_weighs_the_loss_by_the_weights_given(model):
+    """Explicit weights (here the first 5 positions) decide which targets the clean loss averages, and the call's
+    keywords (two documents packed in a row: segment ids) reach the model, against its log-softmax in NumPy."""
+    from jaxformer.sae import SiteInputs
+    spec = SAESpec(d_in=D, d_sae=64, site="resid_post", layer=0, k=4)
+    tokens = _batch(8)[0]
+    targets = jnp.roll(tokens, -1, 1)
+    weights = jnp.zeros(tokens.shape).at[:, :5].set(1)
+    seg = jnp.ones(tokens.shape, jnp.int32).at[:, 3:].set(2)
+    inputs = SiteInputs((tokens,), {"segment_ids": seg})
+    report = evaluate_sae(model, init_sae(spec, jax.random.key(0)), spec, inputs, targets, weights)
+    logits = np.asarray(model(tokens, segment_ids=seg)[0], np.float64)
+    assert not np.allclose(logits, np.asarray(model(tokens)[0]), atol=1e-3)          # the keywords matter
+    top = logits.max(-1, keepdims=True)
+    logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(logp, np.asarray(targets)[..., None], -1)[..., 0]
+    assert report["loss_clean"] == pytest.approx(nll[:, :5].mean(), rel=1e-5)
+
+
+def test_evaluate_sae_reports_what_numpy_computes_from_the_captured_rows(model):
+    """Every number of the report against NumPy (float64) on the captured site rows, padding (valid 0) left out:
+    mse and l0 per real row, fve against the real rows' mean, dead = latents firing on no real row, the loss with
+    the site zeroed at the SAE's layer (only there), and recovered = (zero − spliced) / (zero − clean)."""
+    from jaxformer.sae import SiteInputs
+    spec = SAESpec(d_in=D, d_sae=48, site="resid_post", layer=1, k=3)
+    p = _params(spec, seed=9)
+    tokens = _batch(9)[0]
+    targets = jnp.roll(tokens, -1, 1)
+    valid = jnp.ones(tokens.shape).at[:, 9:].set(0)
+    r = evaluate_sae(model, {n: jnp.asarray(v) for n, v in p.items()}, spec, SiteInputs((tokens,), {}, valid),
+                     targets)
+    x = np.asarray(model(tokens, capture=("resid_post",))[1]["captured"]["resid_post"][1], np.float64)
+    x = x.reshape(-1, D)[np.asarray(valid).reshape(-1) > 0]
+    q = {n: v.astype(np.float64) for n, v in p.items()}
+    f = _np_encode(q, x, spec)[1]
+    err = ((f @ q["W_dec"] + q["b_dec"] - x) ** 2).sum(-1)
+    assert r["mse"] == pytest.approx(err.mean(), rel=1e-4)
+    assert r["fve"] == pytest.approx(1 - err.sum() / ((x - x.mean(0)) ** 2).sum(), rel=1e-4)
+    assert r["l0"] == pytest.approx((f > 0).sum(-1).mean(), rel=1e-6)
+    assert r["dead"] == pytest.approx((~(f > 0).any(0)).mean(), rel=1e-6)
+    assert 0 < r["dead"] < 1
+
+    def zeroed(v, at):
+        return v * (at != 1)                                                  # layer 1's resid_post only
+    loss_zero = float(mean_nll(model(tokens, patch={"resid_post": zeroed})[0], targets, valid))
+    assert r["loss_zero"] == pytest.approx(loss_zero, rel=1e-5)
+    assert r["recovered"] == pytest.approx((r["loss_zero"] - r["loss_spliced"]) / (r["loss_zero"] - r["loss_clean"]))
+
+
+def test_an_encoders_and_a_cross_attentions_head_sites_are_refused_as_the_decoders(seq2seq):
+    from jaxformer.sae import check_site
+    for site in ("encoder.q", "encoder.pattern", "cross_k", "cross_pattern", "encoder.attn_scores"):
+        with pytest.raises(ConfigError, match=rf"sae.site='{site}' is \[B"):
+            check_site(seq2seq, site, 0)
+    check_site(seq2seq, "encoder.z", 0)                                          # z's heads flatten
+
+
+def test_site_rows_pass_the_calls_keywords(model):
+    from jaxformer.sae import SiteInputs
+    spec = SAESpec(d_in=D, d_sae=64, site="resid_mid", layer=1, k=4)
+    tokens = _batch(10)[0]
+    seg = jnp.ones(tokens.shape, jnp.int32).at[:, 4:].set(2)
+    rows, _ = site_rows(model, SiteInputs((tokens,), {"segment_ids": seg}), spec)
+    want = model(tokens, segment_ids=seg, capture=("resid_mid",))[1]["captured"]["resid_mid"][1]
+    np.testing.assert_array_equal(np.asarray(rows), np.asarray(want).reshape(-1, D))
+
+
+def test_the_loss_of_one_row_is_that_rows_error():
+    """A mean over one real row is that row (a floor on the weight sum above 1 would halve it)."""
+    spec = SAESpec(d_in=8, d_sae=24, architecture="standard", l1=0.0)
+    p = _params(spec)
+    x = np.random.default_rng(4).standard_normal((3, 8)).astype(np.float32)
+    q = {n: v.astype(np.float64) for n, v in p.items()}
+    f = _np_encode(q, x[:1].astype(np.float64), spec)[1]
+    want = ((f @ q["W_dec"] + q["b_dec"] - x[:1]) ** 2).sum()
+    got, parts = sae_loss(p, x, spec, jnp.zeros(24, bool), jnp.asarray([1.0, 0.0, 0.0]))
+    assert float(parts["mse"]) == pytest.approx(want, rel=1e-5) and float(got) == pytest.approx(want, rel=1e-5)

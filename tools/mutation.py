@@ -54,7 +54,8 @@ def main(argv=None) -> int:
     p.add_argument("modules", nargs="*", help="module paths, e.g. jaxformer/patching.py (default: every one listed)")
     p.add_argument("--children", type=int, default=2, help="mutants tested at once (mutmut --max-children)")
     p.add_argument("--survivors", action="store_true",
-                   help="rerun only the module's survivors of the score table (after tests were added)")
+                   help="rerun only the module's survivors of the score table (after tests were added; those a "
+                        "cut-short run never checked stay unchecked)")
     p.add_argument("--render-only", action="store_true", help="only render docs/mutation.md from the scores")
     args = p.parse_args(argv)
     config = tomllib.loads(CONFIG.read_text())
@@ -69,7 +70,8 @@ def main(argv=None) -> int:
         SCORES.write_text(json.dumps(scores, indent=1, sort_keys=True) + "\n")
     else:
         for module in modules:
-            again = scores.get(module, {}).get("survivors", []) if args.survivors else []
+            old = scores.get(module, {})
+            again = [n for n in old.get("survivors", []) if n not in old.get("unchecked", [])] if args.survivors else []
             row = run_module(module, config, args.children, again)
             if again:                                       # the minutes: the whole run's and the rerun's
                 row["seconds"] += scores[module]["seconds"]
