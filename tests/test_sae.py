@@ -484,6 +484,7 @@ def test_train_sae_resamples_a_standard_saes_dead_latents_on_its_schedule_only(m
     _, log = train_sae(model, (_batch(i) for i in range(3)), spec, steps=3, params=p)
     want = [0, 10, 0] if architecture == "standard" else [0, 10, 10]
     assert [round(float(m["dead"]) * 64) for m in log] == want
+    assert all(set(m) == {"loss", "mse", "l0", "dead"} for m in log)
 
 
 def test_evaluate_sae_weighs_the_loss_by_the_weights_given(model):
@@ -507,20 +508,24 @@ def test_evaluate_sae_weighs_the_loss_by_the_weights_given(model):
 
 def test_evaluate_sae_reports_what_numpy_computes_from_the_captured_rows(model):
     """Every number of the report against NumPy (float64) on the captured site rows, padding (valid 0) left out:
-    mse and l0 per real row, fve against the real rows' mean, dead = latents firing on no real row, the loss with
-    the site zeroed at the SAE's layer (only there), and recovered = (zero − spliced) / (zero − clean)."""
+    mse and l0 per real row, fve against the real rows' mean, dead = latents firing on no real row (small
+    activations count: some fire below 1), the loss with the site zeroed at the SAE's layer only (mlp_out: zeroing
+    another layer's is another loss; a bias-free stack's resid_post would be 0 after either), and recovered =
+    (zero − spliced) / (zero − clean)."""
     from jaxformer.sae import SiteInputs
-    spec = SAESpec(d_in=D, d_sae=48, site="resid_post", layer=1, k=3)
+    spec = SAESpec(d_in=D, d_sae=48, site="mlp_out", layer=1, k=3)
     p = _params(spec, seed=9)
+    p["W_enc"] = p["W_enc"] * 0.2                                   # activations of both sides of 1
     tokens = _batch(9)[0]
     targets = jnp.roll(tokens, -1, 1)
     valid = jnp.ones(tokens.shape).at[:, 9:].set(0)
     r = evaluate_sae(model, {n: jnp.asarray(v) for n, v in p.items()}, spec, SiteInputs((tokens,), {}, valid),
                      targets)
-    x = np.asarray(model(tokens, capture=("resid_post",))[1]["captured"]["resid_post"][1], np.float64)
+    x = np.asarray(model(tokens, capture=("mlp_out",))[1]["captured"]["mlp_out"][1], np.float64)
     x = x.reshape(-1, D)[np.asarray(valid).reshape(-1) > 0]
     q = {n: v.astype(np.float64) for n, v in p.items()}
     f = _np_encode(q, x, spec)[1]
+    assert ((f > 0) & (f < 1)).any()
     err = ((f @ q["W_dec"] + q["b_dec"] - x) ** 2).sum(-1)
     assert r["mse"] == pytest.approx(err.mean(), rel=1e-4)
     assert r["fve"] == pytest.approx(1 - err.sum() / ((x - x.mean(0)) ** 2).sum(), rel=1e-4)
@@ -529,9 +534,10 @@ def test_evaluate_sae_reports_what_numpy_computes_from_the_captured_rows(model):
     assert 0 < r["dead"] < 1
 
     def zeroed(v, at):
-        return v * (at != 1)                                                  # layer 1's resid_post only
-    loss_zero = float(mean_nll(model(tokens, patch={"resid_post": zeroed})[0], targets, valid))
-    assert r["loss_zero"] == pytest.approx(loss_zero, rel=1e-5)
+        return v * (at != 1)                                                  # layer 1's mlp_out only
+    loss_zero = float(mean_nll(model(tokens, patch={"mlp_out": zeroed})[0], targets, valid))
+    other = float(mean_nll(model(tokens, patch={"mlp_out": lambda v, at: v * (at != 0)})[0], targets, valid))
+    assert r["loss_zero"] == pytest.approx(loss_zero, rel=1e-5) and abs(loss_zero - other) > 1e-3
     assert r["recovered"] == pytest.approx((r["loss_zero"] - r["loss_spliced"]) / (r["loss_zero"] - r["loss_clean"]))
 
 

@@ -159,14 +159,17 @@ def render(scores: dict, config: dict) -> str:
     lines = ["# Mutation scores", "",
              "Rendered by `tools/mutation.py` from `tests/mutation_scores.json` (`make mutants MODULES=...`; the",
              "method and its limits are in that script's docstring). Score = killed / (mutants − equivalent).", "",
-             "| module | mutants | killed | equivalent | survivors | score | minutes | machine, date |",
+             "not run: mutants a run cut short never tested (counted as survivors).", "",
+             "| module | mutants | killed | equivalent | survivors (not run) | score | minutes | machine, date |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for module, r in sorted(scores.items()):
         only = config["modules"].get(module, {}).get("functions")
         scope = f" ({_scope(only)} only)" if only else ""
         lines.append(f"| `{module}`{scope} | {r['mutants']} | {r['killed']} | {r['equivalent']} | "
-                     f"{len(r['survivors'])} | {r['score']:.1%} | {r['seconds'] / 60:.0f} | {r['machine']}, "
-                     f"{r['date']} |")
+                     f"{len(r['survivors'])} ({len(r['unchecked'])}) | {r['score']:.1%} | {r['seconds'] / 60:.0f} | "
+                     f"{r['machine']}, {r['date']} |")
+    lines += [f"| `{m}` | not run yet | | | | | | |"
+              for m in sorted(set(config["modules"]) - set(scores))]
     for module, r in sorted(scores.items()):
         reasons = config["modules"].get(module, {}).get("equivalent", {})
         if reasons or r["survivors"]:
