@@ -39,14 +39,18 @@ def _problem():
     return q, k, v, pos, seg
 
 
-def _sharded(how, window, softcap, scale, order):
+def _sharded(how, window, softcap, scale, order, plain=False):
+    """plain: every option left at its default (axis "context", no soft-cap, the 1/√H scale, the ring's block of
+    512) and no k_valid (None: every key valid)."""
     mesh = jax.make_mesh((C,), ("context",), devices=jax.devices()[:C],
                          axis_types=(jax.sharding.AxisType.Auto,))
     z = (lambda x: zigzag(x, C)) if order == "zigzag" else (lambda x: x)
     back = (lambda x: unzigzag(x, C)) if order == "zigzag" else (lambda x: x)
 
     def local(q, k, v, pos, seg):
-        mask = CausalMask(pos, pos, seg != 0, seg, seg, window)
+        mask = CausalMask(pos, pos, None if plain else seg != 0, seg, seg, window)
+        if plain:
+            return (ring_attention if how == "ring" else context_parallel_attention)(q, k, v, mask)
         if how == "ring":                                   # blocks of 3: the local 8 tokens padded to 9
             return ring_attention(q, k, v, mask, axis="context", scale=scale, softcap=softcap, block_size=3)
         return context_parallel_attention(q, k, v, mask, axis="context", scale=scale, softcap=softcap)
@@ -64,25 +68,47 @@ def test_context_parallel_attention_and_the_model_under_ring_plans_equal_one_dev
 
 def _ops_equal_one_device():
     q, k, v, pos, seg = _problem()
-    for how, order, window, softcap, scale in [("ring", "contiguous", None, 0.0, None),
-                                               ("ring", "zigzag", None, 0.0, None),
-                                               ("ring", "contiguous", jnp.int32(5), 2.0, 0.3),
-                                               ("gather", "zigzag", jnp.int32(5), 2.0, 0.3)]:
+    for how, order, window, softcap, scale, *plain in [("ring", "contiguous", None, 0.0, None),
+                                                       ("ring", "zigzag", None, 0.0, None),
+                                                       ("ring", "contiguous", jnp.int32(5), 2.0, 0.3),
+                                                       ("gather", "zigzag", jnp.int32(5), 2.0, 0.3),
+                                                       ("ring", "zigzag", None, 0.0, None, "plain"),
+                                                       ("gather", "contiguous", None, 0.0, None, "plain")]:
         def one(q, k, v):
-            mask = CausalMask(pos, pos, seg != 0, seg, seg, window)
+            mask = CausalMask(pos, pos, None if plain else seg != 0, seg, seg, window)
             return dot_product_attention(q, k, v, mask=mask, scale=scale, softcap=softcap).out
-        sharded = _sharded(how, window, softcap, scale, order)
+        sharded = _sharded(how, window, softcap, scale, order, bool(plain))
 
         def loss(fn):
             return lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v)) * jnp.arange(1, T + 1)[None, :, None, None])
         case = f"{how} {order} window={window} softcap={softcap} scale={scale}"
         want, got = one(q, k, v), jax.jit(sharded)(q, k, v, pos, seg)
-        assert bool(jnp.all(want[:, -4:] == 0)), "padding rows see no key"
+        assert bool(jnp.all(want[:, -4:] == 0)) != bool(plain), "padding rows see no key (valid: each other)"
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, err_msg=case)
         g_want = jax.grad(loss(one), argnums=(0, 1, 2))(q, k, v)
         g_got = jax.jit(jax.grad(loss(lambda q, k, v: sharded(q, k, v, pos, seg)), argnums=(0, 1, 2)))(q, k, v)
         for name, a, b in zip("qkv", g_got, g_want):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, err_msg=f"{case}: d{name}")
+    _bfloat16_ring_is_the_float32_one_rounded(q, k, v, pos, seg)
+
+
+def _bfloat16_ring_is_the_float32_one_rounded(q, k, v, pos, seg):
+    """bfloat16 q, k, v: the ring's output and gradients come back in bfloat16, the differentiated forward (its
+    custom VJP's) bit for bit the plain one, within bfloat16's rounding of the float32 ring's."""
+    sharded = _sharded("ring", None, 0.0, None, "zigzag")
+    bf = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+    plain = jax.jit(sharded)(*bf, pos, seg)
+    out, pull = jax.vjp(lambda q, k, v: sharded(q, k, v, pos, seg), *bf)
+    assert plain.dtype == out.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(plain, np.float32))
+    grads = pull(jnp.ones_like(out))
+    g_want = jax.grad(lambda q, k, v: jnp.sum(sharded(q, k, v, pos, seg)), argnums=(0, 1, 2))(
+        *(x.astype(jnp.float32) for x in bf))
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(sharded(*(x.astype(jnp.float32) for x in bf),
+                                                                                pos, seg)), atol=2e-2)
+    for name, a, b in zip("qkv", grads, g_want):
+        assert a.dtype == jnp.bfloat16, name
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b), atol=5e-2, rtol=5e-2, err_msg=f"d{name}")
 
 
 def _lm(heads: int, kv_heads: int, arch: str = "decoder_only", **kw):
