@@ -85,6 +85,79 @@ def test_sae_writes_a_fresh_folder_when_the_default_one_is_taken(sae_run, capsys
     assert listing(fresh) == ["frequencies.png", "report.json", "sae", "top_contexts.json"]
     assert listing(fresh / "sae") == ["cfg.json", "sae_weights.safetensors"]
     assert (fresh / "frequencies.png").read_bytes()[:4] == PNG and json.loads((fresh / "report.json").read_text())
+    from PIL import Image
+    assert Image.open(fresh / "frequencies.png").size == (500, 300)      # 5 x 3 inches at 100 dpi
+
+
+def test_the_sae_command_reports_and_saves_the_sae_it_trained(sae_run, lm, monkeypatch):
+    """`train_run_sae` on a stand-in run: it loads RUN's best checkpoint; the saved SAE (read back by
+    `load_saelens`) is 8 x the site's width, top-k with the k asked; report.json is `evaluate_sae` of that SAE on
+    the first held-out batch of data.batch_size rows, top_contexts.json and the histogram's frequencies are those
+    of its latents at the batch's valid positions; the seed (0 by default) is the training's."""
+    from dataclasses import asdict
+    from pathlib import Path
+    from jaxformer import sae_run as module
+    from jaxformer.data import build_task
+    from jaxformer.sae import encode, evaluate_sae, load_saelens, site_rows, site_width
+    run, loads = sae_run
+    freqs, draw = [], module._frequencies
+    monkeypatch.setattr(module, "_frequencies", lambda freq: freqs.append(freq) or draw(freq))
+    seeds, train = [], module.train_sae
+    monkeypatch.setattr(module, "train_sae", lambda *a, seed, **k: seeds.append(seed) or train(*a, seed=seed, **k))
+    sites, inputs = [], module.run_inputs         # every batch, training and held-out, read at the site asked
+    monkeypatch.setattr(module, "run_inputs", lambda cfg, batch, site: sites.append(site) or inputs(cfg, batch, site))
+    report = module.train_run_sae(run, "resid_post", 0, steps=50, k=4)    # 50 steps: the whole curve
+    out = Path(report["out"])
+    assert sites == ["resid_post"] * 51 and loads == [(run, "best")] and out == run / "sae" / "resid_post-0"
+    params, spec = load_saelens(out / "sae")
+    assert json.loads((out / "sae" / "cfg.json").read_text())["metadata"]["model_name"] == str(run)
+    d = site_width(lm.model, "resid_post")
+    assert (spec.site, spec.layer, spec.architecture, spec.k, spec.d_in, spec.d_sae) == ("resid_post", 0, "topk", 4,
+                                                                                        d, 8 * d)
+    batch = next(build_task(lm.cfg.data, lm.tokenizer).eval_batches(lm.cfg.data.batch_size))
+    held, targets, weights = module.run_inputs(lm.cfg, batch, "resid_post")
+    saved = json.loads((out / "report.json").read_text())
+    for key, value in evaluate_sae(lm.model, params, spec, held, targets, weights).items():
+        assert saved[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert (saved["step"], saved["steps"], saved["spec"], len(saved["curve"])) == (lm.step, 50, asdict(spec), 50)
+    top = json.loads((out / "top_contexts.json").read_text())
+    assert top == json.loads(json.dumps(module.top_contexts(lm, params, spec, held)))
+    assert len(top) == 8 and {len(e["top"]) for e in top} == {5}          # 8 latents, 5 hits each, <= 8 characters
+    assert max(len(h["context"]) for e in top for h in e["top"]) == 8
+    f = np.asarray(encode(params, site_rows(lm.model, held, spec)[0], spec))[np.asarray(held.valid).reshape(-1) > 0]
+    np.testing.assert_array_equal(freqs[0], (f > 0).mean(0))
+    assert seeds == [0]
+    module.train_run_sae(run, "resid_post", 0, steps=1, k=4, seed=1, out=run.parent / "mine")
+    assert seeds == [0, 1] and loads[1] == (run, "best") and listing(run / "sae") == ["resid_post-0"]
+    assert listing(run.parent / "mine") == ["frequencies.png", "report.json", "sae", "top_contexts.json"]
+
+
+def test_an_out_filled_while_the_sae_trains_is_kept_and_a_stop_while_writing_leaves_nothing(sae_run, tmp_path,
+                                                                                          monkeypatch):
+    """--out is checked before the training and again when written: a folder filled meanwhile is left as it is
+    (OutputError naming --out); a stop signal while the folder is written leaves nothing, naming the command."""
+    from jaxformer import sae_run as module
+    from jaxformer.errors import Interrupted
+    run, _ = sae_run
+    out, train, draw = tmp_path / "mine", module.train_sae, module._frequencies
+
+    def filling(*a, **k):
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+        return train(*a, **k)
+    monkeypatch.setattr(module, "train_sae", filling)
+    with pytest.raises(OutputError, match=f"--out {out} is not empty .*: choose another --out"):
+        module.train_run_sae(run, "resid_post", 0, steps=1, k=4, out=out)
+    assert listing(out) == ["notes.txt"]
+    monkeypatch.setattr(module, "train_sae", train)
+    def stopping(freq):                          # the signal arrives while the figure is saved into OUT.partial
+        fig = draw(freq)
+        fig.savefig = lambda *a, real=fig.savefig, **k: stop_now(monkeypatch) or real(*a, **k)
+        return fig
+    monkeypatch.setattr(module, "_frequencies", stopping)
+    with pytest.raises(Interrupted, match=f"jaxformer sae stopped on SIGTERM: nothing was written to {run}"):
+        module.train_run_sae(run, "resid_post", 0, steps=1, k=4)
+    assert listing(run / "sae") == []                   # no OUT, no OUT.partial
 
 
 def test_sigterm_during_sae_training_stops_it_with_nothing_written(sae_run, tmp_path, capsys, monkeypatch):

@@ -94,14 +94,80 @@ def test_a_task_batch_becomes_the_sites_inputs_with_its_padding_left_out():
     inputs, targets, weights = run_inputs(cfg, lm, "resid_post")
     assert inputs.args[0] is lm["inputs"] and set(inputs.kw) == {"segment_ids", "positions"}
     assert inputs.valid.tolist() == (seg != 0).tolist() and weights.tolist() == (lm["targets"] != 0).tolist()
+    plain, _, _ = run_inputs(cfg, {k: lm[k] for k in ("inputs", "targets")}, "resid_post")   # no segment ids
+    assert plain.kw == {} and plain.valid.dtype == bool and plain.valid.tolist() == [[True] * 4] * 2
     s2s = {"src": np.array([[4, 5, 2, 0]]), "tgt_in": np.array([[1, 7, 0, 0]]), "tgt_out": np.array([[7, 2, 0, 0]]),
-           "src_segment_ids": np.array([[1, 1, 1, 0]]), "tgt_segment_ids": np.array([[1, 1, 0, 0]])}
+           "src_segment_ids": np.array([[1, 1, 0, 0]]), "tgt_segment_ids": np.array([[1, 1, 1, 0]]),
+           "src_positions": np.array([[0, 1, 0, 0]]), "tgt_positions": np.array([[0, 1, 2, 0]])}
     cfg = SimpleNamespace(model=SimpleNamespace(arch="encoder_decoder", pad_id=0))
     enc, _, _ = run_inputs(cfg, s2s, "encoder.resid_post")
-    dec, targets, weights = run_inputs(cfg, s2s, "resid_post")
-    assert enc.valid.tolist() == [[True, True, True, False]] and dec.valid.tolist() == [[True, True, False, False]]
-    assert enc.args == (s2s["src"], s2s["tgt_in"]) and set(enc.kw) == {"src_segment_ids", "tgt_segment_ids"}
+    dec, targets, weights = run_inputs(cfg, s2s, "resid_post")     # the segment ids say, not a token = pad id
+    assert enc.valid.tolist() == [[True, True, False, False]] and dec.valid.tolist() == [[True, True, True, False]]
+    assert enc.args == (s2s["src"], s2s["tgt_in"]) and set(enc.kw) == {k for k in s2s if k[4:] in ("segment_ids", "positions")}
+    assert all(enc.kw[k] is s2s[k] for k in enc.kw)
     assert targets is s2s["tgt_out"] and weights.tolist() == [[True, True, False, False]]
+    bare = {k: s2s[k] for k in ("src", "tgt_in", "tgt_out")}          # no segment ids: the stack's own pad tokens
+    enc, _, _ = run_inputs(cfg, bare, "encoder.resid_post")
+    dec, _, _ = run_inputs(cfg, bare, "resid_post")
+    assert enc.valid.tolist() == [[True, True, True, False]] and dec.valid.tolist() == [[True, True, False, False]]
+    assert enc.kw == dec.kw == {}
+
+
+def test_the_frequency_figure_is_the_histogram_of_the_live_latents(tmp_path):
+    """`frequencies.png` of `jaxformer sae`: 30 bars of the live latents' log10 frequencies (np.histogram's), the
+    dead ones counted in the title, axes named; 5 x 3 inches, the house's 8-point text, saved as the command does."""
+    from matplotlib.colors import to_rgba
+    from jaxformer.sae_run import _frequencies
+    freq = np.concatenate([np.random.default_rng(0).uniform(1e-3, 1.0, 50), np.zeros(7), [1.0]])
+    fig = _frequencies(freq, dpi=40)
+    ax, = fig.axes
+    counts, edges = np.histogram(np.log10(freq[freq > 0]), bins=30)
+    bars = ax.patches
+    assert [b.get_height() for b in bars] == counts.tolist()
+    np.testing.assert_allclose([b.get_x() for b in bars], edges[:-1], rtol=1e-12)
+    assert {b.get_facecolor() for b in bars} == {to_rgba("tab:blue")}
+    assert ax.get_title() == "51 live latents, 7 never fired"
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("log10 firing frequency on the held-out batch", "latents")
+    assert {t.get_fontsize() for t in (ax.title, ax.xaxis.label, ax.yaxis.label)} == {8.0}
+    assert tuple(fig.get_size_inches()) == (5.0, 3.0) and fig.dpi == 40 and fig.get_layout_engine() is not None
+    fig.savefig(tmp_path / "f.png")
+    from PIL import Image
+    assert Image.open(tmp_path / "f.png").size == (200, 120)
+
+
+def test_top_contexts_rank_latents_by_firing_and_read_the_sites_own_tokens(monkeypatch):
+    """`sae_run.top_contexts`' ranking, on given latents (the model's part stubbed): the listed latents are those
+    that fire at the most valid positions, most first; each one's frequency is its firing count over the valid
+    positions (at least 1); its hits are its largest activations, each with the tokens of the site's own stack (an
+    LM's tokens, an encoder-decoder's target, its source for an encoder site) ending there."""
+    from types import SimpleNamespace
+    from jaxformer import sae_run as module
+    from jaxformer.sae import SAESpec, SiteInputs
+    rng = np.random.default_rng(3)
+    b, t, d_sae = 2, 5, 6
+    f = np.maximum(rng.standard_normal((b * t, d_sae)), 0.1) * (rng.random((b * t, d_sae)) < np.linspace(.1, .9, d_sae))
+    tok = SimpleNamespace(decode=lambda ids: ",".join(map(str, ids)))
+    src, tgt = np.arange(100, 100 + b * t).reshape(b, t), np.arange(200, 200 + b * t).reshape(b, t)
+    monkeypatch.setattr(module, "encode", lambda params, x, spec: f)
+    for site, args, stack, w in [("resid_post", (src,), src, np.ones(b * t) * (np.arange(b * t) % t < 4)),
+                                 ("resid_post", (src, tgt), tgt, np.ones(b * t)),
+                                 ("encoder.resid_post", (src, tgt), src, np.eye(b * t)[3])]:
+        monkeypatch.setattr(module, "site_rows", lambda model, inputs, spec, w=w: (None, w))
+        spec = SAESpec(d_in=4, d_sae=d_sae, site=site, layer=0, k=2)
+        top = module.top_contexts(SimpleNamespace(model=None, tokenizer=tok), None, spec, SiteInputs(args, {}, None),
+                                  latents=3, per=2, width=2)
+        fw = f * w[:, None]
+        counts = (fw > 0).sum(0)
+        listed = [counts[e["latent"]] for e in top]
+        assert listed == sorted(counts, reverse=True)[:3], site
+        for e in top:
+            assert e["frequency"] == pytest.approx(counts[e["latent"]] / max(w.sum(), 1.0)), site
+            rows = [r for r in np.argsort(-fw[:, e["latent"]])[:2] if fw[r, e["latent"]] > 0]
+            assert [(h["row"], h["position"]) for h in e["top"]] == [divmod(int(r), t) for r in rows], site
+            for h, r in zip(e["top"], rows):
+                assert h["activation"] == pytest.approx(float(fw[r, e["latent"]]))
+                row, pos = divmod(int(r), t)
+                assert h["context"] == ",".join(map(str, stack[row, max(0, pos - 1):pos + 1])), site
 
 
 def test_top_contexts_are_the_strongest_real_positions_with_the_tokens_before_them():
