@@ -207,21 +207,25 @@ def lr_optimum(lrs, losses) -> float:
     and its two neighbours (log2 lr against loss); losses [seeds][len(lrs)]. A best rate at the grid's edge is
     not bracketed: -inf (the lowest rate) or +inf (the highest), so an interval that reaches it is unresolved.
     NaN where no rate has a loss yet, or the best one's neighbour has none (a sweep still running)."""
+    return float(_optima(lrs, np.asarray(losses, np.float64)[None])[0])
+
+
+def _optima(lrs, losses: np.ndarray) -> np.ndarray:
+    """`lr_optimum` of each of R grids at once: losses [R, seeds, len(lrs)] -> [R] (the bootstrap's resamples)."""
     x = np.log2(np.asarray(lrs, np.float64))
-    y = np.asarray(losses, np.float64)
-    seen = (~np.isnan(y)).sum(axis=0)
-    y = np.where(seen > 0, np.nansum(y, axis=0) / np.maximum(seen, 1), np.nan)      # mean over the seeds that ran
-    if np.isnan(y).all():
-        return float("nan")
-    i = int(np.nanargmin(y))
-    if i == 0 or i == len(y) - 1:
-        return -np.inf if i == 0 else np.inf
-    if np.isnan(y[i - 1:i + 2]).any():
-        return float("nan")
-    (x0, x1, x2), (y0, y1, y2) = x[i - 1:i + 2], y[i - 1:i + 2]
-    a = ((y2 - y1) / (x2 - x1) - (y1 - y0) / (x1 - x0)) / (x2 - x0)         # the parabola through the three
-    b = (y1 - y0) / (x1 - x0) - a * (x0 + x1)
-    return float(-b / (2 * a))                        # a > 0: the middle point is the lowest of the three
+    seen = (~np.isnan(losses)).sum(axis=1)
+    y = np.where(seen > 0, np.nansum(losses, axis=1) / np.maximum(seen, 1), np.nan)  # mean over the seeds that ran
+    empty = np.isnan(y).all(axis=1)
+    i = np.nanargmin(np.where(empty[:, None], 0.0, y), axis=1)
+    j = np.clip(i, 1, len(x) - 2)[:, None] + np.arange(-1, 2)                     # the best and its neighbours
+    (x0, x1, x2), (y0, y1, y2) = x[j].T, np.take_along_axis(y, j, axis=1).T
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = ((y2 - y1) / (x2 - x1) - (y1 - y0) / (x1 - x0)) / (x2 - x0)    # the parabola through the three
+        b = (y1 - y0) / (x1 - x0) - a * (x0 + x1)
+        v = -b / (2 * a)                              # a > 0: the middle point is the lowest of the three
+    v = np.where(np.isnan(y0) | np.isnan(y1) | np.isnan(y2), np.nan, v)
+    v = np.where(i == 0, -np.inf, np.where(i == len(x) - 1, np.inf, v))
+    return np.where(empty, np.nan, v)
 
 
 def optimum_shift(lrs, base: list, other: list, n: int = 2000, seed: int = 0,
@@ -237,26 +241,22 @@ def optimum_shift(lrs, base: list, other: list, n: int = 2000, seed: int = 0,
     olrs = lrs if other_lrs is None else other_lrs
     rng = np.random.default_rng(seed)
     shift = lr_optimum(olrs, other) - lr_optimum(lrs, base)
-    boot = []
     draw_other, draw_base = resampler(other, np.zeros(len(other))), resampler(base, np.zeros(len(base)))
-    for _ in range(n):
-        o_lo, o_hi = _optimum_range(olrs, draw_other(rng)[1])
-        b_lo, b_hi = _optimum_range(lrs, draw_base(rng)[1])
-        boot.append((o_lo - b_hi, o_hi - b_lo))
-    boot = np.asarray(boot)
+    draws = [(draw_other(rng)[1], draw_base(rng)[1]) for _ in range(n)]
+    o_lo, o_hi = _optimum_range(olrs, np.stack([o for o, _ in draws]))
+    b_lo, b_hi = _optimum_range(lrs, np.stack([b for _, b in draws]))
     # the order statistics themselves (no interpolation: between two infinite ends it is undefined)
-    lo, hi = np.percentile(boot[:, 0], 2.5, method="lower"), np.percentile(boot[:, 1], 97.5, method="higher")
+    lo, hi = np.percentile(o_lo - b_hi, 2.5, method="lower"), np.percentile(o_hi - b_lo, 97.5, method="higher")
     return float(shift), float(lo), float(hi)
 
 
-def _optimum_range(lrs, losses) -> tuple[float, float]:
-    """Where the optimum can lie (log2 lr): the vertex twice when bracketed; below the grid's second rate when
-    the best is the lowest rate (the loss rises from there), above the second-highest when it is the highest."""
-    v = lr_optimum(lrs, losses)
+def _optimum_range(lrs, losses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each grid's optimum can lie (log2 lr), losses [R, seeds, len(lrs)] -> (lo [R], hi [R]): the vertex
+    twice when bracketed; below the grid's second rate when the best is the lowest rate (the loss rises from
+    there), above the second-highest when it is the highest."""
+    v = _optima(lrs, losses)
     x = np.log2(np.asarray(lrs, np.float64))
-    if v == -np.inf:
-        return -np.inf, float(x[1])
-    return (float(x[-2]), np.inf) if v == np.inf else (v, v)
+    return np.where(v == np.inf, x[-2], v), np.where(v == -np.inf, x[1], v)
 
 
 def shift_text(shift: float, lo: float, hi: float) -> str:

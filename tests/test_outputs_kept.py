@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import run_cli, stop_now, tiny_lm
+from helpers import run_cli, stop_now, tiny_lm, tiny_reverse
 
 from jaxformer.errors import OutputError
 
@@ -106,9 +106,9 @@ def test_the_sae_command_reports_and_saves_the_sae_it_trained(sae_run, lm, monke
     monkeypatch.setattr(module, "train_sae", lambda *a, seed, **k: seeds.append(seed) or train(*a, seed=seed, **k))
     sites, inputs = [], module.run_inputs         # every batch, training and held-out, read at the site asked
     monkeypatch.setattr(module, "run_inputs", lambda cfg, batch, site: sites.append(site) or inputs(cfg, batch, site))
-    report = module.train_run_sae(run, "resid_post", 0, steps=50, k=4)    # 50 steps: the whole curve
+    report = module.train_run_sae(run, "resid_post", 0, steps=60, k=4)    # <= 100 steps: the whole curve
     out = Path(report["out"])
-    assert sites == ["resid_post"] * 51 and loads == [(run, "best")] and out == run / "sae" / "resid_post-0"
+    assert sites == ["resid_post"] * 61 and loads == [(run, "best")] and out == run / "sae" / "resid_post-0"
     params, spec = load_saelens(out / "sae")
     assert json.loads((out / "sae" / "cfg.json").read_text())["metadata"]["model_name"] == str(run)
     d = site_width(lm.model, "resid_post")
@@ -119,7 +119,7 @@ def test_the_sae_command_reports_and_saves_the_sae_it_trained(sae_run, lm, monke
     saved = json.loads((out / "report.json").read_text())
     for key, value in evaluate_sae(lm.model, params, spec, held, targets, weights).items():
         assert saved[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
-    assert (saved["step"], saved["steps"], saved["spec"], len(saved["curve"])) == (lm.step, 50, asdict(spec), 50)
+    assert (saved["step"], saved["steps"], saved["spec"], len(saved["curve"])) == (lm.step, 60, asdict(spec), 60)
     top = json.loads((out / "top_contexts.json").read_text())
     assert top == json.loads(json.dumps(module.top_contexts(lm, params, spec, held)))
     assert len(top) == 8 and {len(e["top"]) for e in top} == {5}          # 8 latents, 5 hits each, <= 8 characters
@@ -130,6 +130,66 @@ def test_the_sae_command_reports_and_saves_the_sae_it_trained(sae_run, lm, monke
     module.train_run_sae(run, "resid_post", 0, steps=1, k=4, seed=1, out=run.parent / "mine")
     assert seeds == [0, 1] and loads[1] == (run, "best") and listing(run / "sae") == ["resid_post-0"]
     assert listing(run.parent / "mine") == ["frequencies.png", "report.json", "sae", "top_contexts.json"]
+
+
+def test_the_sae_command_on_an_encoder_decoder_counts_its_real_target_positions_only(monkeypatch, tmp_path):
+    """A reversal run's held-out targets are padded (strings of 3-6 digits): report.json is `evaluate_sae` with
+    the targets' weights, and the histogram's frequencies count the decoder's real positions only; the site, layer
+    and architecture asked (none of them SAESpec's defaults) are the saved SAE's; the data is built with the run's
+    own tokenizer."""
+    from pathlib import Path
+    from jaxformer import sae_run as module
+    from jaxformer.data import build_task
+    from jaxformer.data.build import resolve
+    from jaxformer.inference import LoadedModel
+    from jaxformer.nn import build_model
+    from jaxformer.sae import encode, evaluate_sae, load_saelens, site_rows
+    cfg, task = resolve(tiny_reverse("model.num_decoder_layers=2"))
+    s2s = LoadedModel(cfg, task.tokenizer, build_model(cfg.model, seed=2), 3, "best")
+    monkeypatch.setattr(module, "load_model", lambda *a, **k: s2s)
+    tokenizers, build = [], module.build_task
+    monkeypatch.setattr(module, "build_task", lambda data, tok: tokenizers.append(tok) or build(data, tok))
+    freqs, draw = [], module._frequencies
+    monkeypatch.setattr(module, "_frequencies", lambda freq: freqs.append(freq) or draw(freq))
+    report = module.train_run_sae(tmp_path / "run", "mlp_out", 1, steps=3, d_sae=48, architecture="standard",
+                                  out=tmp_path / "out")
+    assert tokenizers == [s2s.tokenizer] and Path(report["out"]) == tmp_path / "out"
+    params, spec = load_saelens(tmp_path / "out" / "sae")
+    assert (spec.site, spec.layer, spec.architecture, spec.d_sae, spec.d_in) == ("mlp_out", 1, "standard", 48, 32)
+    batch = next(build_task(cfg.data, s2s.tokenizer).eval_batches(cfg.data.batch_size))
+    held, targets, weights = module.run_inputs(cfg, batch, "mlp_out")
+    valid = np.asarray(held.valid).reshape(-1)
+    assert 0 < valid.sum() < valid.size and 0 < np.asarray(weights).sum() < np.asarray(weights).size
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["step"] == 3
+    for key, value in evaluate_sae(s2s.model, params, spec, held, targets, weights).items():
+        assert saved[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    f = np.asarray(encode(params, site_rows(s2s.model, held, spec)[0], spec))
+    np.testing.assert_array_equal(freqs[0], (f[valid] > 0).mean(0))
+    assert not np.array_equal(freqs[0], (f > 0).mean(0))       # the padding positions would change them
+
+
+def test_the_sae_commands_defaults_and_its_refusals(sae_run, monkeypatch):
+    """1000 steps of a top-k SAE with k=32 unless asked; each integer option refused by name below its least
+    value, and a bool (an int to Python) refused as well, before the run is loaded."""
+    from jaxformer import sae_run as module
+    from jaxformer.errors import ConfigError
+    run, loads = sae_run
+    asked = []
+
+    def train(model, batches, spec, steps, seed):
+        asked.append((spec.architecture, spec.k, steps, seed))
+        raise KeyboardInterrupt                    # enough: what the training was asked for
+    monkeypatch.setattr(module, "train_sae", train)
+    with pytest.raises(KeyboardInterrupt):
+        module.train_run_sae(run, "resid_post", 0, d_sae=64)
+    assert asked == [("topk", 32, 1000, 0)]
+    for option, value, least in (("steps", 0, 1), ("steps", True, 1), ("batch_size", -1, 0), ("d_sae", -1, 0),
+                                 ("d_sae", 2.0, 0), ("k", 0, 1), ("layer", -1, 0)):
+        flag = "--" + option.replace("_", "-")
+        with pytest.raises(ConfigError, match=f"^{flag} {value!r} must be an integer >= {least}$"):
+            module.train_run_sae(run, "resid_post", **{"layer": 0, option: value})
+    assert loads == [(run, "best")]
 
 
 def test_an_out_filled_while_the_sae_trains_is_kept_and_a_stop_while_writing_leaves_nothing(sae_run, tmp_path,
