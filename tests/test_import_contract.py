@@ -53,10 +53,11 @@ RULES = (
          reason="the platform seam sits below the model: it knows compilers and processes, not models"),
     Rule(("jaxformer.nn",), unless=("jaxformer.nn.params",), never=("jaxformer.platforms",),
          reason="the model reaches the platform seam from one place (nn.params.lever)"),
-    Rule(("jaxformer.nn", "jaxformer.ops", "jaxformer.decode"), unless=("jaxformer.nn.build",),
-         never=("jaxformer.quantize",),
-         reason="quantization sits above the math, the modules and decoding: they do not depend on it (the "
-                "builder, nn.build, makes a frozen int8 LoRA base with it)"),
+    Rule(("jaxformer.nn", "jaxformer.ops", "jaxformer.decode"), never=("jaxformer.quantize",),
+         reason="post-training quantization sits above the math, the modules and decoding: they do not depend "
+                "on it (weight kinds, a frozen int8 LoRA base among them, are nn's own: nn.weights)"),
+    Rule(("jaxformer.arch",), never=("jaxformer.nn",),
+         reason="an architecture adapter talks to a model object (its call, its methods), not to the modules"),
 )
 
 

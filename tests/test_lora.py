@@ -21,7 +21,7 @@ from helpers import tiny_lm
 from jaxformer.config import ConfigError, ModelConfig, NormConfig, replaced
 from jaxformer.nn import build_model, count_params
 from jaxformer.nn.lora import Adapted, LoraWeight, merged, trainable
-from jaxformer.quantize import frozen_base
+from jaxformer.nn.weights import frozen_base
 from jaxformer.train.step import init_state, make_train_step
 
 ALL = ("q", "k", "v", "o", "gate", "up", "down")

@@ -10,7 +10,6 @@ from flax import nnx
 from jaxformer import decode
 from jaxformer.data import attention_fields, pad_rows
 from jaxformer.errors import ConfigError
-from jaxformer.nn.inputs import AttentionInputs
 from jaxformer.ops.context import zigzag
 from jaxformer.parallel import replicate
 
@@ -27,14 +26,14 @@ class LanguageModel:
                                     segment_ids=batch.get("segment_ids"), rngs=rngs, features=features)
         return logits, batch["targets"], aux
 
-    def balanced(self, batch: dict, devices: int) -> dict:
+    def balanced(self, model, batch: dict, devices: int) -> dict:
         """The batch's columns in the zigzag order over `devices` (parallel.context_order="zigzag",
         `ops.context.zigzag`), with the positions made explicit first: masks and rotary positions come from them,
         never from where a token sits, and the loss is a sum over tokens, so the step computes the same
         objective and gradients with each device's causal work balanced."""
         positions = batch.get("positions")
         if positions is None:
-            positions = AttentionInputs(None, batch["inputs"], segment_ids=batch.get("segment_ids")).positions
+            positions = model.positions(batch["inputs"], batch.get("segment_ids"))
         t = batch["inputs"].shape[1]
         return {k: zigzag(v, devices) if v.ndim >= 2 and v.shape[1] == t else v
                 for k, v in {**batch, "positions": positions}.items()}

@@ -1,7 +1,7 @@
 """Building the configured model: `build_model(cfg, seed)` makes the class named by model.arch, its parameters in
 model.runtime.param_dtype, with model.lora's adapters around a frozen base in model.lora.base (`configured`);
-`count_params` counts what was built. The builder, not the modules, knows quantized weight formats (a frozen
-int8 base): the modules (`nn.models`) never import `jaxformer.quantize`.
+`count_params` counts what was built. The builder, not the modules, knows weight kinds (a frozen int8 base:
+`nn.weights`): the modules (`nn.models`) never import one.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from jaxformer.nn.lora import with_adapters
 from jaxformer.nn.models import Transformer, TransformerLM
 from jaxformer.nn.params import DTYPES
 from jaxformer.parallel import check_model_size
-from jaxformer.quantize import frozen_base
+from jaxformer.nn.weights import frozen_base
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer | TransformerLM:
@@ -39,7 +39,7 @@ def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer | TransformerLM:
 def configured(model, cfg: ModelConfig, seed: int | jax.Array = 0):
     """A built model (weights as initialised, trained or imported) with what cfg adds around its weights, in
     place; returned: model.lora's adapters (none at rank 0; A drawn from `seed`) and their frozen base in
-    model.lora.base (bfloat16 or int8, `quantize.frozen_base`). The one place a model becomes what its config
+    model.lora.base (bfloat16 or int8, `nn.weights.frozen_base`). The one place a model becomes what its config
     says (`build_model`, and fine-tuning around given weights: `train.step.state_around`)."""
     return frozen_base(with_adapters(model, cfg.lora, seed), cfg.lora)
 

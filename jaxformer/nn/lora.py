@@ -2,7 +2,7 @@
 
 A target weight W (an nnx.Param [L, in..., out...], e.g. wq [L,D,N,H]) becomes an `Adapted` module holding W
 frozen (`base`) and two trainable nnx.LoRAParam factors, A [L, in..., r] and B [L, r, out...], B from zero. The
-frozen projections' precision (model.lora.base: bfloat16, or int8) is set by `jaxformer.quantize.frozen_base`
+frozen projections' precision (model.lora.base: bfloat16, or int8) is set by `jaxformer.nn.weights.frozen_base`
 (the modules never import a quantizer). Read like the parameter it replaces (`adapted[...]`),
 it gives a `LoraWeight`, a weight that brings its own matmul to `nn.params.project`:
 

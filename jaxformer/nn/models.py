@@ -355,3 +355,8 @@ class TransformerLM(_Model):
         logits, aux = self._decoder_pass(tokens, side, cache=cache, mode=mode, rngs=rngs, features=features,
                                          hooks=self._hooks(capture, patch))
         return logits, _out(aux)
+
+    def positions(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+        """The positions a call without explicit ones gives its tokens [B,T] -> [B,T] int32: 0..T-1 per row, or
+        restarting at each document of `segment_ids` (`nn.inputs.AttentionInputs`)."""
+        return AttentionInputs(self.cfg, jnp.asarray(tokens), None, segment_ids).positions

@@ -321,7 +321,7 @@ def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
     def train_step(state, batch, rng):
         model, opt = nnx.merge(graphs.model, state["model"]), nnx.merge(graphs.opt, state["opt"])
         if zigzag:                            # parallel.context_order: each device's causal work balanced
-            batch = architecture(cfg.model.arch).balanced(batch, plan.sizes["context"])
+            batch = architecture(cfg.model.arch).balanced(model, batch, plan.sizes["context"])
         (s, moe), grads = gradients(model, batch, rng)
         opt.update(model, grads)
         return {"model": nnx.state(model), "opt": nnx.state(opt)}, _metrics(s, grads, moe)
