@@ -47,7 +47,7 @@ KINDS = ("fwd", "dX", "dW")
 DECODE = {"decode b1 ffn up": (1, 512, 2048), "decode b1 ffn down": (1, 2048, 512),
           "decode b8 ffn up": (8, 512, 2048), "decode b8 ffn down": (8, 2048, 512)}
 # the same product with the weight stored [N,K] and contracted on its K (the batch-1 decoding layout of a tall
-# weight: nn.layers.FeedForward.output_out_in); PyTorch: x @ wᵀ (nn.Linear's own layout)
+# weight: nn.layout, nn.weights.OutIn); PyTorch: x @ wᵀ (nn.Linear's own layout)
 DECODE_T = {"decode b1 ffn down, w [N,K]": (1, 2048, 512), "decode b8 ffn down, w [N,K]": (8, 2048, 512)}
 
 

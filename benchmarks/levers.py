@@ -154,7 +154,7 @@ LEVERS = {
                             "(`lowering.train_compiler_options`: fewer copies of loop-carried values)",
                             "XLA:CPU's default copy insertion", ("tiny", "gpt", "base"), _default_copy_insertion),
     "decode_w2_out_in": Lever("decoding at batch 1: the FFN's output weight laid out [out,in] for the token loop "
-                              "(`nn.layers.FeedForward.output_out_in`), read row by row",
+                              "(`nn.layout`, an `nn.weights.OutIn` weight), read row by row",
                               "the weight as stored, [in,out]", ("base b1 c64", "base b1 c256", "tiny b1 c64"),
                               _w2_as_stored, decode=True),
     "tiled_transpose": Lever("each weight gradient's transposed operand moved in 32×32 tiles (`platforms.cpu.transpose`)",

@@ -59,9 +59,9 @@ MUTANTS = (
            '(cfg.vocab_size, d), ("vocab", "embed"))', '(cfg.vocab_size, d), ("vocab", "embed"), matrix=True)',
            ("tests/test_train.py", "-k", "weight_decay")),
     Mutant("int4-one-scale", "int4 with one scale per matrix (no per-channel scales, no 128-input blocks)",
-           "jaxformer/quantize.py", "channelwise_axes=channels, tiled_axes=tiles)",
+           "jaxformer/nn/weights.py", "channelwise_axes=channels, tiled_axes=tiles)",
            "channelwise_axes=(), tiled_axes=None)", ("tests/test_quantize.py",)),
-    Mutant("w8a8-float-activations", "w8a8 that never quantizes its activations", "jaxformer/quantize.py",
+    Mutant("w8a8-float-activations", "w8a8 that never quantizes its activations", "jaxformer/nn/weights.py",
            "        if self.dynamic:\n", "        if False:\n", ("tests/test_quantize.py",)),
     Mutant("exact-match-counts-all", "exact match counts every answer as exact", "jaxformer/inference/evaluate.py",
            "exact += int((real & (pred == want).all(1)).sum())", "exact += int(real.sum())",
@@ -189,8 +189,8 @@ MUTANTS = (
            "        x, targets = (jnp.pad(a, ((0, 0), (0, m * c - t)) + ((0, 0),) * (a.ndim - 2)) for a in (x, targets))"
            "\n        w = (targets != pad_id).astype(jnp.float32)",
            ("tests/test_accelerator_levers.py", "-k", "whole_logits")),
-    Mutant("fused-gate-up-swapped", "the fused gate/up matmul split in the wrong order", "jaxformer/nn/layers.py",
-           "jnp.concatenate([wg, w1], axis=1)", "jnp.concatenate([w1, wg], axis=1)",
+    Mutant("fused-gate-up-swapped", "the fused gate/up (and q/k/v) matmul split in the wrong order",
+           "jaxformer/nn/params.py", "jnp.concatenate(flat, axis=1)", "jnp.concatenate(flat[::-1], axis=1)",
            ("tests/test_accelerator_levers.py", "-k", "same_loss")),
     Mutant("master-copy-unused", "bfloat16 parameters updated directly, the float32 master copy beside them unused",
            "jaxformer/train/weights.py", "        return (jax.tree.map(lambda m, p: m - p.astype(jnp.float32), master, params),",
@@ -302,11 +302,11 @@ MUTANTS = (
     Mutant("attn-out-after-residual", "the attn_out site taken after the residual add (the residual stream)",
            "jaxformer/nn/layers.py", 'x, a = self.res_self(x, lambda y: sites.output("attn_out", self.self_attn(\n'
            '            sites("attn_in", y), mask=ctx.mask, positions=ctx.positions, kv_positions=ctx.kv_positions, '
-           'cache=cache,\n            wqkv=decode.wqkv, rngs=rngs, sites=sites, layer=settings)), rngs)\n'
+           'cache=cache,\n            rngs=rngs, sites=sites, layer=settings)), rngs)\n'
            '        x = sites("resid_mid", x)\n',
            'x, a = self.res_self(x, lambda y: self.self_attn(\n'
            '            sites("attn_in", y), mask=ctx.mask, positions=ctx.positions, kv_positions=ctx.kv_positions, '
-           'cache=cache,\n            wqkv=decode.wqkv, rngs=rngs, sites=sites, layer=settings), rngs)\n'
+           'cache=cache,\n            rngs=rngs, sites=sites, layer=settings), rngs)\n'
            '        x = sites("resid_mid", sites("attn_out", x))\n', ("tests/test_sites.py", "-k", "by_hand")),
     Mutant("sites-unknown-accepted", "a misspelt site name captures nothing, silently", "jaxformer/nn/sites.py",
            "        if name not in available:\n", "        if False:\n", ("tests/test_sites.py", "-k", "bad_sites")),
@@ -357,7 +357,8 @@ MUTANTS = (
     Mutant("generate-patch-prefill-only", "generate_lm patches the prompt's prefill, not the generated steps",
            "jaxformer/decode.py", 'cache=c, mode="decode", patch=patch))', 'cache=c, mode="decode"))', ("tests/test_sites.py", "-k", "every_generated")),
     Mutant("mup-edge-optimum-taken", "a best learning rate at the grid's edge taken as the optimum",
-           "jaxformer/mup.py", "        return -np.inf if i == 0 else np.inf\n", "        return float(x[i])\n",
+           "jaxformer/mup.py", "    v = np.where(i == 0, -np.inf, np.where(i == len(x) - 1, np.inf, v))\n",
+           "    v = np.where((i == 0) | (i == len(x) - 1), x[i], v)\n",
            ("tests/test_mup.py", "-k", "optimum")),
     Mutant("head-table-patches-self-attention", "the cross-attention and encoder head tables zero the decoder's "
            "self-attention heads", "jaxformer/interpret.py", "patch={site: patch}", 'patch={"z": patch}',
@@ -366,7 +367,7 @@ MUTANTS = (
            "jaxformer/interpret.py", 'layers = cfg.num_encoder_layers if site == "encoder.z" else cfg.num_decoder_layers',
            "layers = cfg.num_decoder_layers", ("tests/test_interpret.py", "-k", "three_head_tables")),
     Mutant("pattern-patch-ignored", "a patched attention pattern is recorded but the heads read the original",
-           "jaxformer/nn/attention.py", "ctx = mix(patched, values, heads_first).astype(ctx.dtype)", "ctx = ctx",
+           "jaxformer/nn/attention.py", "ctx = mix(patched, kv).astype(ctx.dtype)", "ctx = ctx",
            ("tests/test_sites.py", "-k", "patched_pattern")),
     Mutant("pattern-heads-grouped-kv-minor", "a patched pattern's query head n reads kv head n % K",
            "jaxformer/nn/attention.py", "w.reshape(b, k, n // k, t, s)", "jnp.swapaxes(w.reshape(b, n // k, k, t, s), 1, 2)",
@@ -376,7 +377,7 @@ MUTANTS = (
            ("tests/test_mup.py", "-k", "one_over_m or fan_in_grows")),
     Mutant("mup-edge-optimum-a-point", "an unbracketed optimum counts as a point at the grid's edge side (±inf), "
            "not as the range beyond the edge's neighbour", "jaxformer/mup.py",
-           "    return (float(x[-2]), np.inf) if v == np.inf else (v, v)", "    return v, v",
+           "    return np.where(v == np.inf, x[-2], v), np.where(v == -np.inf, x[1], v)", "    return v, v",
            ("tests/test_mup.py", "-k", "optimum")),
     Mutant("padding-target-is-token-zero", "a held-out window's padding targets token 0 (a pretrained tokenizer's "
            "real token)", "jaxformer/data/tokens.py", "targets = np.where(seg[:, 1:] != 0, rows[:, 1:], ignore)",
@@ -660,9 +661,10 @@ MUTANTS = (
            "jax.tree.map(lambda a: jnp.take(a, rows, axis=1), x) for x in t)",
            ("tests/test_decode_layout.py", "-k", "take_and_cut")),
     Mutant("layout-fused-qkv-unused", "the layout's fused q/k/v matrix never reaches the attention",
-           "jaxformer/nn/layers.py", "wqkv=decode.wqkv,", "wqkv=None,", ("tests/test_decode_layout.py", "-k", "one_matmul")),
-    Mutant("layout-w2-unused", "the layout's [out,in] FFN weight never reaches the FFN", "jaxformer/nn/layers.py",
-           "w2_out_in=decode.w2_out_in,", "w2_out_in=None,",
+           "jaxformer/nn/layout.py", '            _fuse(module, ("wq", "wk", "wv"))', "            pass",
+           ("tests/test_decode_layout.py", "-k", "one_matmul")),
+    Mutant("layout-w2-unused", "the layout's [out,in] FFN weight never made", "jaxformer/nn/layout.py",
+           "p.set_value(OutIn(jnp.transpose(w)))", "pass",
            ("tests/test_decode_layout.py", "-k", "row_by_row")),
     Mutant("cross-kv-of-layer-zero", "an encoder-decoder's cache gives every layer layer 0's cross-attention k/v",
            "jaxformer/nn/models.py", "for blk in stack.blocks]", "for blk in stack.blocks[:1] * len(stack.blocks)]",

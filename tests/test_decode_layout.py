@@ -8,10 +8,10 @@ per-layer cache written at the wrong axis, not written at all, or not stored hea
 `without_slots` on the wrong axis of a per-layer buffer; a decode program that lays its model out inside its
 loop (the loop then slices every layer's weights per token); `contract` ordering contracting dimensions as
 jnp.einsum does (H before N: XLA then copies wo at every call) or dropping the output permutation; the fused
-q/k/v matrix of the layout (`fused_qkv`) split at the wrong offsets (GQA: K < N heads), in the wrong order (k and
+q/k/v matrix of the layout (`nn.layout`, `nn.weights.Fused`) split at the wrong offsets (GQA: K < N heads), in the wrong order (k and
 v swapped), without its biases or QK-norm, or never used by the step (three matmuls again), or built from
 quantized weights, which bring their own matmul; the one-row layout's FFN output weight
-(`FeedForward.output_out_in`) not transposed, never used by the step, laid out for a batch of more rows too
+(`nn.weights.OutIn`) not transposed, never used by the step, laid out for a batch of more rows too
 (where it is slower), or built from quantized weights; a layout that changes the model it was made from
 (attributes added to its modules, as `for_decoding` once did).
 """
@@ -26,6 +26,7 @@ from jaxformer.config import ModelConfig, replaced
 from jaxformer.nn import build_model
 from jaxformer.nn.cache import KVCache, QuantizedKV, heads_major, quantize_kv
 from jaxformer.nn.params import contract
+from jaxformer.nn.weights import Fused, OutIn, Quantized, Within
 from jaxformer.ops.masks import positions_from_segments
 from helpers import all_eqns
 
@@ -303,7 +304,11 @@ def test_the_laid_out_step_projects_q_k_v_in_one_matmul():
     cfg = _cfg(num_kv_heads=2, num_decoder_layers=2)
     n, k, h, d = cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.d_model
     model = build_model(cfg)
-    assert all(w.wqkv.shape == (d, (n + 2 * k) * h) for w in model.decoder.layers.lay_out().weights)
+    for b in model.decoder.layers.lay_out().blocks:            # wq holds the group's one matrix, wk/wv hold none
+        att = b.self_attn
+        assert isinstance(att.wq[...], Fused) and att.wq[...].array.shape == (d, (n + 2 * k) * h)
+        assert isinstance(att.wk[...], Within) and isinstance(att.wv[...], Within)
+        assert att.wq[...].shapes == ((d, n, h), (d, k, h), (d, k, h))
     widths = [e.outvars[0].aval.shape[-1] for e in _dots(model, 1)
               if e.invars[1].aval.shape[0] == d and e.invars[0].aval.shape[-1] == d]
     assert widths.count((n + 2 * k) * h) == cfg.num_decoder_layers      # one q/k/v matmul per layer
@@ -318,9 +323,9 @@ def test_a_quantized_models_layout_keeps_q_k_v_apart():
     tok = jnp.ones((1, 1), jnp.int32)
     from jaxformer.quantize import quantize_model
     q = quantize_model(build_model(cfg), "int8")
-    assert all(w.wqkv is None for w in q.decoder.layers.lay_out().weights)
+    assert all(isinstance(b.self_attn.wq[...], Quantized) for b in q.decoder.layers.lay_out().blocks)
     cache = q.init_cache(1, 4)
-    assert all(w.wqkv is None for w in cache.stack.weights)
+    assert all(isinstance(b.self_attn.wk[...], Quantized) for b in cache.stack.blocks)
     logits, _ = q(tok, tok, cache=cache, mode="decode")
     assert bool(jnp.all(jnp.isfinite(logits)))
     np.testing.assert_allclose(np.asarray(logits), np.asarray(q(tok, tok)[0]), rtol=1e-5, atol=1e-5)
@@ -340,19 +345,21 @@ def test_a_one_row_layout_reads_the_ffn_output_weight_row_by_row():
     d, f = cfg.d_model, cfg.d_ff
     model = build_model(cfg)
     one = model.decoder.layers.lay_out(1)
-    assert all(w.w2_out_in.shape == (d, f) for w in one.weights)
-    np.testing.assert_array_equal(np.asarray(one.weights[1].w2_out_in),
+    assert all(isinstance(b.ffn.w2[...], OutIn) and b.ffn.w2[...].array.shape == (d, f) for b in one.blocks)
+    assert all(b.ffn.w2[...].shape == (f, d) for b in one.blocks)          # the weight's own shape
+    np.testing.assert_array_equal(np.asarray(one.blocks[1].ffn.w2[...].array),
                                   np.asarray(model.decoder.layers.blocks.ffn.w2[...][1]).T)
+    assert not any(isinstance(b.ffn.w1[...], OutIn) for b in one.blocks)  # [D,F]: its input is not wider
     assert _ffn_out_dots(model, 1) == [((d, f), (1,))] * 2            # [D,F] contracted on F, one per layer
     for batch in (None, 2):                                         # more rows, or not known: w2 as it is
-        assert all(w.w2_out_in is None for w in model.decoder.layers.lay_out(batch).weights)
+        assert not any(isinstance(b.ffn.w2[...], OutIn) for b in model.decoder.layers.lay_out(batch).blocks)
         assert _ffn_out_dots(model, 2, batch) == [((f, d), (0,))] * 2
     assert _ffn_out_dots(model, 2) == [((f, d), (0,))] * 2           # init_cache lays out for its own rows
     from jaxformer.quantize import quantize_model                  # quantized weights bring their own matmul
     q = quantize_model(build_model(cfg), "int8").decoder.layers.lay_out(1)
-    assert all(w.w2_out_in is None for w in q.weights)
+    assert all(isinstance(b.ffn.w2[...], Quantized) for b in q.blocks)
     wide = build_model(_cfg(num_decoder_layers=1, d_ff=24)).decoder.layers.lay_out(1)  # F <= D: w2 not tall
-    assert wide.weights[0].w2_out_in is None
+    assert isinstance(wide.blocks[0].ffn.w2[...], jax.Array)
 
 
 @pytest.mark.parametrize("batch", [1, 2])

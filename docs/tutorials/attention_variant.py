@@ -59,9 +59,9 @@ folder = Path(tempfile.mkdtemp())
                 raise ConfigError(f"model.attention.kind={cfg.attention.kind!r} sets its own logit scale; "
                                   f"leave model.attention.scale='rsqrt' and model.attention.scale_dim=0")
 
-        def context(self, q, keys, *args, **kw):
+        def context(self, q, kv, *args, **kw):
             scale = TEMPERATURE * q.shape[-1] ** 0.5
-            return super().context(unit(q) * scale, unit(keys), *args, **kw)
+            return super().context(unit(q) * scale, kv._replace(k=unit(kv.k)), *args, **kw)
 ''').replace("import jax.numpy as jnp", "import jax\nimport jax.numpy as jnp"))
 sys.path.insert(0, str(folder))
 

@@ -11,10 +11,10 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer import ops
 from jaxformer.config import ModelConfig
-from jaxformer.nn.cache import HeadsMajorKV, LayerKV, heads_major
+from jaxformer.nn.cache import LayerKV
 from jaxformer.nn import init
 from jaxformer.nn.per_layer import UNIFORM, LayerSettings
-from jaxformer.nn.params import lever, ones, param, project, weight, zeros
+from jaxformer.nn.params import lever, ones, param, project, project_each, weight, zeros
 from jaxformer.nn.sites import NO_SITES, Sites
 from jaxformer.ops import norms, positional
 from jaxformer.nn.ring import over_context
@@ -79,31 +79,15 @@ class MultiHeadAttention(nnx.Module):
         q = project("BTD,DNH->BTNH", x, weight(self.wq, rngs)) + self._bias("q")
         return self._norm(q.astype(x.dtype), "q_norm")
 
-    def fused_qkv(self) -> jax.Array | None:
-        """The decoding layout of a self-attention (`nn.stack.LayerStack.lay_out` asks each layer; the same at any
-        batch): wq, wk and wv as one matrix wqkv [D,(N+2K)·H] (a new array; the module is unchanged), so that a
-        step projects q, k and v in one matmul: lever `decode_fused_qkv` (`jaxformer.platforms`; its results row
-        in benchmarks/results/levers.md). None where it does not apply: cross-attention, the lever off on this
-        platform, or weights that bring their own matmul (quantized)."""
-        return self._concat_qkv() if lever("decode_fused_qkv") else None
-
-    def _concat_qkv(self) -> jax.Array | None:
-        """wq, wk, wv as one new matrix [D,(N+2K)·H]; None for cross-attention or quantized weights."""
-        ws = (self.wq[...], self.wk[...], self.wv[...])
-        if self.self_attention and not any(hasattr(w, "project") for w in ws):
-            return jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1)
-        return None
-
-    def _project_qkv(self, x: jax.Array, wqkv: jax.Array) -> tuple[jax.Array, LayerKV]:
-        """project_q and project_kv of the same x [B,T,D], as one matmul over wqkv (`fused_qkv`) -> (q [B,T,N,H],
-        LayerKV)."""
-        cfg = self.cfg
-        n, k, h = cfg.num_heads, cfg.kv_heads, cfg.head_size
-        y = project("BTD,DE->BTE", x, wqkv)
-        q, kk, v = jnp.split(y, [n * h, (n + k) * h], axis=-1)
-        heads = lambda a, m, name: (a.reshape(*a.shape[:-1], m, h) + self._bias(name)).astype(x.dtype)  # noqa: E731
-        return (self._norm(heads(q, n, "q"), "q_norm"),
-                LayerKV(self._norm(heads(kk, k, "k"), "k_norm"), heads(v, k, "v")))
+    def project_qkv(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> tuple[jax.Array, LayerKV]:
+        """A self-attention's projections of x [B,T,D] -> (q [B,T,N,H], LayerKV(k, v) [B,T,K,H]), normed with
+        QK-norm (positions are applied by the call); one matmul where the weights allow it
+        (`nn.params.project_each`)."""
+        biased = lambda name: lambda a: (a + self._bias(name)).astype(x.dtype)          # noqa: E731
+        q, k, v = project_each(("BTD,DNH->BTNH", "BTD,DKH->BTKH", "BTD,DKH->BTKH"), x,
+                               tuple(weight(w, rngs) for w in (self.wq, self.wk, self.wv)),
+                               then=(lambda a: self._norm(biased("q")(a), "q_norm"), biased("k"), biased("v")))
+        return q, LayerKV(self._norm(k, "k_norm"), v)
 
     def project_kv(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> LayerKV:
         """x [B,S,D] -> LayerKV(k, v) [B,S,K,H] (k normed with QK-norm; positions are applied by the call)."""
@@ -113,87 +97,72 @@ class MultiHeadAttention(nnx.Module):
 
     def __call__(self, x: jax.Array, source: jax.Array | LayerKV | None = None, *, mask=None,
                  positions: jax.Array | None = None, kv_positions: jax.Array | None = None,
-                 cache: LayerKV | None = None, wqkv: jax.Array | None = None, rngs: nnx.Rngs | None = None,
-                 sites: Sites = NO_SITES, layer: LayerSettings = UNIFORM) -> tuple[jax.Array, dict]:
+                 cache: LayerKV | None = None, rngs: nnx.Rngs | None = None, sites: Sites = NO_SITES,
+                 layer: LayerSettings = UNIFORM) -> tuple[jax.Array, dict]:
         """x [B,T,D] queries at positions [B,T].
 
         source: None (self-attention over x), or the keys/values' source for cross-attention: an array [B,S,D],
-        or its keys/values already projected (a LayerKV [B,S,K,H], `project_kv`, computed once for decoding; or a
-        HeadsMajorKV [B,K,S,H] in a decoding layout).
-        cache: self-attention only: this layer's cached keys/values [B,S,K,H] (a `HeadsMajorKV` [B,K,S,H] when
-        laid out for decoding); the queries attend over the S cached slots followed by this call's T new keys, as
-        two segments (the cache is never copied);
+        or its keys/values already projected (a LayerKV view, `project_kv`, computed once for decoding).
+        cache: self-attention only: this layer's cached keys/values (a LayerKV view in the cache's layout,
+        `nn.cache`); the queries attend over the S cached slots followed by this call's T new keys, as two
+        segments (the cache is never copied);
         kv_positions [B,S+T] and mask (broadcastable to [B,N,T,S+T], or an ops.masks.CausalMask) decide what is
-        visible. Without a cache, kv_positions defaults to positions. wqkv: the decoding layout's fused q/k/v
-        weight (`fused_qkv`), used for a self-attention's projections when given. rngs: a training call's dropout
+        visible. Without a cache, kv_positions defaults to positions. rngs: a training call's dropout
         stream (adapters' input dropout, model.lora). sites: the block's activation sites (q, k, v, pattern, z;
         `nn.sites`; the attention probabilities are the `pattern` site: capture it to read them). layer: what
         this layer does differently (`nn.per_layer.settings` of its index: its sliding window, whether it
         rotates); a self-attention applies them here. -> (out [B,T,D], aux: "kv", a cached call's new keys/values)."""
         aux = {}
-        if source is None and layer.window is not None:
-            mask = mask._replace(window=layer.window)             # a lazy ops.masks.CausalMask
-        heads_first = isinstance(cache if source is None else source, HeadsMajorKV)   # [B,K,S,H]: a laid-out cache
-        if source is None and wqkv is None and lever("fused_projections"):      # one matmul for q, k and v
-            wqkv = self._concat_qkv()
-        if source is None and wqkv is not None:                                    # laid out for decoding
-            q, new = self._project_qkv(x, wqkv)
+        if source is None:
+            if layer.window is not None:
+                mask = mask._replace(window=layer.window)             # a lazy ops.masks.CausalMask
+            q, new = self.project_qkv(x, rngs)
+            q, k = self._positions(q, new.k, positions, layer)
+            q, kv = sites("q", q), LayerKV(sites("k", k), sites("v", new.v))
+            kv_positions = positions if kv_positions is None else kv_positions
+            if cache is not None:
+                kv, aux["kv"] = cache.readable(x.dtype).then(kv)          # segments: S cached + T new
         else:
             q = self.project_q(x, rngs)
-            new = self.project_kv(x, rngs) if source is None else None
-        if source is None:
-            q, k = self._positions(q, new.k, positions, layer)
-            new = LayerKV(k, new.v)
-            q = sites("q", q)
-            new = LayerKV(sites("k", new.k), sites("v", new.v))
-            kv_positions = positions if kv_positions is None else kv_positions
-            if cache is None:
-                keys, values = new
-            else:
-                past = cache.readable(x.dtype)
-                new = LayerKV(new.k.astype(past.k.dtype), new.v.astype(past.v.dtype))
-                now = heads_major(new) if heads_first else new
-                keys, values = (past.k, now.k), (past.v, now.v)                # segments: S cached + T new
-                aux["kv"] = new
-        else:
-            keys, values = source if isinstance(source, LayerKV) else self.project_kv(source, rngs=rngs)
-            q, keys, values = sites("q", q), sites("k", keys), sites("v", values)
-        ctx = self.context(q, keys, values, mask, positions, kv_positions, sites, heads_first, layer)
+            kv = source if isinstance(source, LayerKV) else self.project_kv(source, rngs=rngs)
+            q, kv = sites("q", q), kv._replace(k=sites("k", kv.k), v=sites("v", kv.v))
+        ctx = self.context(q, kv, mask, positions, kv_positions, sites, layer)
         ctx = checkpoint_name(sites("z", ctx), "attention_out")   # what model.runtime.remat="dots_attention" keeps
         if "kv" in aux and lever("cache_write_order"):
             aux["kv"] = _after(aux["kv"], ctx)
         out = (project("BTNH,NHD->BTD", ctx, weight(self.wo, rngs)) + self._bias("o")).astype(q.dtype)
         return out, aux
 
-    def context(self, q, keys, values, mask, q_positions, kv_positions, sites: Sites, heads_first: bool,
+    def context(self, q: jax.Array, kv: LayerKV, mask, q_positions, kv_positions, sites: Sites,
                 layer: LayerSettings) -> jax.Array:
-        """What the heads read: queries q [B,T,N,H] over keys/values [B,S,K,H] (heads_first: [B,K,S,H]; or
-        segments along S), the mask and positions as in the call -> the context [B,T,N,H], its probabilities
-        [B,N,T,S] through the `pattern` site (a patched pattern makes the context). The one method an attention
-        variant overrides (model.attention.kind: e.g. `nn.differential`); layer: this layer's settings."""
-        ctx, w = self._attend(q, keys, values, mask, q_positions, kv_positions, sites,
-                              "BKSH" if heads_first else "BSKH")
+        """What the heads read: queries q [B,T,N,H] over the keys/values `kv` (a LayerKV view [B,S,K,H] in its
+        own layout, k and v maybe segments along S), the mask and positions as in the call -> the context
+        [B,T,N,H], its probabilities [B,N,T,S] through the `pattern` site (a patched pattern makes the
+        context). The one method an attention variant overrides (model.attention.kind: e.g. `nn.differential`);
+        layer: this layer's settings."""
+        ctx, w = self.attend(q, kv, mask, q_positions, kv_positions, sites)
         if sites.wants("pattern"):
             patched = sites("pattern", w)
             if sites.patches("pattern"):                          # the context from the replaced probabilities
-                ctx = mix(patched, values, heads_first).astype(ctx.dtype)
+                ctx = mix(patched, kv).astype(ctx.dtype)
         return ctx
 
-    def _attend(self, q, k, v, mask, q_positions, kv_positions, sites: Sites, kv_layout: str,
-                probs: bool = False):
-        """q [B,T,N,H], k/v [B,S,K,H] (kv_layout "BSKH") or [B,K,S,H] ("BKSH"), or segments -> (context
-        [B,T,N,H], probabilities [B,N,T,S] when asked or the pattern site wants them, else None), by the backend
-        model.runtime.attention_backend."""
+    def attend(self, q, kv: LayerKV, mask, q_positions, kv_positions, sites: Sites, probs: bool = False):
+        """Scaled dot-product attention as configured (the logit scale, soft-cap, ALiBi, the backend
+        model.runtime.attention_backend, ring attention over a context plan): q [B,T,N,H] over a LayerKV view
+        (k/v [B,S,K,H] in its own layout, or segments along S) -> (context [B,T,N,H], probabilities [B,N,T,S]
+        float32 when `probs` or the pattern site wants them, else None). What a variant's `context` builds on
+        (e.g. `nn.differential` asks for the probabilities and mixes them itself)."""
         cfg = self.cfg
+        k, v = kv
         bias = None
         if self.self_attention and cfg.positional == "alibi":
             if q_positions is None or kv_positions is None:
                 raise ValueError("positional='alibi' needs explicit query and key positions")
             bias = positional.AlibiBias(positional.alibi_slopes(cfg.num_heads), q_positions, kv_positions)
         scores = sites.wants("attn_scores")                  # the logits: read in the materialising backend
-        plain = not (bias is not None or probs or scores or sites.wants("pattern") or kv_layout != "BSKH"
-                     or cfg.ablation.mask_value == "zero")
-        if plain:                                            # parallel.context_attention="ring" over the plan
+        plain = not (bias is not None or probs or scores or sites.wants("pattern") or cfg.ablation.mask_value == "zero")
+        if plain:            # parallel.context_attention="ring" over the plan (not over a cache's segments)
             ring = over_context(q, k, v, mask, scale=logit_scale(cfg), softcap=cfg.attention.softcap,
                                 block_size=cfg.runtime.attention_block)
             if ring is not None:
@@ -204,17 +173,16 @@ class MultiHeadAttention(nnx.Module):
                                         backend="reference" if scores else cfg.runtime.attention_backend,
                                         block_size=cfg.runtime.attention_block,
                                         score_mod=(lambda x: sites("attn_scores", x)) if scores else None,
-                                        softcap=cfg.attention.softcap, kv_layout=kv_layout,
+                                        softcap=cfg.attention.softcap, kv_layout=kv.layout,
                                         softmax_grad="gemv" if lever("softmax_gemv") else "jax")
         return res.out, res.probs
 
 
-def mix(w: jax.Array, values, heads_first: bool = False) -> jax.Array:
-    """Attention probabilities w [B,N,T,S] applied to values [B,S,K,H] (heads_first: [B,K,S,H]; or a tuple of
+def mix(w: jax.Array, kv: LayerKV) -> jax.Array:
+    """Attention probabilities w [B,N,T,S] applied to the values of a LayerKV view (in its layout, maybe
     segments along S) -> the context [B,T,N,H], query head n reading kv head n // (N/K): what a patched `pattern`
     site gives (no attention dropout)."""
-    values = values if isinstance(values, tuple) else (values,)
-    v = jnp.concatenate([jnp.swapaxes(s, 1, 2) if heads_first else s for s in values], axis=1)   # [B,S,K,H]
+    v = kv.values_bskh()                                                           # [B,S,K,H]
     b, n, t, s = w.shape
     k = v.shape[2]
     ctx = jnp.einsum("BKGTS,BSKH->BTKGH", w.reshape(b, k, n // k, t, s), v.astype(jnp.float32))

@@ -50,9 +50,33 @@ def quantize_kv(x: jax.Array) -> QuantizedKV:
 
 class LayerKV(NamedTuple):
     """Keys and values of attention layers, stacked: k, v [B,S,K,H] for one layer, [L,B,S,K,H] for a stack (float
-    or `QuantizedKV`)."""
+    or `QuantizedKV`). As what attention reads, k and v may each be a tuple of segments along S (`then`).
+    `layout` names the axis order, which ops.dot_product_attention's kv_layout takes; the methods below keep it,
+    so attention code never names one."""
     k: jax.Array
     v: jax.Array
+    layout = "BSKH"
+
+    def own(self, kv: "LayerKV") -> "LayerKV":
+        """kv [B,T,K,H] (float) in this view's layout."""
+        return kv
+
+    def then(self, new: "LayerKV") -> tuple["LayerKV", "LayerKV"]:
+        """This (readable) cache slice followed by T new keys/values [B,T,K,H] -> (the two as segments along S,
+        in this layout: what the queries attend over, the cache never copied; new cast to the cache's dtype, as
+        it will be written)."""
+        new = LayerKV(new.k.astype(self.k.dtype), new.v.astype(self.v.dtype))
+        now = self.own(new)
+        return type(self)((self.k, now.k), (self.v, now.v)), new
+
+    def grouped_values(self, g: int) -> "LayerKV":
+        """The same view with each g adjacent kv heads' values side by side, as K/g heads of g·H (e.g. a
+        differential head's pair): v [B,S,K,H] -> [B,S,K/g,g·H], segment by segment."""
+        return self._replace(v=_segments(self.v, lambda v: v.reshape(*v.shape[:2], v.shape[2] // g, g * v.shape[3])))
+
+    def values_bskh(self) -> jax.Array:
+        """The values as one [B,S,K,H] array (segments joined along S)."""
+        return jnp.concatenate(_segments(self.v, lambda v: v, tuple), axis=1)
 
     def readable(self, dtype) -> "LayerKV":
         """As float arrays of `dtype` (an int8 cache is dequantized)."""
@@ -72,6 +96,26 @@ class HeadsMajorKV(LayerKV):
     """One layer's keys and values stored heads-major: k, v [B,K,S,H] (float or `QuantizedKV`): a layer of a
     cache laid out for decoding (`LayerwiseKV.layer`). Attention contracts them in this layout
     (ops.dot_product_attention's kv_layout="BKSH")."""
+    layout = "BKSH"
+
+    def own(self, kv: LayerKV) -> "HeadsMajorKV":
+        return HeadsMajorKV(*heads_major(kv))
+
+    def grouped_values(self, g: int) -> "HeadsMajorKV":
+        def group(v):                                                   # [B,K,S,H] -> [B,K/g,S,g·H]
+            b, k, s, h = v.shape
+            return jnp.swapaxes(v.reshape(b, k // g, g, s, h), 2, 3).reshape(b, k // g, s, g * h)
+        return self._replace(v=_segments(self.v, group))
+
+    def values_bskh(self) -> jax.Array:
+        return jnp.concatenate(_segments(self.v, lambda v: jnp.swapaxes(v, 1, 2), tuple), axis=1)
+
+
+def _segments(x, fn, wrap=None):
+    """fn applied to an array, or to each segment of a tuple of them (wrap: also wrap a lone array in a tuple)."""
+    if isinstance(x, tuple):
+        return tuple(fn(a) for a in x)
+    return (fn(x),) if wrap is tuple else fn(x)
 
 
 class LayerwiseKV(LayerKV):

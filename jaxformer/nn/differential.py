@@ -30,15 +30,6 @@ def lambda_init(layer) -> jax.Array:
     return 0.8 - 0.6 * jnp.exp(-0.3 * jnp.asarray(layer, jnp.float32))
 
 
-def _paired(v: jax.Array, heads_first: bool) -> jax.Array:
-    """Values [B,S,K,H] -> [B,S,K/2,2H] (heads_first: [B,K,S,H] -> [B,K/2,S,2H]), kv heads 2i, 2i+1 side by side."""
-    if heads_first:
-        b, k, s, h = v.shape
-        return jnp.swapaxes(v.reshape(b, k // 2, 2, s, h), 2, 3).reshape(b, k // 2, s, 2 * h)
-    b, s, k, h = v.shape
-    return v.reshape(b, s, k // 2, 2 * h)
-
-
 class DifferentialAttention(MultiHeadAttention):
     """`MultiHeadAttention` whose heads read the difference of paired softmax maps (module docstring). Its own
     parameters: lambda_q1, lambda_k1, lambda_q2, lambda_k2 [H] (normal, std 0.1) and sub_norm [2H]."""
@@ -62,18 +53,14 @@ class DifferentialAttention(MultiHeadAttention):
         dot = lambda a, b: jnp.sum(getattr(self, a)[...] * getattr(self, b)[...])  # noqa: E731
         return jnp.exp(dot("lambda_q1", "lambda_k1")) - jnp.exp(dot("lambda_q2", "lambda_k2")) + lambda_init(layer)
 
-    def context(self, q, keys, values, mask, q_positions, kv_positions, sites: Sites, heads_first: bool,
-                layer: LayerSettings) -> jax.Array:
+    def context(self, q, kv, mask, q_positions, kv_positions, sites: Sites, layer: LayerSettings) -> jax.Array:
         """As `MultiHeadAttention.context`: q [B,T,N,H] -> the context [B,T,N,H] (N/2 heads of 2H, laid out as
         N of H for the output projection wo [N,H,D])."""
-        _, w = self._attend(q, keys, values, mask, q_positions, kv_positions, sites,
-                            "BKSH" if heads_first else "BSKH", probs=True)
+        _, w = self.attend(q, kv, mask, q_positions, kv_positions, sites, probs=True)
         w = sites("pattern", w)                                                    # [B,N,T,S] float32
         b, n, t, s = w.shape
         pairs = w.reshape(b, n // 2, 2, t, s)
         diff = pairs[:, :, 0] - self.lam(layer.index) * pairs[:, :, 1]           # [B,N/2,T,S]
-        vals = tuple(_paired(v, heads_first) for v in values) if isinstance(values, tuple) \
-            else _paired(values, heads_first)
-        ctx = mix(diff, vals, heads_first)                                         # [B,T,N/2,2H] float32
+        ctx = mix(diff, kv.grouped_values(2))                    # kv heads 2i, 2i+1 side by side: [B,T,N/2,2H]
         ctx = norms.rms_norm(ctx, self.sub_norm[...], self.cfg.norm.eps) * (1.0 - lambda_init(layer.index))
         return ctx.reshape(b, t, n, -1).astype(q.dtype)

@@ -17,7 +17,6 @@ import traceback
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config import ATTENTION_KINDS, ConfigError, ModelConfig
@@ -26,7 +25,7 @@ from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.cache import LayerKV
 from jaxformer.nn.moe import MoEFeedForward
 from jaxformer.nn import init, per_layer
-from jaxformer.nn.params import lever, ones, param, project, weight, zeros
+from jaxformer.nn.params import ones, param, project, project_each, weight, zeros
 from jaxformer.nn.sites import NO_SITES, Sites
 from jaxformer.nn.stack import BlockOut
 from jaxformer.ops import activations, norms
@@ -93,49 +92,20 @@ class FeedForward(nnx.Module):
                 self.bg = param(rngs, init.bias(cfg, "ffn_in"), (f,), ("mlp",))
 
     def __call__(self, x: jax.Array, valid: jax.Array | None = None, *, train: bool = False,
-                 w2_out_in: jax.Array | None = None, rngs: nnx.Rngs | None = None, sites: Sites = NO_SITES):
-        """[B,T,D] -> ([B,T,D], {}). (valid and train: the FFN interface a MoE FFN shares; unused here.)
-        w2_out_in: the decoding layout's output weight [D,F] (`output_out_in`), contracted instead of w2. rngs: a
+                 rngs: nnx.Rngs | None = None, sites: Sites = NO_SITES):
+        """[B,T,D] -> ([B,T,D], {}). (valid and train: the FFN interface a MoE FFN shares; unused here.) rngs: a
         training call's dropout stream (adapters' input dropout, model.lora). sites: the block's activation sites
         (mlp_hidden, `nn.sites`)."""
-        def linear(w, b, y, eq):
-            out = project(eq, y, w if isinstance(w, jax.Array) else weight(w, rngs))
-            return (out + b[...]).astype(y.dtype) if self.use_bias else out
-        if self.activation in activations.GATED:
-            gate, h = self._gate_up(x, linear)
+        def biased(y, name):
+            return (y + getattr(self, name)[...]).astype(x.dtype) if self.use_bias else y
+        if self.activation in activations.GATED:             # gate and input: one matmul where they allow
+            gate, h = project_each(("BTD,DF->BTF", "BTD,DF->BTF"), x, (weight(self.wg, rngs), weight(self.w1, rngs)),
+                                   then=(lambda y: biased(y, "bg"), lambda y: biased(y, "b1")))
             h = activations.GATED[self.activation](gate, h)
         else:
-            h = linear(self.w1, getattr(self, "b1", None), x, "BTD,DF->BTF")
-            h = activations.UNGATED[self.activation](h)
+            h = activations.UNGATED[self.activation](biased(project("BTD,DF->BTF", x, weight(self.w1, rngs)), "b1"))
         h = sites("mlp_hidden", h)
-        if w2_out_in is not None:                                             # laid out for one row
-            return linear(w2_out_in, getattr(self, "b2", None), h, "BTF,DF->BTD"), {}
-        return linear(self.w2, getattr(self, "b2", None), h, "BTF,FD->BTD"), {}
-
-    def _gate_up(self, x: jax.Array, linear) -> tuple[jax.Array, jax.Array]:
-        """(wg x, w1 x) [B,T,F] each; lever `fused_projections` (`jaxformer.platforms`): as one matmul over [wg|w1]
-        [D,2F] (a new array each call; not for quantized weights)."""
-        wg, w1 = self.wg[...], self.w1[...]
-        if lever("fused_projections") and not (hasattr(wg, "project") or hasattr(w1, "project")):
-            both = project("BTD,DF->BTF", x, jnp.concatenate([wg, w1], axis=1))
-            gate, up = jnp.split(both, 2, axis=-1)
-            if self.use_bias:
-                gate, up = (gate + self.bg[...]).astype(x.dtype), (up + self.b1[...]).astype(x.dtype)
-            return gate, up
-        return (linear(self.wg, getattr(self, "bg", None), x, "BTD,DF->BTF"),
-                linear(self.w1, getattr(self, "b1", None), x, "BTD,DF->BTF"))
-
-    def output_out_in(self, batch: int | None) -> jax.Array | None:
-        """The decoding layout of a token loop's FFN (`nn.stack.LayerStack.lay_out` asks each layer): over one row
-        (batch 1), w2 [F,D] as a new [D,F] array (the module is unchanged), which the call then contracts on its
-        last axis: a matrix-vector product reads a weight whose input is wider than its output (F > D) faster in
-        that order on XLA:CPU (lever `decode_w2_out_in`, `jaxformer.platforms`; its results row in
-        benchmarks/results/levers.md). None otherwise: more rows (or batch None: not known), where it is slower,
-        F <= D, the lever off on this platform, or a weight that brings its own matmul (quantized)."""
-        w = self.w2[...]
-        if batch == 1 and not hasattr(w, "project") and w.shape[0] > w.shape[1] and lever("decode_w2_out_in"):
-            return jnp.transpose(w)
-        return None
+        return biased(project("BTF,FD->BTD", h, weight(self.w2, rngs)), "b2"), {}
 
 
 class Residual(nnx.Module):
@@ -262,8 +232,7 @@ class DecoderBlock(nnx.Module):
         self.res_ffn = Residual(cfg, rngs=rngs)
 
     def __call__(self, x: jax.Array, ctx: Context, *, layer: jax.Array | int, cache: LayerKV | None = None,
-                 memory_kv: LayerKV | None = None, decode: DecodeWeights | None = None,
-                 rngs: nnx.Rngs | None = None) -> BlockOut:
+                 memory_kv: LayerKV | None = None, rngs: nnx.Rngs | None = None) -> BlockOut:
         """x [B,T,D] -> BlockOut([B,T,D], aux, kv).
 
         layer: this block's index in its stack (what varies with depth follows from it: `nn.per_layer`, e.g. its
@@ -271,16 +240,14 @@ class DecoderBlock(nnx.Module):
         cache: this layer's cached keys/values [B,S,K,H]: the self-attention attends over them followed by the T
         new keys (ctx.mask and ctx.kv_positions cover S+T keys), and kv holds the new keys/values [B,T,K,H] for
         the caller to write into its cache (None without a cache). memory_kv: this layer's cross-attention keys/values of
-        the encoder memory [B,S,K,H] (else they are projected from ctx.memory). decode: this layer's
-        decoding-layout weights (`decode_weights`: a token loop's, from `nn.stack.LayerStack.lay_out`). aux holds
-        "moe" statistics, "captured": the activation sites ctx.hooks captures (`nn.sites`)."""
+        the encoder memory [B,S,K,H] (else they are projected from ctx.memory). aux holds "moe" statistics,
+        "captured": the activation sites ctx.hooks captures (`nn.sites`)."""
         settings = per_layer.settings(self.cfg, layer)
-        decode = DecodeWeights() if decode is None else decode
         sites = Sites(ctx.hooks, layer)
         x = sites("resid_pre", x)
         x, a = self.res_self(x, lambda y: sites.output("attn_out", self.self_attn(
             sites("attn_in", y), mask=ctx.mask, positions=ctx.positions, kv_positions=ctx.kv_positions, cache=cache,
-            wqkv=decode.wqkv, rngs=rngs, sites=sites, layer=settings)), rngs)
+            rngs=rngs, sites=sites, layer=settings)), rngs)
         x = sites("resid_mid", x)
         kv = a.pop("kv", None)
         if self.cross:
@@ -290,23 +257,7 @@ class DecoderBlock(nnx.Module):
                 cross("in", y), source, mask=ctx.memory_mask, rngs=rngs, sites=cross)), rngs)
             x = sites("resid_cross", x)
         x, f = self.res_ffn(x, lambda y: sites.output("mlp_out", self.ffn(
-            sites("mlp_in", y), ctx.valid, train=rngs is not None, w2_out_in=decode.w2_out_in, rngs=rngs,
-            sites=sites)), rngs)
+            sites("mlp_in", y), ctx.valid, train=rngs is not None, rngs=rngs, sites=sites)), rngs)
         x = sites("resid_post", x)
         captured = {"captured": sites.captured} if sites.captured else {}
         return BlockOut(x, {**f, **captured}, kv)
-
-    def decode_weights(self, batch: int | None) -> DecodeWeights:
-        """This block's decoding layout for a token loop over `batch` rows (None: not known): the arrays its
-        levers ask for (`MultiHeadAttention.fused_qkv`, `FeedForward.output_out_in`; a MoE FFN has none), new
-        arrays made from its parameters (the block is unchanged)."""
-        return DecodeWeights(self.self_attn.fused_qkv(), self.ffn.output_out_in(batch))
-
-
-class DecodeWeights(NamedTuple):
-    """One decoder layer's decoding-layout weights (new arrays made from its parameters; None = not used):
-    wqkv [D,(N+2K)·H] the self-attention's q/k/v as one matrix, w2_out_in [D,F] the FFN's output weight in
-    [out,in] order (one row)."""
-    wqkv: jax.Array | None = None
-    w2_out_in: jax.Array | None = None
-

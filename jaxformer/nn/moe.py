@@ -37,14 +37,9 @@ class MoEFeedForward(nnx.Module):
             if self.activation in activations.GATED:
                 self.bg = param(rngs, init.bias(cfg, "ffn_in"), (e, f), ("expert", "mlp"))
 
-    def output_out_in(self, batch: int | None) -> None:
-        """The dense FFN's decoding layout (`FeedForward.output_out_in`); experts have none."""
-        return None
-
-    def __call__(self, x: jax.Array, valid: jax.Array | None = None, *, train: bool = False, w2_out_in: None = None,
+    def __call__(self, x: jax.Array, valid: jax.Array | None = None, *, train: bool = False,
                  rngs: nnx.Rngs | None = None, sites=None):
-        """x [B,T,D], valid [B,T] bool (padding takes no expert slot) -> ([B,T,D], {"moe": ops.moe.MoEStats}).
-        w2_out_in: the dense FFN's interface; always None here."""
+        """x [B,T,D], valid [B,T] bool (padding takes no expert slot) -> ([B,T,D], {"moe": ops.moe.MoEStats})."""
         b, t, d = x.shape
         get = lambda name: dequantized(getattr(self, name)[...]) if hasattr(self, name) else None   # quantized: dequantized
         y, stats = moe.moe_ffn(x.reshape(b * t, d), self.router[...], get("w1"), get("w2"),

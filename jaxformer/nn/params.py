@@ -7,6 +7,7 @@ Logical axes: "vocab" V, "embed" D, "q_heads" N, "kv_heads" K, "head_dim" H, "ml
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import jax
@@ -41,6 +42,46 @@ def project(eq: str, x: jax.Array, w) -> jax.Array:
     if hasattr(w, "project"):
         return w.project(eq, x)
     return contract(eq, x, w.astype(x.dtype))
+
+
+def project_each(eqs: tuple[str, ...], x: jax.Array, ws: tuple, then=None) -> tuple[jax.Array, ...]:
+    """`then[i](project(eq, x, w))` for each (eq, w) of projections that read the same x (a self-attention's q, k
+    and v; a gated FFN's gate and input) -> their outputs (then: what each output goes through next, e.g. its
+    bias; default none). One matmul where the weights allow: a group laid out as one matrix (its first weight a
+    kind with `project_each`, e.g. `nn.weights.Fused` of the decoding layout, `nn.layout`), or, with lever
+    `fused_projections` (`jaxformer.platforms`), float arrays concatenated at this call (not weights that bring
+    their own matmul: quantized, adapted). Each eq reads "rows+inputs,inputs+outputs->rows+outputs" with the
+    same rows and inputs."""
+    then = then or (lambda y: y,) * len(eqs)
+    if hasattr(ws[0], "project_each"):
+        return tuple(f(y) for f, y in zip(then, ws[0].project_each(eqs, x, ws[1:])))
+    if lever("fused_projections") and not any(hasattr(w, "project") for w in ws):
+        inputs = _inputs(eqs[0])
+        flat = [w.reshape(math.prod(w.shape[:len(inputs)]), -1) for w in ws]
+        ys = together(eqs, x, jnp.concatenate(flat, axis=1), tuple(w.shape for w in ws))
+        return tuple(f(y) for f, y in zip(then, ys))
+    return tuple(f(project(eq, x, w)) for f, eq, w in zip(then, eqs, ws))
+
+
+def together(eqs: tuple[str, ...], x: jax.Array, w: jax.Array, shapes: tuple) -> tuple[jax.Array, ...]:
+    """The projections `eqs` of x by weights of `shapes` laid side by side in w [I, O₁+O₂+…] (each flattened
+    to its inputs I and outputs Oᵢ), as one matmul, split and shaped as each eq's output."""
+    inputs = _inputs(eqs[0])
+    xs = eqs[0].split(",")[0]
+    if len(inputs) != 1 or any(_inputs(eq) != inputs or eq.split(",")[0] != xs for eq in eqs):
+        raise ValueError(f"project_each: {eqs} do not read one input axis of the same x")
+    rows = xs[:-1]
+    letter = next(c for c in "EZYXWVU" if c not in xs)
+    y = project(f"{xs},{inputs}{letter}->{rows}{letter}", x, w)
+    ends = list(itertools.accumulate(math.prod(s[1:]) for s in shapes))
+    parts = jnp.split(y, ends[:-1], axis=-1)
+    return tuple(p.reshape(*p.shape[:-1], *s[1:]) for p, s in zip(parts, shapes))
+
+
+def _inputs(eq: str) -> str:
+    """The contracted letters of a projection's equation "rows+inputs,inputs+outputs->rows+outputs"."""
+    xs, ws = eq.split("->")[0].split(",")
+    return "".join(c for c in ws if c in xs)
 
 
 def weight(w, rngs: nnx.Rngs | None = None):

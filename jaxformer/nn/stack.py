@@ -20,6 +20,7 @@ from flax import nnx
 
 from jaxformer.axes import ACTIVATION
 from jaxformer.nn.cache import LayerKV, LayerwiseKV
+from jaxformer.nn.layout import laid_out
 from jaxformer.nn.params import lever
 from jaxformer import parallel
 from jaxformer.nn import pipeline
@@ -83,12 +84,10 @@ class LayerStack(nnx.Module):
 
     def lay_out(self, batch: int | None = None) -> "DecodingLayers":
         """The stack laid out for a token loop over `batch` rows (None: not known), as a new value (this stack
-        is unchanged): the L blocks, each with its own copy of its parameters, and each block's decoding-layout
-        arrays (`DecoderBlock.decode_weights`: a self-attention's q/k/v weights as one matrix; with batch=1 an
-        FFN's output weight in [out,in] order). `model.init_cache` makes it, inside a compiled decoding program,
-        before its loop."""
-        blocks = [self.layer(i) for i in range(self.num_layers)]
-        return DecodingLayers(blocks, [b.decode_weights(batch) for b in blocks])
+        is unchanged): the L blocks, each with its own copy of its parameters in the decoding layout
+        (`nn.layout.laid_out`: weight kinds with their own matmul, e.g. a self-attention's q/k/v as one
+        matrix). `model.init_cache` makes it, inside a compiled decoding program, before its loop."""
+        return DecodingLayers([laid_out(self.layer(i), batch) for i in range(self.num_layers)])
 
     def _kinds(self) -> list[nnx.Module]:
         return [self.blocks] if self.pattern == 1 else list(self.blocks)
@@ -145,14 +144,13 @@ class LayerStack(nnx.Module):
 
 class DecodingLayers(nnx.Module):
     """A decoder stack laid out for a token loop (`LayerStack.lay_out`; kept in the cache `model.init_cache`
-    makes): `blocks`, the L blocks each with its own copy of its parameters, and `weights`, each block's
-    decoding-layout arrays (`DecodeWeights`). Called with the cache's per-layer keys/values, it applies the blocks
-    one after another, unrolled, reading each layer's buffer without a copy. Inference only: a dropout stream
-    (training) raises, since gradients would reach the copies, not the stacked parameters."""
+    makes): `blocks`, the L blocks each with its own copy of its parameters in the decoding layout. Called with
+    the cache's per-layer keys/values, it applies the blocks one after another, unrolled, reading each layer's
+    buffer without a copy. Inference only: a dropout stream (training) raises, since gradients would reach the
+    copies, not the stacked parameters."""
 
-    def __init__(self, blocks: list, weights: list):
+    def __init__(self, blocks: list):
         self.blocks = nnx.List(blocks)
-        self.weights = nnx.data(tuple(weights))
 
     def __call__(self, x: jax.Array, ctx, *, cache: LayerwiseKV, memory_kv: LayerwiseKV | None = None,
                  rngs: nnx.Rngs | None = None) -> BlockOut:
@@ -167,7 +165,7 @@ class DecodingLayers(nnx.Module):
         for i, block in enumerate(self.blocks):
             extra = {name: v.layer(i) for name, v in per_layer.items() if v is not None}   # heads-major [B,K,S,H]
             extra["layer"] = jnp.asarray(i, jnp.int32)                 # every block's index, as in the scan
-            out = block(constrain(x, ACTIVATION), ctx, decode=self.weights[i], **extra)
+            out = block(constrain(x, ACTIVATION), ctx, **extra)
             x = out.x
             auxes.append(out.aux)
             kvs.append(out.kv)

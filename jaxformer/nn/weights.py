@@ -2,7 +2,9 @@
 (`project(eq, x)`, which `nn.params.project` calls) so that the modules that use a weight never name its kind.
 
 Today: `Quantized` (qwix's int8/int4 values with float32 scales: post-training quantization, `jaxformer.quantize`,
-and a frozen int8 base under low-rank adapters, `frozen_base`). A frozen base is part of what a configured model
+and a frozen int8 base under low-rank adapters, `frozen_base`); the decoding layout's kinds (`nn.layout`): `OutIn`
+(a weight stored [out,in]) and `Fused` (projections of one input as one matrix, the others of its group `Within`).
+Low-rank adapters are a kind of their own (`nn.lora.LoraWeight`). A frozen base is part of what a configured model
 is (`nn.build.configured`), so its kinds live here, with the model; `jaxformer.quantize` applies them to a trained
 model for inference.
 """
@@ -16,6 +18,7 @@ import qwix
 from flax import nnx, struct
 
 from jaxformer.axes import contracted_axes
+from jaxformer.nn.params import contract, together
 
 
 @struct.dataclass
@@ -95,3 +98,81 @@ def _einsum_parts(eq: str) -> tuple[str, str, str]:
     ins, out = eq.replace(" ", "").split("->")
     x, w = ins.split(",")
     return x, w, out
+
+
+@struct.dataclass
+class OutIn:
+    """A projection weight [in..., out...] stored in [out..., in...] order (array): its matmul contracts the
+    inputs on the array's last axes. A token loop's layout of a weight whose input is wider than its output
+    (`nn.layout`: XLA:CPU's matrix-vector product reads it faster in this order)."""
+    array: jax.Array
+    inputs: int = struct.field(pytree_node=False, default=1)
+
+    @property
+    def shape(self):
+        """The weight's own shape [in..., out...]."""
+        s = self.array.shape
+        return s[len(s) - self.inputs:] + s[:len(s) - self.inputs]
+
+    def __getitem__(self, key) -> "OutIn":
+        return _whole(self, key)
+
+    def dequantize(self) -> jax.Array:
+        """The weight as a float array in its own order [in..., out...]."""
+        n = self.array.ndim
+        return jnp.transpose(self.array, [*range(n - self.inputs, n), *range(n - self.inputs)])
+
+    def project(self, eq: str, x: jax.Array) -> jax.Array:
+        """einsum(eq, x, weight) -> x's dtype, eq "rows+inputs,inputs+outputs->rows+outputs" as every projection
+        reads; contracted against the stored [out..., in...] array."""
+        xs, ws, out = _einsum_parts(eq)
+        stored = ws[self.inputs:] + ws[:self.inputs]
+        return contract(f"{xs},{stored}->{out}", x, self.array.astype(x.dtype))
+
+
+@struct.dataclass
+class Fused:
+    """Projections that read the same input laid out as one matrix: array [I, O₁+O₂+…] (each weight of `shapes`
+    flattened to its input I and outputs Oᵢ), so that the group projects in one matmul (`project_each`). Held by
+    the group's first weight; the others hold `Within`."""
+    array: jax.Array
+    shapes: tuple = struct.field(pytree_node=False)
+
+    @property
+    def shape(self):
+        return self.shapes[0]
+
+    def __getitem__(self, key) -> "Fused":
+        return _whole(self, key)
+
+    def project_each(self, eqs: tuple[str, ...], x: jax.Array, others: tuple) -> tuple[jax.Array, ...]:
+        """The group's projections of x (`nn.params.project_each`): others, the group's other weights, hold
+        `Within`."""
+        if len(eqs) != len(self.shapes) or not all(isinstance(w, Within) for w in others):
+            raise ValueError(f"a fused weight of {len(self.shapes)} projections projects with its group; got "
+                             f"{len(eqs)} equations and {[type(w).__name__ for w in others]}")
+        return together(eqs, x, self.array, self.shapes)
+
+    def project(self, eq: str, x: jax.Array) -> jax.Array:
+        raise ValueError("a fused weight projects with its group (nn.params.project_each), not alone")
+
+
+@struct.dataclass
+class Within:
+    """A weight laid out inside its group's `Fused` matrix (held by the group's first weight): no array here."""
+    shape: tuple = struct.field(pytree_node=False)
+
+    def __getitem__(self, key) -> "Within":
+        return _whole(self, key)
+
+    def project(self, eq: str, x: jax.Array) -> jax.Array:
+        raise ValueError("this weight is laid out inside its group's fused matrix: project the group "
+                         "(nn.params.project_each)")
+
+
+def _whole(w, key):
+    """param[...] of a laid-out weight: the weight itself (it is one layer's; no index into it)."""
+    if key is not Ellipsis:
+        raise TypeError(f"a {type(w).__name__} weight is read whole: w[...]")
+    return w
+
