@@ -115,3 +115,34 @@ def test_an_encoder_decoder_drops_rope_in_both_stacks():
 def test_bad_nope_settings_are_named(kw, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         _cfg(**kw)
+
+
+def test_a_per_layer_softcap_rule_caps_each_layer_with_its_own_value(monkeypatch):
+    """A rule that gives each layer its own soft-cap (0 = none) reaches each layer's attention traced: layer i of
+    the rule's model computes what layer i of a model with the number model.attention.softcap=c_i computes (the
+    same weights), in the scan and in cached decoding."""
+    from jaxformer.nn.inputs import decoder_self_mask
+    from jaxformer.nn.layers import Context
+    caps = (2.0, 0.0, 0.5)
+    rule = ModelConfig.per_layer
+    monkeypatch.setattr(ModelConfig, "per_layer", lambda self, stack="decoder": {
+        **rule(self, stack), "softcap": caps})
+    cfg = _cfg(num_decoder_layers=3)
+    model = build_model(cfg, seed=7)
+    tokens = jax.random.randint(jax.random.key(3), (2, 6), 1, V)
+    logits, out = model(tokens, capture=("resid_pre", "resid_post"))
+    pre, post = out["captured"]["resid_pre"], out["captured"]["resid_post"]
+    positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
+    monkeypatch.setattr(ModelConfig, "per_layer", rule)
+    for i, c in enumerate(caps):                       # layer i alone, its cap a number, on layer i's input
+        fixed = build_model(replaced(cfg, attention__softcap=c), seed=7)
+        ctx = Context(positions=positions, mask=decoder_self_mask(fixed.cfg, positions, positions),
+                      valid=jnp.ones((2, 6), bool))
+        got = fixed.decoder.layers.layer(i)(pre[i], ctx, layer=i).x
+        np.testing.assert_allclose(np.asarray(got), np.asarray(post[i]), rtol=1e-5, atol=1e-5, err_msg=f"layer {i}")
+    uncapped = build_model(cfg, seed=7)(tokens)[0]                      # the rule changes what the model computes
+    assert np.abs(np.asarray(uncapped) - np.asarray(logits)).max() > 1e-3
+    monkeypatch.setattr(ModelConfig, "per_layer", lambda self, stack="decoder": {
+        **rule(self, stack), "softcap": caps})
+    got, want, _ = cached_and_full(build_model(cfg, seed=7), tokens, 3)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)

@@ -130,3 +130,35 @@ def test_attention_softcap_decodes_like_the_full_forward_and_fused_backends_refu
         ops.dot_product_attention(x, x, x, backend="pallas", softcap=1.0)
     with pytest.raises(ConfigError, match="model.attention.softcap"):
         tiny_lm("model.runtime.attention_backend=pallas", "model.attention.softcap=50")
+
+
+def test_a_traced_softcap_is_the_numbers_own_in_both_backends_and_zero_caps_nothing():
+    """A per-layer soft-cap reaches the ops traced (`nn.per_layer`): under jit, for each backend that caps, the
+    output and the q/k/v gradients with softcap a traced 1.5 equal those with the number 1.5, a traced 0 equals
+    no cap (finite gradients: no 0/0 in the branch not taken), and vmap over several caps gives each cap's own."""
+    from jaxformer import ops
+    rng = np.random.default_rng(5)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 9, 2, 8)).astype(np.float32) * 3) for _ in range(3))
+    causal = jnp.asarray(np.tril(np.ones((9, 9), bool))[None, None])
+
+    def loss(backend, cap, q, k, v):
+        out = ops.dot_product_attention(q, k, v, mask=causal, backend=backend, block_size=4, softcap=cap).out
+        return (out * jnp.arange(out.size).reshape(out.shape) / out.size).sum(), out
+
+    grads = jax.jit(jax.value_and_grad(loss, argnums=(2, 3, 4), has_aux=True), static_argnums=0)
+    for backend in ("reference", "chunked"):
+        number = jax.jit(jax.value_and_grad(loss, argnums=(2, 3, 4), has_aux=True), static_argnums=(0, 1))
+        for cap in (1.5, 0.0):
+            (_, want), want_g = number(backend, cap, q, k, v)
+            (_, got), got_g = grads(backend, jnp.float32(cap), q, k, v)
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+            for g, w in zip(got_g, want_g):
+                assert np.isfinite(np.asarray(g)).all()
+                np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
+        each = jax.jit(jax.vmap(lambda c: loss(backend, c, q, k, v)[1]))(jnp.asarray([0.0, 1.5]))
+        for i, cap in enumerate((0.0, 1.5)):
+            np.testing.assert_allclose(np.asarray(each[i]), np.asarray(number(backend, cap, q, k, v)[0][1]),
+                                       rtol=1e-5, atol=1e-5)
+    from jaxformer.errors import BackendError
+    with pytest.raises(BackendError, match="soft-capping"):
+        jax.jit(lambda c: ops.dot_product_attention(q, k, v, backend="pallas", softcap=c).out)(jnp.float32(1.0))

@@ -140,20 +140,23 @@ class MultiHeadAttention(nnx.Module):
         [B,T,N,H], its probabilities [B,N,T,S] through the `pattern` site (a patched pattern makes the
         context). The one method an attention variant overrides (model.attention.kind: e.g. `nn.differential`);
         layer: this layer's settings."""
-        ctx, w = self.attend(q, kv, mask, q_positions, kv_positions, sites)
+        ctx, w = self.attend(q, kv, mask, q_positions, kv_positions, sites, layer)
         if sites.wants("pattern"):
             patched = sites("pattern", w)
             if sites.patches("pattern"):                          # the context from the replaced probabilities
                 ctx = mix(patched, kv).astype(ctx.dtype)
         return ctx
 
-    def attend(self, q, kv: LayerKV, mask, q_positions, kv_positions, sites: Sites, probs: bool = False):
+    def attend(self, q, kv: LayerKV, mask, q_positions, kv_positions, sites: Sites,
+               layer: LayerSettings = UNIFORM, probs: bool = False):
         """Scaled dot-product attention as configured (the logit scale, soft-cap, ALiBi, the backend
         model.runtime.attention_backend, ring attention over a context plan): q [B,T,N,H] over a LayerKV view
         (k/v [B,S,K,H] in its own layout, or segments along S) -> (context [B,T,N,H], probabilities [B,N,T,S]
-        float32 when `probs` or the pattern site wants them, else None). What a variant's `context` builds on
-        (e.g. `nn.differential` asks for the probabilities and mixes them itself)."""
+        float32 when `probs` or the pattern site wants them, else None). layer: this layer's settings (its
+        soft-cap, when a per-layer rule sets one). What a variant's `context` builds on (e.g. `nn.differential`
+        asks for the probabilities and mixes them itself)."""
         cfg = self.cfg
+        softcap = cfg.attention.softcap if layer.softcap is None else layer.softcap
         k, v = kv
         bias = None
         if self.self_attention and cfg.positional == "alibi":
@@ -163,7 +166,7 @@ class MultiHeadAttention(nnx.Module):
         scores = sites.wants("attn_scores")                  # the logits: read in the materialising backend
         plain = not (bias is not None or probs or scores or sites.wants("pattern") or cfg.ablation.mask_value == "zero")
         if plain:            # parallel.context_attention="ring" over the plan (not over a cache's segments)
-            ring = over_context(q, k, v, mask, scale=logit_scale(cfg), softcap=cfg.attention.softcap,
+            ring = over_context(q, k, v, mask, scale=logit_scale(cfg), softcap=softcap,
                                 block_size=cfg.runtime.attention_block)
             if ring is not None:
                 return ring, None
@@ -173,7 +176,7 @@ class MultiHeadAttention(nnx.Module):
                                         backend="reference" if scores else cfg.runtime.attention_backend,
                                         block_size=cfg.runtime.attention_block,
                                         score_mod=(lambda x: sites("attn_scores", x)) if scores else None,
-                                        softcap=cfg.attention.softcap, kv_layout=kv.layout,
+                                        softcap=softcap, kv_layout=kv.layout,
                                         softmax_grad="gemv" if lever("softmax_gemv") else "jax")
         return res.out, res.probs
 

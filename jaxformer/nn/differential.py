@@ -56,7 +56,7 @@ class DifferentialAttention(MultiHeadAttention):
     def context(self, q, kv, mask, q_positions, kv_positions, sites: Sites, layer: LayerSettings) -> jax.Array:
         """As `MultiHeadAttention.context`: q [B,T,N,H] -> the context [B,T,N,H] (N/2 heads of 2H, laid out as
         N of H for the output projection wo [N,H,D])."""
-        _, w = self.attend(q, kv, mask, q_positions, kv_positions, sites, probs=True)
+        _, w = self.attend(q, kv, mask, q_positions, kv_positions, sites, layer, probs=True)
         w = sites("pattern", w)                                                    # [B,N,T,S] float32
         b, n, t, s = w.shape
         pairs = w.reshape(b, n // 2, 2, t, s)

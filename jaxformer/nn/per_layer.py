@@ -24,9 +24,12 @@ class LayerSettings(NamedTuple):
     """What one layer does differently from the others. window: its self-attention's sliding window (an int32
     scalar, 0 = global), or None when no layer has one (the mask stays as built). rope: whether its
     self-attention rotates q and k (a bool scalar), or None when every layer does as model.positional says.
-    index: the layer's index (int32; 0 outside a stack), for what a module derives from depth itself."""
+    softcap: its self-attention's logit soft-cap (a float32 scalar, 0 = none), or None when every layer takes
+    model.attention.softcap. index: the layer's index (int32; 0 outside a stack), for what a module derives
+    from depth itself."""
     window: jax.Array | None = None
     rope: jax.Array | None = None
+    softcap: jax.Array | None = None
     index: jax.Array | int = 0
 
 

@@ -122,7 +122,8 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
         float32's most negative finite value and masked probabilities are exactly 0. A float: masked logits take that
         value and keep their softmax weight (seed 004's masked_fill(..., 0) leaks this way).
       block_size: "chunked" tile edge (queries and keys).
-      softcap: attention-logit soft-capping (Gemma 2 uses 50): 0 = off; "reference" and "chunked" only.
+      softcap: attention-logit soft-capping (Gemma 2 uses 50): 0 = off; "reference" and "chunked" only. A
+        number, or a traced float scalar (a per-layer cap, `nn.per_layer`; where it is <= 0, no cap).
       kv_layout: "BSKH" (k, v and their segments as above) or "BKSH" (every segment stored heads-major
         [B,K,S,H], as a per-layer decoding cache is: `nn.cache.KVCache.unstacked`); "reference" contracts
         that layout as it is (a one-token query then reads each head's cache block contiguously), the other
@@ -170,7 +171,7 @@ def _check_options(backend: str, softmax_grad: str, kv_layout: str, softcap: flo
         raise ValueError(f"softmax_grad={softmax_grad!r} is not 'jax' or 'gemv'")
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout={kv_layout!r} is not one of {KV_LAYOUTS}")
-    if softcap and backend not in ("reference", "chunked"):
+    if flash.capped(softcap) and backend not in ("reference", "chunked"):
         raise BackendError(f"attention soft-capping runs on the 'reference' and 'chunked' backends, not {backend!r}")
     if mask_value is not None and backend != "reference":
         raise BackendError(f"mask_value (an ablation) exists only in the 'reference' backend, not {backend!r}")
@@ -205,8 +206,8 @@ def attention_probs(q: jax.Array, k, lse: jax.Array, *, mask=None, bias=None, sc
     scale = h ** -0.5 if scale is None else scale
     logits = jnp.einsum("BTKGH,BSKH->BKGTS", q.reshape(b, t, kh, n // kh, h), kc,
                         preferred_element_type=jnp.float32).reshape(b, n, t, s) * scale
-    if softcap:
-        logits = softcap * jnp.tanh(logits / softcap)
+    if flash.capped(softcap):
+        logits = flash.soft_cap(logits, softcap)[0]
     bias, mask = _materialized_bias(bias), materialized_mask(mask)
     if bias is not None:
         logits = logits + jnp.broadcast_to(bias, (b, n, t, s)).astype(jnp.float32)
@@ -250,8 +251,8 @@ def _reference(q, ks, vs, mask, bias, scale, mask_value, want_lse, softcap=0.0, 
     single = t == 1 and n <= _SINGLE_QUERY_MAX_HEADS and not heads_major
     logits = jnp.concatenate([_scores(qg, x, single, heads_major) for x in ks], axis=-1)
     logits = logits.astype(jnp.float32) * scale
-    if softcap:
-        logits = softcap * jnp.tanh(logits / softcap)
+    if flash.capped(softcap):
+        logits = flash.soft_cap(logits, softcap)[0]
     if bias is not None:
         logits = logits + jnp.broadcast_to(bias, (b, n, t, s)).astype(jnp.float32).reshape(b, kh, g, t, s)
     if score_mod is not None:

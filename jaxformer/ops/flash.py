@@ -57,8 +57,27 @@ def _kg(x, kh: int, g: int):
     return x[:, :, None] if x.shape[1] == 1 else x.reshape(x.shape[0], kh, g, *x.shape[2:])
 
 
+def capped(softcap) -> bool:
+    """Whether `softcap` caps anything: a traced scalar always may (a per-layer cap, 0 at some layers); a number
+    when it is not 0."""
+    return not isinstance(softcap, (int, float)) or softcap != 0
+
+
+def soft_cap(x: jax.Array, softcap) -> tuple[jax.Array, jax.Array]:
+    """Attention-logit soft-capping: x [...] float32 -> (softcap · tanh(x / softcap), its slope 1 − tanh²).
+    softcap: a number (> 0), or a traced scalar (per layer: where it is <= 0, x and slope 1, no cap)."""
+    if isinstance(softcap, (int, float)):
+        th = jnp.tanh(x / softcap)
+        return softcap * th, 1.0 - th * th
+    on = softcap > 0
+    cap = jnp.where(on, softcap, 1.0).astype(jnp.float32)            # no 0/0 in the branch not taken
+    th = jnp.tanh(x / cap)
+    return jnp.where(on, cap * th, x), jnp.where(on, 1.0 - th * th, 1.0)
+
+
 class _Spec:
-    """Static facts of one call: sizes, block sizes and padding."""
+    """Static facts of one call: sizes, block sizes and padding (and the soft-cap: a number, or a traced
+    scalar)."""
 
     def __init__(self, q, k, scale, block_q, block_k, softcap=0.0):
         self.b, self.t, self.n, self.h = q.shape
@@ -78,9 +97,8 @@ def _tile_logits(sp: _Spec, qb, k, mask, bias, q0, j, *, slope: bool = False):
     kb = jax.lax.dynamic_slice_in_dim(k, k0, sp.bk, axis=1)
     s = jnp.einsum("BTKGH,BSKH->BKGTS", qb, kb, preferred_element_type=jnp.float32) * sp.scale
     dcap = None
-    if sp.softcap:
-        th = jnp.tanh(s / sp.softcap)
-        s, dcap = sp.softcap * th, 1.0 - th * th
+    if capped(sp.softcap):
+        s, dcap = soft_cap(s, sp.softcap)
     if bias is not None:
         s = s + _kg(_tile(bias, q0, sp.bq, k0, sp.bk).astype(jnp.float32), sp.kh, sp.g)
     ok = (k0 + jnp.arange(sp.bk) < sp.s)[None, None, None, None, :]          # padded keys are never valid
@@ -207,29 +225,34 @@ def _finish(sp: _Spec, out, lse, dtype):
     return out, lse.reshape(sp.b, sp.n, sp.tp)[..., :sp.t]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _attention(q, k, v, mask, bias, scale, block_q, block_k, softcap):
-    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, scale, softcap)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _attention(q, k, v, mask, bias, cap, scale, block_q, block_k, softcap):
+    """cap: a traced soft-cap (a per-layer one: not differentiated), else None and `softcap` the number."""
+    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, scale, _cap(cap, softcap))
     return _finish(sp, *_forward(sp, q_, k_, v_, mask_, bias_), q.dtype)
 
 
-def _attention_fwd(q, k, v, mask, bias, scale, block_q, block_k, softcap):
+def _cap(cap, softcap):
+    return softcap if cap is None else cap
+
+
+def _attention_fwd(q, k, v, mask, bias, cap, scale, block_q, block_k, softcap):
     is_primal = lambda a: isinstance(a, CustomVJPPrimal)
     value = lambda t: jax.tree.map(lambda a: a.value, t, is_leaf=is_primal)
     want_dbias = bias is not None and any(a.perturbed for a in jax.tree.leaves(bias, is_leaf=is_primal))
-    q, k, v, mask, bias = value((q, k, v, mask, bias))
-    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, scale, softcap)
+    q, k, v, mask, bias, cap = value((q, k, v, mask, bias, cap))
+    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, scale, _cap(cap, softcap))
     out, lse = _forward(sp, q_, k_, v_, mask_, bias_)
     flag = jnp.zeros((0,)) if want_dbias else None                       # static, carried as pytree structure
-    return _finish(sp, out, lse, q.dtype), (q, k, v, mask, bias, out, lse, flag)
+    return _finish(sp, out, lse, q.dtype), (q, k, v, mask, bias, cap, out, lse, flag)
 
 
 def _attention_bwd(scale, block_q, block_k, softcap, res, cts):
-    q, k, v, mask, bias, out, lse, flag = res
+    q, k, v, mask, bias, cap, out, lse, flag = res
     dout = cts[0]
     if isinstance(dout, SymbolicZero):
-        return None, None, None, None, None
-    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, scale, softcap)
+        return None, None, None, None, None, None
+    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, scale, _cap(cap, softcap))
     do = jnp.pad(dout.astype(jnp.float32), [(0, 0), (0, sp.tp - sp.t), (0, 0), (0, 0)])
     do = jnp.transpose(do.reshape(sp.b, sp.tp, sp.kh, sp.g, sp.h), (0, 2, 3, 1, 4))   # [B,K,G,Tp,H]
     dq, dk, dv, ds = _backward(sp, q_, k_, v_, mask_, bias_, out, lse, do.astype(q.dtype), flag is not None)
@@ -240,7 +263,7 @@ def _attention_bwd(scale, block_q, block_k, softcap, res, cts):
         ds = jnp.sum(ds, axis=tuple(a for a in range(4) if b4.shape[a] == 1), keepdims=True)
         dbias = ds.reshape(bias.shape).astype(bias.dtype)
     cast = lambda d, x: d[:, :x.shape[1]].astype(x.dtype)
-    return cast(dq, q), cast(dk, k), cast(dv, v), None, dbias
+    return cast(dq, q), cast(dk, k), cast(dv, v), None, dbias, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
@@ -248,13 +271,16 @@ _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 
 def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask=None, bias=None, *, scale: float,
                       block_q: int = 512, block_k: int = 512,
-                      softcap: float = 0.0) -> tuple[jax.Array, jax.Array]:
+                      softcap: float | jax.Array = 0.0) -> tuple[jax.Array, jax.Array]:
     """Memory-efficient softmax(q·kᵀ·scale + bias, masked)·v with its per-row log-sum-exp; with softcap > 0
     the scaled q·kᵀ is soft-capped first (softcap · tanh(x / softcap), Gemma 2), in the backward pass too.
+    softcap may be a traced scalar (a per-layer cap; <= 0: none); it is not differentiated.
 
     q [B,T,N,H]; k, v [B,S,K,H] (N a multiple of K); mask boolean (True = may attend) and bias additive, each
     an array broadcastable to [B,N,T,S] or a lazy object (see the module docstring). Lengths need not divide
     the block sizes. -> (out [B,T,N,H] in q's dtype, lse [B,N,T] float32: log Σ_s exp(logit), −inf for a row
     with no visible key, whose output is 0). Differentiable in q, k, v and a dense bias.
     """
-    return _attention(q, k, v, mask, bias, float(scale), int(block_q), int(block_k), float(softcap))
+    static = isinstance(softcap, (int, float))
+    return _attention(q, k, v, mask, bias, None if static else jnp.asarray(softcap, jnp.float32), float(scale),
+                      int(block_q), int(block_k), float(softcap) if static else 0.0)
