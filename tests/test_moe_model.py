@@ -93,8 +93,9 @@ def test_moe_every_second_layer_equals_its_layers_applied_one_by_one():
         pos, valid = default_positions(x), x != 0
         h, loads = model.embed(x, pos), []
         for i in range(4):
-            h, extras, _ = model.decoder.layers.layer(i)(h, Context(pos, decoder_self_mask(c, pos, pos, valid),
-                                                                 valid=valid), layer=i)
+            out = model.decoder.layers.layer(i)(h, Context(pos, decoder_self_mask(c, pos, pos, valid), valid=valid),
+                                                layer=i)
+            h, extras = out.x, out.aux
             assert ("moe" in extras) == (i % 2 == 1)
             loads += [extras["moe"].load] if "moe" in extras else []
         return logits, aux, model.embed.logits(model.decoder.final_norm(h)), jnp.stack(loads), valid

@@ -173,6 +173,32 @@ def test_the_schedule_equals_running_the_groups_in_order(stages, groups, rows, m
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
+def test_the_schedule_carries_what_the_blocks_pass_on():
+    """The layer driver's carry (x, passed: `nn.stack.Block`) through 3 stages of 6 groups: what group g passes
+    on (here the running sum of the x it saw, and the first group's x kept) reaches group g+1 in every stage,
+    equal to scanning the groups in order."""
+    rng = np.random.default_rng(4)
+    x, w, shift = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((6, 2, 3), (6, 3), (6,)))
+    index = np.arange(6, dtype=np.int32)[:, None]
+
+    def make_body(ctx):
+        def body(carry, xs):
+            (h, passed), (wg, _, layer) = carry, xs
+            first = jnp.where(layer[0] == 0, h, passed["first"])
+            h2 = jnp.tanh(h * wg + 0.1 * first) + ctx.shift[:, None, None]
+            return (h2, {"sum": passed["sum"] + h, "first": first}), {}
+        return body
+    carry = (x, {"sum": jnp.zeros_like(x), "first": jnp.zeros_like(x)})
+    plan = Plan(ParallelConfig(), jax.devices()[:1])
+    with plan.use():
+        got = jax.jit(lambda c, w, s: pipeline.run(make_body, (w, None, index), c, _Ctx(s), plan=plan, stages=3,
+                                                   microbatches=2))(carry, w, shift)
+    want = jax.jit(lambda c, w: jax.lax.scan(make_body(_Ctx(shift)), c, (w, None, index))[0])(carry, w)
+    for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-6, atol=1e-6)
+    assert float(jnp.abs(want[1]["sum"]).max()) > 0 and not np.allclose(np.asarray(want[1]["first"]), 0)
+
+
 def test_a_bfloat16_stack_is_the_groups_scanned_in_order_bit_for_bit():
     """The schedule only reorders the work: in bfloat16 each row's groups run the same ops in the same dtype as
     scanning them in order, so the two agree exactly (a stage buffer of another dtype computes in it: 8e-3 off)."""

@@ -27,7 +27,7 @@ from jaxformer.nn.moe import MoEFeedForward
 from jaxformer.nn import init, per_layer
 from jaxformer.nn.params import ones, param, project, project_each, weight, zeros
 from jaxformer.nn.sites import NO_SITES, Sites
-from jaxformer.nn.stack import BlockOut
+from jaxformer.nn.stack import Block, BlockOut
 from jaxformer.ops import activations, norms
 
 
@@ -192,7 +192,7 @@ def make_ffn(cfg: ModelConfig, moe: bool, rngs: nnx.Rngs, stack: str = "decoder"
     return FeedForward(cfg, stack=stack, rngs=rngs)
 
 
-class EncoderBlock(nnx.Module):
+class EncoderBlock(Block):
     """Self-attention -> FFN (dense, or Mixture-of-Experts with moe=True), each wrapped by Residual."""
 
     def __init__(self, cfg: ModelConfig, *, moe: bool = False, rngs: nnx.Rngs):
@@ -202,10 +202,11 @@ class EncoderBlock(nnx.Module):
         self.res_attn = Residual(cfg, stack="encoder", rngs=rngs)
         self.res_ffn = Residual(cfg, stack="encoder", rngs=rngs)
 
-    def __call__(self, x: jax.Array, ctx: Context, *, layer: jax.Array | int,
+    def __call__(self, x: jax.Array, ctx: Context, *, layer: jax.Array | int, passed: dict | None = None,
                  rngs: nnx.Rngs | None = None) -> BlockOut:
-        """x [B,S,D] -> BlockOut([B,S,D], aux, None): aux "moe" from a MoE FFN, "captured": the activation sites ctx.hooks captures (`nn.sites`). layer: this block's index in
-        its stack (`nn.per_layer`)."""
+        """x [B,S,D] -> BlockOut([B,S,D], aux, None): aux "moe" from a MoE FFN, "captured": the activation sites
+        ctx.hooks captures (`nn.sites`). layer: this block's index in its stack (`nn.per_layer`). passed: what
+        the previous layer passed on (`nn.stack.Block`; this kind passes nothing)."""
         sites, settings = Sites(ctx.hooks, layer), per_layer.settings(self.cfg, layer, "encoder")
         x, _ = self.res_attn(sites("resid_pre", x), lambda y: sites.output("attn_out", self.self_attn(
             sites("attn_in", y), mask=ctx.mask, positions=ctx.positions, rngs=rngs, sites=sites,
@@ -216,7 +217,7 @@ class EncoderBlock(nnx.Module):
         return BlockOut(x, {**f, **({"captured": sites.captured} if sites.captured else {})})
 
 
-class DecoderBlock(nnx.Module):
+class DecoderBlock(Block):
     """Masked self-attention -> cross-attention over encoder memory (if cross) -> FFN (dense, or
     Mixture-of-Experts with moe=True)."""
 
@@ -231,9 +232,11 @@ class DecoderBlock(nnx.Module):
         self.ffn = make_ffn(cfg, moe, rngs)
         self.res_ffn = Residual(cfg, rngs=rngs)
 
-    def __call__(self, x: jax.Array, ctx: Context, *, layer: jax.Array | int, cache: LayerKV | None = None,
-                 memory_kv: LayerKV | None = None, rngs: nnx.Rngs | None = None) -> BlockOut:
-        """x [B,T,D] -> BlockOut([B,T,D], aux, kv).
+    def __call__(self, x: jax.Array, ctx: Context, *, layer: jax.Array | int, passed: dict | None = None,
+                 cache: LayerKV | None = None, memory_kv: LayerKV | None = None,
+                 rngs: nnx.Rngs | None = None) -> BlockOut:
+        """x [B,T,D] -> BlockOut([B,T,D], aux, kv). passed: what the previous layer passed on (`nn.stack.Block`;
+        this kind passes nothing).
 
         layer: this block's index in its stack (what varies with depth follows from it: `nn.per_layer`, e.g. its
         sliding window and whether it rotates, handed to the self-attention; activation patches receive it).

@@ -78,20 +78,24 @@ def _ctx_splitter(ctx, rows: int, m: int):
     return at
 
 
-def run(make_body: Callable, xs, x: jax.Array, ctx, *, plan, stages: int, microbatches: int) -> jax.Array:
-    """The GPipe schedule of a layer stack. make_body(ctx) -> body(h [b,T,D], (states, keys, layer)) -> (h, aux):
-    the stack's per-group step (remat as the stack's); xs = (states with leaves [G, ...], dropout keys [G, n] or
-    None, layer indices [G, n]); x [B,T,D] -> [B,T,D], equal to scanning body over the G groups."""
-    p, rows = stages, x.shape[0]
+def run(make_body: Callable, xs, carry, ctx, *, plan, stages: int, microbatches: int):
+    """The GPipe schedule of a layer stack. make_body(ctx) -> body(carry, (states, keys, layer)) -> (carry, aux):
+    the stack's per-group step (remat as the stack's) over the layer driver's carry (x [b,T,D], passed: a dict
+    of [b,T,...] arrays, `nn.stack.Block`); xs = (states with leaves [G, ...], dropout keys [G, n] or None, layer
+    indices [G, n]); carry with rows B -> the carry after the last group, equal to scanning body over the G
+    groups."""
+    p, rows = stages, jax.tree.leaves(carry)[0].shape[0]
     m = usable_microbatches(rows, microbatches)
     per_stage = jax.tree.map(lambda a: a.reshape(p, a.shape[0] // p, *a.shape[1:]), xs)   # [P, G/P, ...]
-    inputs, ctx_at = split_rows(x, m), _ctx_splitter(ctx, rows, m)                         # [M, B/M, T, D]
-    act = plan.spec(ACTIVATION, inputs.shape[1:], strict=False)
-    on_stages = NamedSharding(plan.mesh, PartitionSpec("stage", *act))                     # [P, B/M, T, D]
-    gathered = NamedSharding(plan.mesh, PartitionSpec(None, *act))                         # [M, B/M, T, D]
+    inputs, ctx_at = jax.tree.map(lambda a: split_rows(a, m), carry), _ctx_splitter(ctx, rows, m)  # [M, B/M, ...]
+    flat, tree = jax.tree.flatten(inputs)
+    act = [plan.spec(ACTIVATION if i == 0 else ("batch", "length") + (None,) * (a.ndim - 3), a.shape[1:],
+                     strict=False) for i, a in enumerate(flat)]        # x; what is passed on: rows and length
+    on_stages = jax.tree.unflatten(tree, [NamedSharding(plan.mesh, PartitionSpec("stage", *s)) for s in act])
+    gathered = jax.tree.unflatten(tree, [NamedSharding(plan.mesh, PartitionSpec(None, *s)) for s in act])
 
     def stage(h, stage_xs, i):
-        """One stage: its G/P groups over micro-batch i. h [B/M,T,D] -> [B/M,T,D]."""
+        """One stage: its G/P groups over micro-batch i. h: the carry of micro-batch i ([B/M,T,...] leaves)."""
         states, keys, layer = stage_xs
         if keys is not None:
             keys = jax.vmap(jax.vmap(jax.random.fold_in, (0, None)), (0, None))(keys, i)
@@ -102,17 +106,18 @@ def run(make_body: Callable, xs, x: jax.Array, ctx, *, plan, stages: int, microb
         return h
 
     def step(carry, t):
-        buf, out = carry                                    # buf [P, B/M, T, D]: each stage's input
-        buf = buf.at[0].set(jnp.where(t < m, inputs[jnp.minimum(t, m - 1)], buf[0]))
+        buf, out = carry                                    # buf [P, B/M, T, ...]: each stage's input
+        buf = jax.tree.map(lambda b, x: b.at[0].set(jnp.where(t < m, x[jnp.minimum(t, m - 1)], b[0])), buf, inputs)
         buf = jax.lax.with_sharding_constraint(buf, on_stages)
         i = jnp.clip(held(t, p), 0, m - 1)             # the micro-batch each stage holds (clipped in bubbles)
         y = jax.vmap(stage, spmd_axis_name="stage")(buf, per_stage, i)
         y = jax.lax.with_sharding_constraint(y, on_stages)
         done = jnp.clip(t - (p - 1), 0, m - 1)             # the micro-batch the last stage finished
-        out = out.at[done].set(jnp.where(t >= p - 1, y[p - 1], out[done]))
-        return (jnp.roll(y, 1, axis=0), jax.lax.with_sharding_constraint(out, gathered)), None
+        out = jax.tree.map(lambda o, y: o.at[done].set(jnp.where(t >= p - 1, y[p - 1], o[done])), out, y)
+        return (jax.tree.map(lambda y: jnp.roll(y, 1, axis=0), y), jax.lax.with_sharding_constraint(out, gathered)), None
 
-    buf = jax.lax.with_sharding_constraint(jnp.zeros((p, *inputs.shape[1:]), x.dtype), on_stages)
-    out = jax.lax.with_sharding_constraint(jnp.zeros_like(inputs), gathered)
+    buf = jax.lax.with_sharding_constraint(jax.tree.map(lambda a: jnp.zeros((p, *a.shape[1:]), a.dtype), inputs),
+                                           on_stages)
+    out = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, inputs), gathered)
     (_, out), _ = jax.lax.scan(step, (buf, out), jnp.arange(m + p - 1))
-    return merge_rows(out)
+    return jax.tree.map(merge_rows, out)

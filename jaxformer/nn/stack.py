@@ -37,10 +37,32 @@ Make = Callable[[nnx.Rngs], nnx.Module]
 class BlockOut(NamedTuple):
     """What a block, a layer stack and an encoder/decoder return: x [B,T,D]; aux a dict that may be empty (each
     key's leaves stacked over the layers that returned it, for a stack); kv the new keys/values of a cached call
-    (a LayerKV: [B,T,K,H] from a block; from a laid-out stack, a LayerwiseKV of L of them), else None."""
+    (a LayerKV: [B,T,K,H] from a block; from a laid-out stack, a LayerwiseKV of L of them), else None; passed:
+    what a block passes on to the next layer besides x (`Block.passes`; None: what it was given, unchanged)."""
     x: jax.Array
     aux: dict
     kv: LayerKV | None = None
+    passed: dict | None = None
+
+
+class Block(nnx.Module):
+    """A layer of a stack, as the layer driver (`drive`) calls it: block(x [B,T,D], ctx, layer=, passed=, ...) ->
+    BlockOut. Between layers the driver carries x and `passed`, a dict of arrays [B,T,...] a block kind declares
+    (`passes`: their values before the first layer) and each block may replace (ResFormer's first-layer values,
+    say); the scan, the token loop and the pipeline stages carry it alike."""
+
+    def passes(self, x: jax.Array) -> dict:
+        """What this kind of block passes on besides the residual stream x [B,T,D], as it is before the first
+        layer: {} (nothing) unless a block kind says otherwise."""
+        return {}
+
+
+def drive(block, x: jax.Array, passed: dict, ctx, **kw) -> tuple[jax.Array, dict, BlockOut]:
+    """The layer driver: one block applied to the carry (x [B,T,D] at the block boundary, sharded by the active
+    plan's rules; passed) -> (x, passed, the block's BlockOut). What the scan, the token loop and the pipeline
+    stages each run per layer."""
+    out = block(constrain(x, ACTIVATION), ctx, passed=passed, **kw)
+    return out.x, passed if out.passed is None else out.passed, out
 
 
 def blocks_path(stack: str = "decoder") -> tuple[str, str, str]:
@@ -112,29 +134,29 @@ class LayerStack(nnx.Module):
         index = jnp.arange(self.num_layers, dtype=jnp.int32).reshape(groups, n)     # every block's index
 
         def make_body(ctx):
-            def body(h, xs):
-                layer_states, key, layer = xs
+            def body(carry, xs):
+                (h, passed), (layer_states, key, layer) = carry, xs
                 outs = []
                 for j in range(n):
-                    h = constrain(h, ACTIVATION)               # block boundary: sharded by the active plan's rules
                     block = nnx.merge(graphdefs[j], layer_states[j])
                     r = nnx.Rngs(dropout=key[j]) if key is not None else None
-                    out = block(h, ctx, layer=layer[j], rngs=r)
-                    h = out.x
+                    h, passed, out = drive(block, h, passed, ctx, layer=layer[j], rngs=r)
                     outs.append(out.aux)
-                return h, tuple(outs)
+                return (h, passed), tuple(outs)
             if self.remat != "none":
                 body = jax.checkpoint(body, policy=REMAT[self.remat], prevent_cse=False)
             return body
 
         plan, hooks = parallel.active_plan(), ctx.hooks
+        carry = (x, self._kinds()[0].passes(x))
         if plan is not None and plan.sizes["stage"] > 1 and not (hooks is not None and hooks.capture):
             # pipeline parallelism over the stages (a pass capturing activation sites runs the plain scan)
-            x = pipeline.run(make_body, (tuple(states), keys, index), x, ctx, plan=plan, stages=plan.sizes["stage"],
-                             microbatches=plan.cfg.microbatches)
-            return BlockOut(constrain(x, ACTIVATION), {})
-        x, auxes = jax.lax.scan(make_body(ctx), x, (tuple(states), keys, index), unroll=lever("unrolled_layers"))
-        return BlockOut(constrain(x, ACTIVATION), _interleave(_every_layers_sites(auxes, ctx.hooks)))
+            x, passed = pipeline.run(make_body, (tuple(states), keys, index), carry, ctx, plan=plan,
+                                     stages=plan.sizes["stage"], microbatches=plan.cfg.microbatches)
+            return BlockOut(constrain(x, ACTIVATION), {}, passed=passed)
+        (x, passed), auxes = jax.lax.scan(make_body(ctx), carry, (tuple(states), keys, index),
+                                          unroll=lever("unrolled_layers"))
+        return BlockOut(constrain(x, ACTIVATION), _interleave(_every_layers_sites(auxes, ctx.hooks)), passed=passed)
 
     def layer(self, i: int) -> nnx.Module:
         """Block i as a standalone module (a copy of its parameters), for inspection and tests."""
@@ -161,17 +183,16 @@ class DecodingLayers(nnx.Module):
             raise ValueError("a cached call runs on a copy of the weights laid out for decoding, so it cannot "
                              "train (no dropout stream); train with the uncached call")
         per_layer = {"cache": cache, "memory_kv": memory_kv}
-        auxes, kvs = [], []
+        auxes, kvs, passed = [], [], self.blocks[0].passes(x)
         for i, block in enumerate(self.blocks):
             extra = {name: v.layer(i) for name, v in per_layer.items() if v is not None}   # heads-major [B,K,S,H]
             extra["layer"] = jnp.asarray(i, jnp.int32)                 # every block's index, as in the scan
-            out = block(constrain(x, ACTIVATION), ctx, **extra)
-            x = out.x
+            x, passed, out = drive(block, x, passed, ctx, **extra)
             auxes.append(out.aux)
             kvs.append(out.kv)
         aux = {name: jax.tree.map(lambda *a: jnp.stack(a), *[a[name] for a in auxes if name in a])
                for name in dict.fromkeys(k for a in auxes for k in a)}
-        return BlockOut(constrain(x, ACTIVATION), aux, LayerwiseKV.collect(kvs))
+        return BlockOut(constrain(x, ACTIVATION), aux, LayerwiseKV.collect(kvs), passed)
 
 
 def _every_layers_sites(auxes: tuple[dict, ...], hooks) -> tuple[dict, ...]:
