@@ -569,3 +569,67 @@ def test_the_loss_of_one_row_is_that_rows_error():
     want = ((f @ q["W_dec"] + q["b_dec"] - x[:1]) ** 2).sum()
     got, parts = sae_loss(p, x, spec, jnp.zeros(24, bool), jnp.asarray([1.0, 0.0, 0.0]))
     assert float(parts["mse"]) == pytest.approx(want, rel=1e-5) and float(got) == pytest.approx(want, rel=1e-5)
+
+
+def test_a_lone_live_latent_sets_the_resampling_scale_alone(model, monkeypatch):
+    """All latents dead but one: the dead ones' encoder columns are their unit directions times 0.2 × that one
+    live column's norm (the mean over the live columns, of one)."""
+    from flax import nnx
+
+    from jaxformer import sae as module
+    spec = SAESpec(d_in=4, d_sae=6, architecture="standard", site="resid_mid", layer=0, dead_steps=3,
+                   resample_every=4)
+    p = {n: jnp.asarray(v) for n, v in _params(spec, seed=6).items()}
+    x = np.random.default_rng(6).standard_normal((5, 4)).astype(np.float32)
+    monkeypatch.setattr(module, "site_rows", lambda *a: (jnp.asarray(x), jnp.ones(5, jnp.float32)))
+    since = jnp.asarray([9, 9, 0, 9, 9, 9], jnp.int32)                          # latent 2 alone is live
+    graphdef, state = nnx.split(model)
+    out = module._resample_program({"params": p, "opt": optax_state(p), "since_fired": since}, graphdef, state,
+                                   None, spec=spec)
+    w_enc = np.asarray(out["params"]["W_enc"], np.float64)
+    scale = 0.2 * np.linalg.norm(np.asarray(p["W_enc"], np.float64)[:, 2])
+    for j in (0, 1, 3, 4, 5):
+        np.testing.assert_allclose(np.linalg.norm(w_enc[:, j]), scale, rtol=1e-5, err_msg=f"dead latent {j}")
+
+
+def optax_state(p):
+    import optax
+    return optax.adam(1e-3).init(p)
+
+
+def test_train_sae_logs_each_steps_numbers_and_draws_from_seed_0_unless_told(model):
+    """One dict per step with loss, mse, l0 and the dead fraction; the default seed is 0 (another seed draws
+    another SAE)."""
+    spec = SAESpec(d_in=D, d_sae=48, site="resid_post", layer=1, k=4)
+    batches = [_batch(i) for i in range(2)]
+    default, log = train_sae(model, iter(batches), spec, 2)
+    assert [sorted(m) for m in log] == [["dead", "l0", "loss", "mse"]] * 2
+    zero, _ = train_sae(model, iter(batches), spec, 2, seed=0)
+    one, _ = train_sae(model, iter(batches), spec, 2, seed=1)
+    for n in default:
+        np.testing.assert_array_equal(np.asarray(default[n]), np.asarray(zero[n]), err_msg=n)
+    assert not np.array_equal(np.asarray(default["W_enc"]), np.asarray(one["W_enc"]))
+
+
+def test_the_patch_keeps_a_bfloat16_sites_dtype_and_auxk_takes_one_dead_latent_at_two_inputs():
+    """sae_patch returns the site's own dtype (a bfloat16 residual stream stays bfloat16, at the SAE's layer and
+    elsewhere); at d_in = 2 the AuxK term takes k_aux = max(d_in // 2, 1) = 1 dead latent, scaled by
+    min(dead / k_aux, 1) = 1 (NumPy)."""
+    from jaxformer.sae import sae_patch
+    spec = SAESpec(d_in=D, d_sae=48, site="resid_post", layer=1, k=4)
+    p = {n: jnp.asarray(v) for n, v in _params(spec).items()}
+    v = jnp.asarray(np.random.default_rng(7).standard_normal((2, 3, D)), jnp.bfloat16)
+    for at in (0, 1):
+        assert sae_patch(p, spec)(v, jnp.int32(at)).dtype == jnp.bfloat16
+    spec = SAESpec(d_in=2, d_sae=6, k=2, aux=1.0)
+    p, x = _params(spec, seed=8), np.random.default_rng(8).standard_normal((5, 2)).astype(np.float32)
+    dead = np.zeros(6, bool)
+    dead[[1, 4]] = True
+    pre, f = _np_encode({n: v.astype(np.float64) for n, v in p.items()}, x.astype(np.float64), spec)
+    x_hat = f @ p["W_dec"] + p["b_dec"]
+    top = np.argmax(np.where(dead, pre, -np.inf), -1)                          # k_aux = 1: the larger of the two
+    acts = np.zeros_like(pre)
+    acts[np.arange(5), top] = pre[np.arange(5), top]
+    aux = np.mean(np.sum((acts @ p["W_dec"] - (x - x_hat)) ** 2, -1))
+    want = np.mean(np.sum((x_hat - x) ** 2, -1)) + 1.0 * min(2 / 1, 1.0) * aux
+    assert float(sae_loss(p, x, spec, jnp.asarray(dead))[0]) == pytest.approx(want, rel=1e-4)
