@@ -25,11 +25,20 @@ from helpers import cached_and_full
 
 V = 17
 VARIANT = textwrap.dedent('''
+    import dataclasses
+
     from jaxformer.errors import ConfigError
     from jaxformer.nn.attention import MultiHeadAttention
 
     class Doubled(MultiHeadAttention):
-        """Every head's context times two."""
+        """Every head's context times its factor (two unless model.attention.options says)."""
+
+        @dataclasses.dataclass(frozen=True)
+        class Options:
+            factor: float = 2.0
+            note: str = ""
+            exact: bool = False
+            repeats: int = 1
 
         @classmethod
         def check(cls, cfg):
@@ -37,7 +46,7 @@ VARIANT = textwrap.dedent('''
                 raise ConfigError(f"model.attention.kind={cfg.attention.kind!r} refuses model.num_heads=3")
 
         def context(self, q, *args, **kw):
-            return 2 * super().context(q, *args, **kw)
+            return self.options(self.cfg).factor * super().context(q, *args, **kw)
 
     NOT_A_CLASS = 3
 ''')
@@ -88,6 +97,40 @@ def test_an_encoder_decoder_s_encoder_uses_the_variant_too(variant):
     np.testing.assert_allclose(memory, np.asarray(plain.encode(src).x), rtol=1e-5, atol=1e-5)
     assert np.abs(memory - softmax_memory).max() > 1e-2                # doubling the context shows in the memory
     np.testing.assert_allclose(np.asarray(model(src, tgt)[0]), np.asarray(plain(src, tgt)[0]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_variants_options_are_its_own_config_section(variant):
+    """model.attention.options ("name=value", set like any field) reach the variant typed as its Options
+    declares; an option it does not declare, a value of the wrong type, a malformed or repeated entry, and any
+    option for softmax attention (none declared) are ConfigErrors naming the field, when the model is built."""
+    from jaxformer.configio import apply_overrides
+    from jaxformer.nn.layers import self_attention
+    from helpers import tiny_lm
+    cfg = apply_overrides(tiny_lm(), [f"model.attention.kind={variant}",
+                                      "model.attention.options=factor=3,note=a b,exact=true,repeats=4"]).model
+    opts = self_attention(cfg).options(cfg)
+    assert (opts.factor, opts.note, opts.exact, opts.repeats) == (3.0, "a b", True, 4)
+    assert self_attention(replaced(cfg, attention__options=())).options(cfg).factor == 3.0
+    model = build_model(_cfg(attention__kind=variant, attention__options=("factor=3",)), seed=3)
+    plain = build_model(_cfg(), seed=3)
+    wo = plain.decoder.layers.blocks.self_attn.wo
+    wo[...] = 3 * wo[...]
+    tokens = jax.random.randint(jax.random.key(1), (2, 6), 1, V)
+    np.testing.assert_allclose(np.asarray(model(tokens)[0]), np.asarray(plain(tokens)[0]), rtol=1e-5, atol=1e-5)
+    for options, message in ((("speed=3",), r"\['speed'\] not options of model.attention.kind='my_attention:Doubled'"
+                                             r" \(its options: \['exact', 'factor', 'note', 'repeats'\]\)"),
+                             (("factor=fast",), r"model.attention.options factor='fast' is not a float"),
+                             (("exact=yes",), r"model.attention.options exact='yes' is not a bool"),
+                             (("repeats=2.5",), r"model.attention.options repeats='2.5' is not an int")):
+        with pytest.raises(ConfigError, match=message):
+            build_model(_cfg(attention__kind=variant, attention__options=options))
+    with pytest.raises(ConfigError, match=r"\['factor'\] not options of model.attention.kind='softmax' \(its "
+                                          r"options: none\)"):
+        build_model(_cfg(attention__options=("factor=3",)))
+    for options, message in ((("factor",), "'factor' is not name=value"), (("=3",), "'=3' is not name=value"),
+                             (("factor=1", "factor=2"), "names an option twice")):
+        with pytest.raises(ConfigError, match=message):
+            _cfg(attention__kind=variant, attention__options=options)
 
 
 def test_the_variants_own_check_runs_when_built(variant):

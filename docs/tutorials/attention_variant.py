@@ -34,12 +34,12 @@ if not Path("configs").is_dir():        # run as a notebook from docs/tutorials:
 
 folder = Path(tempfile.mkdtemp())
 (folder / "my_attention.py").write_text(textwrap.dedent('''
+    import dataclasses
+
     import jax.numpy as jnp
 
     from jaxformer.errors import ConfigError
     from jaxformer.nn.attention import MultiHeadAttention
-
-    TEMPERATURE = 10.0
 
 
     def unit(x):
@@ -50,8 +50,12 @@ folder = Path(tempfile.mkdtemp())
 
 
     class CosineAttention(MultiHeadAttention):
-        """Logits TEMPERATURE · cos(q, k): queries and keys normalised, the queries scaled by TEMPERATURE · √H
+        """Logits temperature · cos(q, k): queries and keys normalised, the queries scaled by temperature · √H
         (the call's logit scale is 1/√H)."""
+
+        @dataclasses.dataclass(frozen=True)
+        class Options:                  # its own config section: model.attention.options=temperature=...
+            temperature: float = 10.0
 
         @classmethod
         def check(cls, cfg):
@@ -60,14 +64,17 @@ folder = Path(tempfile.mkdtemp())
                                   f"leave model.attention.scale='rsqrt' and model.attention.scale_dim=0")
 
         def context(self, q, kv, *args, **kw):
-            scale = TEMPERATURE * q.shape[-1] ** 0.5
+            scale = self.options(self.cfg).temperature * q.shape[-1] ** 0.5
             return super().context(unit(q) * scale, kv._replace(k=unit(kv.k)), *args, **kw)
 ''').replace("import jax.numpy as jnp", "import jax\nimport jax.numpy as jnp"))
 sys.path.insert(0, str(folder))
 
 # %% [markdown]
-# The config names the class; everything else is the shipped character-level Alice config, shrunk to train in
-# seconds on a CPU.
+# The config names the class, and its own knobs go in its own section, `model.attention.options` ("name=value",
+# typed by the class's `Options`; an unknown name or a wrong type is a config error naming the field). `context`
+# gets the queries and a view of the keys/values (`kv`, in whatever layout the cache keeps: the view says, the
+# variant need not); `attend` (not used here) is the configured attention a variant can build on.
+# Everything else is the shipped character-level Alice config, shrunk to train in seconds on a CPU.
 
 # %%
 TINY = ["model.d_model=64", "model.d_ff=128", "model.num_decoder_layers=2", "data.num_chars=20000",
@@ -79,8 +86,9 @@ def config(*extra):
     return apply_overrides(load_config_file("configs/alice.py"), TINY + list(extra))
 
 
-cfg = config("model.attention.kind=my_attention:CosineAttention")
-print("the attention module of every block:", cfg.model.attention.kind)
+COSINE = ["model.attention.kind=my_attention:CosineAttention", "model.attention.options=temperature=10"]
+cfg = config(*COSINE)
+print("the attention module of every block:", cfg.model.attention.kind, cfg.model.attention.options)
 
 # %% [markdown]
 # ## It is the module its config names, and it decodes as it trains
@@ -103,14 +111,14 @@ assert (np.asarray(full[:, 5:].argmax(-1)) == np.asarray(greedy)).all()     # th
 # ## Train it against softmax attention
 #
 # The same command line trains it (`jaxformer train configs/alice.py --set model.attention.kind=my_attention:
-# CosineAttention`, with the folder on PYTHONPATH); in Python, `train`:
+# CosineAttention --set model.attention.options=temperature=10`, with the folder on PYTHONPATH); in Python, `train`:
 
 # %%
 import json  # noqa: E402
 from jaxformer.train.loop import train  # noqa: E402
 
 runs = Path(tempfile.mkdtemp())
-for name, extra in {"softmax": [], "cosine": ["model.attention.kind=my_attention:CosineAttention"]}.items():
+for name, extra in {"softmax": [], "cosine": COSINE}.items():
     train(config(*extra), runs / name, progress="none")
     rows = [json.loads(line) for line in (runs / name / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if r["split"] == "eval"]

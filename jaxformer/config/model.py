@@ -97,10 +97,19 @@ class AttentionConfig(_Validated):
                                            # differential: Ye et al. 2024, nn/differential.py) or your own
                                            # "package.module:Class", a subclass of nn.attention.MultiHeadAttention
                                            # (a research variant is that one file: nn.layers.self_attention)
+    options: tuple[str, ...] = ()          # the kind's own knobs, "name=value" each, e.g. ("temperature=10",):
+                                           # what its Options declares (nn.attention.MultiHeadAttention.options;
+                                           # softmax has none)
 
     def validate(self) -> None:
         check_types(self, "model.attention")
         choice("model.attention.scale", self.scale, ("rsqrt", "none"))
+        names = [o.partition("=")[0] for o in self.options]
+        for o, name in zip(self.options, names):
+            if not isinstance(o, str) or "=" not in o or not name.isidentifier():
+                raise ConfigError(f"model.attention.options={self.options!r}: {o!r} is not name=value")
+        if len(set(names)) < len(names):
+            raise ConfigError(f"model.attention.options={self.options!r} names an option twice")
         if self.kind not in ATTENTION_KINDS and not _IMPORT_PATH.fullmatch(self.kind):
             raise ConfigError(f"model.attention.kind={self.kind!r} is neither one of {tuple(ATTENTION_KINDS)} nor "
                               f"a 'package.module:Class' path")

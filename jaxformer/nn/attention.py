@@ -4,13 +4,16 @@ Axis legend: B batch, T query length, S key length, D model width, N query heads
 """
 from __future__ import annotations
 
+import dataclasses
+import typing
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer import ops
-from jaxformer.config import ModelConfig
+from jaxformer.config import ConfigError, ModelConfig
 from jaxformer.nn.cache import LayerKV
 from jaxformer.nn import init
 from jaxformer.nn.per_layer import UNIFORM, LayerSettings
@@ -43,6 +46,24 @@ class MultiHeadAttention(nnx.Module):
         if cfg.attention.qk_norm:
             self.q_norm = param(rngs, ones, (h,), ("head_dim",))
             self.k_norm = param(rngs, ones, (h,), ("head_dim",))
+
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        """The attention kind's own knobs, set by model.attention.options ("name=value" each): none for
+        softmax. A variant declares its own: a frozen dataclass of typed fields (bool, int, float, str) with
+        defaults, read with `self.options(self.cfg)`."""
+
+    @classmethod
+    def options(cls, cfg: ModelConfig) -> "MultiHeadAttention.Options":
+        """model.attention.options as this kind's `Options` (each value parsed as its field's type). ConfigError
+        naming the field for an option the kind does not declare or a value of the wrong type."""
+        fields = typing.get_type_hints(cls.Options)
+        given = dict(o.partition("=")[::2] for o in cfg.attention.options)
+        unknown = sorted(set(given) - set(fields))
+        if unknown:
+            raise ConfigError(f"model.attention.options: {unknown} not options of model.attention.kind="
+                              f"{cfg.attention.kind!r} (its options: {sorted(fields) or 'none'})")
+        return cls.Options(**{n: _typed(f"model.attention.options {n}={v!r}", v, fields[n]) for n, v in given.items()})
 
     @classmethod
     def check(cls, cfg: ModelConfig) -> None:
@@ -211,3 +232,19 @@ def _after(new: LayerKV, out: jax.Array) -> LayerKV:
     buffer twice at every token (benchmarks/decode_profile.py counts them: 0 with this)."""
     zero = out.reshape(-1)[0].astype(jnp.float32) * 0.0
     return LayerKV(*(a + zero.astype(a.dtype) for a in new))
+
+
+def _typed(what: str, raw: str, typ) -> bool | int | float | str:
+    """An option's text as its declared type (bool: true/false, int, float or str); ConfigError naming `what`
+    else."""
+    if typ not in (bool, int, float, str):
+        raise ConfigError(f"{what}: an attention option's type must be bool, int, float or str; got {typ}")
+    if typ is bool:
+        if raw.lower() in ("true", "false"):
+            return raw.lower() == "true"
+    else:
+        try:
+            return typ(raw)
+        except ValueError:
+            pass
+    raise ConfigError(f"{what} is not {'an' if typ is int else 'a'} {typ.__name__}")

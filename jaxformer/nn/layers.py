@@ -156,6 +156,7 @@ def self_attention(cfg: ModelConfig) -> type[MultiHeadAttention]:
         raise ConfigError(f"model.attention.kind={kind!r} is {cls!r}, not a subclass of "
                           f"jaxformer.nn.attention.MultiHeadAttention")
     with _variants_own(kind, ": its check(cfg) raised"):   # an assert, or a bug, in the variant's check
+        cls.options(cfg)                                     # model.attention.options: its own knobs
         cls.check(cfg)
     return cls
 
