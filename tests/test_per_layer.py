@@ -117,16 +117,19 @@ def test_bad_nope_settings_are_named(kw, field):
         _cfg(**kw)
 
 
-def test_a_per_layer_softcap_rule_caps_each_layer_with_its_own_value(monkeypatch):
-    """A rule that gives each layer its own soft-cap (0 = none) reaches each layer's attention traced: layer i of
-    the rule's model computes what layer i of a model with the number model.attention.softcap=c_i computes (the
-    same weights), in the scan and in cached decoding."""
+@pytest.mark.parametrize("setting", ["softcap", "scale"])
+def test_a_per_layer_rule_gives_each_layer_its_own_softcap_or_scale(monkeypatch, setting):
+    """A rule that gives each layer its own soft-cap (0 = none) or logit scale reaches each layer's attention
+    traced: layer i of the rule's model computes what layer i of a model with that number in its config computes
+    (model.attention.softcap=c_i; model.attention.scale_dim=d_i for the scale 1/√d_i; the same weights), in the
+    scan and in cached decoding."""
     from jaxformer.nn.inputs import decoder_self_mask
     from jaxformer.nn.layers import Context
-    caps = (2.0, 0.0, 0.5)
+    values = {"softcap": (2.0, 0.0, 0.5), "scale": (0.5, 0.25, 0.125)}[setting]
+    fields = {"softcap": lambda c: {"attention__softcap": c}, "scale": lambda c: {"attention__scale_dim": round(c ** -2)}}
     rule = ModelConfig.per_layer
     monkeypatch.setattr(ModelConfig, "per_layer", lambda self, stack="decoder": {
-        **rule(self, stack), "softcap": caps})
+        **rule(self, stack), setting: values})
     cfg = _cfg(num_decoder_layers=3)
     model = build_model(cfg, seed=7)
     tokens = jax.random.randint(jax.random.key(3), (2, 6), 1, V)
@@ -134,8 +137,8 @@ def test_a_per_layer_softcap_rule_caps_each_layer_with_its_own_value(monkeypatch
     pre, post = out["captured"]["resid_pre"], out["captured"]["resid_post"]
     positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
     monkeypatch.setattr(ModelConfig, "per_layer", rule)
-    for i, c in enumerate(caps):                       # layer i alone, its cap a number, on layer i's input
-        fixed = build_model(replaced(cfg, attention__softcap=c), seed=7)
+    for i, c in enumerate(values):                     # layer i alone, its number in its config, on its input
+        fixed = build_model(replaced(cfg, **fields[setting](c)), seed=7)
         ctx = Context(positions=positions, mask=decoder_self_mask(fixed.cfg, positions, positions),
                       valid=jnp.ones((2, 6), bool))
         got = fixed.decoder.layers.layer(i)(pre[i], ctx, layer=i).x
@@ -143,6 +146,6 @@ def test_a_per_layer_softcap_rule_caps_each_layer_with_its_own_value(monkeypatch
     uncapped = build_model(cfg, seed=7)(tokens)[0]                      # the rule changes what the model computes
     assert np.abs(np.asarray(uncapped) - np.asarray(logits)).max() > 1e-3
     monkeypatch.setattr(ModelConfig, "per_layer", lambda self, stack="decoder": {
-        **rule(self, stack), "softcap": caps})
+        **rule(self, stack), setting: values})
     got, want, _ = cached_and_full(build_model(cfg, seed=7), tokens, 3)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)

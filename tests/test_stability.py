@@ -162,3 +162,32 @@ def test_a_traced_softcap_is_the_numbers_own_in_both_backends_and_zero_caps_noth
     from jaxformer.errors import BackendError
     with pytest.raises(BackendError, match="soft-capping"):
         jax.jit(lambda c: ops.dot_product_attention(q, k, v, backend="pallas", softcap=c).out)(jnp.float32(1.0))
+
+
+def test_a_traced_logit_scale_is_the_numbers_own_and_kernels_that_need_a_constant_refuse_it():
+    """A per-layer logit scale reaches the ops traced: values and q/k/v gradients equal the number's in the
+    reference and chunked backends (with a soft-cap too); cudnn and pallas, whose kernels take a constant,
+    refuse a traced one by name."""
+    from jaxformer import ops
+    from jaxformer.errors import BackendError
+    rng = np.random.default_rng(6)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 9, 2, 8)).astype(np.float32)) for _ in range(3))
+    causal = jnp.asarray(np.tril(np.ones((9, 9), bool))[None, None])
+
+    def loss(backend, scale, q, k, v):
+        out = ops.dot_product_attention(q, k, v, mask=causal, backend=backend, block_size=4, scale=scale,
+                                        softcap=2.0).out
+        return (out * jnp.arange(out.size).reshape(out.shape) / out.size).sum(), out
+
+    grads = jax.jit(jax.value_and_grad(loss, argnums=(2, 3, 4), has_aux=True), static_argnums=0)
+    number = jax.jit(jax.value_and_grad(loss, argnums=(2, 3, 4), has_aux=True), static_argnums=(0, 1))
+    for backend in ("reference", "chunked"):
+        (_, want), want_g = number(backend, 0.7, q, k, v)
+        (_, got), got_g = grads(backend, jnp.float32(0.7), q, k, v)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+        for g, w in zip(got_g, want_g):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
+    assert np.abs(np.asarray(number("reference", 0.3, q, k, v)[0][1]) - np.asarray(want)).max() > 1e-3
+    for backend in ("cudnn", "pallas"):
+        with pytest.raises(BackendError, match="traced .per-layer. logit scale"):
+            jax.jit(lambda s: ops.dot_product_attention(q, k, v, backend=backend, scale=s).out)(jnp.float32(0.5))

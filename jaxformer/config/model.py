@@ -427,12 +427,14 @@ class ModelConfig(_Validated):
           rope:   whether a self-attention layer rotates q and k: model.rope.nope_every=k drops RoPE on layers
                   k-1, 2k-1, ... of both stacks (SmolLM3's / Llama 4's NoPE layers).
           softcap: a self-attention layer's logit soft-cap (0 = none; a float per layer, traced by the ops):
-                  no rule yet, every layer takes model.attention.softcap."""
+                  no rule yet, every layer takes model.attention.softcap.
+          scale:  a self-attention layer's logit scale (a float per layer, traced): no rule yet, every layer
+                  takes the config's (model.attention.scale, scale_dim, µP)."""
         layers = self.num_decoder_layers if stack == "decoder" else self.num_encoder_layers
         every = self.rope.nope_every if self.positional == "rope" else 0
         return {"window": self.layer_windows() if stack == "decoder" and any(self.attention.windows) else None,
                 "rope": tuple((i + 1) % every != 0 for i in range(layers)) if every else None,
-                "softcap": None}
+                "softcap": None, "scale": None}
 
     def layer_windows(self) -> tuple[int, ...]:
         """Each decoder layer's self-attention window (0 = global): model.attention.windows repeated."""

@@ -174,10 +174,11 @@ class MultiHeadAttention(nnx.Module):
         model.runtime.attention_backend, ring attention over a context plan): q [B,T,N,H] over a LayerKV view
         (k/v [B,S,K,H] in its own layout, or segments along S) -> (context [B,T,N,H], probabilities [B,N,T,S]
         float32 when `probs` or the pattern site wants them, else None). layer: this layer's settings (its
-        soft-cap, when a per-layer rule sets one). What a variant's `context` builds on (e.g. `nn.differential`
+        soft-cap and logit scale, when a per-layer rule sets them). What a variant's `context` builds on (e.g. `nn.differential`
         asks for the probabilities and mixes them itself)."""
         cfg = self.cfg
         softcap = cfg.attention.softcap if layer.softcap is None else layer.softcap
+        scale = logit_scale(cfg) if layer.scale is None else layer.scale
         k, v = kv
         bias = None
         if self.self_attention and cfg.positional == "alibi":
@@ -187,12 +188,12 @@ class MultiHeadAttention(nnx.Module):
         scores = sites.wants("attn_scores")                  # the logits: read in the materialising backend
         plain = not (bias is not None or probs or scores or sites.wants("pattern") or cfg.ablation.mask_value == "zero")
         if plain:            # parallel.context_attention="ring" over the plan (not over a cache's segments)
-            ring = over_context(q, k, v, mask, scale=logit_scale(cfg), softcap=softcap,
+            ring = over_context(q, k, v, mask, scale=scale, softcap=softcap,
                                 block_size=cfg.runtime.attention_block)
             if ring is not None:
                 return ring, None
         res = ops.dot_product_attention(q, k, v, mask=mask, bias=bias, return_probs=probs or sites.wants("pattern"),
-                                        scale=logit_scale(cfg),
+                                        scale=scale,
                                         mask_value=0.0 if cfg.ablation.mask_value == "zero" else None,
                                         backend="reference" if scores else cfg.runtime.attention_backend,
                                         block_size=cfg.runtime.attention_block,

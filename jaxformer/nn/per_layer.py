@@ -25,11 +25,13 @@ class LayerSettings(NamedTuple):
     scalar, 0 = global), or None when no layer has one (the mask stays as built). rope: whether its
     self-attention rotates q and k (a bool scalar), or None when every layer does as model.positional says.
     softcap: its self-attention's logit soft-cap (a float32 scalar, 0 = none), or None when every layer takes
-    model.attention.softcap. index: the layer's index (int32; 0 outside a stack), for what a module derives
-    from depth itself."""
+    model.attention.softcap. scale: its self-attention's logit scale (a float32 scalar), or None when every
+    layer takes the config's (`nn.attention.logit_scale`). index: the layer's index (int32; 0 outside a stack),
+    for what a module derives from depth itself."""
     window: jax.Array | None = None
     rope: jax.Array | None = None
     softcap: jax.Array | None = None
+    scale: jax.Array | None = None
     index: jax.Array | int = 0
 
 

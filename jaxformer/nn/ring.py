@@ -20,12 +20,12 @@ def over_context(q: jax.Array, k, v, mask, *, scale: float | None, softcap,
     (parallel.context > 1, parallel.context_attention="ring"): q [B,T,N,H], k/v [B,T,K,H], mask a CausalMask
     [B,T] -> out [B,T,N,H], inside a shard_map over the whole mesh (rows over the batch axes, T over context, heads
     over tensor where N and K both split). None where the ring does not apply (no such plan; keys in segments, as
-    a cache gives them; a dense mask; T not split evenly; a per-layer soft-cap, traced): the caller attends as on
+    a cache gives them; a dense mask; T not split evenly; a per-layer soft-cap or scale, traced): the caller attends as on
     one device and GSPMD gathers the keys, which gives the same result."""
     plan = active_plan()
     if (plan is None or plan.mode != "jit" or plan.sizes["context"] == 1 or plan.cfg.context_attention != "ring"
             or not isinstance(mask, CausalMask) or isinstance(k, (tuple, list)) or q.shape[1] != k.shape[1]
-            or not isinstance(softcap, (int, float))
+            or not all(isinstance(n, (int, float)) for n in (softcap, 1.0 if scale is None else scale))
             or q.shape[1] % plan.sizes["context"]):
         return None
     qs = plan.spec(("batch", "length", "q_heads", "head_dim"), q.shape, strict=False)

@@ -111,7 +111,8 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
         over positions, optionally within segments and a sliding window), which "chunked" builds tile by tile
         (the others materialise it).
       bias: additive logits bias broadcastable to [B,N,T,S], or a lazy `ops.positional.AlibiBias`.
-      scale: logits scale, default 1/sqrt(H).
+      scale: logits scale, default 1/sqrt(H): a number, or a traced float scalar (a per-layer scale,
+        `nn.per_layer`; "reference" and "chunked" only).
       return_probs: also return the attention probabilities [B,N,T,S] (float32). The non-reference backends
         recompute them from q, k and their own log-sum-exp (`attention_probs`): the output is still theirs.
       return_lse: also return the per-row log-sum-exp of the logits [B,N,T] (float32; −inf for a row with no
@@ -139,7 +140,7 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
       Logits and softmax are float32; a query row whose keys are all masked returns zeros (and zero
       gradient), never NaN.
     """
-    _check_options(backend, softmax_grad, kv_layout, softcap, mask_value, score_mod)
+    _check_options(backend, softmax_grad, kv_layout, softcap, mask_value, score_mod, scale)
     ks, vs = _segments(k, "k"), _segments(v, "v")
     heads_major = kv_layout == "BKSH"
     if heads_major and backend != "reference":
@@ -163,7 +164,7 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
 
 
 def _check_options(backend: str, softmax_grad: str, kv_layout: str, softcap: float, mask_value,
-                   score_mod=None) -> None:
+                   score_mod=None, scale=None) -> None:
     """ValueError for an option that does not exist; BackendError for one the backend does not offer."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
@@ -173,6 +174,9 @@ def _check_options(backend: str, softmax_grad: str, kv_layout: str, softcap: flo
         raise ValueError(f"kv_layout={kv_layout!r} is not one of {KV_LAYOUTS}")
     if flash.capped(softcap) and backend not in ("reference", "chunked"):
         raise BackendError(f"attention soft-capping runs on the 'reference' and 'chunked' backends, not {backend!r}")
+    if not (scale is None or isinstance(scale, (int, float))) and backend not in ("reference", "chunked"):
+        raise BackendError(f"a traced (per-layer) logit scale runs on the 'reference' and 'chunked' backends, not "
+                           f"{backend!r}, whose kernel takes a constant")
     if mask_value is not None and backend != "reference":
         raise BackendError(f"mask_value (an ablation) exists only in the 'reference' backend, not {backend!r}")
     if score_mod is not None and backend != "reference":

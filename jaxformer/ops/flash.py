@@ -226,33 +226,35 @@ def _finish(sp: _Spec, out, lse, dtype):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _attention(q, k, v, mask, bias, cap, scale, block_q, block_k, softcap):
-    """cap: a traced soft-cap (a per-layer one: not differentiated), else None and `softcap` the number."""
-    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, scale, _cap(cap, softcap))
+def _attention(q, k, v, mask, bias, traced, scale, block_q, block_k, softcap):
+    """traced: (scale, soft-cap), each a traced scalar (a per-layer number: not differentiated) or None, where
+    the static `scale` / `softcap` holds the number."""
+    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, *_numbers(traced, scale, softcap))
     return _finish(sp, *_forward(sp, q_, k_, v_, mask_, bias_), q.dtype)
 
 
-def _cap(cap, softcap):
-    return softcap if cap is None else cap
+def _numbers(traced, scale, softcap):
+    """(scale, softcap): each the traced one where given, else the static number."""
+    return tuple(s if t is None else t for t, s in zip(traced, (scale, softcap)))
 
 
-def _attention_fwd(q, k, v, mask, bias, cap, scale, block_q, block_k, softcap):
+def _attention_fwd(q, k, v, mask, bias, traced, scale, block_q, block_k, softcap):
     is_primal = lambda a: isinstance(a, CustomVJPPrimal)
     value = lambda t: jax.tree.map(lambda a: a.value, t, is_leaf=is_primal)
     want_dbias = bias is not None and any(a.perturbed for a in jax.tree.leaves(bias, is_leaf=is_primal))
-    q, k, v, mask, bias, cap = value((q, k, v, mask, bias, cap))
-    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, scale, _cap(cap, softcap))
+    q, k, v, mask, bias, traced = value((q, k, v, mask, bias, traced))
+    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, *_numbers(traced, scale, softcap))
     out, lse = _forward(sp, q_, k_, v_, mask_, bias_)
     flag = jnp.zeros((0,)) if want_dbias else None                       # static, carried as pytree structure
-    return _finish(sp, out, lse, q.dtype), (q, k, v, mask, bias, cap, out, lse, flag)
+    return _finish(sp, out, lse, q.dtype), (q, k, v, mask, bias, traced, out, lse, flag)
 
 
 def _attention_bwd(scale, block_q, block_k, softcap, res, cts):
-    q, k, v, mask, bias, cap, out, lse, flag = res
+    q, k, v, mask, bias, traced, out, lse, flag = res
     dout = cts[0]
     if isinstance(dout, SymbolicZero):
-        return None, None, None, None, None, None
-    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, scale, _cap(cap, softcap))
+        return None, None, None, None, None, (None, None)
+    sp, q_, k_, v_, mask_, bias_ = _prepare(q, k, v, mask, bias, block_q, block_k, *_numbers(traced, scale, softcap))
     do = jnp.pad(dout.astype(jnp.float32), [(0, 0), (0, sp.tp - sp.t), (0, 0), (0, 0)])
     do = jnp.transpose(do.reshape(sp.b, sp.tp, sp.kh, sp.g, sp.h), (0, 2, 3, 1, 4))   # [B,K,G,Tp,H]
     dq, dk, dv, ds = _backward(sp, q_, k_, v_, mask_, bias_, out, lse, do.astype(q.dtype), flag is not None)
@@ -263,24 +265,25 @@ def _attention_bwd(scale, block_q, block_k, softcap, res, cts):
         ds = jnp.sum(ds, axis=tuple(a for a in range(4) if b4.shape[a] == 1), keepdims=True)
         dbias = ds.reshape(bias.shape).astype(bias.dtype)
     cast = lambda d, x: d[:, :x.shape[1]].astype(x.dtype)
-    return cast(dq, q), cast(dk, k), cast(dv, v), None, dbias, None
+    return cast(dq, q), cast(dk, k), cast(dv, v), None, dbias, (None, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 
 
-def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask=None, bias=None, *, scale: float,
+def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask=None, bias=None, *, scale: float | jax.Array,
                       block_q: int = 512, block_k: int = 512,
                       softcap: float | jax.Array = 0.0) -> tuple[jax.Array, jax.Array]:
     """Memory-efficient softmax(q·kᵀ·scale + bias, masked)·v with its per-row log-sum-exp; with softcap > 0
     the scaled q·kᵀ is soft-capped first (softcap · tanh(x / softcap), Gemma 2), in the backward pass too.
-    softcap may be a traced scalar (a per-layer cap; <= 0: none); it is not differentiated.
+    scale and softcap may be traced scalars (per-layer numbers; a cap <= 0: none); neither is differentiated.
 
     q [B,T,N,H]; k, v [B,S,K,H] (N a multiple of K); mask boolean (True = may attend) and bias additive, each
     an array broadcastable to [B,N,T,S] or a lazy object (see the module docstring). Lengths need not divide
     the block sizes. -> (out [B,T,N,H] in q's dtype, lse [B,N,T] float32: log Σ_s exp(logit), −inf for a row
     with no visible key, whose output is 0). Differentiable in q, k, v and a dense bias.
     """
-    static = isinstance(softcap, (int, float))
-    return _attention(q, k, v, mask, bias, None if static else jnp.asarray(softcap, jnp.float32), float(scale),
-                      int(block_q), int(block_k), float(softcap) if static else 0.0)
+    numbers = (scale, softcap)
+    traced = tuple(None if isinstance(n, (int, float)) else jnp.asarray(n, jnp.float32) for n in numbers)
+    scale, softcap = (float(n) if t is None else 0.0 for n, t in zip(numbers, traced))
+    return _attention(q, k, v, mask, bias, traced, scale, int(block_q), int(block_k), softcap)
