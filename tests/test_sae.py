@@ -633,3 +633,22 @@ def test_the_patch_keeps_a_bfloat16_sites_dtype_and_auxk_takes_one_dead_latent_a
     aux = np.mean(np.sum((acts @ p["W_dec"] - (x - x_hat)) ** 2, -1))
     want = np.mean(np.sum((x_hat - x) ** 2, -1)) + 1.0 * min(2 / 1, 1.0) * aux
     assert float(sae_loss(p, x, spec, jnp.asarray(dead))[0]) == pytest.approx(want, rel=1e-4)
+
+
+def test_small_activations_fire_and_the_spec_takes_k_up_to_d_sae_but_no_bool_numbers():
+    """A latent fires when its activation is above 0, however small (below 1 too), on a real row (w > 0) only;
+    a TopK spec may keep every latent (k = d_sae) but not more; a bool is no number for a training setting."""
+    spec = SAESpec(d_in=8, d_sae=24, architecture="standard")
+    p = _params(spec, seed=11)
+    p["W_enc"] = p["W_enc"] * 0.05                                               # activations below 1
+    x = np.random.default_rng(11).standard_normal((6, 8)).astype(np.float32)
+    w = jnp.asarray([1, 1, 1, 0, 1, 0], jnp.float32)
+    f = _np_encode({n: v.astype(np.float64) for n, v in p.items()}, x.astype(np.float64), spec)[1]
+    assert 0 < f.max() < 1
+    _, parts = sae_loss(p, x, spec, jnp.zeros(24, bool), w)
+    np.testing.assert_array_equal(np.asarray(parts["fired"]), ((f > 0) & (np.asarray(w)[:, None] > 0)).any(0))
+    assert SAESpec(d_in=4, d_sae=8, k=8).k == 8
+    with pytest.raises(ConfigError, match="k"):
+        SAESpec(d_in=4, d_sae=8, k=9)
+    with pytest.raises(ConfigError, match="l1"):
+        SAESpec(d_in=4, d_sae=8, k=4, l1=True)
