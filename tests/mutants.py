@@ -667,7 +667,7 @@ MUTANTS = (
            "p.set_value(OutIn(jnp.transpose(w)))", "pass",
            ("tests/test_decode_layout.py", "-k", "row_by_row")),
     Mutant("cross-kv-of-layer-zero", "an encoder-decoder's cache gives every layer layer 0's cross-attention k/v",
-           "jaxformer/nn/models.py", "for blk in stack.blocks]", "for blk in stack.blocks[:1] * len(stack.blocks)]",
+           "jaxformer/nn/layout.py", "for blk in stack.blocks])", "for blk in stack.blocks[:1] * len(stack.blocks)])",
            ("tests/test_decode.py",)),
     # Y: per-layer settings (NoPE layers) from the layer index, in the scan and in cached decoding alike
     Mutant("nope-counted-from-zero", "the NoPE layers are 0, k, 2k (SmolLM3 drops k-1, 2k-1, ...)",

@@ -9,7 +9,8 @@ benchmarks/results/levers.md):
   decode_w2_out_in   over one row (batch 1), a 2-D projection whose input is wider than its output (a dense FFN's
                      w2 [F,D], F > D) stored [out,in] (`OutIn`): XLA:CPU's matrix-vector product reads it faster.
 Only plain float parameters are laid out: a weight that brings its own matmul (quantized, adapted) stays as it is.
-The KV cache's own layout (heads-major [B,K,S,H]) is the cache's: `nn.cache`'s views say it.
+The KV cache's own layout (heads-major [B,K,S,H]) is the cache's: `nn.cache`'s views say it; an encoder-decoder's
+memory is laid out in it once (`laid_out_memory`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.nn.attention import MultiHeadAttention
+from jaxformer.nn.cache import LayerwiseKV, heads_major
 from jaxformer.nn.params import lever
 from jaxformer.nn.weights import Fused, OutIn, Within
 
@@ -56,3 +58,11 @@ def _fuse(module: nnx.Module, names: tuple[str, ...]) -> None:
                               tuple(w.shape for w in ws)))
     for p, w in zip(params[1:], ws[1:]):
         p.set_value(Within(w.shape))
+
+
+def laid_out_memory(stack, memory: jax.Array) -> LayerwiseKV:
+    """An encoder-decoder's memory as a token loop reads it: each decoder layer's cross-attention keys/values of
+    the encoder output memory [B,S,D], computed once, heads-major [B,K,S,H] like the cache (`stack`: the laid-out
+    decoder, `nn.stack.DecodingLayers`)."""
+    return LayerwiseKV.collect([heads_major(blk.cross_attn.project_kv(memory)) for blk in stack.blocks])
+

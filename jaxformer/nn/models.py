@@ -32,7 +32,8 @@ from jaxformer import ops
 from jaxformer.axes import ACTIVATION, LOGITS
 from jaxformer.config import ConfigError, ModelConfig
 from jaxformer.nn import init
-from jaxformer.nn.cache import KVCache, LayerwiseKV, Memory, heads_major, init_cache
+from jaxformer.nn.cache import KVCache, Memory, init_cache
+from jaxformer.nn.layout import laid_out_memory
 from jaxformer.nn.inputs import AttentionInputs, decoder_self_mask, default_positions  # noqa: F401 (re-exported)
 from jaxformer.nn.layers import Context, DecoderBlock, EncoderBlock, Norm, dropout
 from jaxformer.nn.sites import Hooks, Sites, discover, hooks as make_hooks, with_captured
@@ -175,9 +176,8 @@ class _Model(nnx.Module):
             raise ValueError("an encoder-decoder's cache needs the encoder memory (init_cache(..., memory="
                              "model.encode(src))); a decoder-only model's takes none")
         stack = self.decoder.layers.lay_out(batch)
-        if memory is not None:           # each layer's cross-attention keys/values, heads-major [B,K,S,H], once
-            kv = [heads_major(blk.cross_attn.project_kv(memory.x)) for blk in stack.blocks]
-            memory = memory._replace(kv=LayerwiseKV.collect(kv))
+        if memory is not None:           # each layer's cross-attention keys/values, laid out once
+            memory = memory._replace(kv=laid_out_memory(stack, memory.x))
         return init_cache(cfg.num_decoder_layers, batch, length, cfg.kv_heads, cfg.head_size,
                           "int8" if dtype == "int8" else DTYPES[cfg.runtime.dtype], stack, memory)
 
