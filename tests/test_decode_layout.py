@@ -308,6 +308,7 @@ def test_the_laid_out_step_projects_q_k_v_in_one_matmul():
         att = b.self_attn
         assert isinstance(att.wq[...], Fused) and att.wq[...].array.shape == (d, (n + 2 * k) * h)
         assert isinstance(att.wk[...], Within) and isinstance(att.wv[...], Within)
+        assert att.wk[...].shape == att.wv[...].shape == (d, k, h)                  # each keeps its own shape
         assert att.wq[...].shapes == ((d, n, h), (d, k, h), (d, k, h))
     widths = [e.outvars[0].aval.shape[-1] for e in _dots(model, 1)
               if e.invars[1].aval.shape[0] == d and e.invars[0].aval.shape[-1] == d]
@@ -358,8 +359,9 @@ def test_a_one_row_layout_reads_the_ffn_output_weight_row_by_row():
     from jaxformer.quantize import quantize_model                  # quantized weights bring their own matmul
     q = quantize_model(build_model(cfg), "int8").decoder.layers.lay_out(1)
     assert all(isinstance(b.ffn.w2[...], Quantized) for b in q.blocks)
-    wide = build_model(_cfg(num_decoder_layers=1, d_ff=24)).decoder.layers.lay_out(1)  # F <= D: w2 not tall
-    assert isinstance(wide.blocks[0].ffn.w2[...], jax.Array)
+    for f in (24, 32):                               # F < D, F = D: w2's input is not wider than its output
+        wide = build_model(_cfg(num_decoder_layers=1, d_ff=f)).decoder.layers.lay_out(1)
+        assert isinstance(wide.blocks[0].ffn.w2[...], jax.Array), f
 
 
 @pytest.mark.parametrize("batch", [1, 2])
