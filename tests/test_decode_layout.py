@@ -348,6 +348,8 @@ def test_a_one_row_layout_reads_the_ffn_output_weight_row_by_row():
     one = model.decoder.layers.lay_out(1)
     assert all(isinstance(b.ffn.w2[...], OutIn) and b.ffn.w2[...].array.shape == (d, f) for b in one.blocks)
     assert all(b.ffn.w2[...].shape == (f, d) for b in one.blocks)          # the weight's own shape
+    np.testing.assert_array_equal(np.asarray(one.blocks[1].ffn.w2[...].dequantize()),   # as a float array: w2
+                                  np.asarray(model.decoder.layers.blocks.ffn.w2[...][1]))
     np.testing.assert_array_equal(np.asarray(one.blocks[1].ffn.w2[...].array),
                                   np.asarray(model.decoder.layers.blocks.ffn.w2[...][1]).T)
     assert not any(isinstance(b.ffn.w1[...], OutIn) for b in one.blocks)  # [D,F]: its input is not wider
