@@ -378,3 +378,29 @@ def test_generate_lays_its_model_out_for_its_own_batch(batch):
     down = {tuple(e.invars[1].aval.shape) for e in all_eqns(traced.jaxpr.jaxpr)      # the dots that read h [..,F]
             if e.primitive.name == "dot_general" and e.invars[0].aval.shape[-1] == f}
     assert down == ({(d, f)} if batch == 1 else {(f, d)})
+
+
+def test_laid_out_weight_kinds_project_in_the_inputs_dtype_and_refuse_a_partial_group():
+    """OutIn contracts in the input's dtype (a bfloat16 step stays bfloat16) and equals the plain projection;
+    a Fused group projects only whole (as many equations as weights, the others Within): anything else is
+    named."""
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.standard_normal((6, 4)), jnp.float32)                              # [F, D]
+    x = jnp.asarray(rng.standard_normal((2, 1, 6)), jnp.bfloat16)
+    y = OutIn(w.T).project("BTF,FD->BTD", x)
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(y, np.float32),
+                                  np.asarray(contract("BTF,FD->BTD", x, w.astype(jnp.bfloat16)), np.float32))
+    wq, wk = (jnp.asarray(rng.standard_normal((4, 2, 3)), jnp.float32) for _ in range(2))
+    fused = Fused(jnp.concatenate([wq.reshape(4, -1), wk.reshape(4, -1)], 1), (wq.shape, wk.shape))
+    eqs = ("BTD,DNH->BTNH", "BTD,DKH->BTKH")
+    xq = jnp.asarray(rng.standard_normal((2, 1, 4)), jnp.float32)
+    q, k = fused.project_each(eqs, xq, (Within(wk.shape),))
+    np.testing.assert_allclose(np.asarray(q), np.asarray(contract(eqs[0], xq, wq)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(k), np.asarray(contract(eqs[1], xq, wk)), rtol=1e-6, atol=1e-6)
+    for bad_eqs, others in ((eqs[:1], (Within(wk.shape),)), (eqs, (wk,))):
+        with pytest.raises(ValueError, match="projects with its group"):
+            fused.project_each(bad_eqs, xq, others)
+    for kind in (fused, Within(wk.shape)):
+        with pytest.raises(ValueError, match="group"):
+            kind.project(eqs[0], xq)
