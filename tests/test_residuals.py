@@ -106,13 +106,16 @@ def test_each_variant_decodes_like_the_full_forward_and_has_gradients(kind):
         model.decoder.layers.blocks.res_self.gate[...] = jnp.full((2,), 0.5)
         model.decoder.layers.blocks.res_ffn.gate[...] = jnp.full((2,), -0.7)
     tokens = jnp.asarray(np.random.default_rng(4).integers(1, 20, (2, 7)))
-    full = np.asarray(model(tokens)[0])
     pos = jnp.broadcast_to(jnp.arange(7), (2, 7))
-    first, out = model(tokens[:, :6], pos[:, :6], cache=model.init_cache(2, 7), mode="prefill")
-    last, _ = model(tokens[:, 6:], pos[:, 6:], cache=out["cache"], mode="decode")
-    np.testing.assert_allclose(np.concatenate([np.asarray(first), np.asarray(last)], 1), full, rtol=1e-5,
-                               atol=1e-5)
-    grads = nnx.grad(lambda m: m(tokens)[0].mean())(model)
+
+    @nnx.jit                                              # one program, not the calls op by op
+    def both(m, tokens, pos):
+        first, out = m(tokens[:, :6], pos[:, :6], cache=m.init_cache(2, 7), mode="prefill")
+        last, _ = m(tokens[:, 6:], pos[:, 6:], cache=out["cache"], mode="decode")
+        return m(tokens)[0], jnp.concatenate([first, last], 1)
+    full, cached = both(model, tokens, pos)
+    np.testing.assert_allclose(np.asarray(cached), np.asarray(full), rtol=1e-5, atol=1e-5)
+    grads = nnx.jit(nnx.grad(lambda m: m(tokens)[0].mean()))(model)
     assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
     if kind == "rezero":
         assert np.abs(np.asarray(grads.decoder.layers.blocks.res_ffn.gate[...])).max() > 0

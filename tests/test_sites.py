@@ -314,14 +314,19 @@ def test_capture_in_cached_calls_is_the_uncached_calls_sites():
     m = lm()
     b, t = TOKENS.shape
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), TOKENS.shape)
-    full = m(TOKENS, capture=m.sites())[1]["captured"]
-    want = m(TOKENS[:, :4], capture=m.sites())[1]["captured"]
-    _, out = m(TOKENS[:, :4], pos[:, :4], cache=m.init_cache(b, t), mode="prefill", capture=m.sites())
-    assert set(out["captured"]) == set(m.sites())
-    for name in m.sites():
-        np.testing.assert_allclose(out["captured"][name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
-    _, out = m(TOKENS[:, 4:5], pos[:, 4:5], cache=out["cache"], mode="decode", capture=m.sites())
-    got = out["captured"]
+    sites = m.sites()
+
+    @nnx.jit                                              # the four calls as one program, not op by op
+    def calls(m, tokens, pos):
+        full = m(tokens, capture=sites)[1]["captured"]
+        want = m(tokens[:, :4], capture=sites)[1]["captured"]
+        _, out = m(tokens[:, :4], pos[:, :4], cache=m.init_cache(b, t), mode="prefill", capture=sites)
+        _, step = m(tokens[:, 4:5], pos[:, 4:5], cache=out["cache"], mode="decode", capture=sites)
+        return full, want, out["captured"], step["captured"]
+    full, want, prefilled, got = calls(m, TOKENS, pos)
+    assert set(prefilled) == set(sites)
+    for name in sites:
+        np.testing.assert_allclose(prefilled[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
     for name in set(m.sites()) - {"pattern", "attn_scores"}:   # per-token: [B,1,...] or per layer [L,B,1,...]
         ref = full[name][:, 4:5] if name in MODEL_SITES else full[name][:, :, 4:5]
         np.testing.assert_allclose(got[name], ref, rtol=1e-5, atol=1e-5, err_msg=name)

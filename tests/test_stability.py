@@ -48,15 +48,15 @@ def test_logit_softcap_is_cap_tanh_of_the_uncapped_logits_and_decodes_the_same(t
     capped = build_model(dataclasses.replace(base, logit_softcap=2.0), seed=3)
     plain = build_model(base, seed=3)
     tokens = jnp.asarray(np.random.default_rng(1).integers(1, 20, (2, 9)))
-    raw = np.asarray(plain(tokens)[0], np.float64)
-    got = np.asarray(jax.jit(lambda m, t: m(t)[0])(capped, tokens))
+    forward = nnx.jit(lambda m, t: m(t)[0])                  # compiled: one program per model, not op by op
+    raw = np.asarray(forward(plain, tokens), np.float64)
+    got = np.asarray(forward(capped, tokens))
     np.testing.assert_allclose(got, 2.0 * np.tanh(raw / 2.0), rtol=1e-5, atol=1e-6)
     assert np.abs(got).max() < 2.0 < np.abs(raw).max()
-    cache = capped.init_cache(2, 12)
     pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
-    step_logits, _ = capped(tokens, pos, cache=cache, mode="prefill")          # the cached call: capped too
-    np.testing.assert_allclose(np.asarray(step_logits), got, rtol=1e-5, atol=1e-6)
-    grads = nnx.grad(lambda m: m(tokens)[0].sum())(capped)
+    step_logits = nnx.jit(lambda m, t, p: m(t, p, cache=m.init_cache(2, 12), mode="prefill")[0])(capped, tokens, pos)
+    np.testing.assert_allclose(np.asarray(step_logits), got, rtol=1e-5, atol=1e-6)   # the cached call: capped too
+    grads = nnx.jit(nnx.grad(lambda m: m(tokens)[0].sum()))(capped)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(grads))
 
 
