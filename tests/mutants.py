@@ -190,7 +190,7 @@ MUTANTS = (
            "\n        w = (targets != pad_id).astype(jnp.float32)",
            ("tests/test_accelerator_levers.py", "-k", "whole_logits")),
     Mutant("fused-gate-up-swapped", "the fused gate/up (and q/k/v) matmul split in the wrong order",
-           "jaxformer/nn/params.py", "jnp.concatenate(flat, axis=1)", "jnp.concatenate(flat[::-1], axis=1)",
+           "jaxformer/nn/params.py", "together(eqs, x, side_by_side(ws), ", "together(eqs, x, side_by_side(ws[::-1]), ",
            ("tests/test_accelerator_levers.py", "-k", "same_loss")),
     Mutant("master-copy-unused", "bfloat16 parameters updated directly, the float32 master copy beside them unused",
            "jaxformer/train/weights.py", "        return (jax.tree.map(lambda m, p: m - p.astype(jnp.float32), master, params),",

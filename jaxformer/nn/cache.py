@@ -76,7 +76,7 @@ class LayerKV(NamedTuple):
 
     def values_bskh(self) -> jax.Array:
         """The values as one [B,S,K,H] array (segments joined along S)."""
-        return jnp.concatenate(_segments(self.v, lambda v: v, tuple), axis=1)
+        return jnp.concatenate(_parts(self.v), axis=1)
 
     def readable(self, dtype) -> "LayerKV":
         """As float arrays of `dtype` (an int8 cache is dequantized)."""
@@ -108,14 +108,17 @@ class HeadsMajorKV(LayerKV):
         return self._replace(v=_segments(self.v, group))
 
     def values_bskh(self) -> jax.Array:
-        return jnp.concatenate(_segments(self.v, lambda v: jnp.swapaxes(v, 1, 2), tuple), axis=1)
+        return jnp.concatenate([jnp.swapaxes(v, 1, 2) for v in _parts(self.v)], axis=1)
 
 
-def _segments(x, fn, wrap=None):
-    """fn applied to an array, or to each segment of a tuple of them (wrap: also wrap a lone array in a tuple)."""
-    if isinstance(x, tuple):
-        return tuple(fn(a) for a in x)
-    return (fn(x),) if wrap is tuple else fn(x)
+def _parts(x) -> tuple:
+    """A view's k or v as its segments along S (a lone array: one)."""
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _segments(x, fn):
+    """fn applied to an array, or to each segment of a tuple of them."""
+    return tuple(fn(a) for a in x) if isinstance(x, tuple) else fn(x)
 
 
 class LayerwiseKV(LayerKV):

@@ -20,7 +20,7 @@ from flax import nnx
 
 from jaxformer.nn.attention import MultiHeadAttention
 from jaxformer.nn.cache import LayerwiseKV, heads_major
-from jaxformer.nn.params import lever
+from jaxformer.nn.params import lever, side_by_side
 from jaxformer.nn.weights import Fused, OutIn, Within
 
 
@@ -54,8 +54,7 @@ def _fuse(module: nnx.Module, names: tuple[str, ...]) -> None:
     ws = [_plain(p) for p in params]
     if any(w is None for w in ws):
         return
-    params[0].set_value(Fused(jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1),
-                              tuple(w.shape for w in ws)))
+    params[0].set_value(Fused(side_by_side(ws), tuple(w.shape for w in ws)))
     for p, w in zip(params[1:], ws[1:]):
         p.set_value(Within(w.shape))
 

@@ -56,11 +56,15 @@ def project_each(eqs: tuple[str, ...], x: jax.Array, ws: tuple, then=None) -> tu
     if hasattr(ws[0], "project_each"):
         return tuple(f(y) for f, y in zip(then, ws[0].project_each(eqs, x, ws[1:])))
     if lever("fused_projections") and not any(hasattr(w, "project") for w in ws):
-        inputs = _inputs(eqs[0])
-        flat = [w.reshape(math.prod(w.shape[:len(inputs)]), -1) for w in ws]
-        ys = together(eqs, x, jnp.concatenate(flat, axis=1), tuple(w.shape for w in ws))
+        ys = together(eqs, x, side_by_side(ws), tuple(w.shape for w in ws))
         return tuple(f(y) for f, y in zip(then, ys))
     return tuple(f(project(eq, x, w)) for f, eq, w in zip(then, eqs, ws))
+
+
+def side_by_side(ws) -> jax.Array:
+    """Weights [I, outputs...] that read the same input, as one matrix [I, O₁+O₂+…] (each flattened to its
+    outputs): what `together` projects with (a `fused_projections` call's, a decoding layout's `Fused`)."""
+    return jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1)
 
 
 def together(eqs: tuple[str, ...], x: jax.Array, w: jax.Array, shapes: tuple) -> tuple[jax.Array, ...]:
