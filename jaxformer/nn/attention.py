@@ -73,6 +73,11 @@ class MultiHeadAttention(nnx.Module):
     def _bias(self, name: str):
         return getattr(self, f"b{name}")[...] if self.cfg.has_bias(name) else 0.0
 
+    def _biased(self, name: str, dtype):
+        """A projection's output -> plus its bias (when configured), in `dtype`: the one rule for q, k and v
+        whether projected apart or together."""
+        return lambda a: (a + self._bias(name)).astype(dtype)
+
     def _norm(self, x: jax.Array, norm: str) -> jax.Array:
         """QK-norm (when configured) of q or k [B,T,N|K,H]."""
         if self.cfg.attention.qk_norm:
@@ -97,14 +102,13 @@ class MultiHeadAttention(nnx.Module):
     def project_q(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
         """x [B,T,D] -> q [B,T,N,H] (normed with QK-norm; positions are applied by the call). rngs: a training
         call's dropout stream (an adapter's input dropout, model.lora)."""
-        q = project("BTD,DNH->BTNH", x, weight(self.wq, rngs)) + self._bias("q")
-        return self._norm(q.astype(x.dtype), "q_norm")
+        return self._norm(self._biased("q", x.dtype)(project("BTD,DNH->BTNH", x, weight(self.wq, rngs))), "q_norm")
 
     def project_qkv(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> tuple[jax.Array, LayerKV]:
         """A self-attention's projections of x [B,T,D] -> (q [B,T,N,H], LayerKV(k, v) [B,T,K,H]), normed with
         QK-norm (positions are applied by the call); one matmul where the weights allow it
         (`nn.params.project_each`)."""
-        biased = lambda name: lambda a: (a + self._bias(name)).astype(x.dtype)          # noqa: E731
+        biased = lambda name: self._biased(name, x.dtype)                               # noqa: E731
         q, k, v = project_each(("BTD,DNH->BTNH", "BTD,DKH->BTKH", "BTD,DKH->BTKH"), x,
                                tuple(weight(w, rngs) for w in (self.wq, self.wk, self.wv)),
                                then=(lambda a: self._norm(biased("q")(a), "q_norm"), biased("k"), biased("v")))
@@ -112,8 +116,8 @@ class MultiHeadAttention(nnx.Module):
 
     def project_kv(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> LayerKV:
         """x [B,S,D] -> LayerKV(k, v) [B,S,K,H] (k normed with QK-norm; positions are applied by the call)."""
-        k = (project("BSD,DKH->BSKH", x, weight(self.wk, rngs)) + self._bias("k")).astype(x.dtype)
-        v = (project("BSD,DKH->BSKH", x, weight(self.wv, rngs)) + self._bias("v")).astype(x.dtype)
+        k = self._biased("k", x.dtype)(project("BSD,DKH->BSKH", x, weight(self.wk, rngs)))
+        v = self._biased("v", x.dtype)(project("BSD,DKH->BSKH", x, weight(self.wv, rngs)))
         return LayerKV(self._norm(k, "k_norm"), v)
 
     def __call__(self, x: jax.Array, source: jax.Array | LayerKV | None = None, *, mask=None,
