@@ -404,3 +404,8 @@ def test_laid_out_weight_kinds_project_in_the_inputs_dtype_and_refuse_a_partial_
     for kind in (fused, Within(wk.shape)):
         with pytest.raises(ValueError, match="group"):
             kind.project(eqs[0], xq)
+    from jaxformer.nn.params import together
+    wo = jnp.ones((2, 3, 4))                                 # [N,H,D]: two input axes cannot sit side by side
+    for bad in ((eqs[0], "BTNH,NHD->BTD"), (eqs[0], "BSD,DKH->BSKH")):     # or another x
+        with pytest.raises(ValueError, match="do not read one input axis of the same x"):
+            together(bad, xq, fused.array, (wq.shape, wo.shape))

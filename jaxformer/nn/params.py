@@ -44,15 +44,14 @@ def project(eq: str, x: jax.Array, w) -> jax.Array:
     return contract(eq, x, w.astype(x.dtype))
 
 
-def project_each(eqs: tuple[str, ...], x: jax.Array, ws: tuple, then=None) -> tuple[jax.Array, ...]:
+def project_each(eqs: tuple[str, ...], x: jax.Array, ws: tuple, then: tuple) -> tuple[jax.Array, ...]:
     """`then[i](project(eq, x, w))` for each (eq, w) of projections that read the same x (a self-attention's q, k
     and v; a gated FFN's gate and input) -> their outputs (then: what each output goes through next, e.g. its
-    bias; default none). One matmul where the weights allow: a group laid out as one matrix (its first weight a
+    bias). One matmul where the weights allow: a group laid out as one matrix (its first weight a
     kind with `project_each`, e.g. `nn.weights.Fused` of the decoding layout, `nn.layout`), or, with lever
     `fused_projections` (`jaxformer.platforms`), float arrays concatenated at this call (not weights that bring
     their own matmul: quantized, adapted). Each eq reads "rows+inputs,inputs+outputs->rows+outputs" with the
     same rows and inputs."""
-    then = then or (lambda y: y,) * len(eqs)
     if hasattr(ws[0], "project_each"):
         return tuple(f(y) for f, y in zip(then, ws[0].project_each(eqs, x, ws[1:])))
     if lever("fused_projections") and not any(hasattr(w, "project") for w in ws):
