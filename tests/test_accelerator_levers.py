@@ -149,3 +149,18 @@ def test_accelerator_levers_are_off_everywhere_and_their_options_reach_the_compi
                 assert lowering.train_compiler_options() == options
                 # this XLA knows the option (an unknown one fails the compile): XLA:CPU ignores xla_gpu_*
                 jax.jit(lambda a: a + 1, compiler_options=options)(jnp.ones(2)).block_until_ready()
+
+
+def test_fused_projections_leave_weights_with_their_own_matmul_apart():
+    """With the fused_projections lever on, an int8 or adapted (LoRA) model's q/k/v and gate/up stay separate
+    matmuls (their weights cannot be concatenated) and give the lever-off logits."""
+    from jaxformer.quantize import quantize_model
+    cfg = resolve_vocab(tiny_lm("model.activation=swiglu", "model.lora.rank=2"), 40).model
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 40, (2, 6)))
+    for model in (build_model(cfg, seed=1), quantize_model(build_model(cfg.function(), seed=1), "int8")):
+        forward = nnx.jit(lambda m, t: m(t)[0])
+        with platforms.override(fused_projections=False):
+            want = forward(model, tokens)
+        with platforms.override(fused_projections=True):
+            got = nnx.jit(lambda m, t: m(t)[0])(model, tokens)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)

@@ -398,7 +398,7 @@ def test_laid_out_weight_kinds_project_in_the_inputs_dtype_and_refuse_a_partial_
     q, k = fused.project_each(eqs, xq, (Within(wk.shape),))
     np.testing.assert_allclose(np.asarray(q), np.asarray(contract(eqs[0], xq, wq)), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(np.asarray(k), np.asarray(contract(eqs[1], xq, wk)), rtol=1e-6, atol=1e-6)
-    for bad_eqs, others in ((eqs[:1], (Within(wk.shape),)), (eqs, (wk,))):
+    for bad_eqs, others in ((eqs[:1], (Within(wk.shape),)), (eqs, (wk,)), (eqs, ())):
         with pytest.raises(ValueError, match="projects with its group"):
             fused.project_each(bad_eqs, xq, others)
     for kind in (fused, Within(wk.shape)):

@@ -148,7 +148,8 @@ class Fused:
     def project_each(self, eqs: tuple[str, ...], x: jax.Array, others: tuple) -> tuple[jax.Array, ...]:
         """The group's projections of x (`nn.params.project_each`): others, the group's other weights, hold
         `Within`."""
-        if len(eqs) != len(self.shapes) or not all(isinstance(w, Within) for w in others):
+        if len(eqs) != len(self.shapes) or len(others) != len(self.shapes) - 1 or \
+                not all(isinstance(w, Within) for w in others):
             raise ValueError(f"a fused weight of {len(self.shapes)} projections projects with its group; got "
                              f"{len(eqs)} equations and {[type(w).__name__ for w in others]}")
         return together(eqs, x, self.array, self.shapes)
