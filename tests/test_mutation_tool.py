@@ -40,3 +40,21 @@ def test_a_survivor_judged_equivalent_after_the_run_leaves_the_denominator():
     again = mutation.rescored(row, {"x_f__mutmut_2": "why"})
     assert again["survivors"] == ["x_f__mutmut_3"] and again["equivalent"] == 1 and again["score"] == 0.5
     assert mutation._scope(["x_f", "x__g", "xǁBlockǁ__init__"]) == "f, _g, Block.__init__"
+
+
+def test_a_judgment_follows_its_mutants_change_not_its_number():
+    """mutmut numbers a function's mutants anew when it is edited: a reason written for one change must not
+    excuse another that took its number; rewording the reason after a look accepts the new change."""
+    status = {"jaxformer.m.x_f__mutmut_1": "killed", "jaxformer.m.x_f__mutmut_2": "survived"}
+    first = mutation.score(status, {"x_f__mutmut_2": "why"}, 1.0, {"jaxformer.m.x_f__mutmut_2": "m - 1 -> m + 1"})
+    assert first["judged"] == {"x_f__mutmut_2": ["why", "m - 1 -> m + 1"]} and first["score"] == 1.0
+    same = mutation.score(status, {"x_f__mutmut_2": "why"}, 1.0, {"x_f__mutmut_2": "m - 1 -> m + 1"}, first["judged"])
+    assert same["equivalent"] == 1 and same["survivors"] == []
+    moved = mutation.score(status, {"x_f__mutmut_2": "why"}, 1.0, {"x_f__mutmut_2": "t < m -> t <= m"},
+                           first["judged"])
+    assert moved["survivors"] == moved["stale_equivalents"] == ["x_f__mutmut_2"] and moved["score"] == 0.5
+    assert "another mutant now, re-judge" in "".join(mutation._listed(moved, {"x_f__mutmut_2": "why"}))
+    again = mutation.rescored(moved, {"x_f__mutmut_2": "why, for t <= m"})
+    assert again["survivors"] == [] and again["judged"]["x_f__mutmut_2"] == ["why, for t <= m", "t < m -> t <= m"]
+    assert mutation._compact("--- a\n+++ a\n@@ -1 +1 @@\n-    y = f(x)  # a note\n+    y = g(x)  # a note\n") == \
+        "y = f(x) -> y = g(x)"

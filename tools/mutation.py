@@ -24,6 +24,10 @@ name `functions` (mutmut's mangled names: `x_name` for a function, `xǁClassǁme
 method): then only those are mutated and scored, for a capability that is a few functions of a larger file.
 
 Score = (killed + timeout) / (mutants − equivalent); a mutant no test reaches ("no tests") counts as a survivor.
+Each mutant that no test killed is recorded with its change (`old -> new`, from mutmut's own diff), and each
+judgment with the change it was written for: mutmut numbers a function's mutants anew when the function is
+edited, so after an edit a name may be another mutant; a reason whose mutant changed is then stale (listed, the
+mutant counted a survivor) until it is reworded or removed after a look at the new change.
 """
 from __future__ import annotations
 
@@ -72,7 +76,7 @@ def main(argv=None) -> int:
         for module in modules:
             old = scores.get(module, {})
             again = [n for n in old.get("survivors", []) if n not in old.get("unchecked", [])] if args.survivors else []
-            row = run_module(module, config, args.children, again)
+            row = run_module(module, config, args.children, again, old.get("judged", {}))
             if again:                                       # the minutes: the whole run's and the rerun's
                 row["seconds"] += scores[module]["seconds"]
             scores = json.loads(SCORES.read_text()) if SCORES.exists() else {}     # another module's run may have
@@ -86,10 +90,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def run_module(module: str, config: dict, children: int, again: list[str] = ()) -> dict:
+def run_module(module: str, config: dict, children: int, again: list[str] = (), judged: dict | None = None) -> dict:
     """Mutate `module`, run mutmut in its own folder, -> its score row. again: mutant names to rerun (mutmut
     keeps every other verdict: a changed test selection would reset them all, so survivors' tests go in a file
-    already listed)."""
+    already listed). judged: the earlier row's judgments (`score`)."""
     entry = config["modules"][module]
     work = WORK / module.replace("/", "_").removesuffix(".py")
     _copy_tree(work)
@@ -119,35 +123,77 @@ def run_module(module: str, config: dict, children: int, again: list[str] = ()) 
     status = dict(re.findall(r"^\s*(\S+__mutmut_\d+): (.+)$", out.stdout, re.M))
     if only:                                            # a module's named functions only (its `functions`)
         status = {n: s for n, s in status.items() if any(fnmatch.fnmatch(n, pat) for pat in only)}
-    return score(status, entry.get("equivalent", {}), seconds)
+    reasons = entry.get("equivalent", {})
+    diffs = _diffs(work, module, [n for n, s in status.items() if s not in KILLED], env)
+    return score(status, reasons, seconds, diffs, judged)
 
 
-def score(status: dict[str, str], equivalent: dict[str, str], seconds: float) -> dict:
-    """A module's row from mutmut's status per mutant and the equivalent mutants' reasons."""
+def score(status: dict[str, str], equivalent: dict[str, str], seconds: float, diffs: dict[str, str] | None = None,
+          judged: dict | None = None) -> dict:
+    """A module's row from mutmut's status per mutant, the equivalent mutants' reasons, each mutant's change
+    (`diffs`, by full or short name: what a survivor or an equivalent mutant does) and the earlier row's
+    judgments (`judged`: name -> [reason, the change it was written for])."""
     short = {name.split(".")[-1]: s for name, s in status.items()}
-    gone = [n for n in equivalent if n not in short]
-    killed = sum(s in KILLED for s in short.values())
-    equal = [n for n in equivalent if n in short and short[n] not in KILLED]
-    survivors = sorted(n for n, s in short.items() if s not in KILLED and n not in equivalent)
-    unchecked = sorted(n for n in survivors if short[n] == "not checked")
-    total = len(short)
-    denominator = max(total - len(equal), 1)
-    return {"mutants": total, "killed": killed, "equivalent": len(equal), "survivors": survivors,
-            "unchecked": unchecked, "stale_equivalents": gone, "score": killed / denominator,
-            "seconds": round(seconds), "machine": f"{platform.processor() or platform.machine()}, "
-                                                  f"{os.cpu_count()} cores", "date": str(datetime.date.today())}
+    changes = {name.split(".")[-1]: d for name, d in (diffs or {}).items()}
+    open_ = sorted(n for n, s in short.items() if s not in KILLED)
+    row = {"mutants": len(short), "killed": sum(s in KILLED for s in short.values()),
+           "unchecked": sorted(n for n in open_ if short[n] == "not checked"),
+           "diffs": {n: changes.get(n, "") for n in open_}, "judged": dict(judged or {}),
+           "gone": sorted(n for n in equivalent if n not in short),
+           "seconds": round(seconds), "machine": f"{platform.processor() or platform.machine()}, "
+                                                 f"{os.cpu_count()} cores", "date": str(datetime.date.today())}
+    return rescored(row, equivalent)
 
 
 def rescored(row: dict, reasons: dict) -> dict:
-    """A row with the survivors judged equivalent since its run (tests/mutation.toml) moved to `equivalent`."""
-    moved = [n for n in row["survivors"] if n in reasons]
-    if not moved:
-        return row
-    survivors = [n for n in row["survivors"] if n not in reasons]
-    equivalent = row["equivalent"] + len(moved)
-    return {**row, "survivors": survivors, "equivalent": equivalent,
-            "unchecked": [n for n in row["unchecked"] if n in survivors],
-            "score": row["killed"] / max(row["mutants"] - equivalent, 1)}
+    """The row's verdicts under the reasons of tests/mutation.toml: a mutant that no test killed is equivalent
+    when a reason names it, unless that reason was written for another change (mutmut numbers a function's
+    mutants anew when it is edited: the same name may then be another mutant). Such a stale judgment makes it a
+    survivor until its reason is reworded (or removed) after a look at the new change. A row from before the
+    changes were recorded (no "diffs") keeps its counts, with the survivors named since moved to equivalent."""
+    if "diffs" not in row:
+        moved = [n for n in row["survivors"] if n in reasons]
+        if not moved:
+            return row
+        survivors = [n for n in row["survivors"] if n not in reasons]
+        equivalent = row["equivalent"] + len(moved)
+        return {**row, "survivors": survivors, "equivalent": equivalent,
+                "unchecked": [n for n in row["unchecked"] if n in survivors],
+                "score": row["killed"] / max(row["mutants"] - equivalent, 1)}
+    judged, stale = {}, []
+    for name, change in row["diffs"].items():
+        if name not in reasons:
+            continue
+        was = row["judged"].get(name)
+        if was and was[0] == reasons[name] and was[1] != change:
+            stale.append(name)
+            judged[name] = was
+        else:
+            judged[name] = [reasons[name], change]
+    equal = [n for n in row["diffs"] if n in judged and n not in stale]
+    survivors = sorted(n for n in row["diffs"] if n not in equal)
+    return {**row, "judged": judged, "equivalent": len(equal), "survivors": survivors,
+            "stale_equivalents": sorted(stale + row["gone"]),
+            "score": row["killed"] / max(row["mutants"] - len(equal), 1)}
+
+
+def _compact(diff: str) -> str:
+    """mutmut's unified diff of one mutant as one line: `old` -> `new`, comments dropped."""
+    lines = [l for l in diff.splitlines() if l[:1] in "+-" and not l.startswith(("+++", "---"))]
+    side = lambda sign: " / ".join(re.sub(r"\s+#.*$", "", l[1:]).strip() for l in lines if l[0] == sign)
+    return f"{side('-')} -> {side('+')}"
+
+
+_DIFFS = ("import json, sys\nfrom mutmut.mutation.diff_apply import get_diff_for_mutant\n"
+          "module, names = json.load(sys.stdin)\n"
+          "print(json.dumps({n: get_diff_for_mutant(n, path=module) for n in names}))\n")
+
+
+def _diffs(work: Path, module: str, names: list[str], env: dict) -> dict[str, str]:
+    """Each named mutant's change (`_compact`), from mutmut's own diff of the mutated copy in `work`."""
+    out = subprocess.run([sys.executable, "-c", _DIFFS], cwd=work, env=env, input=json.dumps([module, names]),
+                         capture_output=True, text=True, check=True)
+    return {n: _compact(d) for n, d in json.loads(out.stdout).items()}
 
 
 def _scope(functions: list[str]) -> str:
@@ -174,10 +220,26 @@ def render(scores: dict, config: dict) -> str:
         reasons = config["modules"].get(module, {}).get("equivalent", {})
         if reasons or r["survivors"]:
             lines += ["", f"## `{module}`", ""]
-        lines += [f"- equivalent `{n}`: {why}" for n, why in sorted(reasons.items())]
-        lines += [f"- survivor `{n}`" + (" (not run: the run was cut short)" if n in r["unchecked"] else "")
-                  for n in r["survivors"]]
+        lines += _listed(r, reasons)
     return "\n".join(lines) + "\n"
+
+
+def _listed(r: dict, reasons: dict) -> list[str]:
+    """A row's equivalent mutants with their reasons and its survivors, each with its change where recorded."""
+    if "diffs" not in r:                                # a row from before the changes were recorded
+        return [f"- equivalent `{n}`: {why}" for n, why in sorted(reasons.items())] + [
+            f"- survivor `{n}`" + (" (not run: the run was cut short)" if n in r["unchecked"] else "")
+            for n in r["survivors"]]
+    code = lambda n: f" (`{r['diffs'][n]}`)".replace(" -> ", "` → `") if r["diffs"].get(n) else ""
+    lines = [f"- equivalent `{n}`{code(n)}: {reasons[n]}" for n in sorted(r["diffs"])
+             if n in reasons and n not in r["survivors"]]
+    lines += [f"- gone `{n}`: no such mutant now (judged: {reasons[n]})" for n in r["gone"]]
+    for n in r["survivors"]:
+        note = (" (not run: the run was cut short)" if n in r["unchecked"] else
+                f" (judged equivalent for `{r['judged'][n][1]}`: another mutant now, re-judge)".replace(" -> ", "` → `")
+                if n in r["stale_equivalents"] else "")
+        lines.append(f"- survivor `{n}`{code(n)}{note}")
+    return lines
 
 
 def _copy_tree(work: Path) -> None:
