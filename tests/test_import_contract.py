@@ -314,3 +314,17 @@ def test_importing_the_reports_loads_no_model_code_in_a_fresh_interpreter():
             f"m.startswith('jaxformer.nn') or m.startswith('jaxformer.train') or m.startswith('flax')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+TEST_ONLY = {"torch", "transformers", "lm_eval", "peft", "sae_lens", "pytest", "hypothesis", "mutmut", "jinja2",
+             "sentencepiece"}
+
+
+def test_no_module_of_the_package_needs_the_test_extra_to_import():
+    """`make run` installs the package's own dependencies only (the test extra comes with `make test`): importing
+    any module of the package loads none of the test-only references (torch, transformers, lm-eval, peft,
+    SAELens, the test tools) nor an optional extra (jinja2, sentencepiece); those are imported inside the
+    functions that need them, which name the extra when it is missing."""
+    loaded = module_level_closure(PACKAGE, tuple(module_names(PACKAGE)))
+    assert {"jax", "flax", "optax", "jaxformer.cli"} <= loaded                   # the closure is followed
+    assert not loaded & TEST_ONLY, sorted(loaded & TEST_ONLY)
