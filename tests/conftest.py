@@ -16,9 +16,10 @@ cache hit skips XLA's compile, not any computation. The tests' programs are tiny
 than running them, so XLA:CPU compiles them cheaply: LLVM optimisation level 0 (about 30% off the suite) and the
 classic elemental emitters instead of the MLIR fusion emitters (compiling a small train step 2.5x faster: 1.7 s ->
 0.7 s). Both are code-generation settings: no change to the HLO, nor to what the tests compute, only to how fast
-the machine code is made and runs. Each is added only where this jaxlib's XLA accepts it (probed once in a child
-process: XLA aborts on a flag it does not know, and jax 0.11's does not know these); JAXFORMER_TEST_FLAGS records
-what was added. On a GPU, memory is allocated on demand so that the two xdist workers can share it; the scale-out
+the machine code is made and runs. Each is added only where this jaxlib's XLA accepts it (probed in a child process
+once per jaxlib version, the answer kept in the cache folder: XLA aborts on a flag it does not know, and jax
+0.11's does not know these); JAXFORMER_TEST_FLAGS records what was added. An xdist controller imports neither
+jax nor Hypothesis (`pytest_configure`): it only hands out the files. On a GPU, memory is allocated on demand so that the two xdist workers can share it; the scale-out
 tests run their 8 (or 2 × 4) devices as fake CPU devices in their own processes on any machine
 (tests/test_parallel.py).
 """
@@ -29,9 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
-                      str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jaxformer"
-                          / "jax-compilation-cache"))
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jaxformer"
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(CACHE / "jax-compilation-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # on a GPU, the xdist workers share its memory
@@ -47,22 +47,51 @@ def _accepted(flags: list[str]) -> bool:
                           capture_output=True, timeout=300).returncode == 0
 
 
-if "JAXFORMER_TEST_FLAGS" not in os.environ:      # probed once: xdist workers and CLI subprocesses inherit both
-    _new = [f for f in CODEGEN_FLAGS if f.split("=")[0] not in os.environ.get("XLA_FLAGS", "")]
-    _new = _new if not _new or _accepted(_new) else [f for f in _new if _accepted([f])]
+def _codegen_flags() -> list[str]:
+    """The CODEGEN_FLAGS not in XLA_FLAGS already that this jaxlib's XLA accepts: probed (`_accepted`) once per
+    jaxlib version and XLA_FLAGS, the answer kept in the user's cache folder beside the compilation cache (a
+    probe is a child process importing jax: seconds before any worker starts)."""
+    import hashlib
+    import json
+    from importlib.metadata import version
+    new = [f for f in CODEGEN_FLAGS if f.split("=")[0] not in os.environ.get("XLA_FLAGS", "")]
+    if not new:
+        return []
+    key = hashlib.sha256(f"{version('jaxlib')}|{os.environ.get('XLA_FLAGS', '')}|{new}".encode()).hexdigest()[:16]
+    memo = CACHE / f"codegen-flags-{key}.json"
+    try:
+        return json.loads(memo.read_text())
+    except (OSError, ValueError):
+        pass
+    got = new if _accepted(new) else [f for f in new if _accepted([f])]
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        memo.write_text(json.dumps(got))
+    except OSError:
+        pass
+    return got
+
+
+if "JAXFORMER_TEST_FLAGS" not in os.environ:      # once: xdist workers and CLI subprocesses inherit both
+    _new = _codegen_flags()
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *_new]).strip()
     os.environ["JAXFORMER_TEST_FLAGS"] = " ".join(_new) or "none"
 
-import jax  # noqa: E402  (after the cache settings above)
 import pytest  # noqa: E402
-from hypothesis import settings  # noqa: E402
 
-jax.config.update("jax_default_matmul_precision", "highest")
 
-settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True,
-                          max_examples=20)
-settings.register_profile("dev", derandomize=False, deadline=None, print_blob=True, max_examples=50)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+def pytest_configure(config):
+    """JAX's and Hypothesis' settings, where tests run: not in an xdist controller, which only hands out the
+    files (importing jax there costs seconds before the workers start)."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    import jax
+    from hypothesis import settings
+    jax.config.update("jax_default_matmul_precision", "highest")
+    settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True,
+                              max_examples=20)
+    settings.register_profile("dev", derandomize=False, deadline=None, print_blob=True, max_examples=50)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")
@@ -145,6 +174,7 @@ def pytest_runtest_logreport(report):
         detail = str(report.longrepr).strip().splitlines()[-1][:300]
     with open(path, "a") as f:
         if not _logged:
+            import jax
             devices = jax.devices()
             f.write(f"# jax {jax.__version__} on {jax.default_backend()}: {len(devices)} x {devices[0].device_kind}\n")
             _logged.append(path)
