@@ -20,7 +20,7 @@ from helpers import tiny_lm
 from jaxformer.cli import main as cli_main
 from jaxformer.errors import DataError
 from jaxformer.inference import generate_text, load_model
-from jaxformer.inference.tasks import HarnessModel, _Request, _stat, evaluate_tasks, read_task
+from jaxformer.inference.tasks import HarnessModel, _Request, _stat, evaluate_tasks, read_task, score_generation
 
 STEPS = ("train.steps=4", "train.log_every=2", "train.checkpoint_every=4", "train.eval_every=4")
 
@@ -101,6 +101,8 @@ def test_stop_strings_cut_before_comparing_and_rolling_loglikelihood_covers_ever
     stop = full[3:5]
     cut = hm.generate_until([_Request("Alice", {"until": [stop], "max_gen_toks": 8})])[0]
     assert cut == full[:full.find(stop)]
+    metrics, (pred,) = score_generation(hm, [{"prompt": "Alice", "answer": cut}], 8, [stop], None)
+    assert pred["output"] == cut and metrics["exact_match"]["value"] == 1.0     # the task's stop strings cut it
     text = "Alice was beginning to get very tired"
     (rolling,) = hm.loglikelihood_rolling([_Request(text)])
     eod = run.tokenizer.eod_id               # None for this char run: the text's first token is not scored
@@ -116,6 +118,9 @@ def test_standard_error_is_the_samples():
     st = _stat(xs)
     assert st["value"] == 0.6 and st["n"] == 5
     assert math.isclose(st["stderr"], np.std(xs, ddof=1) / math.sqrt(5))
+    assert _stat([1.0, 0.0])["stderr"] == np.std([1.0, 0.0], ddof=1) / math.sqrt(2)    # from two samples on
+    one = _stat([1.0])
+    assert one["stderr"] is None and one["value"] == 1.0
 
 
 def test_bad_task_files_are_named_errors_and_the_cli_writes_results(run_dir, tmp_path, capsys):

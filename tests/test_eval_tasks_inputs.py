@@ -28,7 +28,8 @@ from jaxformer.data.tokenizers import CharTokenizer
 from jaxformer.errors import ConfigError, DataError, Interrupted
 from jaxformer.inference import generate_text, tasks
 from jaxformer.inference.restore import LoadedModel
-from jaxformer.inference.tasks import HarnessModel, _Request, as_chat, evaluate_tasks, read_task, score_generation
+from jaxformer.inference.tasks import (HarnessModel, _Request, as_chat, evaluate_tasks, prompt_room, read_task,
+                                      score_generation)
 from jaxformer.nn.build import build_model
 from jaxformer.signals import Held
 
@@ -93,10 +94,11 @@ def test_a_numeric_answer_is_its_text_and_a_non_utf8_file_is_refused_by_line(tmp
 def test_an_answer_regex_takes_the_first_group_that_took_part(run, tmp_path):
     """Before: `(\\d\\d+)|(\\d)` on "so 7" read group 1 (None): AttributeError. Now lm-evaluation-harness's rule;
     an answer the regex finds nothing in is refused (its "" would equal every output without a match)."""
-    rows = [{"prompt": "p", "answer": "7"}, {"prompt": "q", "answer": "12"}, {"prompt": "r", "answer": "5"}]
+    rows = [{"prompt": "p", "answer": "#### 7"}, {"prompt": "q", "answer": "12"}, {"prompt": "r", "answer": "5"}]
     fake = type("Fake", (), {"generate_until": lambda self, reqs: ["so 7", "it is 12.", "none"]})()
     metrics, preds = score_generation(fake, rows, 4, ["\n\n"], r"(\d\d+)|(\d)")
-    assert [p["extracted"] for p in preds] == ["7", "12", ""]
+    assert [p["extracted"] for p in preds] == ["7", "12", ""]              # the answers' too: "#### 7" is 7
+    assert [p["output"] for p in preds] == ["so 7", "it is 12.", "none"] and preds[0]["answer"] == "#### 7"
     assert metrics["exact_match"]["value"] == pytest.approx(2 / 3)
     path = write(tmp_path / "gsm.jsonl", {"prompt": "2+2=", "answer": "#### 4"}, {"prompt": "1+1=", "answer": "two"})
     with pytest.raises(DataError, match=r"gsm.jsonl: example 2: --answer-regex '#### \(\\\\d\+\)' finds nothing"):
@@ -126,19 +128,20 @@ def test_task_files_of_one_stem_keep_both_results(run, tmp_path):
 def test_a_long_prompt_is_cut_from_the_left_with_one_warning(run, tmp_path, caplog):
     """Before: a prompt past model.max_len generated max(1, max_len - its length) = 1 token, silently."""
     hm = HarnessModel(run)
-    long, short = "Alice was beginning to get very tired of sitting by her sister " * 3, "Down the"
-    with caplog.at_level(logging.WARNING, logger="jaxformer"):
-        got = hm.generate_until([_Request(p, {"until": [], "max_gen_toks": 8}) for p in (long, short)])
     room = run.cfg.model.max_len - 8                                        # char tokenizer, no BOS
-    assert got == generate_text(run, [long[-room:], short], max_new=8)
+    long, short, exact = "Alice was beginning to get very tired of sitting by her sister " * 3, "Down the", "x" * room
+    with caplog.at_level(logging.WARNING, logger="jaxformer"):
+        got = hm.generate_until([_Request(p, {"until": [], "max_gen_toks": 8}) for p in (long, short, exact)])
+    assert got == generate_text(run, [long[-room:], short, exact], max_new=8)
     assert len(got[0]) == 8
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warned == ["1 of 2 prompts are longer than model.max_len=100 - 8 new tokens: each keeps its last 92 "
-                      "tokens (lm-evaluation-harness's rule)"]
+    assert warned == ["1 of 3 prompts are longer than model.max_len=100 - 8 new tokens: each keeps its last 92 "
+                      "tokens (lm-evaluation-harness's rule)"]                # a prompt of exactly 92 fits
     mc, gen = write(tmp_path / "mc.jsonl", MC), write(tmp_path / "gen.jsonl", {"prompt": "a", "answer": "b"})
     with pytest.raises(ConfigError, match="--max-new 100 leaves no room for a prompt within model.max_len=100"):
         evaluate_tasks(run, tmp_path, [mc, gen], max_new=100)
     assert not (tmp_path / "eval_tasks").exists()                          # before any task was scored
+    assert prompt_room(run, 99) == 1                                        # one prompt token is room enough
 
 
 # ----------------------------------------------------------------------------- chat templates

@@ -16,6 +16,7 @@ score that <s> after the prefix <s>, and a long prompt loses its <s> to the left
 """
 from __future__ import annotations
 
+import re
 import types
 import zlib
 
@@ -27,7 +28,7 @@ from jaxformer.arch.lm import LanguageModel
 from jaxformer.data.text import corpus_path
 from jaxformer.errors import DataError
 from jaxformer.inference.restore import LoadedModel
-from jaxformer.inference.tasks import HarnessModel, _Request, score_multiple_choice
+from jaxformer.inference.tasks import HarnessModel, _Request, extract, score_multiple_choice
 
 L = 16                          # the window: model.max_len and HFLM's max_length
 TOL = 1e-4
@@ -50,7 +51,8 @@ class _Scored:
 # docs where the pick per character (acc_norm) and per byte (acc_bytes) differ: "é" is 1 character, 2 bytes
 NON_ASCII = [({"context": "x", "choices": [" café", " cafe"], "answer": 0}, [-10.0, -9.0]),
              ({"context": "x", "choices": ["é", "ab"], "answer": 1}, [-1.1, -2.0]),
-             ({"context": "x", "choices": [" é", " e", " ee"], "answer": 2}, [-3.0, -2.9, -3.5])]
+             ({"context": "x", "choices": [" é", " e", " ee"], "answer": 2}, [-3.0, -2.9, -3.5]),
+             ({"context": "x", "choices": ["e", "é"], "answer": 1}, [-1.0, -1.5])]      # per byte: the 2nd
 
 
 @pytest.mark.parametrize("doc, lls", NON_ASCII)
@@ -65,6 +67,32 @@ def test_acc_norm_divides_by_characters_and_acc_bytes_by_bytes(doc, lls):
     assert want["acc_norm"] != want["acc_bytes"]                       # the doc tells the two apart
     assert {k: v["value"] for k, v in metrics.items()} == {k: float(p == doc["answer"]) for k, p in want.items()}
     assert (pred["pick"], pred["pick_norm"], pred["pick_bytes"]) == tuple(want.values())
+    assert pred["answer"] == doc["answer"] and pred["loglikelihoods"] == lls
+
+
+def test_examples_scored_together_are_each_scored_alone():
+    """One loglikelihood call for every choice of every example: each example reads its own choices' scores."""
+    together, preds = score_multiple_choice(_Scored([x for _, lls in NON_ASCII for x in lls]),
+                                            [d for d, _ in NON_ASCII])
+    alone = [score_multiple_choice(_Scored(lls), [d]) for d, lls in NON_ASCII]
+    assert preds == [p for _, (p,) in alone]
+    for metric, stat in together.items():
+        assert stat["value"] == np.mean([m[metric]["value"] for m, _ in alone]) and stat["n"] == len(NON_ASCII)
+
+
+@pytest.mark.parametrize("pattern, text", [
+    (r"#### (\-?[0-9\.\,]+)", "so #### 42 and #### 7"),       # the harness's default: the first match's group
+    (r"(\d\d+)|(\d)", "it is 5 or 12"),                       # the first group that took part
+    (r"\d+", "a 12 b"),                                       # no group: the whole match
+    (r"(a)?(c)?b", "xb"),                                     # groups, none took part: nothing
+    (r"answer: (\w+)", "no answer here"),                     # no match
+    (r"answer:(.*)", "answer:  yes  ")])                      # stripped
+def test_extraction_is_lm_evals_regex_filter(pattern, text):
+    """`extract` against lm_eval.filters.extraction.RegexFilter (group_select 0): its fallback is our None."""
+    extraction = pytest.importorskip("lm_eval.filters.extraction", reason="lm-evaluation-harness (the test extra)")
+    want = extraction.RegexFilter(pattern, 0, fallback="[invalid]").apply([[text]], None)[0][0]
+    assert extract(re.compile(pattern), text) == (None if want == "[invalid]" else want)
+    assert extract(None, f" {text} ") == text.strip()
 
 
 @pytest.mark.slow           # lm_eval.api.task imports datasets and pandas (~1 s); the formula is pinned above
@@ -198,12 +226,35 @@ def test_rolling_windows_are_hflms_disjoint_windows(bos):
     context_len=1), each made disjoint and scored as a pair. Before: windows of max_len - 1 predictions."""
     utils = pytest.importorskip("lm_eval.utils", reason="lm-evaluation-harness (the test extra) makes the windows")
     hm, tok = stand_in(bos), _Bytes(bos)
-    texts = ["a", "b" * (L - 1), "c" * L, "d" * (L + 1), "".join(map(chr, range(65, 65 + 3 * L + 5)))]
+    texts = ["", "a", "b" * (L - 1), "c" * L, "d" * (L + 1), "".join(map(chr, range(65, 65 + 3 * L + 5)))]
     got = hm.loglikelihood_rolling([_Request(t) for t in texts])
     want = []
     for t in texts:
         windows = utils.get_rolling_token_windows(token_list=([BOS] if bos else []) + list(tok.encode(t)),
                                                   prefix_token=BOS if bos else EOS, max_seq_len=L, context_len=1)
+        want.append(sum(harness_pair(*utils.make_disjoint_window(w))[0] for w in windows))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)
+
+
+class _Plain(_Bytes):
+    """_Bytes with neither a BOS nor an end-of-document token (no `eod_id` at all, as a digit tokenizer)."""
+
+    def __init__(self):
+        self.bos_id = None
+
+
+def test_without_a_prefix_token_the_texts_first_token_is_the_prefix():
+    """No BOS and no end-of-document token to open a text with: its first token is the windows' prefix, unscored
+    (lm_eval.utils.get_rolling_token_windows of the rest with that prefix); an empty text scores 0."""
+    utils = pytest.importorskip("lm_eval.utils", reason="lm-evaluation-harness (the test extra) makes the windows")
+    tok = _Plain()
+    texts = ["", "a", "e" * (2 * L + 3)]
+    got = stand_in(False, tok=tok).loglikelihood_rolling([_Request(t) for t in texts])
+    want = [0.0]
+    for t in texts[1:]:
+        ids = list(tok.encode(t))
+        windows = utils.get_rolling_token_windows(token_list=ids[1:], prefix_token=ids[0], max_seq_len=L,
+                                                  context_len=1)
         want.append(sum(harness_pair(*utils.make_disjoint_window(w))[0] for w in windows))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)
 
@@ -222,7 +273,7 @@ def test_a_long_prompt_keeps_its_last_max_len_minus_max_gen_toks_tokens_as_hflm(
     monkeypatch.setattr(LanguageModel, "generate", echo)
     hm, tok = stand_in(bos), _Bytes(bos)
     reqs = [("abcdefghijklmnopqrstuvwxyz", {"until": ["w"], "max_gen_toks": 5}), ("xy", {"max_gen_toks": 3}),
-            ("0123456789" * 2, {"until": "8", "max_gen_toks": 5}), ("ab", {"until": [], "max_gen_toks": 5})]
+            ("0123456789" * 2, {"until": "98", "max_gen_toks": 5}), ("ab", {"until": [], "max_gen_toks": 5})]
     got = hm.generate_until([_Request(*r) for r in reqs])
     want, rows = [], {}
     for text, kw in reqs:
@@ -235,6 +286,22 @@ def test_a_long_prompt_keeps_its_last_max_len_minus_max_gen_toks_tokens_as_hflm(
         want.append(out)
     assert got == want
     assert [(n, [[t for t in r if t != 0] for r in p]) for p, n in seen] == list(rows.items())   # pad id 0
+
+
+def test_a_request_without_max_gen_toks_generates_hflms_default_and_stops_at_the_tokenizers_eos(monkeypatch):
+    """HFLM.generate_until: gen_kwargs without max_gen_toks generate HFLM's max_gen_toks. The generator gets the run's tokenizer: LanguageModel.generate stops a row at its end-of-document
+    token (decode's eos_id, tests/test_decode.py), as HFLM cuts at the EOS text."""
+    huggingface = pytest.importorskip("lm_eval.models.huggingface", reason="lm-evaluation-harness (the test extra)")
+    default = huggingface.HFLM.max_gen_toks.fget(None)                 # HFLM's property: a constant
+    seen = []
+
+    def echo(self, model, tokenizer, prompts, segment_ids=None, *, max_new=None, **kw):
+        seen.append((max_new, tokenizer))
+        return np.asarray(prompts)[:, -max_new:]
+    monkeypatch.setattr(LanguageModel, "generate", echo)
+    hm = stand_in(False, max_len=default + 8)
+    assert hm.generate_until([_Request("ab", {"until": []})]) == ["ab"]
+    assert seen == [(default, hm.tok)]
 
 
 # ----------------------------------------------------------------------------- the same model under HFLM itself

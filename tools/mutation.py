@@ -32,6 +32,7 @@ mutant counted a survivor) until it is reworded or removed after a look at the n
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
 import fnmatch
 import json
@@ -102,12 +103,14 @@ def run_module(module: str, config: dict, children: int, again: list[str] = (), 
                 "pytest_add_cli_args": ["-p", "no:xdist", "-p", "no:cacheprovider", "-m", "not slow and not gpu"],
                 "also_copy": ["configs/", "docs/", "benchmarks/", "experiments/"],
                 "do_not_mutate_patterns": config["defaults"]["do_not_mutate_patterns"],
-                "process_isolation": "forkserver", "forkserver_warmup": "none",
+                "process_isolation": "forkserver", "forkserver_warmup": "import",
+                "preload_modules_file": str(_preload(work, entry["tests"])),
                 "use_git_change_detection": False}
     with open(work / "pyproject.toml", "a") as f:
         f.write("\n[tool.mutmut]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
     (work / "mutants").mkdir(exist_ok=True)     # on PYTHONPATH before mutmut fills it: a path missing when Python
-    env = {**os.environ, "PYTHONPATH": str(work / "mutants"), "JAX_PLATFORMS": "cpu"}   # starts is never searched
+    env = {**_test_env(), "PYTHONPATH": f"{work / 'mutants'}{os.pathsep}{work / 'preload'}",   # starts is never
+           "JAX_PLATFORMS": "cpu"}                                                                  # searched
     if entry.get("devices"):        # tests that need n devices run in mutmut's process (helpers.with_devices)
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={entry['devices']}"
     mutmut = str(Path(sys.executable).with_name("mutmut"))
@@ -240,6 +243,39 @@ def _listed(r: dict, reasons: dict) -> list[str]:
                 if n in r["stale_equivalents"] else "")
         lines.append(f"- survivor `{n}`{code(n)}{note}")
     return lines
+
+
+_FORKSAFE = ('"""Imported last by the fork server (tools/mutation.py): forking a process whose JAX runtime has started is '
+             'unsafe."""\nfrom jax._src import xla_bridge\n\nif xla_bridge.backends_are_initialized():\n'
+             '    raise SystemExit("a preloaded module started JAX\'s runtime: the fork server cannot fork it")\n')
+
+
+def _preload(work: Path, tests: list[str]) -> Path:
+    """The fork server's preload list (mutmut's `import` warm-up): the libraries and package modules the tests
+    import, anywhere in the file (each mutant's run then starts with them imported instead of importing jax, torch and
+    transformers again: seconds a mutant), then a check that none of them started JAX's runtime, which a fork
+    cannot carry. Test-local modules (helpers, conftest) are left to pytest."""
+    local = {f.stem for f in (ROOT / "tests").glob("*.py")}
+    names = []
+    for test in [*tests, "tests/helpers.py"]:
+        for node in ast.walk(ast.parse((ROOT / test).read_text())):
+            found = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module else
+                     [node.args[0].value] if isinstance(node, ast.Call) and getattr(node.func, "attr", "") ==
+                     "importorskip" and node.args and isinstance(node.args[0], ast.Constant) else [])
+            names += [n for n in found if n.split(".")[0] not in local | {"__future__"} and n not in names]
+    (work / "preload").mkdir(exist_ok=True)
+    (work / "preload" / "_mutation_forksafe.py").write_text(_FORKSAFE)
+    (work / "preload.txt").write_text("\n".join([*names, "_mutation_forksafe"]) + "\n")
+    return work / "preload.txt"
+
+
+def _test_env() -> dict:
+    """os.environ with what tests/conftest.py sets before JAX is imported (the compilation cache, the probed
+    code-generation flags): the fork server imports JAX before any conftest runs."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import conftest  # noqa: F401  (its module level sets the variables)
+    return dict(os.environ)
 
 
 def _copy_tree(work: Path) -> None:
