@@ -21,7 +21,22 @@ KV_LAYOUTS = ("BSKH", "BKSH")    # k/v [B,S,K,H] (the contract) or heads-major [
 
 
 class Attention(NamedTuple):
-    """What `dot_product_attention` returns, always: the output, and the probabilities / log-sum-exp when asked."""
+    """What `dot_product_attention` returns, always: the output, and the probabilities / log-sum-exp when asked.
+
+    Attributes:
+      out: [B, T, N, H] the attention output, in q's dtype.
+      probs: [B, N, T, S] float32 attention probabilities with `return_probs=True`, else None.
+      lse: [B, N, T] float32 per-row log-sum-exp of the logits with `return_lse=True` (−inf for a row with no
+        visible key), else None.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops import causal_mask, dot_product_attention
+      >>> q = jnp.ones((1, 2, 1, 4))
+      >>> res = dot_product_attention(q, q, q, mask=causal_mask(2), return_lse=True)
+      >>> res.out.shape, res.probs, res.lse.shape
+      ((1, 2, 1, 4), None, (1, 1, 2))
+    """
     out: jax.Array                  # [B,T,N,H] in q's dtype
     probs: jax.Array | None         # [B,N,T,S] float32 with return_probs=True, else None
     lse: jax.Array | None           # [B,N,T] float32 with return_lse=True (−inf for a row with no visible key)
@@ -101,44 +116,65 @@ def dot_product_attention(q: jax.Array, k, v, *, mask=None, bias=None, scale: fl
                           score_mod=None) -> Attention:
     """softmax(cap(q·kᵀ·scale) + bias, masked) · v, cap(x) = softcap · tanh(x / softcap) when softcap > 0.
 
+    One contract for MHA, GQA and MQA (N must be a multiple of K: K=N is MHA, K=1 MQA, else GQA) and four
+    backends (`BACKENDS`). Logits and softmax are float32; a query row whose keys are all masked returns zeros
+    (and zero gradient), never NaN.
+
     Args:
-      q: [B,T,N,H] queries.
-      k, v: [B,S,K,H] keys and values; N must be a multiple of K (K=N: MHA, K=1: MQA, else GQA). Either may
-        also be a sequence of segments [B,S_i,K,H] that stand for their concatenation along S (S = sum S_i)
-        without materializing it: a KV cache followed by the current step's keys costs no copy of the cache
-        ("reference"; the other backends concatenate).
-      mask: boolean, True = may attend, broadcastable to [B,N,T,S]; or a lazy `ops.masks.CausalMask` (causal
+      q: [B, T, N, H] queries.
+      k: [B, S, K, H] keys. May also be a sequence of segments [B, S_i, K, H] that stand for their
+        concatenation along S (S = sum S_i) without materializing it: a KV cache followed by the current step's
+        keys costs no copy of the cache ("reference"; the other backends concatenate).
+      v: [B, S, K, H] values, or a sequence of segments [B, S_i, K, H] matching k's.
+      mask: boolean, True = may attend, broadcastable to [B, N, T, S]; or a lazy `ops.masks.CausalMask` (causal
         over positions, optionally within segments and a sliding window), which "chunked" builds tile by tile
         (the others materialise it).
-      bias: additive logits bias broadcastable to [B,N,T,S], or a lazy `ops.positional.AlibiBias`.
+      bias: additive logits bias broadcastable to [B, N, T, S], or a lazy `ops.positional.AlibiBias`.
       scale: logits scale, default 1/sqrt(H): a number, or a traced float scalar (a per-layer scale,
         `nn.per_layer`; "reference" and "chunked" only).
-      return_probs: also return the attention probabilities [B,N,T,S] (float32). The non-reference backends
+      return_probs: also return the attention probabilities [B, N, T, S] (float32). The non-reference backends
         recompute them from q, k and their own log-sum-exp (`attention_probs`): the output is still theirs.
-      return_lse: also return the per-row log-sum-exp of the logits [B,N,T] (float32; −inf for a row with no
+      return_lse: also return the per-row log-sum-exp of the logits [B, N, T] (float32; −inf for a row with no
         visible key).
       backend: one of BACKENDS. Every backend meets this contract within float32 rounding, except where
         ops.fused documents a narrower one; a call a backend cannot run raises BackendError while tracing.
       mask_value: for ablations only ("reference" only). None (always, otherwise): masked logits take
-        float32's most negative finite value and masked probabilities are exactly 0. A float: masked logits take that
-        value and keep their softmax weight (seed 004's masked_fill(..., 0) leaks this way).
+        float32's most negative finite value and masked probabilities are exactly 0. A float: masked logits
+        take that value and keep their softmax weight (seed 004's masked_fill(..., 0) leaks this way).
       block_size: "chunked" tile edge (queries and keys).
       softcap: attention-logit soft-capping (Gemma 2 uses 50): 0 = off; "reference" and "chunked" only. A
         number, or a traced float scalar (a per-layer cap, `nn.per_layer`; where it is <= 0, no cap).
       kv_layout: "BSKH" (k, v and their segments as above) or "BKSH" (every segment stored heads-major
-        [B,K,S,H], as a per-layer decoding cache is: `nn.cache.KVCache.unstacked`); "reference" contracts
+        [B, K, S, H], as a per-layer decoding cache is: `nn.cache.KVCache.unstacked`); "reference" contracts
         that layout as it is (a one-token query then reads each head's cache block contiguously), the other
         backends transpose it first.
       softmax_grad: the "reference" softmax's backward: "jax" (jax.nn.softmax's own) or "gemv" (the same
         gradient, its row sums Σ_s w·g taken as a matmul with a ones vector; the "softmax_gemv" lever of
         `jaxformer.platforms`, which the model passes where it is on).
-      score_mod: ("reference" only) a function of the logits [B,N,T,S] float32 (scaled, capped, biased; before
-        the mask, which applies to what it returns) -> logits [B,N,T,S]: the `attn_scores` site (`nn.sites`).
+      score_mod: ("reference" only) a function of the logits [B, N, T, S] float32 (scaled, capped, biased;
+        before the mask, which applies to what it returns) -> logits [B, N, T, S]: the `attn_scores` site
+        (`nn.sites`).
 
     Returns:
-      `Attention(out [B,T,N,H] in q's dtype, probs [B,N,T,S] or None, lse [B,N,T] or None)`.
-      Logits and softmax are float32; a query row whose keys are all masked returns zeros (and zero
-      gradient), never NaN.
+      `Attention(out, probs, lse)`: out [B, T, N, H] in q's dtype; probs [B, N, T, S] float32 with
+        return_probs, else None; lse [B, N, T] float32 with return_lse, else None.
+
+    Raises:
+      ValueError: an unknown backend, softmax_grad or kv_layout; q, k, v not rank 4 or disagreeing on B, K or
+        H; k and v of different shapes or segment counts; N not a multiple of K; an empty sequence of segments.
+      TypeError: a mask array that is not boolean.
+      BackendError: an option the backend does not offer (softcap, a traced scale, mask_value, score_mod), or
+        an input its kernel cannot run (`ops.fused.problem`), raised while tracing.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops import causal_mask, dot_product_attention
+      >>> q, k = jnp.ones((1, 2, 4, 8)), jnp.ones((1, 2, 2, 8))     # GQA: N=4 query heads, K=2 kv heads
+      >>> res = dot_product_attention(q, k, k, mask=causal_mask(2), return_probs=True)
+      >>> res.out.shape, res.probs.shape
+      ((1, 2, 4, 8), (1, 4, 2, 2))
+      >>> res.probs[0, 0].tolist()                                  # head 0: query 0 sees key 0 only
+      [[1.0, 0.0], [0.5, 0.5]]
     """
     _check_options(backend, softmax_grad, kv_layout, softcap, mask_value, score_mod, scale)
     ks, vs = _segments(k, "k"), _segments(v, "v")
@@ -199,9 +235,26 @@ def attention_probs(q: jax.Array, k, lse: jax.Array, *, mask=None, bias=None, sc
     """Attention probabilities recomputed from q, k and a saved log-sum-exp: exp(q·kᵀ·scale + bias − lse), 0 where
     masked. What a fused backend's heatmap needs without its [T,S] matrix ever having been stored.
 
-    q [B,T,N,H]; k [B,S,K,H] (or segments); lse [B,N,T] (`dot_product_attention(..., return_lse=True)`);
-    mask/bias as for `dot_product_attention`; rows: optional int [R] query indices (default all T).
-    -> [B,N,R,S] float32 (rows sum to 1; a row with no visible key is 0).
+    Args:
+      q: [B, T, N, H] queries.
+      k: [B, S, K, H] keys (or a sequence of segments [B, S_i, K, H], as for `dot_product_attention`).
+      lse: [B, N, T] per-row log-sum-exp of the logits (`dot_product_attention(..., return_lse=True)`).
+      mask: as for `dot_product_attention`: boolean broadcastable to [B, N, T, S] or a lazy `CausalMask`.
+      bias: as for `dot_product_attention`: additive, broadcastable to [B, N, T, S], or a lazy `AlibiBias`.
+      scale: logits scale, default 1/sqrt(H).
+      rows: optional int [R] query indices (default all T).
+      softcap: attention-logit soft-capping, as for `dot_product_attention` (0 = off).
+
+    Returns:
+      [B, N, R, S] float32 probabilities (rows sum to 1; a row with no visible key is 0).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops import attention_probs, causal_mask, dot_product_attention
+      >>> q = jnp.ones((1, 2, 1, 4))
+      >>> lse = dot_product_attention(q, q, q, mask=causal_mask(2), return_lse=True).lse
+      >>> print(attention_probs(q, q, lse, mask=causal_mask(2), rows=jnp.array([1])))
+      [[[[0.5 0.5]]]]
     """
     ks = _segments(k, "k")
     kc = ks[0] if len(ks) == 1 else jnp.concatenate(ks, axis=1)

@@ -42,10 +42,35 @@ def _gather(x, axis: str):
 
 def context_parallel_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: CausalMask, *,
                                axis: str = "context", **attention_kw) -> jax.Array:
-    """q [B,T,N,H], k/v [B,T,K,H], mask a `CausalMask` over this device's T tokens (q and k positions, k_valid,
-    segments: the local slices), inside a shard_map splitting T over `axis` -> this device's output [B,T,N,H],
-    equal to its rows of `dot_product_attention` over the whole sequence. attention_kw: the rest of
-    dot_product_attention's options (backend, scale, softcap, ...)."""
+    """Context-parallel attention by all-gathered keys and values: this device's output, equal to its rows of
+    `dot_product_attention` over the whole sequence. Called inside a `jax.shard_map` splitting T over `axis`.
+
+    Args:
+      q: [B, T, N, H] this device's queries.
+      k: [B, T, K, H] this device's keys.
+      v: [B, T, K, H] this device's values.
+      mask: a `CausalMask` over this device's T tokens (q and k positions, k_valid, segments: the local slices).
+      axis: the mesh axis T is split over.
+      **attention_kw: the rest of dot_product_attention's options (backend, scale, softcap, ...).
+
+    Returns:
+      [B, T, N, H] this device's output.
+
+    Examples:
+      >>> import jax
+      >>> import jax.numpy as jnp
+      >>> from jax.sharding import PartitionSpec as P
+      >>> from jaxformer.ops import CausalMask
+      >>> from jaxformer.ops.context import context_parallel_attention
+      >>> mesh = jax.make_mesh((1,), ("context",), axis_types=(jax.sharding.AxisType.Auto,))   # C = 1 here
+      >>> def local(q, k, v, pos):
+      ...     return context_parallel_attention(q, k, v, CausalMask(pos, pos), axis="context")
+      >>> spec = P(None, "context")
+      >>> run = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec))
+      >>> q = jnp.ones((1, 4, 2, 8))
+      >>> run(q, q, q, jnp.arange(4)[None]).shape
+      (1, 4, 2, 8)
+    """
     keys = mask._replace(k_positions=_gather(mask.k_positions, axis), k_valid=_gather(mask.k_valid, axis),
                          k_segments=_gather(mask.k_segments, axis))
     return dot_product_attention(q, _gather(k, axis), _gather(v, axis), mask=keys, **attention_kw).out
@@ -53,11 +78,39 @@ def context_parallel_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: C
 
 def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: CausalMask, *, axis: str = "context",
                    scale: float | None = None, softcap: float = 0.0, block_size: int = 512) -> jax.Array:
-    """q [B,T,N,H], k/v [B,T,K,H], mask a `CausalMask` over this device's T tokens, inside a shard_map splitting
-    T over `axis` -> this device's output [B,T,N,H] (q's dtype), equal to its rows of `dot_product_attention` over
-    the whole sequence (softmax in float32; a query with no visible key gets zeros). Keys/values travel round the
-    ring, so each device holds its own block and the one passing through. Differentiable in q, k, v (custom VJP).
-    scale: of the logits (None: 1/√H); softcap: as the chunked backend's; block_size: its tile."""
+    """Ring attention: this device's output, equal to its rows of `dot_product_attention` over the whole sequence
+    (softmax in float32; a query with no visible key gets zeros), inside a `jax.shard_map` splitting T over
+    `axis`. Keys/values travel round the ring, so each device holds its own block and the one passing through.
+    Differentiable in q, k, v (custom VJP).
+
+    Args:
+      q: [B, T, N, H] this device's queries.
+      k: [B, T, K, H] this device's keys.
+      v: [B, T, K, H] this device's values.
+      mask: a `CausalMask` over this device's T tokens (the local slices of positions, validity, segments).
+      axis: the mesh axis T is split over.
+      scale: of the logits (None: 1/√H).
+      softcap: as the chunked backend's (0 = off).
+      block_size: the chunked backend's tile.
+
+    Returns:
+      [B, T, N, H] this device's output, in q's dtype.
+
+    Examples:
+      >>> import jax
+      >>> import jax.numpy as jnp
+      >>> from jax.sharding import PartitionSpec as P
+      >>> from jaxformer.ops import CausalMask
+      >>> from jaxformer.ops.context import ring_attention
+      >>> mesh = jax.make_mesh((1,), ("context",), axis_types=(jax.sharding.AxisType.Auto,))   # C = 1 here
+      >>> def local(q, k, v, pos):
+      ...     return ring_attention(q, k, v, CausalMask(pos, pos), axis="context")
+      >>> spec = P(None, "context")
+      >>> run = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec, check_vma=False))
+      >>> q = jnp.ones((1, 4, 2, 8))
+      >>> run(q, q, q, jnp.arange(4)[None]).shape
+      (1, 4, 2, 8)
+    """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     valid = mask.k_valid if mask.k_valid is not None else jnp.ones(mask.k_positions.shape, bool)
     keys = (mask.k_positions, valid, mask.k_segments)
@@ -141,8 +194,23 @@ _ring.defvjp(_ring_fwd, _ring_bwd)
 
 def zigzag_order(length: int, devices: int) -> jax.Array:
     """The token order that balances causal attention over `devices`: the sequence cut into 2·devices chunks,
-    device i (the i-th contiguous block of the reordered sequence) holding chunks i and 2·devices−1−i. -> [T·C]
-    int32 indices into the sequence. ValueError unless length is a multiple of 2·devices."""
+    device i (the i-th contiguous block of the reordered sequence) holding chunks i and 2·devices−1−i.
+
+    Args:
+      length: the sequence length T·C, a multiple of 2·devices.
+      devices: the number of devices C.
+
+    Returns:
+      [T·C] int32 indices into the sequence.
+
+    Raises:
+      ValueError: length is not a multiple of 2·devices.
+
+    Examples:
+      >>> from jaxformer.ops.context import zigzag_order
+      >>> zigzag_order(8, 2).tolist()                   # device 0: chunks 0 and 3; device 1: chunks 1 and 2
+      [0, 1, 6, 7, 2, 3, 4, 5]
+    """
     if length % (2 * devices):
         raise ValueError(f"zigzag: length {length} is not a multiple of 2 x {devices} devices")
     chunks = jnp.arange(length, dtype=jnp.int32).reshape(2 * devices, -1)
@@ -150,10 +218,46 @@ def zigzag_order(length: int, devices: int) -> jax.Array:
 
 
 def zigzag(x: jax.Array, devices: int, axis: int = 1) -> jax.Array:
-    """x with its sequence axis put in `zigzag_order` (before sharding it over the devices)."""
+    """x with its sequence axis put in `zigzag_order` (before sharding it over the devices).
+
+    Args:
+      x: an array whose `axis` has length a multiple of 2·devices (e.g. [B, T·C, ...]).
+      devices: the number of devices C.
+      axis: the sequence axis.
+
+    Returns:
+      x reordered along `axis`, same shape.
+
+    Raises:
+      ValueError: the sequence length is not a multiple of 2·devices.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.context import zigzag
+      >>> zigzag(jnp.arange(8)[None], 2).tolist()
+      [[0, 1, 6, 7, 2, 3, 4, 5]]
+    """
     return jnp.take(x, zigzag_order(x.shape[axis], devices), axis=axis)
 
 
 def unzigzag(x: jax.Array, devices: int, axis: int = 1) -> jax.Array:
-    """The inverse of `zigzag`: the sequence axis back in its original order."""
+    """The inverse of `zigzag`: the sequence axis back in its original order.
+
+    Args:
+      x: an array whose `axis` is in `zigzag_order`.
+      devices: the number of devices C.
+      axis: the sequence axis.
+
+    Returns:
+      x in the original order along `axis`, same shape.
+
+    Raises:
+      ValueError: the sequence length is not a multiple of 2·devices.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.context import unzigzag, zigzag
+      >>> unzigzag(zigzag(jnp.arange(8)[None], 2), 2).tolist()
+      [[0, 1, 2, 3, 4, 5, 6, 7]]
+    """
     return jnp.take(x, jnp.argsort(zigzag_order(x.shape[axis], devices)), axis=axis)

@@ -59,13 +59,41 @@ def _kg(x, kh: int, g: int):
 
 def capped(softcap) -> bool:
     """Whether `softcap` caps anything: a traced scalar always may (a per-layer cap, 0 at some layers); a number
-    when it is not 0."""
+    when it is not 0.
+
+    Args:
+      softcap: the attention-logit soft-cap: a Python number, or a (traced) scalar array.
+
+    Returns:
+      A Python bool: False only for a number equal to 0.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.flash import capped
+      >>> capped(0.0), capped(50.0), capped(jnp.float32(0.0))       # an array may be a traced per-layer cap
+      (False, True, True)
+    """
     return not isinstance(softcap, (int, float)) or softcap != 0
 
 
 def soft_cap(x: jax.Array, softcap) -> tuple[jax.Array, jax.Array]:
     """Attention-logit soft-capping: x [...] float32 -> (softcap · tanh(x / softcap), its slope 1 − tanh²).
-    softcap: a number (> 0), or a traced scalar (per layer: where it is <= 0, x and slope 1, no cap)."""
+
+    Args:
+      x: [...] float32 logits.
+      softcap: a number (> 0), or a traced scalar (per layer: where it is <= 0, x and slope 1, no cap).
+
+    Returns:
+      capped: [...] float32, the capped logits softcap · tanh(x / softcap).
+      slope: [...] float32, d(capped)/dx = 1 − tanh².
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.flash import soft_cap
+      >>> y, slope = soft_cap(jnp.array([0.0, 100.0]), 50.0)
+      >>> [round(v, 3) for v in y.tolist()], [round(v, 3) for v in slope.tolist()]
+      ([0.0, 48.201], [1.0, 0.071])
+    """
     if isinstance(softcap, (int, float)):
         th = jnp.tanh(x / softcap)
         return softcap * th, 1.0 - th * th
@@ -278,10 +306,34 @@ def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask=None, bias=
     the scaled q·kᵀ is soft-capped first (softcap · tanh(x / softcap), Gemma 2), in the backward pass too.
     scale and softcap may be traced scalars (per-layer numbers; a cap <= 0: none); neither is differentiated.
 
-    q [B,T,N,H]; k, v [B,S,K,H] (N a multiple of K); mask boolean (True = may attend) and bias additive, each
-    an array broadcastable to [B,N,T,S] or a lazy object (see the module docstring). Lengths need not divide
-    the block sizes. -> (out [B,T,N,H] in q's dtype, lse [B,N,T] float32: log Σ_s exp(logit), −inf for a row
-    with no visible key, whose output is 0). Differentiable in q, k, v and a dense bias.
+    Lengths need not divide the block sizes. Differentiable in q, k, v and a dense bias.
+
+    Args:
+      q: [B, T, N, H] queries.
+      k: [B, S, K, H] keys (N a multiple of K).
+      v: [B, S, K, H] values.
+      mask: boolean (True = may attend): an array broadcastable to [B, N, T, S] or a lazy object with
+        `tile(q0, tq, k0, tk)` and `pad(t, s)` (see the module docstring), or None.
+      bias: additive logits bias: an array broadcastable to [B, N, T, S] or a lazy object (`AlibiBias`), or None.
+      scale: the logits scale: a number or a traced scalar.
+      block_q: query tile edge.
+      block_k: key tile edge.
+      softcap: attention-logit soft-cap: a number or a traced scalar (0, or <= 0 when traced: no cap).
+
+    Returns:
+      out: [B, T, N, H] in q's dtype.
+      lse: [B, N, T] float32: log Σ_s exp(logit), −inf for a row with no visible key, whose output is 0.
+
+    Examples:
+      >>> import jax
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops import causal_mask
+      >>> from jaxformer.ops.flash import chunked_attention
+      >>> q = jnp.ones((1, 3, 2, 4))
+      >>> attend = jax.jit(chunked_attention, static_argnames=("block_q", "block_k"))
+      >>> out, lse = attend(q, q, q, causal_mask(3), scale=0.5, block_q=2, block_k=2)       # 2x2 tiles
+      >>> out.shape, [round(x, 4) for x in lse[0, 0].tolist()]      # log(1), log(2), log(3) above logit 2
+      ((1, 3, 2, 4), [2.0, 2.6931, 3.0986])
     """
     numbers = (scale, softcap)
     traced = tuple(None if isinstance(n, (int, float)) else jnp.asarray(n, jnp.float32) for n in numbers)

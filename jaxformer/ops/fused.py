@@ -19,6 +19,16 @@ from jaxformer.ops import masks as masks_lib
 
 
 def platform() -> str:
+    """The platform of this process's default JAX backend.
+
+    Returns:
+      "cpu", "gpu" or "tpu" (`jax.default_backend()`).
+
+    Examples:
+      >>> from jaxformer.ops.fused import platform
+      >>> platform() in ("cpu", "gpu", "tpu")
+      True
+    """
     return jax.default_backend()
 
 
@@ -28,10 +38,25 @@ def problem(backend: str, *, dtype=None, where: str | None = None, bias: bool = 
     it with where="any", the model again on this machine before compiling; the kernels' per-call checks of
     masks and shapes happen while tracing).
 
-    dtype: the activations' dtype; where: the platform ("cpu" | "gpu" | "tpu"; default this process's, "any"
-    skips the platform checks); bias: an additive bias such as ALiBi is needed; cross: cross-attention (an
-    encoder-decoder) is needed; window: sliding-window attention is needed; softcap: attention-logit
-    soft-capping is needed."""
+    Args:
+      backend: the attention backend, one of `ops.attention.BACKENDS`.
+      dtype: the activations' dtype (None: not checked).
+      where: the platform ("cpu" | "gpu" | "tpu"; default this process's, "any" skips the platform checks).
+      bias: an additive bias such as ALiBi is needed.
+      cross: cross-attention (an encoder-decoder) is needed.
+      window: sliding-window attention is needed.
+      softcap: attention-logit soft-capping is needed.
+
+    Returns:
+      The reason, a message naming the backend and what to use instead, or None when the backend can run.
+
+    Examples:
+      >>> from jaxformer.ops.fused import problem
+      >>> problem("cudnn", where="cpu")
+      "attention backend 'cudnn' needs an NVIDIA GPU; this process runs on 'cpu'"
+      >>> problem("pallas", where="any", bias=True) is None, problem("chunked", where="any", bias=True) is None
+      (False, True)
+    """
     plat = where or platform()
     if softcap and backend in ("cudnn", "pallas"):
         return (f"attention backend {backend!r} takes no attention-logit soft-capping (model.attention.softcap); "
@@ -83,10 +108,43 @@ def _segment_ids(mask, b: int, t: int, s: int):
 
 
 def pallas_attention(q, k, v, mask, bias, *, scale: float, want_lse: bool = False):
-    """q [B,T,N,H], k/v [B,S,K,H] -> (out [B,T,N,H], lse [B,N,T] or None unless want_lse; the kernel's lse
-    output is not differentiable, so it comes from a second, gradient-free call). Key padding and self-attention causality
-    only; no bias (use 'chunked' for ALiBi). Query rows at padded positions are not those of 'reference'
-    (the GPU kernel shares one segment-id array between queries and keys); every other row is."""
+    """Attention by JAX's Pallas flash-attention kernels (Triton on GPU, Mosaic on TPU; on CPU the GPU kernel in
+    interpret mode: correct, slow, for tests). Key padding and self-attention causality only; no bias (use
+    'chunked' for ALiBi). Query rows at padded positions are not those of 'reference' (the GPU kernel shares one
+    segment-id array between queries and keys); every other row is.
+
+    Args:
+      q: [B, T, N, H] queries.
+      k: [B, S, K, H] keys (GQA/MQA: repeated to N heads for the kernels).
+      v: [B, S, K, H] values.
+      mask: None, a key-padding mask [B|1, 1, 1, S] bool, or a causal `ops.masks.CausalMask` over one sequence
+        (queries and keys at the same positions; packed documents with one segment-id array; no window).
+      bias: must be None.
+      scale: the logits scale, a constant.
+      want_lse: also return the log-sum-exp.
+
+    Returns:
+      out: [B, T, N, H].
+      lse: [B, N, T] float32 with want_lse, else None (the kernel's lse output is not differentiable, so it comes
+        from a second, gradient-free call).
+
+    Raises:
+      BackendError: a bias, a mask of another form, or (GPU kernel) T or S not a multiple of 16 (a length
+        under 16 is taken whole), or key padding in cross-attention.
+
+    Examples:
+      What it cannot run is refused by name while tracing, never run by another backend (a call it can run,
+      `pallas_attention(q, q, q, None, None, scale=0.5)`, returns `(out [1, 2, 1, 4], None)`; on CPU through
+      the interpreter, slowly):
+
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.fused import pallas_attention
+      >>> q = jnp.ones((1, 2, 1, 4))
+      >>> pallas_attention(q, q, q, None, jnp.zeros((1, 1, 2, 2)), scale=0.5)
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.BackendError: attention backend 'pallas' takes no additive bias (ALiBi or a custom bias); ...
+    """
     b, t, n, h = q.shape
     s = k.shape[1]
     why = problem("pallas", bias=bias is not None)
@@ -146,14 +204,55 @@ def _lse(q, k, ids, causal, scale):
 def residual_lse(residual: jax.Array) -> jax.Array:
     """The log-sum-exp residual of `jax.nn.dot_product_attention(..., return_residual=True)`, [B,T,N] for every
     implementation (the cuDNN path transposes its kernel's [B,N,T]; pinned on CPU with implementation="xla")
-    -> [B,N,T] float32, the layout every backend here returns."""
+    -> [B,N,T] float32, the layout every backend here returns.
+
+    Args:
+      residual: [B, T, N] the log-sum-exp residual.
+
+    Returns:
+      [B, N, T] float32.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.fused import residual_lse
+      >>> residual_lse(jnp.zeros((1, 3, 2), jnp.bfloat16)).shape
+      (1, 2, 3)
+    """
     return jnp.swapaxes(residual, 1, 2).astype(jnp.float32)
 
 
 def cudnn_attention(q, k, v, mask, bias, *, scale: float, want_lse: bool = False):
-    """q [B,T,N,H], k/v [B,S,K,H] (GQA native) -> (out [B,T,N,H], lse [B,N,T] or None unless want_lse, from a
-    second, gradient-free call) by cuDNN flash attention.
-    Masks and bias are passed dense; a row with no visible key returns zeros, as with every backend."""
+    """Attention by cuDNN flash attention (`jax.nn.dot_product_attention(..., implementation="cudnn")`), GQA
+    native. Masks and bias are passed dense; a row with no visible key returns zeros, as with every backend.
+
+    Args:
+      q: [B, T, N, H] queries, bfloat16 or float16.
+      k: [B, S, K, H] keys.
+      v: [B, S, K, H] values.
+      mask: boolean broadcastable to [B, N, T, S] (or a lazy `CausalMask`, materialised), or None.
+      bias: additive, broadcastable to [B, N, T, S] (or a lazy `AlibiBias`, materialised), or None.
+      scale: the logits scale.
+      want_lse: also return the log-sum-exp.
+
+    Returns:
+      out: [B, T, N, H].
+      lse: [B, N, T] float32 with want_lse (from a second, gradient-free call), else None.
+
+    Raises:
+      BackendError: not on an NVIDIA GPU, or activations neither bfloat16 nor float16 (`problem`).
+
+    Examples:
+      Refused by name where it cannot run (here: a CPU, or float32 activations on a GPU), never replaced by
+      another backend:
+
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.fused import cudnn_attention
+      >>> q = jnp.ones((1, 2, 1, 4))
+      >>> cudnn_attention(q, q, q, None, None, scale=0.5)
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.BackendError: attention backend 'cudnn' ...
+    """
     why = problem("cudnn", dtype=q.dtype)
     if why:
         raise BackendError(why)

@@ -11,7 +11,24 @@ import jax.numpy as jnp
 
 
 def padding_mask(tokens: jax.Array, pad_id: int) -> jax.Array:
-    """tokens [B,S] int -> [B,1,1,S] bool, True where the key is not padding."""
+    """Key-padding mask: True where the key is not padding.
+
+    Args:
+      tokens: [B, S] int token ids of the keys.
+      pad_id: the padding token id.
+
+    Returns:
+      [B, 1, 1, S] bool, True where the key is not padding.
+
+    Raises:
+      ValueError: tokens is not [B, S].
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops import padding_mask
+      >>> padding_mask(jnp.array([[5, 7, 0]]), pad_id=0).tolist()
+      [[[[True, True, False]]]]
+    """
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be [B,S]; got shape {tokens.shape}")
     return (tokens != pad_id)[:, None, None, :]
@@ -19,7 +36,23 @@ def padding_mask(tokens: jax.Array, pad_id: int) -> jax.Array:
 
 def causal_mask(t: int, s: int | None = None) -> jax.Array:
     """[T,S] bool lower-triangular mask. With t < s the T queries are the last t positions:
-    query i sits at absolute position s - t + i (as in cached decoding) and sees keys j <= s - t + i."""
+    query i sits at absolute position s - t + i (as in cached decoding) and sees keys j <= s - t + i.
+
+    Args:
+      t: number of queries T.
+      s: number of keys S (default t).
+
+    Returns:
+      [T, S] bool, True where query i may attend to key j.
+
+    Raises:
+      ValueError: t > s.
+
+    Examples:
+      >>> from jaxformer.ops import causal_mask
+      >>> causal_mask(2, 3).tolist()                # 2 queries at positions 1 and 2 of 3 keys
+      [[True, True, False], [True, True, True]]
+    """
     s = t if s is None else s
     if t > s:
         raise ValueError(f"causal_mask needs t <= s; got t={t}, s={s}")
@@ -32,10 +65,26 @@ def position_causal_mask(q_positions: jax.Array, k_positions: jax.Array, k_valid
                          window=None) -> jax.Array:
     """Causal mask from explicit absolute positions (ragged batches, KV caches, packed documents).
 
-    q_positions [B,T] int, k_positions [B,S] int, k_valid [B,S] bool (None = all valid); optionally
-    q_segments [B,T] / k_segments [B,S] int (a query sees only keys of its own segment) and window (an int
-    scalar, may be traced: a query sees only the `window` most recent positions, itself included; 0 = no limit)
-    -> [B,1,T,S] bool, True where k_position <= q_position and the key is valid (and in the segment and window).
+    Args:
+      q_positions: [B, T] int absolute positions of the queries.
+      k_positions: [B, S] int absolute positions of the keys.
+      k_valid: [B, S] bool, False for keys that are not there (None = all valid).
+      q_segments: optional [B, T] int segment (document) ids of the queries: a query sees only keys of its own
+        segment (given with k_segments).
+      k_segments: optional [B, S] int segment ids of the keys.
+      window: an int scalar, may be traced: a query sees only the `window` most recent positions, itself
+        included; 0 = no limit (None: no window).
+
+    Returns:
+      [B, 1, T, S] bool, True where k_position <= q_position and the key is valid (and in the segment and
+        window).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops import position_causal_mask
+      >>> pos = jnp.arange(3)[None]
+      >>> position_causal_mask(pos, pos, window=2)[0, 0].astype(int).tolist()
+      [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
     """
     m = k_positions[:, None, :] <= q_positions[:, :, None]
     if k_valid is not None:
@@ -49,17 +98,44 @@ def position_causal_mask(q_positions: jax.Array, k_positions: jax.Array, k_valid
 
 
 def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
-    """Packed documents without causality (an encoder, cross-attention): q_segments [B,T], k_segments [B,S] int,
-    0 = padding, documents numbered from 1 -> [B,1,T,S] bool, True where the key is in the query's document
-    (padding is seen by no query, and a padding query sees nothing)."""
+    """Packed documents without causality (an encoder, cross-attention): True where the key is in the query's
+    document (padding is seen by no query, and a padding query sees nothing).
+
+    Args:
+      q_segments: [B, T] int document ids of the queries, 0 = padding, documents numbered from 1.
+      k_segments: [B, S] int document ids of the keys, likewise.
+
+    Returns:
+      [B, 1, T, S] bool, True where the key is in the query's document.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops import segment_mask
+      >>> seg = jnp.array([[1, 1, 2, 0]])
+      >>> segment_mask(seg, seg)[0, 0].astype(int).tolist()
+      [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]]
+    """
     return ((q_segments[:, :, None] == k_segments[:, None, :]) & (k_segments[:, None, :] != 0))[:, None]
 
 
 def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
-    """segment_ids [B,T] int (0 = padding) -> positions [B,T] int32: a token's column less its document's first
-    column, where a document starts at a token whose id differs from the last non-padding id before it (padding
-    inside a document does not restart it, so positions never run backwards within an id: causality by position
-    stays causality by column); padding gets 0."""
+    """Positions within packed documents: a token's column less its document's first column, where a document
+    starts at a token whose id differs from the last non-padding id before it (padding inside a document does not
+    restart it, so positions never run backwards within an id: causality by position stays causality by column);
+    padding gets 0.
+
+    Args:
+      segment_ids: [B, T] int document ids (0 = padding).
+
+    Returns:
+      [B, T] int32 positions.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops import positions_from_segments
+      >>> positions_from_segments(jnp.array([[1, 1, 0, 1, 2, 2, 0]])).tolist()
+      [[0, 1, 0, 3, 0, 1, 0]]
+    """
     t = segment_ids.shape[1]
     idx = jnp.arange(t, dtype=jnp.int32)
     last = jax.lax.cummax(jnp.where(segment_ids != 0, idx, -1), axis=1)           # last real column so far
@@ -71,7 +147,26 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
 
 
 def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
-    """Logical AND of broadcastable boolean masks; None entries are ignored (None if all are None)."""
+    """Logical AND of broadcastable boolean masks; None entries are ignored (None if all are None).
+
+    Args:
+      *masks: boolean masks broadcastable to one shape (e.g. [B, N, T, S]), or None.
+
+    Returns:
+      Their AND, broadcast to their common shape; None when every mask is None.
+
+    Raises:
+      TypeError: a mask that is not boolean.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops import causal_mask, combine_masks, padding_mask
+      >>> m = combine_masks(causal_mask(3), None, padding_mask(jnp.array([[4, 4, 0]]), pad_id=0))
+      >>> m.shape, m[0, 0].astype(int).tolist()
+      ((1, 1, 3, 3), [[1, 0, 0], [1, 1, 0], [1, 1, 0]])
+      >>> combine_masks(None, None) is None
+      True
+    """
     present = [m for m in masks if m is not None]
     if not present:
         return None
@@ -100,8 +195,23 @@ class CausalMask(NamedTuple):
     [B,1,T,S] array; the chunked attention backend builds it one tile at a time (`tile`), so a causal mask over
     long sequences costs O(T + S) memory, not O(T·S).
 
-    q_positions [B,T] int, k_positions [B,S] int, k_valid [B,S] bool or None (all valid), q_segments [B,T] /
-    k_segments [B,S] int or None (no document boundaries), window an int scalar (0 = unlimited) or None.
+    Attributes:
+      q_positions: [B, T] int absolute positions of the queries.
+      k_positions: [B, S] int absolute positions of the keys.
+      k_valid: [B, S] bool, or None (all valid).
+      q_segments: [B, T] int segment ids of the queries, or None (no document boundaries).
+      k_segments: [B, S] int segment ids of the keys, or None.
+      window: an int scalar (0 = unlimited) or None: a query sees only the `window` most recent positions.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops import CausalMask
+      >>> pos = jnp.arange(4)[None]
+      >>> m = CausalMask(pos, pos, window=jnp.int32(2))
+      >>> m.shape, m.materialize().dtype
+      ((1, 1, 4, 4), dtype('bool'))
+      >>> m.tile(2, 2, 0, 2)[0, 0].astype(int).tolist()         # queries 2..3 against keys 0..1
+      [[0, 1], [0, 0]]
     """
     q_positions: jax.Array
     k_positions: jax.Array
@@ -112,26 +222,67 @@ class CausalMask(NamedTuple):
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
+        """The materialised mask's shape (B, 1, T, S)."""
         return (self.q_positions.shape[0], 1, self.q_positions.shape[1], self.k_positions.shape[1])
 
     def materialize(self) -> jax.Array:
-        """-> [B,1,T,S] bool."""
+        """The whole mask as an array.
+
+        Returns:
+          [B, 1, T, S] bool.
+        """
         return position_causal_mask(self.q_positions, self.k_positions, self.k_valid, q_segments=self.q_segments,
                                     k_segments=self.k_segments, window=self.window)
 
     def tile(self, q0, tq: int, k0, tk: int) -> jax.Array:
-        """The [B,1,tq,tk] tile at query q0, key k0."""
+        """The [B,1,tq,tk] tile at query q0, key k0.
+
+        Args:
+          q0: first query index of the tile (an int, may be traced).
+          tq: number of queries in the tile.
+          k0: first key index of the tile (an int, may be traced).
+          tk: number of keys in the tile.
+
+        Returns:
+          [B, 1, tq, tk] bool.
+        """
         return position_causal_mask(_rows(self.q_positions, q0, tq), _rows(self.k_positions, k0, tk),
                                     _rows(self.k_valid, k0, tk), q_segments=_rows(self.q_segments, q0, tq),
                                     k_segments=_rows(self.k_segments, k0, tk), window=self.window)
 
     def pad(self, t: int, s: int) -> "CausalMask":
-        """The same mask over t >= T queries and s >= S keys (the extra keys invalid)."""
+        """The same mask over t >= T queries and s >= S keys (the extra keys invalid).
+
+        Args:
+          t: the new number of queries, >= T.
+          s: the new number of keys, >= S.
+
+        Returns:
+          A `CausalMask` of shape [B, 1, t, s].
+        """
         valid = self.k_valid if self.k_valid is not None else jnp.ones(self.k_positions.shape, bool)
         return CausalMask(_grow(self.q_positions, t, 0), _grow(self.k_positions, s, 0), _grow(valid, s, False),
                           _grow(self.q_segments, t, 0), _grow(self.k_segments, s, 0), self.window)
 
 
 def materialized_mask(mask) -> jax.Array | None:
-    """A mask as a boolean array: lazy masks (`CausalMask`) materialised, arrays and None unchanged."""
+    """A mask as a boolean array: lazy masks (`CausalMask`) materialised, arrays and None unchanged.
+
+    Args:
+      mask: a boolean array (broadcastable to [B, N, T, S]), a lazy mask (an object with `materialize()`), or
+        None.
+
+    Returns:
+      The boolean array (a `CausalMask` gives [B, 1, T, S]), or None for None.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops import CausalMask
+      >>> from jaxformer.ops.masks import materialized_mask
+      >>> pos = jnp.arange(3)[None]
+      >>> materialized_mask(CausalMask(pos, pos)).shape
+      (1, 1, 3, 3)
+      >>> materialized_mask(None) is None
+      True
+    """
     return mask.materialize() if hasattr(mask, "materialize") else mask

@@ -33,6 +33,21 @@ from jaxformer.ops import activations
 
 
 class Routing(NamedTuple):
+    """The router's decision for M tokens (`route`), computed in float32.
+
+    Attributes:
+      probs: [M, E] float32 router probabilities.
+      experts: [M, k] int32 chosen experts, best first.
+      gates: [M, k] float32 combine gates: each chosen expert's share (0 for invalid tokens).
+      logits: [M, E] float32 router logits.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.moe import route
+      >>> r = route(jnp.array([[1.0, 0.0], [0.0, 1.0]]), 2.0 * jnp.eye(2), top_k=1)   # M=2 tokens, E=2 experts
+      >>> r.probs.shape, r.experts.shape, r.gates.shape, r.logits.shape
+      ((2, 2), (2, 1), (2, 1), (2, 2))
+    """
     probs: jax.Array      # [M,E] float32 router probabilities
     experts: jax.Array    # [M,k] int32 chosen experts, best first
     gates: jax.Array      # [M,k] float32 combine gates: each chosen expert's share (0 for invalid tokens)
@@ -40,7 +55,31 @@ class Routing(NamedTuple):
 
 
 def route(x: jax.Array, router: jax.Array, top_k: int, valid: jax.Array | None = None) -> Routing:
-    """x [M,D], router [D,E] -> Routing, computed in float32 whatever x's dtype."""
+    """Route M tokens to their top_k experts, computed in float32 whatever x's dtype: probs = softmax(x·router);
+    the combine gate is the router probability for top_k=1 and the top-2 probabilities renormalised to sum 1 for
+    top_k=2.
+
+    Args:
+      x: [M, D] tokens.
+      router: [D, E] router weights.
+      top_k: experts per token, 1 or 2.
+      valid: [M] bool, False for tokens that take no expert (gates 0), or None (all valid).
+
+    Returns:
+      `Routing(probs, experts, gates, logits)`: probs [M, E] float32, experts [M, k] int32 (best first),
+        gates [M, k] float32, logits [M, E] float32.
+
+    Raises:
+      ValueError: top_k is not 1 or 2.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.moe import route
+      >>> x = jnp.array([[1.0, 0.0], [0.0, 1.0]])                  # M=2 tokens, D=2
+      >>> r = route(x, 2.0 * jnp.eye(2), top_k=1)                  # E=2 experts
+      >>> r.experts.tolist(), [round(g, 3) for g in r.gates[:, 0].tolist()]
+      ([[0], [1]], [0.881, 0.881])
+    """
     if top_k not in (1, 2):
         raise ValueError(f"top_k={top_k} must be 1 or 2")
     logits = jnp.einsum("MD,DE->ME", x.astype(jnp.float32), router.astype(jnp.float32))
@@ -53,14 +92,44 @@ def route(x: jax.Array, router: jax.Array, top_k: int, valid: jax.Array | None =
 
 
 def capacity(num_tokens: int, num_experts: int, top_k: int, capacity_factor: float) -> int:
-    """Slots per expert: ceil(capacity_factor · M · top_k / E), at least 1."""
+    """Slots per expert: ceil(capacity_factor · M · top_k / E), at least 1.
+
+    Args:
+      num_tokens: M.
+      num_experts: E.
+      top_k: experts per token.
+      capacity_factor: slots per expert relative to an even share of the assignments.
+
+    Returns:
+      C, a Python int.
+
+    Examples:
+      >>> from jaxformer.ops.moe import capacity
+      >>> capacity(num_tokens=8, num_experts=4, top_k=2, capacity_factor=1.25)
+      5
+    """
     return max(1, math.ceil(capacity_factor * num_tokens * top_k / num_experts))
 
 
 def load_balancing_loss(r: Routing, valid: jax.Array | None = None) -> jax.Array:
     """Switch Transformer's auxiliary loss, E · Σ_e f_e · P_e, where f_e is the fraction of assignments routed
     to expert e (all top_k choices, before any capacity drop) and P_e the mean router probability of e, both
-    over valid tokens. 1 when routing is uniform; multiply by α (0.01 in the paper) in the objective. -> []."""
+    over valid tokens. 1 when routing is uniform; multiply by α (0.01 in the paper) in the objective.
+
+    Args:
+      r: the `Routing` of M tokens over E experts.
+      valid: [M] bool tokens counted, or None (all).
+
+    Returns:
+      [] float32 loss.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.moe import load_balancing_loss, route
+      >>> r = route(jnp.array([[1.0, 0.0], [0.0, 1.0]]), 2.0 * jnp.eye(2), top_k=1)
+      >>> round(float(load_balancing_loss(r)), 4)                   # one token per expert: balanced
+      1.0
+    """
     m, e = r.probs.shape
     w = jnp.ones((m,), jnp.float32) if valid is None else valid.astype(jnp.float32)
     n = jnp.maximum(w.sum(), 1.0)
@@ -71,7 +140,22 @@ def load_balancing_loss(r: Routing, valid: jax.Array | None = None) -> jax.Array
 
 
 def router_z_loss(r: Routing, valid: jax.Array | None = None) -> jax.Array:
-    """ST-MoE's router z-loss: mean over valid tokens of logsumexp(logits)². -> []."""
+    """ST-MoE's router z-loss: mean over valid tokens of logsumexp(logits)².
+
+    Args:
+      r: the `Routing` of M tokens over E experts.
+      valid: [M] bool tokens counted, or None (all).
+
+    Returns:
+      [] float32 loss (0 when no token is valid).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.moe import route, router_z_loss
+      >>> r = route(jnp.array([[1.0, 0.0], [0.0, 1.0]]), 2.0 * jnp.eye(2), top_k=1)   # logits [2, 0], [0, 2]
+      >>> round(float(router_z_loss(r)), 4)                         # log(e² + 1)²
+      4.5238
+    """
     z = jax.nn.logsumexp(r.logits, axis=-1) ** 2
     if valid is None:
         return z.mean()
@@ -105,6 +189,24 @@ def _expert_ffn(h_in, w1, w2, activation, b1=None, b2=None, wg=None, bg=None, ma
 
 
 class MoEStats(NamedTuple):
+    """What `moe_ffn` reports beside its output: the router's auxiliary losses and the experts' load.
+
+    Attributes:
+      balance: [] `load_balancing_loss`.
+      z: [] `router_z_loss`.
+      load: [E] fraction of valid assignments routed to each expert (before drops).
+      dropped: [] fraction of valid assignments dropped for capacity (0 when dropless).
+
+    Examples:
+      >>> import jax
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.moe import moe_ffn
+      >>> x, router = jnp.ones((4, 2)), jnp.zeros((2, 3))           # M=4 tokens, D=2, E=3 experts
+      >>> w1, w2 = jnp.ones((3, 2, 5)), jnp.ones((3, 5, 2))         # F=5
+      >>> _, stats = jax.jit(moe_ffn)(x, router, w1, w2)            # all 4 tie: expert 0 (capacity 2)
+      >>> [round(f, 3) for f in stats.load.tolist()], float(stats.dropped)
+      ([1.0, 0.0, 0.0], 0.5)
+    """
     balance: jax.Array    # [] load_balancing_loss
     z: jax.Array          # [] router_z_loss
     load: jax.Array       # [E] fraction of valid assignments routed to each expert (before drops)
@@ -114,9 +216,42 @@ class MoEStats(NamedTuple):
 def moe_ffn(x: jax.Array, router: jax.Array, w1: jax.Array, w2: jax.Array, *, top_k: int = 1,
             capacity_factor: float = 1.25, activation: str = "relu", valid: jax.Array | None = None,
             b1=None, b2=None, wg=None, bg=None, dropless: str = "ragged") -> tuple[jax.Array, MoEStats]:
-    """Mixture-of-Experts FFN. x [M,D]; router [D,E]; w1 (and wg) [E,D,F], w2 [E,F,D]; optional biases
-    b1 (bg) [E,F], b2 [E,D]; valid [M] bool. capacity_factor > 0: fixed capacity with dropping; 0: dropless,
-    computed as `dropless` says ("ragged" | "padded"). -> (y [M,D] in x's dtype, MoEStats)."""
+    """Mixture-of-Experts FFN: each token through its top_k experts' FFNs, weighted by its gates (see the module
+    docstring for capacity, dropping and the dropless modes). capacity_factor > 0: fixed capacity with dropping;
+    0: dropless, computed as `dropless` says ("ragged" | "padded").
+
+    Args:
+      x: [M, D] tokens.
+      router: [D, E] router weights.
+      w1: [E, D, F] the experts' first (up) projections.
+      w2: [E, F, D] the experts' second (down) projections.
+      top_k: experts per token, 1 or 2.
+      capacity_factor: slots per expert relative to an even share (`capacity`); 0: dropless.
+      activation: an FFN activation name of `ops.activations` (a gated one uses wg).
+      valid: [M] bool, False for padding tokens (no slot, output zeros, in no statistic), or None (all valid).
+      b1: optional [E, F] bias of w1.
+      b2: optional [E, D] bias of w2.
+      wg: [E, D, F] the experts' gate projections, for a gated activation.
+      bg: optional [E, F] bias of wg.
+      dropless: how capacity_factor=0 is computed: "ragged" (grouped matmuls) or "padded" (C = M slots).
+
+    Returns:
+      y: [M, D] in x's dtype.
+      stats: `MoEStats(balance [], z [], load [E], dropped [])`.
+
+    Raises:
+      ValueError: dropless is not "ragged" or "padded", or top_k is not 1 or 2.
+
+    Examples:
+      >>> import jax
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.moe import moe_ffn
+      >>> x, router = jnp.ones((4, 2)), jnp.zeros((2, 3))           # M=4 tokens, D=2, E=3 experts
+      >>> w1, w2 = jnp.ones((3, 2, 5)), jnp.ones((3, 5, 2))         # F=5
+      >>> y, stats = jax.jit(moe_ffn)(x, router, w1, w2)            # top_k=1, capacity ceil(1.25·4/3) = 2
+      >>> y.shape, [round(v, 3) for v in y[:, 0].tolist()]          # tokens over capacity: dropped, zeros
+      ((4, 2), [3.333, 3.333, 0.0, 0.0])
+    """
     if dropless not in ("ragged", "padded"):
         raise ValueError(f"dropless={dropless!r} must be 'ragged' or 'padded'")
     m, _ = x.shape

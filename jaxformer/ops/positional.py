@@ -19,6 +19,23 @@ def sinusoidal_table(max_len: int, d_model: int, dtype=jnp.float32) -> jax.Array
 
     Computed in float64 with NumPy (seed 000: in float32 the high-frequency terms lose precision at
     large positions), then cast to `dtype`. It is a constant, not a parameter.
+
+    Args:
+      max_len: number of positions (rows), > 0.
+      d_model: model width D (columns), > 0.
+      dtype: the table's dtype.
+
+    Returns:
+      [max_len, D] table in `dtype`.
+
+    Raises:
+      ValueError: max_len or d_model is not positive.
+
+    Examples:
+      >>> from jaxformer.ops.positional import sinusoidal_table
+      >>> pe = sinusoidal_table(3, 4)
+      >>> pe.shape, [round(x, 3) for x in pe[2].tolist()]        # position 2: sin, cos, sin, cos
+      ((3, 4), [0.909, -0.416, 0.02, 1.0])
     """
     if max_len <= 0 or d_model <= 0:
         raise ValueError(f"max_len and d_model must be positive; got {max_len}, {d_model}")
@@ -43,7 +60,26 @@ class RopeScaling(NamedTuple):
     2023, as transformers computes it): dimensions that turn fewer than
     beta_slow times over original_max_len interpolated (/ factor), more than beta_fast times kept, a linear ramp
     between (its ends rounded outwards when truncate), and cos/sin scaled by attention_factor (0: 0.1·ln(factor)
-    + 1), so every attention logit by its square."""
+    + 1), so every attention logit by its square.
+
+    Attributes:
+      kind: one of SCALINGS: "none", "linear", "llama3", "yarn" or "dynamic".
+      factor: the context extension factor.
+      original_max_len: the context length the model was trained at.
+      low_freq_factor: "llama3": wavelengths longer than original_max_len / low_freq_factor are divided by factor.
+      high_freq_factor: "llama3": wavelengths shorter than original_max_len / high_freq_factor are kept.
+      beta_fast: "yarn": dimensions turning more than beta_fast times over original_max_len are kept.
+      beta_slow: "yarn": dimensions turning fewer than beta_slow times are interpolated.
+      attention_factor: "yarn": what cos/sin are scaled by (0: 0.1·ln(factor) + 1).
+      truncate: "yarn": round the ramp's ends outwards.
+
+    Examples:
+      >>> from jaxformer.ops.positional import RopeScaling, rope_frequencies
+      >>> [round(f, 4) for f in rope_frequencies(4).tolist()]
+      [1.0, 0.01]
+      >>> [round(f, 4) for f in rope_frequencies(4, scaling=RopeScaling("linear", factor=4.0)).tolist()]
+      [0.25, 0.0025]
+    """
     kind: str
     factor: float = 1.0
     original_max_len: int = 8192
@@ -57,7 +93,19 @@ class RopeScaling(NamedTuple):
 
 def rope_attention_factor(scaling: RopeScaling | None) -> float:
     """What cos and sin are multiplied by: YaRN's attention factor (given, or 0.1·ln(factor) + 1 for factor > 1),
-    else 1."""
+    else 1.
+
+    Args:
+      scaling: the RoPE scaling, or None.
+
+    Returns:
+      The factor, a Python float (1.0 unless scaling is "yarn").
+
+    Examples:
+      >>> from jaxformer.ops.positional import RopeScaling, rope_attention_factor
+      >>> round(rope_attention_factor(RopeScaling("yarn", factor=4.0)), 4), rope_attention_factor(None)
+      (1.1386, 1.0)
+    """
     if scaling is None or scaling.kind != "yarn":
         return 1.0
     if scaling.attention_factor:
@@ -86,7 +134,25 @@ def _yarn(inv: jax.Array, head_dim: int, base: float, s: RopeScaling) -> jax.Arr
 
 
 def rope_frequencies(head_dim: int, base: float = 10000.0, scaling: RopeScaling | None = None) -> jax.Array:
-    """[H/2] inverse frequencies base^(-2i/H), rescaled by `scaling` when given."""
+    """[H/2] inverse frequencies base^(-2i/H), rescaled by `scaling` when given.
+
+    Args:
+      head_dim: head dim H, even.
+      base: the RoPE base (theta).
+      scaling: how the frequencies are rescaled for a longer context (`RopeScaling`), or None. "dynamic" returns
+        the unscaled frequencies: `apply_rope` rescales the base from the call's positions.
+
+    Returns:
+      [H/2] float32 inverse frequencies.
+
+    Raises:
+      ValueError: an odd head_dim, or an unknown scaling kind.
+
+    Examples:
+      >>> from jaxformer.ops.positional import rope_frequencies
+      >>> [round(f, 4) for f in rope_frequencies(8).tolist()]
+      [1.0, 0.1, 0.01, 0.001]
+    """
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head dim H; got H={head_dim}")
     inv = 1.0 / (base ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
@@ -112,9 +178,29 @@ def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0,
                scaling: RopeScaling | None = None) -> jax.Array:
     """Rotary position embedding (half-split convention, as GPT-NeoX/Llama).
 
-    x [B,T,N,H], positions [B,T] or [T] integer absolute positions -> [B,T,N,H] in x's dtype.
     Rotation is computed in float32. q·k after RoPE depends only on the position difference. With YaRN scaling,
     cos and sin carry its attention factor (`rope_attention_factor`), as transformers applies it.
+
+    Args:
+      x: [B, T, N, H] queries or keys (H even).
+      positions: [B, T] or [T] integer absolute positions.
+      base: the RoPE base (theta).
+      scaling: how the frequencies are rescaled for a longer context (`RopeScaling`), or None.
+
+    Returns:
+      [B, T, N, H] in x's dtype.
+
+    Raises:
+      TypeError: positions are not integers.
+      ValueError: an odd head dim H, or an unknown scaling kind.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.positional import apply_rope
+      >>> q = apply_rope(jnp.ones((1, 3, 1, 4)), jnp.arange(3))
+      >>> k = apply_rope(jnp.ones((1, 3, 1, 4)), jnp.arange(3) + 5)           # every position shifted by 5
+      >>> q.shape, bool(jnp.allclose(q[0, 2] @ q[0, 0].T, k[0, 2] @ k[0, 0].T, atol=1e-5))
+      ((1, 3, 1, 4), True)
     """
     if not jnp.issubdtype(positions.dtype, jnp.integer):
         raise TypeError(f"positions must be integers; got dtype {positions.dtype}")
@@ -134,7 +220,19 @@ def apply_rope(x: jax.Array, positions: jax.Array, base: float = 10000.0,
 
 
 def alibi_slopes(num_heads: int) -> jax.Array:
-    """[N] ALiBi head slopes (Press et al. 2022), geometric; non-powers of two as in the paper's code."""
+    """[N] ALiBi head slopes (Press et al. 2022), geometric; non-powers of two as in the paper's code.
+
+    Args:
+      num_heads: number of heads N.
+
+    Returns:
+      [N] float32 slopes.
+
+    Examples:
+      >>> from jaxformer.ops.positional import alibi_slopes
+      >>> alibi_slopes(4).tolist()
+      [0.25, 0.0625, 0.015625, 0.00390625]
+    """
     def pow2(n):
         start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
         return [start * start ** i for i in range(n)]
@@ -147,7 +245,24 @@ def alibi_slopes(num_heads: int) -> jax.Array:
 
 
 def alibi_bias(num_heads: int, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
-    """q_positions [B,T], k_positions [B,S] int -> [B,N,T,S] float32 bias −slope·|q − k|."""
+    """ALiBi's additive attention bias −slope·|q − k|, one slope per head (`alibi_slopes`).
+
+    Args:
+      num_heads: number of heads N.
+      q_positions: [B, T] int query positions.
+      k_positions: [B, S] int key positions.
+
+    Returns:
+      [B, N, T, S] float32 bias −slope·|q − k|.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.positional import alibi_bias
+      >>> pos = jnp.arange(3)[None]
+      >>> b = alibi_bias(4, pos, pos)
+      >>> b.shape, b[0, 0, 2].tolist()                    # head 0 (slope 1/4), query 2
+      ((1, 4, 3, 3), [-0.5, -0.25, -0.0])
+    """
     dist = jnp.abs(q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)  # [B,T,S]
     return -alibi_slopes(num_heads)[None, :, None, None] * dist[:, None]
 
@@ -156,7 +271,18 @@ class AlibiBias(NamedTuple):
     """A lazy `alibi_bias`: −slope_n·|q − k| built on demand. `materialize()` gives [B,N,T,S]; the chunked attention
     backend builds it one tile at a time (`tile`), never the whole [B,N,T,S] array.
 
-    slopes [N] float32 (`alibi_slopes`), q_positions [B,T] int, k_positions [B,S] int.
+    Attributes:
+      slopes: [N] float32 head slopes (`alibi_slopes`).
+      q_positions: [B, T] int query positions.
+      k_positions: [B, S] int key positions.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.ops.positional import AlibiBias, alibi_bias, alibi_slopes
+      >>> pos = jnp.arange(3)[None]
+      >>> lazy = AlibiBias(alibi_slopes(4), pos, pos)
+      >>> lazy.shape, bool(jnp.array_equal(lazy.materialize(), alibi_bias(4, pos, pos)))
+      ((1, 4, 3, 3), True)
     """
     slopes: jax.Array
     q_positions: jax.Array
@@ -164,6 +290,7 @@ class AlibiBias(NamedTuple):
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
+        """The materialised bias's shape (B, N, T, S)."""
         return (self.q_positions.shape[0], self.slopes.shape[0], self.q_positions.shape[1],
                 self.k_positions.shape[1])
 
@@ -172,15 +299,37 @@ class AlibiBias(NamedTuple):
         return -self.slopes.astype(jnp.float32)[None, :, None, None] * dist[:, None]
 
     def materialize(self) -> jax.Array:
-        """-> [B,N,T,S] float32."""
+        """The whole bias as an array.
+
+        Returns:
+          [B, N, T, S] float32.
+        """
         return self._bias(self.q_positions, self.k_positions)
 
     def tile(self, q0, tq: int, k0, tk: int) -> jax.Array:
-        """The [B,N,tq,tk] tile at query q0, key k0."""
+        """The [B,N,tq,tk] tile at query q0, key k0.
+
+        Args:
+          q0: first query index of the tile (an int, may be traced).
+          tq: number of queries in the tile.
+          k0: first key index of the tile (an int, may be traced).
+          tk: number of keys in the tile.
+
+        Returns:
+          [B, N, tq, tk] float32.
+        """
         return self._bias(jax.lax.dynamic_slice_in_dim(self.q_positions, q0, tq, axis=1),
                           jax.lax.dynamic_slice_in_dim(self.k_positions, k0, tk, axis=1))
 
     def pad(self, t: int, s: int) -> "AlibiBias":
-        """The same bias over t >= T queries and s >= S keys (zeros' positions for the extra ones)."""
+        """The same bias over t >= T queries and s >= S keys (zeros' positions for the extra ones).
+
+        Args:
+          t: the new number of queries, >= T.
+          s: the new number of keys, >= S.
+
+        Returns:
+          An `AlibiBias` of shape [B, N, t, s].
+        """
         grow = lambda x, n: x if x.shape[1] == n else jnp.pad(x, [(0, 0), (0, n - x.shape[1])])
         return AlibiBias(self.slopes, grow(self.q_positions, t), grow(self.k_positions, s))
