@@ -257,6 +257,22 @@ def test_without_a_prefix_token_the_texts_first_token_is_the_prefix():
                                                   context_len=1)
         want.append(sum(harness_pair(*utils.make_disjoint_window(w))[0] for w in windows))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)
+    with pytest.raises(DataError, match="an empty context with a tokenizer that has neither a BOS nor an end-of-doc"):
+        stand_in(False, tok=tok).loglikelihood([_Request("", "ab")])       # nothing to condition "a" on
+
+
+def test_rows_are_padded_to_power_of_two_widths_and_batches():
+    """A batch's rows are padded to the next power of two (at least 2) of its longest row's inputs, no wider
+    than max_len, and to a power-of-two number of rows: a handful of program shapes for any task."""
+    shapes = []
+    hm = stand_in(False, max_len=16)
+    scores = hm._scores
+    hm._scores = lambda state, tokens, targets, seg: (shapes.append(tokens.shape), scores(state, tokens, targets,
+                                                                                             seg))[1]
+    for context in ["a", "ab", "abc", "abcdefgh", "abcdefghi", "a" * 20]:
+        hm.loglikelihood([_Request(context, "z")])                 # inputs: 1, 2, 3, 8, 9, 16 (cut to max_len)
+    hm.loglikelihood([_Request("a", "b")] * 3)
+    assert shapes == [(1, 2), (1, 2), (1, 4), (1, 8), (1, 16), (1, 16), (4, 2)]
 
 
 @pytest.mark.parametrize("bos", [False, True])

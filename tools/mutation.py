@@ -9,8 +9,10 @@ per mutated function, the tests that reach it) and the mutants judged equivalent
 Each module is worked on in its own folder .mutants/<module>/ (ignored by git): the tracked files copied there,
 pyproject.toml given a [tool.mutmut] section, mutmut run in it with that folder's `mutants/` copy first on
 PYTHONPATH (so subprocess workers, e.g. the 8-fake-device ones, import the mutated code too). mutmut resumes
-where a run stopped and retests only changed functions. Process isolation is mutmut's forkserver: JAX's runtime
-is not fork-safe once started, and the server forks before anything imports it.
+where a run stopped and retests only changed functions. Process isolation is mutmut's forkserver, with the
+tests' imports (jax, the package, torch, transformers, lm-eval: seconds a mutant) loaded in the server before it
+forks (`_preload`): importing JAX does not start its runtime, which is not fork-safe, and a last preloaded module
+stops the run if one did.
 
 Limits of mutmut 3 that the table states rather than hides: it mutates function bodies only, never a decorated
 function (so a jitted function is written undecorated and jitted by assignment where it should be mutated:
