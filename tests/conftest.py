@@ -25,6 +25,7 @@ tests run their 8 (or 2 × 4) devices as fake CPU devices in their own processes
 """
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -85,6 +86,8 @@ def pytest_configure(config):
     files (importing jax there costs seconds before the workers start)."""
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         return
+    from helpers import GC_THRESHOLDS
+    gc.set_threshold(*GC_THRESHOLDS)
     import jax
     from hypothesis import settings
     jax.config.update("jax_default_matmul_precision", "highest")

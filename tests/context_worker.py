@@ -8,6 +8,7 @@ losses and the final parameters. resume: train() under a ring × zigzag plan sto
 data parallelism (and the reverse), against an uninterrupted data-parallel run (train() takes every device)."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -22,7 +23,9 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import tiny_lm, train_losses  # noqa: E402
+from helpers import GC_THRESHOLDS, tiny_lm, train_losses  # noqa: E402
+
+gc.set_threshold(*GC_THRESHOLDS)
 from jaxformer.config import resolve_vocab  # noqa: E402
 from jaxformer.data import build_task  # noqa: E402
 from jaxformer.ops import dot_product_attention  # noqa: E402

@@ -23,6 +23,7 @@ JOB keys (all optional but "devices"):
 from __future__ import annotations
 
 import hashlib
+import gc
 import json
 import os
 import sys
@@ -41,7 +42,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from helpers import tiny_lm, train_losses, tiny_reverse  # noqa: E402
+from helpers import GC_THRESHOLDS, tiny_lm, train_losses, tiny_reverse  # noqa: E402
+
+gc.set_threshold(*GC_THRESHOLDS)
 from jaxformer.config import resolve_vocab  # noqa: E402
 from jaxformer.configio import load_config_file  # noqa: E402
 from jaxformer.data import build_task  # noqa: E402

@@ -15,6 +15,7 @@ JOB keys (all optional but "devices"):
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -31,7 +32,9 @@ import jax.monitoring  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from helpers import train_losses, tiny_reverse  # noqa: E402
+from helpers import GC_THRESHOLDS, train_losses, tiny_reverse  # noqa: E402
+
+gc.set_threshold(*GC_THRESHOLDS)
 from jaxformer.data import build_task  # noqa: E402
 from jaxformer.errors import JaxformerError  # noqa: E402
 from jaxformer.inference import load_model  # noqa: E402
