@@ -30,8 +30,34 @@ from jaxformer.parallel import replicate
 
 
 def sample_logits(logits, key, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
-    """logits [B,V] -> tokens [B]. temperature 0 = greedy; top_k > 0 keeps the k best; top_p < 1 keeps the
-    smallest set of tokens whose probability reaches top_p (nucleus)."""
+    """logits [B,V] -> tokens [B]: greedy, or sampled after top-k and nucleus (top-p) filtering.
+
+    temperature 0 = greedy (the argmax; key, top_k and top_p are not read); top_k > 0 keeps the k best; top_p < 1
+    keeps the smallest set of tokens whose probability reaches top_p (nucleus; the best token is always kept).
+    The filters apply in that order to the logits divided by the temperature, and the tokens left are sampled.
+    The settings are not checked here: `generate_lm` and `generate_seq2seq` refuse those out of range.
+
+    Args:
+      logits: [B, V] next-token logits (any float dtype; filtered and sampled in float32).
+      key: a `jax.random` key (not read at temperature 0).
+      temperature: the softmax temperature; 0 = greedy.
+      top_k: how many of the best tokens each row keeps (0 = all).
+      top_p: the nucleus' probability mass (1 = all tokens).
+
+    Returns:
+      [B] int32 token ids.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxformer.decode import sample_logits
+      >>> logits = jnp.log(jnp.array([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]]))
+      >>> sample_logits(logits, jax.random.key(0)).tolist()                          # greedy
+      [1, 0]
+      >>> sample_logits(logits, jax.random.key(0), temperature=1.0, top_p=0.4).tolist()   # the best alone reaches 0.4
+      [1, 0]
+      >>> sample_logits(logits, jax.random.key(0), temperature=1.0, top_k=2).shape
+      (2,)
+    """
     if temperature == 0.0:
         return jnp.argmax(logits, -1).astype(jnp.int32)
     logits = logits.astype(jnp.float32) / temperature
@@ -177,14 +203,61 @@ def _step(result):
 def generate_lm(model, prompts, *, max_new: int, key=None, temperature: float = 0.0, top_k: int = 0,
                 top_p: float = 1.0, eos_id: int | None = None, cache_len: int | None = None,
                 segment_ids=None, kv_cache: str = "auto", patch: dict | None = None):
-    """Decoder-only sampling. prompts [B,P] int, every token real; or, with segment_ids [B,P] (0 = padding,
-    documents from 1), padded rows (left or right; `arch.prompt_batch` makes both) or rows of packed documents,
-    each row continuing its last document (which alone it attends to). The pad id only fills: which tokens are
-    real is said by segment_ids alone. kv_cache: "auto" (the model's) or "int8". patch: activation sites
-    replaced at every step, prefill included ({site: fn(value, layer)}, `nn.sites`; e.g. a steering vector);
-    the functions are constants of the compiled program (a new function compiles a new one).
-    -> [B,max_new] new tokens (pad after EOS). One compiled program: prefill + while_loop of cached steps.
-    DataError for prompts decoding would misread (`_check_inputs`), e.g. padding without segment_ids."""
+    """Decoder-only sampling: prompts [B,P] -> [B,max_new] new tokens (pad after EOS).
+
+    prompts [B,P] int, every token real; or, with segment_ids [B,P] (0 = padding, documents from 1), padded rows
+    (left or right; `arch.prompt_batch` makes both) or rows of packed documents, each row continuing its last
+    document (which alone it attends to). The pad id only fills: which tokens are real is said by segment_ids
+    alone, and it is never generated. One compiled program: prefill + while_loop of cached steps, which stops
+    once every row has emitted eos_id.
+
+    Args:
+      model: a decoder-only model (`jaxformer.nn.build_model` of a config with arch="decoder_only").
+      prompts: [B, P] int token ids in [0, V) at every real position; B, P >= 1.
+      max_new: how many tokens each row generates (an int >= 1).
+      key: a `jax.random` key for sampling (None: `jax.random.key(0)`; not read when greedy).
+      temperature: the sampling temperature, >= 0 (0 = greedy: `sample_logits`).
+      top_k: how many of the best tokens sampling keeps, in [0, V] (0 = all).
+      top_p: the nucleus' probability mass, in (0, 1] (1 = all tokens).
+      eos_id: the end-of-sequence id: a row that emits it stops, and its later slots hold model.pad_id; None =
+        every row generates max_new tokens.
+      cache_len: the KV cache's slots S, at least P + max_new (None: P + max_new).
+      segment_ids: [B, P] int, 0 on padding and documents numbered from 1; None = every prompt token real.
+      kv_cache: the cache's dtype: "auto" (the model's) or "int8".
+      patch: activation sites replaced at every step, prefill included ({site: fn(value, layer)}, `nn.sites`;
+        e.g. a steering vector); the functions are constants of the compiled program (a new function compiles a
+        new one).
+
+    Returns:
+      [B, max_new] int32 new tokens (the prompts not included), model.pad_id after a row's EOS.
+
+    Raises:
+      DataError: prompts decoding would misread rather than refuse: not a [B, P] integer array with B, P >= 1;
+        an id outside [0, V) at a real position; segment_ids of another shape, not integers or negative; the
+        padding id (model.pad_id) in prompts without segment_ids.
+      ConfigError: max_new not an int >= 1; P + max_new more than cache_len, or than model.max_len where
+        positions come from a table (sinusoidal, learned); temperature < 0, top_k outside [0, V] or top_p
+        outside (0, 1]; a kv_cache other than "auto" or "int8"; a patch of a site the model does not have.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.decode import generate_lm
+      >>> from jaxformer.nn import build_model
+      >>> model = build_model(replaced(ModelConfig(), arch="decoder_only", vocab_size=16, d_model=16, num_heads=2,
+      ...                              d_ff=32, num_decoder_layers=2, max_len=16), seed=0)
+      >>> alone = generate_lm(model, jnp.array([[5, 6, 7]]), max_new=4)               # greedy
+      >>> alone.shape, alone.dtype
+      ((1, 4), dtype('int32'))
+      >>> prompts = jnp.array([[0, 5, 6, 7], [3, 4, 5, 6]])       # row 0 left-padded with the pad id (0)
+      >>> out = generate_lm(model, prompts, max_new=4, segment_ids=(prompts != 0).astype(jnp.int32))
+      >>> out.shape, out[0].tolist() == alone[0].tolist()       # padding does not change what a row continues
+      ((2, 4), True)
+      >>> generate_lm(model, prompts, max_new=4)                  # without segment_ids the padding reads as a token
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.DataError: prompts [2, 4]: row 0 holds the padding id (model.pad_id=0) at position 0 ...
+    """
     _check_inputs(model, prompts, segment_ids, "prompts")
     unrolled_threefry()                                            # sampling's bits: jaxformer.platforms.lowering
     prompts = jnp.asarray(prompts, jnp.int32)
@@ -226,10 +299,54 @@ def _generate_seq2seq(graphdef, state, src, segment_ids, key, *, max_new, bos_id
 def generate_seq2seq(model, src, *, max_new: int, bos_id: int, eos_id: int | None, key=None,
                      temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, kv_cache: str = "auto",
                      segment_ids=None):
-    """Encoder-decoder sampling. src [B,S] (segment_ids [B,S]: 0 on padding; None = every token real) ->
-    [B,max_new] (pad after EOS). The encoder and the cross-attention k/v run once; the decoder runs cached steps
-    in a while_loop. DataError for sources decoding would misread (`_check_inputs`), e.g. padding without
-    segment_ids."""
+    """Encoder-decoder sampling: src [B,S] -> [B,max_new] (pad after EOS).
+
+    The encoder and the cross-attention k/v run once; the decoder starts from bos_id and runs cached steps in a
+    while_loop, which stops once every row has emitted eos_id. One compiled program.
+
+    Args:
+      model: an encoder-decoder model (`jaxformer.nn.build_model` of a config with arch="encoder_decoder").
+      src: [B, S] int source token ids in [0, V) at every real position; B, S >= 1.
+      max_new: how many tokens each row generates (an int >= 1; at most model.max_len where positions come from
+        a table).
+      bos_id: the id the decoder starts from, in [0, V) (not part of the output).
+      eos_id: the end-of-sequence id: a row that emits it stops, and its later slots hold model.pad_id; None =
+        every row generates max_new tokens.
+      key: a `jax.random` key for sampling (None: `jax.random.key(0)`; not read when greedy).
+      temperature: the sampling temperature, >= 0 (0 = greedy: `sample_logits`).
+      top_k: how many of the best tokens sampling keeps, in [0, V] (0 = all).
+      top_p: the nucleus' probability mass, in (0, 1] (1 = all tokens).
+      kv_cache: the decoder cache's dtype: "auto" (the model's) or "int8".
+      segment_ids: [B, S] int, 0 on padding; None = every source token real.
+
+    Returns:
+      [B, max_new] int32 generated tokens, model.pad_id after a row's EOS.
+
+    Raises:
+      DataError: sources decoding would misread rather than refuse (as `generate_lm`'s prompts: shape, dtype, an
+        id outside [0, V), segment_ids, padding without segment_ids), or a bos_id outside [0, V).
+      ConfigError: max_new not an int >= 1, or beyond model.max_len where positions come from a table;
+        temperature < 0, top_k outside [0, V] or top_p outside (0, 1]; a kv_cache other than "auto" or "int8".
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.decode import generate_seq2seq
+      >>> from jaxformer.nn import build_model
+      >>> model = build_model(replaced(ModelConfig(), vocab_size=16, d_model=16, num_heads=2, d_ff=32,
+      ...                              num_encoder_layers=1, num_decoder_layers=1, max_len=16), seed=0)
+      >>> src = jnp.array([[3, 4, 5, 6]])
+      >>> out = generate_seq2seq(model, src, max_new=5, bos_id=1, eos_id=None)      # greedy, no early stop
+      >>> out.shape
+      (1, 5)
+      >>> eos = int(out[0, 1])                                     # pretend the second token was EOS
+      >>> generate_seq2seq(model, src, max_new=5, bos_id=1, eos_id=eos)[0, 2:].tolist()   # pad (0) after it
+      [0, 0, 0]
+      >>> generate_seq2seq(model, src, max_new=5, bos_id=16, eos_id=None)
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.DataError: bos_id=16 is outside the vocabulary [0, 16) (model.vocab_size)
+    """
     _check_inputs(model, src, segment_ids, "src", bos_id)
     _check_room(model.cfg, 0, max_new, None)                       # positions 0 .. max_new-1
     unrolled_threefry()                                            # sampling's bits: jaxformer.platforms.lowering
@@ -241,7 +358,22 @@ def generate_seq2seq(model, src, *, max_new: int, bos_id: int, eos_id: int | Non
 
 
 def finish_after_eos(tokens: jax.Array, eos_id: int, pad_id: int) -> jax.Array:
-    """tokens [B,T] -> same with every position after the first EOS set to pad."""
+    """tokens [B,T] -> same with every position after the first EOS set to pad.
+
+    Args:
+      tokens: [B, T] int token ids.
+      eos_id: the end-of-sequence id; a row's first one is kept.
+      pad_id: the id that fills every position after it.
+
+    Returns:
+      [B, T] tokens, in tokens' dtype; a row without EOS is unchanged.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.decode import finish_after_eos
+      >>> finish_after_eos(jnp.array([[5, 2, 7, 2], [5, 6, 7, 8]]), eos_id=2, pad_id=0).tolist()
+      [[5, 2, 0, 0], [5, 6, 7, 8]]
+    """
     seen = jnp.cumsum(tokens == eos_id, axis=1) - (tokens == eos_id)
     return jnp.where(seen > 0, pad_id, tokens)
 
@@ -264,7 +396,37 @@ def _greedy_naive(graphdef, state, src, segment_ids, *, max_new, bos_id, eos_id,
 
 def greedy_naive(model, src: jax.Array, max_new: int, *, bos_id: int, eos_id: int, segment_ids=None) -> jax.Array:
     """Encoder-decoder greedy decoding by full recomputation (no cache). src [B,S] (segment_ids as
-    `generate_seq2seq`) -> [B,max_new]."""
+    `generate_seq2seq`) -> [B,max_new].
+
+    The baseline the cache is measured against: the encoder runs once, then every step reruns the decoder over
+    all the tokens so far, for exactly max_new steps (EOS is applied afterwards, `finish_after_eos`).
+
+    Args:
+      model: an encoder-decoder model (arch="encoder_decoder").
+      src: [B, S] int source token ids in [0, V) at every real position.
+      max_new: how many tokens each row generates.
+      bos_id: the id the decoder starts from, in [0, V) (not part of the output).
+      eos_id: the end-of-sequence id (an int): every position after a row's first one holds model.pad_id.
+      segment_ids: [B, S] int, 0 on padding; None = every source token real.
+
+    Returns:
+      [B, max_new] int32 tokens, model.pad_id after a row's EOS: `generate_seq2seq`'s greedy output.
+
+    Raises:
+      DataError: sources decoding would misread (as `generate_seq2seq`'s), or a bos_id outside [0, V).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.decode import generate_seq2seq, greedy_naive
+      >>> from jaxformer.nn import build_model
+      >>> model = build_model(replaced(ModelConfig(), vocab_size=16, d_model=16, num_heads=2, d_ff=32,
+      ...                              num_encoder_layers=1, num_decoder_layers=1, max_len=16), seed=0)
+      >>> src = jnp.array([[3, 4, 5, 6]])
+      >>> naive = greedy_naive(model, src, 5, bos_id=1, eos_id=2)
+      >>> naive.shape, naive.tolist() == generate_seq2seq(model, src, max_new=5, bos_id=1, eos_id=2).tolist()
+      ((1, 5), True)
+    """
     _check_inputs(model, src, segment_ids, "src", bos_id)
     graphdef, state = nnx.split(model)
     return _greedy_naive(graphdef, state, jnp.asarray(src), _ids(segment_ids), max_new=max_new, bos_id=bos_id, eos_id=eos_id,
@@ -315,9 +477,48 @@ def _beam_search(graphdef, state, src, segment_ids, *, max_new, bos_id, eos_id, 
 
 def beam_search(model, src, *, max_new: int, bos_id: int, eos_id: int | None, beam: int = 4,
                 length_penalty: float = 0.6, kv_cache: str = "auto", segment_ids=None):
-    """Encoder-decoder beam search. src [B,S] (segment_ids as `generate_seq2seq`) -> best hypothesis [B,max_new] (pad after EOS), ranked by
-    log-probability / ((5 + length) / 6) ** length_penalty. beam=1 is greedy decoding. Stops as soon as every
-    beam has finished."""
+    """Encoder-decoder beam search. src [B,S] (segment_ids as `generate_seq2seq`) -> best hypothesis [B,max_new]
+    (pad after EOS).
+
+    Hypotheses are ranked by log-probability / ((5 + length) / 6) ** length_penalty (GNMT's length penalty).
+    beam=1 is greedy decoding. Stops as soon as every beam has finished. One compiled program; the encoder and
+    the cross-attention k/v run once.
+
+    Args:
+      model: an encoder-decoder model (arch="encoder_decoder").
+      src: [B, S] int source token ids in [0, V) at every real position.
+      max_new: the longest hypothesis (an int >= 1; at most model.max_len where positions come from a table).
+      bos_id: the id the decoder starts from, in [0, V) (not part of the output).
+      eos_id: the end-of-sequence id: a beam that emits it has finished; None = beams never finish early.
+      beam: the beam width W, an int in [1, V].
+      length_penalty: the exponent of the length penalty (0 = rank by log-probability alone).
+      kv_cache: the decoder cache's dtype: "auto" (the model's) or "int8".
+      segment_ids: [B, S] int, 0 on padding; None = every source token real.
+
+    Returns:
+      [B, max_new] int32 tokens of each row's best hypothesis, model.pad_id after its EOS.
+
+    Raises:
+      ConfigError: a beam that is not an int in [1, V]; max_new not an int >= 1, or beyond model.max_len where
+        positions come from a table; a kv_cache other than "auto" or "int8".
+      DataError: sources decoding would misread (as `generate_seq2seq`'s), or a bos_id outside [0, V).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.decode import beam_search
+      >>> from jaxformer.nn import build_model
+      >>> model = build_model(replaced(ModelConfig(), vocab_size=16, d_model=16, num_heads=2, d_ff=32,
+      ...                              num_encoder_layers=1, num_decoder_layers=1, max_len=16), seed=0)
+      >>> src = jnp.array([[3, 4, 5, 6]])
+      >>> best = beam_search(model, src, max_new=5, bos_id=1, eos_id=2, beam=3)
+      >>> best.shape, best.dtype
+      ((1, 5), dtype('int32'))
+      >>> beam_search(model, src, max_new=5, bos_id=1, eos_id=2, beam=0)
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.ConfigError: beam=0 must be an integer in [1, vocab_size=16]
+    """
     if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1 or beam > model.cfg.vocab_size:
         raise ConfigError(f"beam={beam!r} must be an integer in [1, vocab_size={model.cfg.vocab_size}]")
     _check_inputs(model, src, segment_ids, "src", bos_id)

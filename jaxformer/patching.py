@@ -184,14 +184,59 @@ def _per_layer(site: str) -> Callable:
 def patching_grid(model, clean: tuple, corrupt: tuple, site: str, metric: Callable[[jax.Array], jax.Array], *,
                   over: str = "position", normalize: bool = True, batch: int | None = None) -> jax.Array:
     """Activation patching of every cell of a per-layer `site`: the corrupted inputs run with one cell's value
-    taken from the clean run, every cell inside one jitted program (compiled once per model structure, site,
-    metric function, over, normalize and batch: call again with the same `metric` object and new inputs or
-    weights, no recompilation). clean, corrupt: the model's inputs ((tokens,) or (src, tgt), same shapes);
-    metric: logits [B,T,V] -> a scalar; over: "position" [L,T] | "head" [L,N] | "both" [L,T,N]; batch: cells
-    vmapped together (None: one at a time, the least memory). ConfigError for an unknown or model-level site, an
-    `over` the site has no axis for, a metric that is not callable or returns no scalar, a batch that is not a
-    positive integer; DataError for inputs the model does not take, clean and corrupt inputs of other shapes,
-    ids outside the vocabulary, and (normalize=True) a metric the corruption does not change (every cell 0/0)."""
+    taken from the clean run, every cell inside one jitted program.
+
+    The program is compiled once per model structure, site, metric function, over, normalize and batch: call
+    again with the same `metric` object and new inputs or weights, no recompilation. Each cell's value is
+    (metric(patched) − metric(corrupt)) / (metric(clean) − metric(corrupt)) with normalize=True (1: that cell
+    restores the clean behaviour; 0: it does nothing), else the metric's change itself.
+
+    Args:
+      model: a model of `jaxformer.nn` (decoder-only or encoder-decoder).
+      clean: the model's inputs as a tuple: (tokens,) or (tokens, positions) for a decoder-only model, (src, tgt)
+        for an encoder-decoder; each a [B, T] int array.
+      corrupt: the corrupted inputs: as many as clean's, of the same shapes.
+      site: a per-layer activation site (`model.sites()`, `jaxformer.nn.sites`), e.g. "resid_pre", "z".
+      metric: logits [B, T, V] -> a scalar (e.g. the mean logit difference of the right and the wrong answer).
+      over: the cells: "position" (layer, position), "head" (layer, head: every position of that head) or "both"
+        (layer, position, head).
+      normalize: divide each cell's change by metric(clean) − metric(corrupt).
+      batch: how many cells are vmapped together (None: one at a time, the least memory).
+
+    Returns:
+      float32 [L, T] (over="position"), [L, N] (over="head") or [L, T, N] (over="both"); N is the site's own head
+        axis (K for k and v).
+
+    Raises:
+      ConfigError: an unknown or model-level site; an `over` not in OVER or one the site has no axis for (heads
+        of a site without them); a metric that is not callable or returns no real scalar; a batch that is not a
+        positive integer.
+      DataError: inputs the model does not take (not a tuple, another number of them, not [B, T] integer
+        arrays), clean and corrupt inputs of other shapes, ids outside the vocabulary (or an LM's positions
+        outside a position table), a metric that is not finite on clean or corrupt, and (normalize=True) a
+        metric the corruption does not change (every cell 0/0).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import build_model
+      >>> from jaxformer.patching import patching_grid
+      >>> model = build_model(replaced(ModelConfig(), arch="decoder_only", vocab_size=16, d_model=16, num_heads=2,
+      ...                              d_ff=32, num_decoder_layers=2, max_len=16), seed=0)
+      >>> clean, corrupt = (jnp.array([[3, 4, 5, 6]]),), (jnp.array([[7, 4, 5, 6]]),)   # position 0 differs
+      >>> metric = lambda logits: logits[0, -1, 1] - logits[0, -1, 2]     # the last position's logit difference
+      >>> grid = patching_grid(model, clean, corrupt, "resid_pre", metric)   # over="position": [L, T]
+      >>> grid.shape
+      (2, 4)
+      >>> grid[0].round(2).tolist()        # layer 0's input differs at position 0 only: patching it restores all
+      [1.0, 0.0, 0.0, 0.0]
+      >>> patching_grid(model, clean, corrupt, "z", metric, over="head").shape                  # [L, N]
+      (2, 2)
+      >>> patching_grid(model, clean, corrupt, "resid_pre", metric, over="head")
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.ConfigError: over='head': site 'resid_pre' (1, 4, 16) has no head axis ...
+    """
     _check(model, site, over, metric)
     _batch(batch)
     clean, corrupt = _inputs(model, clean, corrupt)
@@ -229,7 +274,44 @@ def attribution_patching(model, clean: tuple, corrupt: tuple, site: str, metric:
     """Attribution patching: the linear estimate of `patching_grid` (same arguments and shape), every cell from
     one gradient: Σ_cell (clean − corrupt) · ∂metric/∂value at the corrupted run (the module docstring says where
     it fails). One jitted program of two forward passes and one backward pass, compiled once as the grid's is.
-    The grid's errors, and ConfigError for a metric that is not a float scalar (it is differentiated)."""
+
+    Args:
+      model: a model of `jaxformer.nn` (decoder-only or encoder-decoder).
+      clean: the model's inputs as a tuple ((tokens,), (tokens, positions) or (src, tgt)), each [B, T] int.
+      corrupt: the corrupted inputs: as many as clean's, of the same shapes.
+      site: a per-layer activation site (`model.sites()`), e.g. "resid_pre", "z", "pattern".
+      metric: logits [B, T, V] -> a float scalar, differentiated at the corrupted run.
+      over: the cells: "position", "head" or "both" (as `patching_grid`).
+      normalize: divide each cell's estimate by metric(clean) − metric(corrupt).
+
+    Returns:
+      float32 [L, T] (over="position"), [L, N] (over="head") or [L, T, N] (over="both"), as `patching_grid`.
+
+    Raises:
+      ConfigError: the grid's (an unknown or model-level site, an `over` the site has no axis for, a metric
+        that is not callable or returns no scalar), and a metric that is not a float scalar (it is
+        differentiated).
+      DataError: the grid's: inputs the model does not take, clean and corrupt inputs of other shapes, ids
+        outside the vocabulary, a metric not finite on clean or corrupt, and (normalize=True) a metric the
+        corruption does not change.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import build_model
+      >>> from jaxformer.patching import attribution_patching
+      >>> model = build_model(replaced(ModelConfig(), arch="decoder_only", vocab_size=16, d_model=16, num_heads=2,
+      ...                              d_ff=32, num_decoder_layers=2, max_len=16), seed=0)
+      >>> clean, corrupt = (jnp.array([[3, 4, 5, 6]]),), (jnp.array([[7, 4, 5, 6]]),)   # position 0 differs
+      >>> metric = lambda logits: logits[0, -1, 1] - logits[0, -1, 2]
+      >>> est = attribution_patching(model, clean, corrupt, "resid_pre", metric)     # [L, T]
+      >>> est.shape, bool((est[0, 1:] == 0).all())        # clean − corrupt is 0 where the inputs agree
+      ((2, 4), True)
+      >>> attribution_patching(model, clean, corrupt, "resid_pre", lambda logits: jnp.argmax(logits[0, -1]))
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.ConfigError: metric returned int32: attribution patching differentiates it, so it must be ...
+    """
     _check(model, site, over, metric)
     clean, corrupt = _inputs(model, clean, corrupt)
     graphdef, state = nnx.split(model)

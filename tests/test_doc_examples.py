@@ -8,6 +8,10 @@ an examples section: under `Example:` it would render the doctest as prose).
 Public: listed in the module's `__all__` where it has one, else not starting with "_", and defined in that module
 (not imported into it). The examples use tiny arrays: the whole file runs in a few seconds.
 
+The same two checks cover the modules docs/api/decode.md, patching.md and sae.md render (`LIBRARY`: decoding,
+activation patching, sparse autoencoders), whose examples build the smallest model the package allows (D=16,
+one or two layers, V=16) once per docstring: a few seconds with a warm compilation cache.
+
 Wrong implementations these catch: an example whose printed output no longer matches what the op returns (a
 changed default, shape or dtype), an example that raises, and a new public op without arguments, return value or
 example documented.
@@ -22,6 +26,7 @@ from pathlib import Path
 import pytest
 
 MODULES = ("attention", "masks", "positional", "norms", "activations", "flash", "fused", "context", "moe", "losses")
+LIBRARY = ("jaxformer.decode", "jaxformer.patching", "jaxformer.sae")   # one docs/api page each
 FLAGS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
 
 
@@ -73,3 +78,52 @@ def test_the_docstring_examples_run_as_written(name):
         runner.run(test, out=report.append)
     result = runner.summarize(verbose=False)
     assert result.failed == 0, "".join(report)
+
+
+def _missing_sections(mod) -> list[str]:
+    """"NAME: no SECTION" for every section a public function or class of `mod` lacks (as the ops check)."""
+    missing = []
+    for attr, obj in _public(mod):
+        doc = inspect.getdoc(obj) or ""
+        need = ["Examples:"]
+        if inspect.isclass(obj):
+            need.append("Attributes:")
+        else:
+            need.append("Returns:")
+            if inspect.signature(obj).parameters:
+                need.append("Args:")
+        missing += [f"{attr}: no {section}" for section in need if f"\n{section}\n" not in f"\n{doc}\n"]
+    return missing
+
+
+def _failed_examples(mod) -> str:
+    """The doctest report of `mod`'s docstring examples that fail ("" when every one runs as written; as the ops
+    check)."""
+    runner = doctest.DocTestRunner(optionflags=FLAGS)
+    report: list[str] = []
+    tests = [t for t in doctest.DocTestFinder().find(mod) if t.examples]
+    assert tests, f"{mod.__name__} has no docstring examples"
+    for test in tests:
+        runner.run(test, out=report.append)
+    return "".join(report) if runner.summarize(verbose=False).failed else ""
+
+
+def test_the_library_modules_have_their_reference_pages():
+    api = Path(__file__).resolve().parents[1] / "docs" / "api"
+    for name in LIBRARY:
+        page = (api / f"{name.split('.')[-1]}.md").read_text(encoding="utf-8")
+        assert f"::: {name}" in page.splitlines(), f"docs/api/{name.split('.')[-1]}.md does not render {name}"
+
+
+@pytest.mark.parametrize("name", LIBRARY)
+def test_every_public_function_of_the_library_has_args_returns_and_an_example(name):
+    mod = importlib.import_module(name)
+    assert _public(mod), f"{name} has no public function or class"
+    missing = _missing_sections(mod)
+    assert not missing, f"{name}: " + "; ".join(missing)
+
+
+@pytest.mark.parametrize("name", LIBRARY)
+def test_the_library_docstring_examples_run_as_written(name):
+    failed = _failed_examples(importlib.import_module(name))
+    assert not failed, failed
