@@ -20,7 +20,7 @@ import optax
 import pytest
 from flax import nnx
 
-from helpers import tiny_lm
+from helpers import tiny_lm, tiny_reverse
 from jaxformer.cli import main as cli_main
 from jaxformer.config import ConfigError
 from jaxformer.mup import slopes, verdict
@@ -246,3 +246,154 @@ def test_the_coordinate_checks_logit_update_is_what_training_moved_the_correct_l
     for par in ("sp", "mup"):
         first, second, third = r[par][LEARNED]
         assert first == [0.0, 0.0] and all(0 < a < b for a, b in zip(second, third)), r[par][LEARNED]
+
+
+def test_the_coordinate_check_plot_draws_every_site_and_step_against_width(tmp_path, monkeypatch):
+    """`mup.plot` (mup-check's mup_check.png): SP's panels above µP's, one per site, titled; in each, one line of
+    mean |x| against width per step (x log base 2, y log), markers, a colour from blue (step 0) to red (the last);
+    grids on both tick sets; the width label under the bottom row, the size label left of the first column, the
+    steps' legend in the top-right panel; the title gives the learning rate and each verdict's first word. The
+    figure is checked as drawn, not its PNG (savefig intercepted). `log2_widths`: the doubling widths."""
+    from matplotlib.figure import Figure
+    from jaxformer.mup import log2_widths, plot
+    assert log2_widths(8, 64) == (8, 16, 32, 64) and log2_widths(8, 100) == (8, 16, 32, 64)
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+    widths = [8, 16, 32]
+    result = {"widths": widths, "steps": 2, "sites": ["embed", "logits", "memory"], "lr": 0.01,   # SP's embed
+              "sp": {"embed": [[1, 2, 4], [1.5, 3, 6], [2, 4, 8]], "logits": [[1, 1, 1]] * 3,     # grows, µP's
+                     "memory": [[2, 2, 2]] * 3},                                                  # stay flat
+              "mup": {"embed": [[1, 1.01, 1.02]] * 3, "logits": [[3, 3, 3], [2, 2, 2], [1, 1, 1]],
+                      "memory": [[1, 1, 1]] * 3}}
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, path, **kw: saved.append((self, path, kw)))
+    plot(result, tmp_path / "check.png")
+    (fig, path, kw), = saved
+    assert path == tmp_path / "check.png" and kw == {"dpi": 80} and list(fig.get_size_inches()) == [9.0, 5.4]
+    assert isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+    assert fig._suptitle.get_text() == "coordinate check at lr 0.01: SP grows, µP flat"
+    assert fig._suptitle.get_fontsize() == 10
+    assert len(fig.axes) == 6
+    for i, ax in enumerate(fig.axes):
+        par, site = ("sp", "mup")[i // 3], result["sites"][i % 3]
+        assert ax.get_title() == f"{'µP' if par == 'mup' else 'SP'}: {site}" and ax.title.get_fontsize() == 9
+        assert (ax.get_xscale(), ax.xaxis.get_transform().base, ax.get_yscale()) == ("log", 2, "log")
+        lines = ax.get_lines()
+        assert [list(x.get_xdata()) for x in lines] == [widths] * 3
+        assert [list(x.get_ydata()) for x in lines] == result[par][site]
+        assert [x.get_label() for x in lines] == ["step 0", "step 1", "step 2"]
+        assert all((x.get_marker(), x.get_markersize(), x.get_linewidth()) == ("o", 3, 1.2) for x in lines)
+        assert [x.get_color() for x in lines] == [(0.15, 0.3, 0.6), (0.5, 0.3, 0.6), (0.85, 0.3, 0.6)]
+        for ticks in (ax.xaxis.get_major_ticks(), ax.yaxis.get_minor_ticks()):
+            assert ticks and all(t.gridline.get_visible() and t.gridline.get_alpha() == 0.3 for t in ticks)
+        assert (ax.get_xlabel(), ax.get_ylabel()) == ("width D" if i >= 3 else "", "mean |x|" if i % 3 == 0 else "")
+        assert all(label.get_fontsize() == 8 for label in (ax.xaxis.label, ax.yaxis.label) if label.get_text())
+        legend = ax.get_legend()
+        assert (legend is not None) == (i == 2)
+    texts = fig.axes[2].get_legend().get_texts()
+    assert [t.get_text() for t in texts] == ["step 0", "step 1", "step 2"] and texts[0].get_fontsize() == 6
+    one = {"widths": [8, 16], "steps": 1, "sites": ["embed"], "lr": 0.1,               # one site, one step
+           "sp": {"embed": [[1, 2], [1, 2]]}, "mup": {"embed": [[1, 1], [1, 1]]}}
+    plot(one, tmp_path / "one.png")
+    fig = saved[-1][0]
+    assert [ax.get_title() for ax in fig.axes] == ["SP: embed", "µP: embed"]
+    assert [x.get_color() for x in fig.axes[0].get_lines()] == [(0.15, 0.3, 0.6), (0.85, 0.3, 0.6)]
+
+
+def test_the_verdict_names_the_steepest_site_its_direction_and_whether_the_slope_has_an_interval():
+    """`mup.verdict`: the site of the largest |slope|; "flat" up to ±FLAT inclusive (a slope of exactly 0.15 is
+    flat), "grows" or "shrinks" past it; from two widths it says the slope is a line through two points."""
+    shrinking = {"widths": [8, 16, 32], "sites": ["a", "b"], "sp": {"a": [[1.0, 1.0, 1.0]], "b": [[4.0, 2.0, 1.0]]}}
+    assert verdict(shrinking, "sp") == "shrinks (steepest: b, slope -1.00 per log width; flat is within ±0.15)"
+    growing = {"widths": [8, 16], "sites": ["a"], "sp": {"a": [[1.0, 2.0]]}}
+    assert verdict(growing, "sp") == ("grows (steepest: a, slope +1.00 per log width; flat is within ±0.15; from 2 "
+                                      "widths: a line through two points, with no interval (give 3 or more widths "
+                                      "for one))")
+    edge = {"widths": [1, 4], "sites": ["a"], "sp": {"a": [[1.0, 4.0 ** 0.15]]}}
+    assert slopes(edge, "sp")["a"] == 0.15 and verdict(edge, "sp").startswith("flat (steepest: a, slope +0.15")
+
+
+def test_the_optimum_is_the_vertex_numpy_fits_through_the_best_rate_and_its_neighbours():
+    """On an uneven grid of rates (log2 steps of 1.5, 0.5, 2, ...) and losses that are no parabola: the vertex of
+    numpy's degree-2 fit through the best mean loss and its two neighbours, wherever the best sits (next to
+    either edge too); grids scored together (`_optima`, the bootstrap's resamples) as each alone; no numpy
+    warning from the grids whose best is at an edge (their vertex is not read)."""
+    import warnings
+    from jaxformer.mup import _optima, lr_optimum
+    x = np.array([-3.0, -1.5, -1.0, 1.0, 1.5, 4.0])
+    lrs = list(2.0 ** x)
+    grids = [np.abs(x - c) ** 1.5 + 0.1 * np.sin(3 * x) for c in (-1.6, -0.9, 0.8, 1.6)]   # best at 1, 2, 3, 4
+    for y in grids:
+        i = int(np.argmin(y))
+        a, b, _ = np.polyfit(x[i - 1:i + 2], y[i - 1:i + 2], 2)
+        assert lr_optimum(lrs, [y, y]) == pytest.approx(-b / (2 * a), rel=1e-9, abs=1e-12)
+    stacked = np.stack([[y] * 2 for y in grids] + [[np.full(6, 2.0)] * 2])       # [R=5, seeds, rates]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        together = _optima(lrs, stacked)
+        assert lr_optimum(lrs, [np.full(6, 2.0)]) == -np.inf                # flat: the lowest rate is the best
+    assert list(together) == [lr_optimum(lrs, g) for g in stacked]
+
+
+def test_widths_must_be_positive():
+    with pytest.raises(ConfigError, match=r"widths=\[0, 8\]: give at least two distinct positive widths"):
+        slopes({"widths": [8, 0], "sites": ["a"], "sp": {"a": [[1.0, 1.0]]}}, "sp")
+    with pytest.raises(ConfigError, match="positive"):
+        slopes({"widths": [-2, 8], "sites": ["a"], "sp": {"a": [[1.0, 1.0]]}}, "sp")
+    assert slopes({"widths": [1, 2], "sites": ["a"], "sp": {"a": [[1.0, 2.0]]}}, "sp")["a"] == pytest.approx(1.0)
+
+
+def test_shift_text_and_the_transfer_verdict_at_their_edges():
+    """An optimum above its grid is written so; the verdict's tolerance is inclusive (a shift interval reaching
+    exactly ±0.5 holds), and an interval that only touches the far side of it is not resolved."""
+    from jaxformer.mup import shift_text, transfer_verdict
+    assert shift_text(np.inf, -2.4, np.inf) == "above its grid [-2.40, +inf]"
+    assert transfer_verdict(-0.5, 0.5) == "holds"
+    assert transfer_verdict(-1.0, -0.5) == transfer_verdict(0.5, 1.0) == "not resolved"
+    assert transfer_verdict(-1.0, -0.51) == transfer_verdict(0.51, 1.0) == "does not hold"
+
+
+def test_the_shift_interval_is_the_bootstraps_2_5_and_97_5_percent_order_statistics(monkeypatch):
+    """optimum_shift's interval: the 2.5% lower and 97.5% higher order statistics of the resampled shifts (each
+    draw's other-width optimum minus its base optimum), by default over 2000 draws from seed 0 (reproducible).
+    The resampler is replaced by one whose k-th draw puts the other width's optimum at k/100 and the base's at
+    0, so the shifts are known."""
+    from jaxformer import mup
+    lrs = list(2.0 ** np.arange(-3.0, 4.0))
+    x = np.log2(lrs)
+    at = lambda c: np.array([(x - c) ** 2])                                 # noqa: E731  one seed, vertex c
+    n = 200
+
+    def fake(y, groups):
+        k = iter(range(10 ** 6))
+        moved = y[0][3] != at(0.0)[0][3]                                   # the other width's grid
+        return lambda rng: (None, at((next(k) % n) / 100 if moved else 0.0))
+    monkeypatch.setattr(mup, "resampler", fake)
+    shift, lo, hi = mup.optimum_shift(lrs, at(0.0), at(0.37), n=n)
+    shifts = np.sort(np.arange(n) / 100)
+    assert shift == pytest.approx(0.37)
+    assert lo == pytest.approx(shifts[int(np.floor(0.025 * (n - 1)))])    # 0.04
+    assert hi == pytest.approx(shifts[int(np.ceil(0.975 * (n - 1)))])     # 1.95
+    monkeypatch.undo()
+    c = np.random.default_rng(0).normal(0.0, 0.3, (2, 8))                   # each of 8 seeds its own optimum
+    base, moved = [[(v - 0.4 - d) ** 2 for v in x] for d in c[0]], [[(v + 0.6 - d) ** 2 for v in x] for d in c[1]]
+    default = mup.optimum_shift(lrs, base, moved)
+    assert default == mup.optimum_shift(lrs, base, moved) == mup.optimum_shift(lrs, base, moved, n=2000, seed=0)
+    assert default != mup.optimum_shift(lrs, base, moved, n=2000, seed=1)
+    assert default != mup.optimum_shift(lrs, base, moved, n=2001, seed=0)
+
+
+def test_the_sizes_call_the_model_with_the_batchs_positions_and_segments():
+    """`_forward_args`: a language model's batch -> (inputs,), its positions and segment ids by the model's own
+    keyword names; an encoder-decoder's -> (src, tgt_in), each side's positions and segment ids."""
+    import inspect
+    from jaxformer.mup import _forward_args
+    from jaxformer.nn import build_model
+    lm = {"inputs": "I", "positions": "P", "segment_ids": "S", "targets": "T"}
+    assert _forward_args(lm) == (("I",), {"positions": "P", "segment_ids": "S"})
+    ed = {"src": "s", "tgt_in": "t", "src_positions": "sp", "src_segment_ids": "ss", "tgt_positions": "tp",
+          "tgt_segment_ids": "ts", "tgt_out": "o"}
+    assert _forward_args(ed) == (("s", "t"), {"src_positions": "sp", "src_segment_ids": "ss", "tgt_positions": "tp",
+                                              "tgt_segment_ids": "ts"})
+    for cfg, kw in ((tiny_lm(), lm), (tiny_reverse(), ed)):
+        params = inspect.signature(type(nnx.eval_shape(lambda: build_model(cfg.model))).__call__).parameters
+        assert set(_forward_args(kw)[1]) <= set(params)
