@@ -16,7 +16,20 @@
 # and the CLI work with it as they are. Here: cosine attention (Swin v2's), where a logit is a fixed temperature
 # times the cosine of query and key instead of their dot product over √H.
 
+# %% tags=["remove_input"]
+# Setup, its source hidden on the site. As a notebook this runs from docs/tutorials: work from the repository
+# root, where configs/ is. In a notebook kernel without ipywidgets, importing the training loop (which imports
+# tqdm.auto for its progress bar, off here) warns "IProgress not found" on stderr: silenced, not needed.
+import os
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore", message="IProgress not found")
+if not Path("configs").is_dir():
+    os.chdir(Path.cwd().parents[1])
+
 # %%
+import json
 import sys
 import tempfile
 import textwrap
@@ -25,12 +38,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxformer.config import resolve_vocab
 from jaxformer.configio import apply_overrides, load_config_file
+from jaxformer.decode import generate_lm
 from jaxformer.nn import build_model
-import os
-
-if not Path("configs").is_dir():        # run as a notebook from docs/tutorials: the repository root
-    os.chdir(Path.cwd().parents[1])
+from jaxformer.train.loop import train
 
 folder = Path(tempfile.mkdtemp())
 (folder / "my_attention.py").write_text(textwrap.dedent('''
@@ -97,9 +109,6 @@ print("the attention module of every block:", cfg.model.attention.kind, cfg.mode
 # variant inherited the cache handling, so it does.
 
 # %%
-from jaxformer.config import resolve_vocab  # noqa: E402
-from jaxformer.decode import generate_lm  # noqa: E402
-
 model = build_model(resolve_vocab(cfg, 64).model, seed=0)
 print(type(model.decoder.layers.blocks.self_attn).__name__)
 tokens = jax.random.randint(jax.random.key(0), (2, 12), 1, 64)
@@ -114,9 +123,6 @@ assert (np.asarray(full[:, 5:].argmax(-1)) == np.asarray(greedy)).all()     # th
 # CosineAttention --set model.attention.options=temperature=10`, with the folder on PYTHONPATH); in Python, `train`:
 
 # %%
-import json  # noqa: E402
-from jaxformer.train.loop import train  # noqa: E402
-
 runs = Path(tempfile.mkdtemp())
 for name, extra in {"softmax": [], "cosine": COSINE}.items():
     train(config(*extra), runs / name, progress="none")

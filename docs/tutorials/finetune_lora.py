@@ -16,6 +16,18 @@
 # downloaded: the "pretrained" model is a small Llama that transformers builds here with random weights, and its
 # tokenizer a byte-level BPE trained on the built-in Alice text. Every step is the CLI, called from Python.
 
+# %% tags=["remove_input"]
+# Setup, its source hidden on the site: progress bars and others' deprecation notices kept off the page. In a
+# notebook kernel without ipywidgets, importing the training loop (which imports tqdm.auto for its progress bar,
+# off here) warns "IProgress not found"; transformers draws a bar while it saves the Llama; peft calls a method
+# transformers has deprecated.
+import os
+import warnings
+
+os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"          # read when transformers is imported
+warnings.filterwarnings("ignore", message="IProgress not found")
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
+
 # %%
 import json
 import tempfile

@@ -22,6 +22,18 @@
 # Run it as a script (`python docs/tutorials/lego_prenorm.py`, about three minutes on 2 CPU cores) or as a
 # notebook (`jupytext --to ipynb`). Training runs go to a temporary folder.
 
+# %% tags=["remove_input"]
+# Setup, its source hidden on the site. As a notebook this runs from docs/tutorials: work from the repository
+# root, where configs/ is. In a notebook kernel without ipywidgets, importing the training loop (which imports
+# tqdm.auto for its progress bar, off here) warns "IProgress not found" on stderr: silenced, not needed.
+import os
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore", message="IProgress not found")
+if not Path("configs").is_dir():
+    os.chdir(Path.cwd().parents[1])
+
 # %%
 import functools
 import inspect
@@ -36,11 +48,12 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.configio import apply_overrides, load_config_file
+from jaxformer.data.tasks import encode_digit_pairs
+from jaxformer.inference import generate_text, load_model
 from jaxformer.nn import build_model, count_params
-import os
-
-if not Path("configs").is_dir():        # run as a notebook from docs/tutorials: the repository root
-    os.chdir(Path.cwd().parents[1])
+from jaxformer.nn.layers import Residual
+from jaxformer.train.loop import train
+from jaxformer.viz import attention_maps
 
 # The shipped reversal config (1,000 training strings of 3-6 digits, a Pre-LN 2+2-layer encoder-decoder) made
 # deeper (4+4 layers, where the placement starts to matter), narrower in its FFN, and short: 300 steps, evaluated
@@ -107,8 +120,6 @@ assert counts["pre"]["total"] - counts["post"]["total"] == 2 * 2 * cfgs["pre"].m
 # layers, which is why Post-LN wants warmup and tends to stall when deep. The source, as it runs:
 
 # %%
-from jaxformer.nn.layers import Residual  # noqa: E402
-
 print(inspect.getsource(Residual.sublayer_input))
 print(inspect.getsource(Residual.__call__))
 
@@ -120,8 +131,16 @@ print(inspect.getsource(Residual.__call__))
 rng = np.random.default_rng(0)
 x = rng.standard_normal((2, 5, 64)).astype(np.float32)
 w = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
-f = lambda y: (y @ w, {})                                              # noqa: E731  a sublayer: (out, aux)
-ln = lambda y: (y - y.mean(-1, keepdims=True)) / np.sqrt(y.var(-1, keepdims=True) + 1e-5)  # noqa: E731
+
+
+def f(y):                                                               # a sublayer: (out, aux)
+    return y @ w, {}
+
+
+def ln(y):
+    return (y - y.mean(-1, keepdims=True)) / np.sqrt(y.var(-1, keepdims=True) + 1e-5)
+
+
 want = {"post": ln(x + x @ w), "pre": x + ln(x) @ w}
 for pos, cfg in cfgs.items():
     got, _ = Residual(cfg.model, rngs=nnx.Rngs(0))(jnp.asarray(x), f, rngs=None)
@@ -138,8 +157,6 @@ for pos, cfg in cfgs.items():
 # data and its order are the same. Each run takes about a minute here.
 
 # %%
-from jaxformer.train.loop import train  # noqa: E402
-
 runs = Path(tempfile.mkdtemp())
 curves, final = {}, {}
 for pos, cfg in cfgs.items():
@@ -186,9 +203,6 @@ plt.show()
 # prompts, with the model's own greedy answer as the decoder input and each map cut to its prompt's tokens.
 
 # %%
-from jaxformer.inference import generate_text, load_model  # noqa: E402
-from jaxformer.viz import attention_maps  # noqa: E402
-
 trained = {pos: load_model(runs / pos, "latest") for pos in cfgs}
 prompt = "714093"
 for pos, run in trained.items():
@@ -221,8 +235,6 @@ plt.show()
 # seeds tried), not a difference between the placements.
 
 # %%
-from jaxformer.data.tasks import encode_digit_pairs  # noqa: E402
-
 n = 6
 strings = [tuple(int(d) for d in rng.integers(0, 10, n)) for _ in range(64)]
 batch = encode_digit_pairs(strings, reverse=True, width=n + 1)          # src: digits + EOS; tgt_in: BOS + reversed

@@ -26,6 +26,18 @@
 # 1000 strings of 3 to 6 digits. 600 steps instead of its 1500 are enough for it to reverse the held-out strings
 # (a disjoint set of 500) almost always; `train` evaluates them once, at the end, by greedy decoding.
 
+# %% tags=["remove_input"]
+# Setup, its source hidden on the site. As a notebook this runs from docs/tutorials: work from the repository
+# root, where configs/ is. In a notebook kernel without ipywidgets, importing the training loop (which imports
+# tqdm.auto for its progress bar, off here) warns "IProgress not found" on stderr: silenced, not needed.
+import os
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore", message="IProgress not found")
+if not Path("configs").is_dir():
+    os.chdir(Path.cwd().parents[1])
+
 # %%
 import tempfile
 import time
@@ -37,11 +49,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from jaxformer.configio import apply_overrides, load_config_file
+from jaxformer.data import build_task
+from jaxformer.data.tasks import encode_digit_pairs
+from jaxformer.decode import generate_seq2seq
+from jaxformer.inference import load_model
+from jaxformer.interpret import logit_lens
+from jaxformer.patching import attribution_patching, patching_grid
 from jaxformer.train.loop import train
-import os
-
-if not Path("configs").is_dir():        # run as a notebook from docs/tutorials: the repository root
-    os.chdir(Path.cwd().parents[1])
 
 cfg = apply_overrides(load_config_file("configs/reverse.py"),
                       ["train.steps=600", "train.eval_every=600", "train.checkpoint_every=600",
@@ -60,10 +74,6 @@ print(f"trained {result['step']} steps in {time.perf_counter() - t0:.0f} s; held
 # reversed digits + EOS. Segment ids say which positions are padding.
 
 # %%
-from jaxformer.data import build_task  # noqa: E402
-from jaxformer.decode import generate_seq2seq  # noqa: E402
-from jaxformer.inference import load_model  # noqa: E402
-
 run = load_model(workdir, "best")
 model, tok = run.model, run.tokenizer
 print(f"restored the {run.which} checkpoint (step {run.step}): {type(model).__name__}, "
@@ -146,8 +156,6 @@ plt.show()
 # last row is the model's logits. Where does the right answer appear?
 
 # %%
-from jaxformer.interpret import logit_lens  # noqa: E402
-
 lens = jax.nn.softmax(logit_lens(model, src, tgt_in, **kw))                           # [L+1,B,T,V]
 p_right = jnp.take_along_axis(lens, jnp.broadcast_to(tgt_out[None, ..., None], lens.shape[:3] + (1,)), -1)[..., 0]
 top = jnp.argmax(lens, -1)                                                            # [L+1,B,T]
@@ -187,9 +195,6 @@ plt.show()
 # one backward pass: (clean − corrupted activation) · ∂metric/∂activation at the corrupted run.
 
 # %%
-from jaxformer.data.tasks import encode_digit_pairs  # noqa: E402
-from jaxformer.patching import attribution_patching, patching_grid  # noqa: E402
-
 clean_digits = (3, 1, 4, 1, 5, 9)
 p = 2
 corrupt_digits = tuple((d + 5) % 10 if i == p else d for i, d in enumerate(clean_digits))
