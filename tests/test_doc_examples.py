@@ -123,6 +123,7 @@ def test_every_public_function_of_the_library_has_args_returns_and_an_example(na
     assert not missing, f"{name}: " + "; ".join(missing)
 
 
+@pytest.mark.slow          # each builds and runs tiny models (~9 s together); their sections are checked above
 @pytest.mark.parametrize("name", LIBRARY)
 def test_the_library_docstring_examples_run_as_written(name):
     failed = _failed_examples(importlib.import_module(name))
