@@ -10,7 +10,8 @@ Public: listed in the module's `__all__` where it has one, else not starting wit
 
 The same two checks cover the modules docs/api/decode.md, patching.md and sae.md render (`LIBRARY`: decoding,
 activation patching, sparse autoencoders), whose examples build the smallest model the package allows (D=16,
-one or two layers, V=16) once per docstring: a few seconds with a warm compilation cache.
+one or two layers, V=16) once per docstring: ~9 s together, so they run in the slow lane (their sections are
+checked in the default lane).
 
 Wrong implementations these catch: an example whose printed output no longer matches what the op returns (a
 changed default, shape or dtype), an example that raises, and a new public op without arguments, return value or
@@ -27,11 +28,10 @@ import pytest
 
 MODULES = ("attention", "masks", "positional", "norms", "activations", "flash", "fused", "context", "moe", "losses")
 LIBRARY = ("jaxformer.decode", "jaxformer.patching", "jaxformer.sae")   # one docs/api page each
+DOCUMENTED = tuple(f"jaxformer.ops.{m}" for m in MODULES) + LIBRARY
 FLAGS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
-
-
-def _module(name: str):
-    return importlib.import_module(f"jaxformer.ops.{name}")
+# the library's examples build and run tiny models (~9 s together): the slow lane; their sections: the default
+SLOW = {name: pytest.mark.slow for name in LIBRARY}
 
 
 def _public(mod) -> list[tuple[str, object]]:
@@ -44,15 +44,19 @@ def _public(mod) -> list[tuple[str, object]]:
 
 
 def test_the_modules_are_those_the_reference_renders():
-    page = (Path(__file__).resolve().parents[1] / "docs" / "api" / "ops.md").read_text(encoding="utf-8")
+    api = Path(__file__).resolve().parents[1] / "docs" / "api"
+    page = (api / "ops.md").read_text(encoding="utf-8")
     assert [line.split(".")[-1] for line in page.splitlines() if line.startswith(":::")] == list(MODULES)
+    for name in LIBRARY:
+        page = (api / f"{name.split('.')[-1]}.md").read_text(encoding="utf-8")
+        assert f"::: {name}" in page.splitlines(), f"docs/api/{name.split('.')[-1]}.md does not render {name}"
 
 
-@pytest.mark.parametrize("name", MODULES)
-def test_every_public_op_has_args_returns_and_an_example(name):
-    mod = _module(name)
+@pytest.mark.parametrize("name", DOCUMENTED)
+def test_every_public_function_and_class_has_its_sections(name):
+    mod = importlib.import_module(name)
     public = _public(mod)
-    assert public, f"jaxformer.ops.{name} has no public function or class"
+    assert public, f"{name} has no public function or class"
     missing = []
     for attr, obj in public:
         doc = inspect.getdoc(obj) or ""
@@ -64,67 +68,15 @@ def test_every_public_op_has_args_returns_and_an_example(name):
             if inspect.signature(obj).parameters:
                 need.append("Args:")
         missing += [f"{attr}: no {section}" for section in need if f"\n{section}\n" not in f"\n{doc}\n"]
-    assert not missing, f"jaxformer.ops.{name}: " + "; ".join(missing)
-
-
-@pytest.mark.parametrize("name", MODULES)
-def test_the_docstring_examples_run_as_written(name):
-    mod = _module(name)
-    runner = doctest.DocTestRunner(optionflags=FLAGS)
-    report: list[str] = []
-    tests = [t for t in doctest.DocTestFinder().find(mod) if t.examples]
-    assert tests, f"jaxformer.ops.{name} has no docstring examples"
-    for test in tests:
-        runner.run(test, out=report.append)
-    result = runner.summarize(verbose=False)
-    assert result.failed == 0, "".join(report)
-
-
-def _missing_sections(mod) -> list[str]:
-    """"NAME: no SECTION" for every section a public function or class of `mod` lacks (as the ops check)."""
-    missing = []
-    for attr, obj in _public(mod):
-        doc = inspect.getdoc(obj) or ""
-        need = ["Examples:"]
-        if inspect.isclass(obj):
-            need.append("Attributes:")
-        else:
-            need.append("Returns:")
-            if inspect.signature(obj).parameters:
-                need.append("Args:")
-        missing += [f"{attr}: no {section}" for section in need if f"\n{section}\n" not in f"\n{doc}\n"]
-    return missing
-
-
-def _failed_examples(mod) -> str:
-    """The doctest report of `mod`'s docstring examples that fail ("" when every one runs as written; as the ops
-    check)."""
-    runner = doctest.DocTestRunner(optionflags=FLAGS)
-    report: list[str] = []
-    tests = [t for t in doctest.DocTestFinder().find(mod) if t.examples]
-    assert tests, f"{mod.__name__} has no docstring examples"
-    for test in tests:
-        runner.run(test, out=report.append)
-    return "".join(report) if runner.summarize(verbose=False).failed else ""
-
-
-def test_the_library_modules_have_their_reference_pages():
-    api = Path(__file__).resolve().parents[1] / "docs" / "api"
-    for name in LIBRARY:
-        page = (api / f"{name.split('.')[-1]}.md").read_text(encoding="utf-8")
-        assert f"::: {name}" in page.splitlines(), f"docs/api/{name.split('.')[-1]}.md does not render {name}"
-
-
-@pytest.mark.parametrize("name", LIBRARY)
-def test_every_public_function_of_the_library_has_args_returns_and_an_example(name):
-    mod = importlib.import_module(name)
-    assert _public(mod), f"{name} has no public function or class"
-    missing = _missing_sections(mod)
     assert not missing, f"{name}: " + "; ".join(missing)
 
 
-@pytest.mark.slow          # each builds and runs tiny models (~9 s together); their sections are checked above
-@pytest.mark.parametrize("name", LIBRARY)
-def test_the_library_docstring_examples_run_as_written(name):
-    failed = _failed_examples(importlib.import_module(name))
-    assert not failed, failed
+@pytest.mark.parametrize("name", [pytest.param(n, marks=SLOW.get(n, ())) for n in DOCUMENTED])
+def test_the_docstring_examples_run_as_written(name):
+    runner = doctest.DocTestRunner(optionflags=FLAGS)
+    report: list[str] = []
+    tests = [t for t in doctest.DocTestFinder().find(importlib.import_module(name)) if t.examples]
+    assert tests, f"{name} has no docstring examples"
+    for test in tests:
+        runner.run(test, out=report.append)
+    assert runner.summarize(verbose=False).failed == 0, "".join(report)

@@ -61,8 +61,8 @@ def main(argv=None) -> int:
     p.add_argument("modules", nargs="*", help="module paths, e.g. jaxformer/patching.py (default: every one listed)")
     p.add_argument("--children", type=int, default=2, help="mutants tested at once (mutmut --max-children)")
     p.add_argument("--survivors", action="store_true",
-                   help="rerun only the module's survivors of the score table (after tests were added; those a "
-                        "cut-short run never checked stay unchecked)")
+                   help="rerun the module's survivors of the score table (after tests were added), then any "
+                        "mutants mutmut reset because the tests reaching their function changed")
     p.add_argument("--render-only", action="store_true", help="only render docs/mutation.md from the scores")
     args = p.parse_args(argv)
     config = tomllib.loads(CONFIG.read_text())
@@ -120,17 +120,23 @@ def run_module(module: str, config: dict, children: int, again: list[str] = (), 
     only = [f"{dotted}.{f}__mutmut_*" for f in entry.get("functions", [])]
     start = time.time()
     with open(work / "mutmut.log", "w") as log:          # mutmut's own progress and errors, kept for a look
-        subprocess.run([mutmut, "run", "--max-children", str(children),
-                        *([f"{dotted}.{n}" for n in again] or only)], cwd=work, env=env, check=False,
-                       stdout=log, stderr=subprocess.STDOUT)
+        for names in ([f"{dotted}.{n}" for n in again], only) if again else (only,):
+            subprocess.run([mutmut, "run", "--max-children", str(children), *names], cwd=work, env=env,
+                           check=False, stdout=log, stderr=subprocess.STDOUT)
+            status = _status(mutmut, work, env, only)
+            if not any(s == "not checked" for s in status.values()):
+                break           # else mutmut reset the verdicts of functions whose tests changed: test them all
     seconds = time.time() - start
-    out = subprocess.run([mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True)
-    status = dict(re.findall(r"^\s*(\S+__mutmut_\d+): (.+)$", out.stdout, re.M))
-    if only:                                            # a module's named functions only (its `functions`)
-        status = {n: s for n, s in status.items() if any(fnmatch.fnmatch(n, pat) for pat in only)}
     reasons = entry.get("equivalent", {})
     diffs = _diffs(work, module, [n for n, s in status.items() if s not in KILLED], env)
     return score(status, reasons, seconds, diffs, judged)
+
+
+def _status(mutmut: str, work: Path, env: dict, only: list[str]) -> dict[str, str]:
+    """mutmut's verdict per mutant of the module (of its `functions` where it names them)."""
+    out = subprocess.run([mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True)
+    status = dict(re.findall(r"^\s*(\S+__mutmut_\d+): (.+)$", out.stdout, re.M))
+    return {n: s for n, s in status.items() if not only or any(fnmatch.fnmatch(n, pat) for pat in only)}
 
 
 def score(status: dict[str, str], equivalent: dict[str, str], seconds: float, diffs: dict[str, str] | None = None,
