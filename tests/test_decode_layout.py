@@ -409,3 +409,27 @@ def test_laid_out_weight_kinds_project_in_the_inputs_dtype_and_refuse_a_partial_
     for bad in ((eqs[0], "BTNH,NHD->BTD"), (eqs[0], "BSD,DKH->BSKH")):     # or another x
         with pytest.raises(ValueError, match="do not read one input axis of the same x"):
             together(bad, xq, fused.array, (wq.shape, wo.shape))
+
+
+def test_an_encoder_decoder_decodes_from_its_laid_out_memory_as_the_uncached_call():
+    """The memory laid out once (`nn.layout.laid_out_memory`: each decoder layer's own cross-attention keys and
+    values of the encoder output, heads-major): a prefill, then the rest of the target from the cache, give the
+    uncached call's logits, two decoder layers (each must read its own layer's memory keys)."""
+    cfg = _cfg(arch="encoder_decoder", num_encoder_layers=1, num_decoder_layers=2, positional="rope")
+    model = build_model(cfg, seed=5)
+    src = jax.random.randint(jax.random.key(2), (2, 6), 1, V)
+    tgt = jax.random.randint(jax.random.key(3), (2, 5), 1, V)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def both(state):
+        m = nnx.merge(graphdef, state)
+        cache = m.init_cache(2, tgt.shape[1], memory=m.encode(src))
+        pos = jnp.broadcast_to(jnp.arange(tgt.shape[1]), tgt.shape)
+        lg, out = m(None, tgt[:, :3], tgt_positions=pos[:, :3], cache=cache, mode="decode")
+        lg2, _ = m(None, tgt[:, 3:], tgt_positions=pos[:, 3:], cache=out["cache"], mode="decode")
+        return jnp.concatenate([lg, lg2], 1), m(src, tgt)
+    got, want = both(state)
+    want = want[0] if isinstance(want, tuple) else want
+    scale = float(jnp.max(jnp.abs(want)))
+    assert float(jnp.max(jnp.abs(got - want))) <= 64 * EPS32 * scale
