@@ -15,7 +15,23 @@ class ConfigError(JaxformerError, ValueError):
 
 
 class DataError(JaxformerError, ValueError):
-    """A data file or example cannot be used; the message says which and why."""
+    """A data file or example cannot be used; the message says which and why.
+
+    Raised by `jaxformer.data` (text files, tokenizers, tasks, token shards) and by the inference helpers that
+    read prompts and data files; the command line prints its message and exits with `exit_code`.
+
+    Attributes:
+      label: "data error", the words the command line prints before the message.
+      exit_code: 2, the command line's exit status (inherited from `JaxformerError`).
+
+    Examples:
+      >>> from jaxformer.data import CharTokenizer, DataError
+      >>> try:
+      ...     CharTokenizer("abc").encode("abd")
+      ... except DataError as e:
+      ...     print(f"{e.label}: {e}")
+      data error: 1 character(s) outside the tokenizer's vocabulary: 'd'
+    """
     label = "data error"
 
 

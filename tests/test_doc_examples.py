@@ -13,6 +13,14 @@ activation patching, sparse autoencoders), whose examples build the smallest mod
 one or two layers, V=16) once per docstring: ~9 s together, so they run in the slow lane (their sections are
 checked in the default lane).
 
+And the packages docs/api/hf.md, inference.md, data.md and train.md render (`PAGES`): each page renders, module
+by module (`members:`), the public API of its package, the names its `__init__` exports (`__all__`;
+jaxformer.train exports none: its entry points the guides and tutorials import), each object on one page only
+(inference's re-export of pad_rows is documented under data; data's DataError is defined in jaxformer.errors).
+A public object is then one of those names. The examples that build a model, write a checkpoint folder or
+train a run (hf.checkpoint, inference, train) run in the slow lane; the data and config-only ones (data,
+hf.expressing, hf.families) in the default lane.
+
 Wrong implementations these catch: an example whose printed output no longer matches what the op returns (a
 changed default, shape or dtype), an example that raises, and a new public op without arguments, return value or
 example documented.
@@ -22,22 +30,45 @@ from __future__ import annotations
 import doctest
 import importlib
 import inspect
+import re
 from pathlib import Path
 
 import pytest
 
 MODULES = ("attention", "masks", "positional", "norms", "activations", "flash", "fused", "context", "moe", "losses")
 LIBRARY = ("jaxformer.decode", "jaxformer.patching", "jaxformer.sae")   # one docs/api page each
-DOCUMENTED = tuple(f"jaxformer.ops.{m}" for m in MODULES) + LIBRARY
+# docs/api/<page>.md: {module: the public names it renders}, the package's API (module docstring)
+PAGES = {
+    "hf": {"jaxformer.hf.checkpoint": ("read_config", "from_pretrained", "save_pretrained"),
+           "jaxformer.hf.expressing": ("family_for", "to_hf_config"),
+           "jaxformer.hf.families": ("HFError", "FAMILIES", "to_model_config")},
+    "inference": {"jaxformer.inference.restore": ("LoadedModel", "abstract_model", "load_model"),
+                  "jaxformer.inference.evaluate": ("make_eval_step", "evaluate", "examples", "evaluate_run"),
+                  "jaxformer.inference.generate": ("prompt_ids", "default_prompts", "generate_text")},
+    "data": {"jaxformer.data.tasks": ("Task", "attention_fields", "pad_rows"),
+             "jaxformer.data.build": ("build_task", "resolve"),
+             "jaxformer.data.text": ("load_text",),
+             "jaxformer.data.tokenizers": ("DigitTokenizer", "CharTokenizer", "save_tokenizer", "load_tokenizer"),
+             "jaxformer.errors": ("DataError",)},
+    "train": {"jaxformer.train.loop": ("train",),
+              "jaxformer.train.step": ("schedule", "optimizer", "Graphs", "abstract_state", "init_state",
+                                       "make_train_step")},
+}
+PUBLIC = {module: names for page in PAGES.values() for module, names in page.items()}
+DOCUMENTED = tuple(f"jaxformer.ops.{m}" for m in MODULES) + LIBRARY + tuple(PUBLIC)
 FLAGS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
-# the library's examples build and run tiny models (~9 s together): the slow lane; their sections: the default
-SLOW = {name: pytest.mark.slow for name in LIBRARY}
+# the library's examples build and run tiny models (~9 s together), the packages' build models, write checkpoint
+# folders and train runs: the slow lane; their sections: the default
+SLOW = {name: pytest.mark.slow for name in LIBRARY + ("jaxformer.hf.checkpoint", "jaxformer.inference.restore",
+                                                      "jaxformer.inference.evaluate", "jaxformer.inference.generate",
+                                                      "jaxformer.train.loop", "jaxformer.train.step")}
 
 
 def _public(mod) -> list[tuple[str, object]]:
-    """The module's public functions and classes: its `__all__`, else its names not starting with "_", keeping
-    those defined in the module itself."""
-    names = getattr(mod, "__all__", None) or [n for n in vars(mod) if not n.startswith("_")]
+    """The module's public functions and classes: the names its page renders (`PUBLIC`), else its `__all__`, else
+    its names not starting with "_", keeping those defined in the module itself."""
+    names = PUBLIC.get(mod.__name__) or getattr(mod, "__all__", None) or [n for n in vars(mod)
+                                                                          if not n.startswith("_")]
     objs = [(n, getattr(mod, n)) for n in names]
     return [(n, o) for n, o in objs if (inspect.isfunction(o) or inspect.isclass(o))
             and getattr(o, "__module__", None) == mod.__name__]
@@ -50,6 +81,26 @@ def test_the_modules_are_those_the_reference_renders():
     for name in LIBRARY:
         page = (api / f"{name.split('.')[-1]}.md").read_text(encoding="utf-8")
         assert f"::: {name}" in page.splitlines(), f"docs/api/{name.split('.')[-1]}.md does not render {name}"
+    for name, modules in PAGES.items():
+        page = (api / f"{name}.md").read_text(encoding="utf-8")
+        rendered = {m: tuple(n.strip() for n in names.split(",")) for m, names in
+                    re.findall(r"^::: (\S+)\n    options:\n      members: \[(.*)\]$", page, flags=re.M)}
+        assert rendered == modules, f"docs/api/{name}.md renders {rendered}, not {modules}"
+        assert len(rendered) == sum(line.startswith(":::") for line in page.splitlines()), name
+
+
+def test_each_package_page_renders_every_name_the_package_exports_once():
+    """Every name of hf's, inference's and data's `__all__` is rendered from the module defining it (the same
+    object), on exactly one page; jaxformer.train exports none."""
+    rendered = [(module, n) for page in PAGES.values() for module, names in page.items() for n in names]
+    assert len(rendered) == len(set(rendered))
+    for package in ("jaxformer.hf", "jaxformer.inference", "jaxformer.data"):
+        pkg = importlib.import_module(package)
+        for n in pkg.__all__:
+            where = [m for m, name in rendered if name == n and getattr(importlib.import_module(m), n) is
+                     getattr(pkg, n)]
+            assert len(where) == 1, f"{package}.{n} is rendered from {where}"
+    assert not getattr(importlib.import_module("jaxformer.train"), "__all__", ())
 
 
 @pytest.mark.parametrize("name", DOCUMENTED)

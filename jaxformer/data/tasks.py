@@ -22,6 +22,34 @@ from jaxformer.data.tokenizers import BOS, EOS, PAD, CharTokenizer, DataError, D
 
 @dataclasses.dataclass
 class Task:
+    """A dataset with its tokenizer: the training and held-out arrays, whole, in the batch layout of its kind
+    (module docstring), served as batches by `train_dataset` (a grain pipeline) and `eval_batches`. Made by
+    `build_task` from a `DataConfig`.
+
+    Attributes:
+      kind: "seq2seq" (src, tgt_in, tgt_out, each side's segment ids and positions) or "lm" (inputs, targets,
+        segment_ids, positions).
+      tokenizer: the tokenizer that wrote the ids (`DigitTokenizer`, `CharTokenizer`, ...).
+      train: the training arrays by field, each [N, T] int32 (N examples).
+      eval: the held-out arrays, the same fields.
+      fingerprint: the sha256 of the text read (a corpus read by path; resuming checks it), None for generated
+        data.
+
+    Examples:
+      >>> from jaxformer.config import DataConfig
+      >>> from jaxformer.data import build_task
+      >>> task = build_task(DataConfig(task="reverse", num_train=8, num_eval=4, batch_size=4))
+      >>> task.kind, type(task.tokenizer).__name__, task.train["src"].shape, task.eval["src"].shape   # [N, T]
+      ('seq2seq', 'DigitTokenizer', (8, 7), (4, 7))
+      >>> task.tokenizer.decode(task.train["src"][0]), task.tokenizer.decode(task.train["tgt_out"][0])
+      ('652300', '003256')
+      >>> batch = next(iter(task.train_dataset(batch_size=4, seed=0)))      # infinite, reshuffled each epoch
+      >>> batch["src"].shape, sorted(batch)
+      ((4, 7), ['src', 'src_positions', 'src_segment_ids', 'tgt_in', 'tgt_out', 'tgt_positions',
+                'tgt_segment_ids'])
+      >>> [b["src"].shape for b in task.eval_batches(3)], [b["src"].shape for b in task.eval_batches(3, pad_id=0)]
+      ([(3, 7), (1, 7)], [(3, 7), (3, 7)])
+    """
     kind: str                      # "seq2seq" | "lm"
     tokenizer: object
     train: dict[str, np.ndarray]   # full training arrays, [num_examples, ...]
@@ -72,7 +100,28 @@ def positions_of(segment_ids: np.ndarray) -> np.ndarray:
 
 
 def attention_fields(segment_ids: np.ndarray, prefix: str = "") -> dict[str, np.ndarray]:
-    """What a batch carries for attention: {prefix+"segment_ids", prefix+"positions"}, both [N,T] int32."""
+    """What a batch carries for attention: {prefix+"segment_ids", prefix+"positions"}, both [N,T] int32.
+
+    The model builds every mask from these alone (module docstring): each token attends within its own
+    document, and positions restart at 0 at each document's first token.
+
+    Args:
+      segment_ids: [N, T] int: the document of each token, numbered from 1 in each row; 0 on padding.
+      prefix: put before both keys, e.g. "src_" and "tgt_" for the two sides of a seq2seq batch.
+
+    Returns:
+      {prefix + "segment_ids": the ids as int32, prefix + "positions": each token's position in its document
+        (`positions_of`; 0 on padding)}, both [N, T] int32.
+
+    Examples:
+      >>> import numpy as np
+      >>> from jaxformer.data import attention_fields
+      >>> attention_fields(np.array([[1, 1, 2, 2, 2, 0]]))          # two documents packed in a row, then padding
+      {'segment_ids': array([[1, 1, 2, 2, 2, 0]], dtype=int32),
+       'positions': array([[0, 1, 0, 1, 2, 0]], dtype=int32)}
+      >>> sorted(attention_fields(np.ones((2, 3)), prefix="src_"))
+      ['src_positions', 'src_segment_ids']
+    """
     seg = np.asarray(segment_ids, np.int32)
     return {f"{prefix}segment_ids": seg, f"{prefix}positions": positions_of(seg)}
 
@@ -86,7 +135,30 @@ def length_segments(lengths, width: int, left: bool = False) -> np.ndarray:
 
 def pad_rows(rows: list[np.ndarray], pad_id: int, left: bool) -> tuple[np.ndarray, np.ndarray]:
     """Rows of ids -> (tokens, segment ids), each [B, longest] int32: the rows padded with pad_id on the left
-    (LM prompts) or the right; segment id 1 on every row's tokens, 0 on its padding."""
+    (LM prompts) or the right; segment id 1 on every row's tokens, 0 on its padding.
+
+    Args:
+      rows: B token id sequences (each [n] int, n >= 1), of any lengths.
+      pad_id: the id that fills the padding (the tokenizer's; masks come from the segment ids, never from it).
+      left: pad on the left (a batch of LM prompts, each ending at the last column) instead of the right.
+
+    Returns:
+      (tokens, segment_ids), each [B, T] int32 with T the longest row's length.
+
+    Examples:
+      >>> import numpy as np
+      >>> from jaxformer.data import pad_rows
+      >>> tokens, segment_ids = pad_rows([np.array([5, 6, 7]), np.array([8])], pad_id=0, left=True)
+      >>> tokens
+      array([[5, 6, 7],
+             [0, 0, 8]], dtype=int32)
+      >>> segment_ids
+      array([[1, 1, 1],
+             [0, 0, 1]], dtype=int32)
+      >>> pad_rows([np.array([5, 6, 7]), np.array([8])], pad_id=0, left=False)[0]
+      array([[5, 6, 7],
+             [8, 0, 0]], dtype=int32)
+    """
     width = max(len(r) for r in rows)
     out = np.full((len(rows), width), pad_id, np.int32)
     for i, r in enumerate(rows):

@@ -37,8 +37,35 @@ def corpus_path(path: str | Path) -> Path:
 
 def load_text(path: str | Path, *, gutenberg: bool = True) -> str:
     """Read UTF-8 text (a byte-order mark is dropped), normalise CRLF/CR to LF, optionally strip the Gutenberg
-    boilerplate. path: a file, or "builtin:NAME". Raises DataError for a missing, empty, all-NUL or non-regular
-    file (a directory, a FIFO)."""
+    boilerplate.
+
+    Args:
+      path: a file, or "builtin:NAME" for a corpus shipped with the package (`BUILTIN`: "builtin:alice").
+      gutenberg: keep only what lies between Project Gutenberg's "*** START OF ..." and "*** END OF ..." lines,
+        where the file has them.
+
+    Returns:
+      The text, with LF line ends.
+
+    Raises:
+      DataError: an unknown built-in corpus; a missing, empty, all-NUL or non-regular file (a directory, a
+        FIFO); a file that is not UTF-8.
+
+    Examples:
+      >>> import os, tempfile
+      >>> from jaxformer.data import load_text
+      >>> load_text("builtin:alice")[:32]
+      "ALICE'S ADVENTURES IN WONDERLAND"
+      >>> path = os.path.join(tempfile.mkdtemp(), "notes.txt")
+      >>> with open(path, "wb") as f:
+      ...     _ = f.write(b"\\xef\\xbb\\xbfone\\r\\ntwo\\r\\n")          # a byte-order mark, Windows line ends
+      >>> load_text(path)
+      'one\\ntwo'
+      >>> load_text(path + ".missing")
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.DataError: text file '...notes.txt.missing' does not exist
+    """
     path = corpus_path(path)
     if not path.exists():
         raise DataError(f"text file {str(path)!r} does not exist")

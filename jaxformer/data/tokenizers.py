@@ -20,7 +20,28 @@ PAD, BOS, EOS = 0, 1, 2
 
 
 class DigitTokenizer:
-    """<pad>=0, <bos>=1, <eos>=2, digit d = 3 + d."""
+    """<pad>=0, <bos>=1, <eos>=2, digit d = 3 + d.
+
+    The digit tasks' tokenizer (reverse, copy): `encode` takes a sequence of digits (ints 0-9), `decode` gives
+    the digits as text, skipping the special ids.
+
+    Attributes:
+      kind: "digits", its name in a saved tokenizer.json (`save_tokenizer`).
+      vocab_size: 13: three special ids and ten digits.
+      pad_id: 0.
+      bos_id: 1, the decoder's first input.
+      eos_id: 2, the end of a source and of an answer.
+
+    Examples:
+      >>> from jaxformer.data import DigitTokenizer
+      >>> tok = DigitTokenizer()
+      >>> tok.encode([7, 1, 4])
+      array([10,  4,  7], dtype=int32)
+      >>> tok.decode([tok.bos_id, 10, 4, 7, tok.eos_id, tok.pad_id])
+      '714'
+      >>> tok.token_bytes()                       # [V]: the bytes of text each id stands for
+      array([0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], dtype=int32)
+    """
     kind = "digits"
     vocab_size = 13
     pad_id, bos_id, eos_id = PAD, BOS, EOS
@@ -40,7 +61,37 @@ class DigitTokenizer:
 
 
 class CharTokenizer:
-    """Characters sorted by code point, ids from 1 (0 = <pad>); with eod, <eod> = the id after the last char."""
+    """Characters sorted by code point, ids from 1 (0 = <pad>); with eod, <eod> = the id after the last char.
+
+    The character LM's tokenizer (data.task "text"): built from the characters of the text it will encode
+    (any iterable of characters, e.g. the text itself).
+
+    Attributes:
+      kind: "char", its name in a saved tokenizer.json (`save_tokenizer`).
+      chars: the distinct characters, sorted by code point: character chars[i] is id i + 1.
+      stoi: character -> id.
+      pad_id: 0.
+      eod_id: the end-of-document id (len(chars) + 1), or None without eod.
+      vocab_size: len(chars) + 1, plus one with eod.
+
+    Raises:
+      DataError: `encode` of text with characters outside `chars` (naming them).
+
+    Examples:
+      >>> from jaxformer.data import CharTokenizer
+      >>> tok = CharTokenizer("hello world")
+      >>> tok.chars, tok.vocab_size
+      ([' ', 'd', 'e', 'h', 'l', 'o', 'r', 'w'], 9)
+      >>> ids = tok.encode("hello")
+      >>> ids, tok.decode(ids)
+      (array([4, 3, 5, 5, 6], dtype=int32), 'hello')
+      >>> CharTokenizer("ab", eod=True).eod_id
+      3
+      >>> tok.encode("hex!")
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.DataError: 2 character(s) outside the tokenizer's vocabulary: '!x'
+    """
     kind = "char"
     pad_id = PAD
 
@@ -291,11 +342,53 @@ def tokenizer_difference(a, b) -> str | None:
 
 
 def save_tokenizer(tok, path: Path) -> None:
+    """Write a tokenizer as JSON (a run directory's tokenizer.json): its `to_json()` description, from which
+    `load_tokenizer` rebuilds it.
+
+    Args:
+      tok: a tokenizer of this module (`DigitTokenizer`, `CharTokenizer`, `ByteTokenizer`, a subword or
+        SentencePiece tokenizer).
+      path: the file to write (replaced if it exists).
+
+    Returns:
+      None.
+
+    Examples:
+      >>> import os, tempfile
+      >>> from jaxformer.data import CharTokenizer, save_tokenizer
+      >>> path = os.path.join(tempfile.mkdtemp(), "tokenizer.json")
+      >>> save_tokenizer(CharTokenizer("hello"), path)
+      >>> open(path, encoding="utf-8").read()
+      '{"kind": "char", "chars": "ehlo"}'
+    """
     Path(path).write_text(json.dumps(tok.to_json(), ensure_ascii=False), encoding="utf-8")
 
 
 def load_tokenizer(path: Path):
-    """A tokenizer saved by save_tokenizer; DataError if the file is missing or unreadable."""
+    """A tokenizer saved by save_tokenizer; DataError if the file is missing or unreadable.
+
+    Args:
+      path: the JSON file `save_tokenizer` wrote (a run directory's tokenizer.json).
+
+    Returns:
+      The tokenizer, giving every id the meaning the saved one gave it.
+
+    Raises:
+      DataError: the file is missing, unreadable or not JSON, or describes no tokenizer of this module.
+
+    Examples:
+      >>> import os, tempfile
+      >>> from jaxformer.data import CharTokenizer, load_tokenizer, save_tokenizer
+      >>> path = os.path.join(tempfile.mkdtemp(), "tokenizer.json")
+      >>> save_tokenizer(CharTokenizer("hello", eod=True), path)
+      >>> tok = load_tokenizer(path)
+      >>> type(tok).__name__, tok.chars, tok.eod_id, tok.decode(tok.encode("hole"))
+      ('CharTokenizer', ['e', 'h', 'l', 'o'], 5, 'hole')
+      >>> load_tokenizer(path + ".missing")
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.DataError: tokenizer file '...missing' is unreadable: FileNotFoundError: ...
+    """
     try:
         return tokenizer_from_json(json.loads(Path(path).read_text(encoding="utf-8")))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

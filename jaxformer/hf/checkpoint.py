@@ -28,6 +28,30 @@ SINGLE = "model.safetensors"
 
 
 def read_config(path: str | Path) -> dict:
+    """The config.json of a Hugging Face checkpoint folder, parsed (`to_model_config` reads it into a model config).
+
+    Args:
+      path: the checkpoint folder (config.json and its safetensors files).
+
+    Returns:
+      config.json as a dict.
+
+    Raises:
+      HFError: the folder has no config.json, it is unreadable (not UTF-8, not JSON), or not a JSON object.
+
+    Examples:
+      >>> import json, os, tempfile
+      >>> from jaxformer.hf import read_config
+      >>> folder = tempfile.mkdtemp()
+      >>> with open(os.path.join(folder, "config.json"), "w") as f:
+      ...     json.dump({"model_type": "llama", "hidden_size": 16}, f)
+      >>> read_config(folder)
+      {'model_type': 'llama', 'hidden_size': 16}
+      >>> read_config(tempfile.mkdtemp())
+      Traceback (most recent call last):
+      ...
+      jaxformer.hf.families.HFError: '...' has no config.json (not a Hugging Face checkpoint folder)
+    """
     p = Path(path) / "config.json"
     if not p.is_file():
         raise HFError(f"{str(path)!r} has no config.json (not a Hugging Face checkpoint folder)")
@@ -141,9 +165,49 @@ def _assemble(leaf: jax.ShapeDtypeStruct, slot: dict, files: _Files) -> jax.Arra
 
 def from_pretrained(path: str | Path, *, dtype: str | None = None, plan: Plan | None = None):
     """A Hugging Face checkpoint folder (config.json + safetensors) -> a jaxformer model (nnx module) computing
-    the same logits. dtype: the compute dtype (model.runtime.dtype; None = float32; parameters are float32 as in
-    training). plan: load straight into its shardings (else onto this process's first device).
-    HFError for an unsupported config or tensors that do not match it."""
+    the same logits.
+
+    The model is an ordinary `jaxformer.nn` model: it takes `capture=` and `patch=` (activation sites,
+    `jaxformer.nn.sites`), decodes with `jaxformer.decode`, and trains or is saved back (`save_pretrained`).
+    Each parameter is read straight into its shards (module docstring): at most one tensor is on the host at a
+    time. Needs `safetensors`, never torch.
+
+    Args:
+      path: the checkpoint folder: config.json (a `model_type` of `FAMILIES`) and model.safetensors, or several
+        safetensors files with model.safetensors.index.json.
+      dtype: the compute dtype (model.runtime.dtype: "float32", "bfloat16" or "float16"; None = float32);
+        parameters are float32 as in training, whatever the file's dtype.
+      plan: a `jaxformer.parallel.Plan`: load straight into its shardings (else onto this process's first
+        device).
+
+    Returns:
+      The model (decoder-only; `model.cfg` is `to_model_config(read_config(path))`), its logits [B, T, V] those
+        of transformers' model of the folder.
+
+    Raises:
+      HFError: no config.json, an unsupported family or config key (`to_model_config`), no safetensors file,
+        tensors missing, unexpected or of another shape than the config implies, an unreadable file, or a tensor
+        holding a NaN or an infinity (naming it).
+
+    Examples:
+      >>> import os, tempfile
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.hf import from_pretrained, save_pretrained, to_model_config
+      >>> from jaxformer.nn import build_model
+      >>> cfg = to_model_config({"model_type": "llama", "vocab_size": 16, "hidden_size": 16,
+      ...                        "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+      ...                        "max_position_embeddings": 16})
+      >>> original = build_model(cfg, seed=0)
+      >>> folder = os.path.join(tempfile.mkdtemp(), "tiny-llama")
+      >>> _ = save_pretrained(original, folder)               # a Llama checkpoint folder, as transformers writes
+      >>> model = from_pretrained(folder)
+      >>> tokens = jnp.array([[1, 2, 3, 4]])
+      >>> logits, out = model(tokens, capture=("resid_post",))  # an activation site, as of any jaxformer model
+      >>> logits.shape, out["captured"]["resid_post"].shape      # [B, T, V], [L, B, T, D]
+      ((1, 4, 16), (1, 1, 4, 16))
+      >>> bool(jnp.allclose(logits, original(tokens)[0], atol=1e-6))
+      True
+    """
     path = Path(path)
     d = read_config(path)
     family = family_of(d)
@@ -174,7 +238,54 @@ def save_pretrained(model, path: str | Path, *, family: str | None = None, dtype
                     max_shard_bytes: int = 5 << 30, token_ids: dict | None = None) -> dict:
     """Write `model` as a Hugging Face checkpoint folder (`write_pretrained`), whole or not at all: `path` must
     not exist or be empty (`hf.staging`: written to PATH.partial, renamed when complete; nothing already there is
-    ever replaced). Returns the config written."""
+    ever replaced).
+
+    `transformers.AutoModelForCausalLM.from_pretrained(path)` loads the folder and computes the model's logits;
+    so does `from_pretrained`. The family is held to the model: an export that would write another model (a
+    switch the family's config.json cannot say) is refused before anything is written. A model with low-rank
+    adapters is written with them merged into its weights.
+
+    Args:
+      model: a decoder-only `jaxformer.nn` model (trained here, or loaded by `from_pretrained`).
+      path: the folder to write: absent, or an empty folder.
+      family: the family to write, one of `FAMILIES` (None: `family_for(model.cfg)`).
+      dtype: the tensors' dtype in the files: "float32", "bfloat16" or "float16".
+      max_shard_bytes: the largest safetensors file; a larger model is cut into several files with
+        model.safetensors.index.json.
+      token_ids: token ids for config.json, e.g. {"bos_token_id": 1, "eos_token_id": 2}.
+
+    Returns:
+      The config.json written, as a dict (its "model_type" the family, "torch_dtype" the dtype).
+
+    Raises:
+      HFError: no family expresses the model, or `family` is unknown or cannot express it exactly (naming the
+        fields, and the families that can); an unknown dtype; `path` is not free (naming what it holds).
+
+    Examples:
+      >>> import os, tempfile
+      >>> from jaxformer.config import replaced
+      >>> from jaxformer.hf import save_pretrained, to_model_config
+      >>> from jaxformer.nn import build_model
+      >>> cfg = to_model_config({"model_type": "llama", "vocab_size": 16, "hidden_size": 16,
+      ...                        "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+      ...                        "max_position_embeddings": 16})
+      >>> model = build_model(replaced(cfg, attention__qk_norm=True), seed=0)
+      >>> folder = os.path.join(tempfile.mkdtemp(), "tiny-qwen3")
+      >>> hf = save_pretrained(model, folder, dtype="bfloat16")
+      >>> hf["model_type"], hf["architectures"], hf["torch_dtype"]    # QK-norm: chosen as Qwen3
+      ('qwen3', ['Qwen3ForCausalLM'], 'bfloat16')
+      >>> sorted(os.listdir(folder))
+      ['config.json', 'model.safetensors']
+      >>> save_pretrained(model, folder)
+      Traceback (most recent call last):
+      ...
+      jaxformer.hf.families.HFError: --out ... is not empty (it holds config.json, model.safetensors); ...
+      >>> save_pretrained(model, os.path.join(tempfile.mkdtemp(), "out"), family="llama")
+      Traceback (most recent call last):
+      ...
+      jaxformer.hf.families.HFError: the llama family cannot express this model, ...: model.attention.qk_norm=True
+      (a llama config gives False) (families that can: qwen3)
+    """
     from jaxformer.hf.staging import staged
     exported_config(model, family, dtype, token_ids)            # refused before anything is written
     with staged(path) as tmp:

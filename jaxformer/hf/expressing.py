@@ -45,7 +45,36 @@ def _qwen_split(windows: tuple[int, ...]) -> int | None:
 
 
 def family_for(cfg: ModelConfig) -> str:
-    """The family whose config.json expresses `cfg` (HFError naming the switch that none can)."""
+    """The family whose config.json expresses `cfg`: the one `save_pretrained` writes when no family is given.
+
+    Decided from the switches that set the families apart: learned positions with layernorm are GPT-2;
+    sandwich norms are Gemma 2; RoPE with RMSNorm is Gemma (GeGLU, scaled embeddings), Mistral (one sliding
+    window over every layer), Qwen3 (QK-norm), Qwen2 (q, k, v biases) or Llama (the rest).
+
+    Args:
+      cfg: a `jaxformer.config.ModelConfig` (a model's `model.cfg`).
+
+    Returns:
+      One of `FAMILIES`, e.g. "llama".
+
+    Raises:
+      HFError: no family expresses `cfg` (an encoder-decoder, post-norm, an ablation, another positional
+        encoding or activation, a bias or window pattern no family has, ...), naming the switch that none can.
+
+    Examples:
+      >>> from jaxformer.config import replaced
+      >>> from jaxformer.hf import family_for, to_model_config
+      >>> cfg = to_model_config({"model_type": "llama", "vocab_size": 16, "hidden_size": 16,
+      ...                        "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+      ...                        "max_position_embeddings": 16})
+      >>> family_for(cfg), family_for(replaced(cfg, attention__qk_norm=True)), family_for(replaced(cfg,
+      ...                                                                       attention__windows=(8,)))
+      ('llama', 'qwen3', 'mistral')
+      >>> family_for(replaced(cfg, norm__position="post"))
+      Traceback (most recent call last):
+      ...
+      jaxformer.hf.families.HFError: no Hugging Face family expresses model.norm.position='post'
+    """
     if cfg.norm.position == "sandwich":
         return _gemma2_for(cfg)
     problems = []
@@ -171,7 +200,35 @@ def check_family(cfg: ModelConfig, family: str) -> None:
 
 
 def to_hf_config(cfg: ModelConfig, family: str) -> dict:
-    """`cfg` as `family`'s config.json (a dict; token ids and dtype are the caller's)."""
+    """`cfg` as `family`'s config.json (a dict; token ids and dtype are the caller's).
+
+    Only writes the keys: whether `family` says all of `cfg` is `save_pretrained`'s check (`expresses`,
+    `check_family`), which refuses an export that would write another model.
+
+    Args:
+      cfg: a `jaxformer.config.ModelConfig`.
+      family: one of `FAMILIES` (`family_for(cfg)` chooses one that expresses `cfg`).
+
+    Returns:
+      The config.json dict: "model_type", "architectures" (transformers' class, e.g. ["LlamaForCausalLM"]) and
+        the family's keys for the sizes, norm, RoPE, biases and windows, without "torch_dtype" or token ids.
+
+    Raises:
+      HFError: family "qwen2" for a model whose heads are not D wide together (N·H != D: Qwen2 has no head_dim).
+      KeyError: a family not in `FAMILIES`.
+
+    Examples:
+      >>> from jaxformer.hf import to_hf_config, to_model_config
+      >>> cfg = to_model_config({"model_type": "llama", "vocab_size": 16, "hidden_size": 16,
+      ...                        "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+      ...                        "max_position_embeddings": 16})
+      >>> hf = to_hf_config(cfg, "llama")
+      >>> hf["architectures"], hf["hidden_size"], hf["num_key_value_heads"], hf["head_dim"], hf["hidden_act"]
+      (['LlamaForCausalLM'], 16, 2, 8, 'silu')
+      >>> back = to_model_config(hf)                     # read back as `from_pretrained` reads it
+      >>> back.d_model, back.kv_heads, back.head_size
+      (16, 2, 8)
+    """
     if family == "gpt2":
         return {"model_type": "gpt2", "architectures": [ARCHITECTURES[family]], "vocab_size": cfg.vocab_size,
                 "n_positions": cfg.max_len, "n_embd": cfg.d_model, "n_layer": cfg.num_decoder_layers,

@@ -16,11 +16,31 @@ from jaxformer.errors import JaxformerError
 
 class HFError(JaxformerError, ValueError):
     """A Hugging Face checkpoint cannot be imported or a model cannot be exported: an unsupported config key,
-    a missing, unexpected or misshapen tensor, an unreadable file; the message says which."""
+    a missing, unexpected or misshapen tensor, an unreadable file; the message says which.
+
+    A `ValueError` and a `jaxformer.errors.JaxformerError`: the command line prints its message (no traceback)
+    and exits with `exit_code`.
+
+    Attributes:
+      label: "hugging face checkpoint error", the words the command line prints before the message.
+      exit_code: 2, the command line's exit status (inherited from `JaxformerError`).
+
+    Examples:
+      >>> from jaxformer.hf import HFError, to_model_config
+      >>> try:
+      ...     to_model_config({"model_type": "bert"})
+      ... except HFError as e:
+      ...     print(e)
+      unsupported model_type 'bert' (supported: llama, qwen2, qwen3, mistral, gpt2, gemma, gemma2)
+      >>> issubclass(HFError, ValueError), HFError.exit_code
+      (True, 2)
+    """
     label = "hugging face checkpoint error"
 
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gpt2", "gemma", "gemma2")
+"""The `model_type` values of config.json that `from_pretrained` reads and `save_pretrained` writes: Llama,
+Qwen2, Qwen3, Mistral, GPT-2, Gemma and Gemma 2 (each family's `*ForCausalLM` of transformers)."""
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "mistral": "MistralForCausalLM", "gpt2": "GPT2LMHeadModel", "gemma": "GemmaForCausalLM",
                  "gemma2": "Gemma2ForCausalLM"}
@@ -169,7 +189,41 @@ def family_of(d: dict) -> str:
 
 def to_model_config(d: dict, dtype: str = "float32") -> ModelConfig:
     """A checkpoint's config.json (a dict) -> the decoder-only ModelConfig computing the same function.
-    HFError for a family or a setting the model does not support (naming the keys)."""
+
+    Every key is read, accepted as changing nothing (`ACCEPTED`: metadata, token ids, dropout, kernel
+    selection), or refused: nothing is ever loaded approximately. Keys the dict omits take the family's
+    transformers default.
+
+    Args:
+      d: the parsed config.json (`read_config`), its `model_type` one of `FAMILIES`.
+      dtype: the compute dtype of the model (`model.runtime.dtype`): "float32", "bfloat16" or "float16".
+
+    Returns:
+      The `jaxformer.config.ModelConfig` (arch "decoder_only", no padding id: pad_id -1, no dropout) whose model
+        computes transformers' logits for the checkpoint's weights.
+
+    Raises:
+      HFError: a `model_type` not in `FAMILIES`; keys the model does not support (an unknown key, another
+        activation, partial rotary embeddings, an unknown RoPE type, ...), all of them named in one message;
+        values that map to an invalid model config.
+
+    Examples:
+      >>> from jaxformer.hf import to_model_config
+      >>> cfg = to_model_config({"model_type": "llama", "vocab_size": 16, "hidden_size": 16,
+      ...                        "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+      ...                        "max_position_embeddings": 16})
+      >>> cfg.arch, cfg.d_model, cfg.num_decoder_layers, cfg.positional, cfg.norm.type, cfg.activation
+      ('decoder_only', 16, 1, 'rope', 'rmsnorm', 'swiglu')
+      >>> gpt2 = to_model_config({"model_type": "gpt2", "vocab_size": 16, "n_embd": 16, "n_layer": 1,
+      ...                         "n_head": 2, "n_positions": 16}, dtype="bfloat16")
+      >>> gpt2.positional, gpt2.norm.type, gpt2.tie_embeddings, gpt2.runtime.dtype
+      ('learned', 'layernorm', True, 'bfloat16')
+      >>> to_model_config({"model_type": "llama", "hidden_act": "relu", "foo": 1})
+      Traceback (most recent call last):
+      ...
+      jaxformer.hf.families.HFError: unsupported llama config: hidden_act='relu' (llama supports silu);
+      foo (unknown key)
+    """
     family = family_of(d)
     r = _Reader(family, d)
     kw = _gpt2(r) if family == "gpt2" else _rope_family(family, r, d)

@@ -29,7 +29,37 @@ from jaxformer.parallel import Plan
 def make_eval_step(model_graph: nnx.GraphDef, cfg: Config, plan: Plan | None = None, token_bytes=None):
     """eval_step(model_state, batch) -> sums {nll, correct, count} (teacher forced, no dropout), and with
     token_bytes ([V] int, the tokenizer's) {text_nll, bytes}: the nll of the targets that stand for text and
-    their bytes. Jitted (under a plan: the batch sharded by its rows, the sums replicated)."""
+    their bytes. Jitted (under a plan: the batch sharded by its rows, the sums replicated).
+
+    Args:
+      model_graph: the model's graphdef (`nnx.graphdef(model)`).
+      cfg: the resolved `Config` (model.pad_id: targets equal to it count nowhere; model.arch: the batch layout).
+      plan: a `jaxformer.parallel.Plan`: shard the batch by its rows (None: one device).
+      token_bytes: [V] int, the UTF-8 bytes each id stands for (`tokenizer.token_bytes()`), for bits per byte;
+        None: no text sums.
+
+    Returns:
+      eval_step(model_state, batch) -> {"nll", "correct", "count"} (and "text_nll", "bytes"), float32 scalars
+        summed over the batch's target tokens; batch: the task's layout, [B, T] per field.
+
+    Examples:
+      >>> from flax import nnx
+      >>> from jaxformer.config import Config, replaced
+      >>> from jaxformer.data import resolve
+      >>> from jaxformer.inference import make_eval_step
+      >>> from jaxformer.nn import build_model
+      >>> cfg, task = resolve(replaced(Config(), model__vocab_size=13, model__d_model=16, model__d_ff=32,
+      ...                              model__num_heads=2, model__num_encoder_layers=1,
+      ...                              model__num_decoder_layers=1, model__max_len=16, data__num_train=64,
+      ...                              data__num_eval=16, train__eval_batch_size=16))   # digit reversal
+      >>> model = build_model(cfg.model, seed=0)
+      >>> eval_step = make_eval_step(nnx.graphdef(model), cfg, token_bytes=task.tokenizer.token_bytes())
+      >>> sums = eval_step(nnx.state(model), next(task.eval_batches(16)))
+      >>> sorted(sums)
+      ['bytes', 'correct', 'count', 'nll', 'text_nll']
+      >>> int(sums["count"]) - int(sums["bytes"])      # targets: the digits (a byte each) and 16 EOS (no text)
+      16
+    """
     pad, arch = cfg.model.pad_id, architecture(cfg.model.arch)
     table = None if token_bytes is None else np.asarray(token_bytes, np.float32)
 
@@ -50,9 +80,38 @@ def make_eval_step(model_graph: nnx.GraphDef, cfg: Config, plan: Plan | None = N
 
 def evaluate(cfg: Config, task: Task, model: nnx.Module, eval_step=None, plan: Plan | None = None) -> dict:
     """Held-out loss and token accuracy (teacher forced); exact match by greedy decoding for seq2seq.
-    eval_step: `make_eval_step(nnx.graphdef(model), cfg, plan)`, built once by a caller that evaluates often.
+
     Batches have one shape (the last is padded with all-pad rows that count nowhere), so each compiles once;
-    under a plan they are global arrays of which this process reads only its rows."""
+    under a plan they are global arrays of which this process reads only its rows.
+
+    Args:
+      cfg: the resolved `Config` (train.eval_batch_size: the batch rows; model.pad_id).
+      task: the `Task` whose held-out set is scored (`task.eval`).
+      model: the model to evaluate.
+      eval_step: `make_eval_step(nnx.graphdef(model), cfg, plan)`, built once by a caller that evaluates often
+        (None: built here).
+      plan: a `jaxformer.parallel.Plan` (None: one device).
+
+    Returns:
+      {"loss": mean nll per target token, "token_accuracy"} and, where the tokenizer gives each id's bytes,
+        "bits_per_byte" (module docstring); a seq2seq task adds "exact_match", the share of held-out answers
+        decoded greedily exactly right.
+
+    Examples:
+      >>> from jaxformer.config import Config, replaced
+      >>> from jaxformer.data import resolve
+      >>> from jaxformer.inference import evaluate
+      >>> from jaxformer.nn import build_model
+      >>> cfg, task = resolve(replaced(Config(), model__vocab_size=13, model__d_model=16, model__d_ff=32,
+      ...                              model__num_heads=2, model__num_encoder_layers=1,
+      ...                              model__num_decoder_layers=1, model__max_len=16, data__num_train=64,
+      ...                              data__num_eval=16, train__eval_batch_size=16))   # digit reversal
+      >>> metrics = evaluate(cfg, task, build_model(cfg.model, seed=0))
+      >>> sorted(metrics)
+      ['bits_per_byte', 'exact_match', 'loss', 'token_accuracy']
+      >>> metrics["exact_match"]                                   # an untrained model
+      0.0
+    """
     arch = architecture(cfg.model.arch)
     graph, state = nnx.split(model)
     bytes_of = getattr(task.tokenizer, "token_bytes", None)
@@ -85,8 +144,33 @@ def evaluate(cfg: Config, task: Task, model: nnx.Module, eval_step=None, plan: P
 
 def examples(task: Task, model: nnx.Module, k: int, batch_rows: int = 0) -> list[dict]:
     """k decoded held-out examples: input, target, prediction, ok (greedy answers for seq2seq; next-token
-    predictions for a language model). batch_rows: decode that many held-out rows and keep the first k (pass
-    evaluation's batch size, and the decoder compiled for evaluation serves these too)."""
+    predictions for a language model).
+
+    Args:
+      task: the `Task` whose first held-out rows are decoded (its tokenizer decodes them).
+      model: the model.
+      k: how many examples (<= 0: none).
+      batch_rows: decode that many held-out rows and keep the first k (pass evaluation's batch size, and the
+        decoder compiled for evaluation serves these too); 0: k rows.
+
+    Returns:
+      k dicts {"input", "target", "prediction": text, "ok": whether the prediction is the target exactly}.
+
+    Examples:
+      >>> from jaxformer.config import Config, replaced
+      >>> from jaxformer.data import resolve
+      >>> from jaxformer.inference import examples
+      >>> from jaxformer.nn import build_model
+      >>> cfg, task = resolve(replaced(Config(), model__vocab_size=13, model__d_model=16, model__d_ff=32,
+      ...                              model__num_heads=2, model__num_encoder_layers=1,
+      ...                              model__num_decoder_layers=1, model__max_len=16, data__num_train=64,
+      ...                              data__num_eval=16, train__eval_batch_size=16))   # digit reversal
+      >>> rows = examples(task, build_model(cfg.model, seed=0), k=2)
+      >>> [(r["input"], r["target"]) for r in rows]                  # reversal: the target reads backwards
+      [('68925', '52986'), ('160', '061')]
+      >>> sorted(rows[0])
+      ['input', 'ok', 'prediction', 'target']
+    """
     if k <= 0:
         return []
     tok = task.tokenizer
@@ -98,8 +182,38 @@ def examples(task: Task, model: nnx.Module, k: int, batch_rows: int = 0) -> list
 def evaluate_run(workdir: str | Path, which: str = "best", quantize: str | None = None,
                  weights: str = "trained") -> dict:
     """Restore a run's best (or latest) model (quantized: see `jaxformer.quantize`; weights: `load_model`) and
-    evaluate it on the held-out set (needs the run's data). -> {"step", "which" (the checkpoint actually used),
-    "eval", "examples"}."""
+    evaluate it on the held-out set (needs the run's data): what `jaxformer eval --workdir RUN` prints.
+
+    Args:
+      workdir: the run directory.
+      which: "best" or "latest" (`load_model`).
+      quantize: None, or "int8" | "int4" | "w8a8": evaluate the quantized model.
+      weights: "trained" or "ema" (`load_model`).
+
+    Returns:
+      {"step", "which" (the checkpoint actually used), "eval" (`evaluate`'s metrics), "examples" (`examples`'
+        train.num_examples decoded rows)}.
+
+    Raises:
+      ConfigError: as `load_model` (a bad `which`, `weights` or `quantize`; not a run directory).
+      CheckpointError: the run has no readable checkpoint.
+      DataError: the run's data cannot be read (a text file moved away, shards deleted).
+
+    Examples:
+      >>> import tempfile
+      >>> from jaxformer.config import Config, replaced
+      >>> from jaxformer.inference import evaluate_run
+      >>> from jaxformer.train.loop import train
+      >>> cfg = replaced(Config(), model__vocab_size=13, model__d_model=16, model__d_ff=32, model__num_heads=2,
+      ...                model__num_encoder_layers=1, model__num_decoder_layers=1, model__max_len=16,
+      ...                data__num_train=64, data__num_eval=16, data__batch_size=16, train__steps=2,
+      ...                train__eval_batch_size=16, train__num_examples=0, train__peak_flops=1e12)
+      >>> workdir = tempfile.mkdtemp()
+      >>> _ = train(cfg, workdir, progress="none")                  # a digit-reversal run of 2 steps
+      >>> out = evaluate_run(workdir, "latest")
+      >>> out["step"], out["which"], sorted(out["eval"]), out["examples"]
+      (2, 'latest', ['bits_per_byte', 'exact_match', 'loss', 'token_accuracy'], [])
+    """
     loaded = load_model(workdir, which, quantize=quantize, weights=weights)
     task = build_task(loaded.cfg.data, loaded.tokenizer)
     return {"step": loaded.step, "which": loaded.which, "eval": evaluate(loaded.cfg, task, loaded.model),

@@ -24,6 +24,30 @@ log = logging.getLogger("jaxformer")
 
 @dataclasses.dataclass
 class LoadedModel:
+    """A restored run's model with what reading it needs: its config and tokenizer (what `load_model` returns;
+    `generate_text`, `default_prompts` and `jaxformer.inference.tasks` take it).
+
+    Attributes:
+      cfg: the run's `Config`, resolved (model.vocab_size filled in from the tokenizer).
+      tokenizer: the run's tokenizer (its tokenizer.json).
+      model: the model (a `jaxformer.nn` module), in the weights restored.
+      step: the restored checkpoint's step.
+      which: "best" or "latest": the checkpoint kind it actually came from.
+
+    Examples:
+      >>> from jaxformer.config import Config, replaced
+      >>> from jaxformer.data import resolve
+      >>> from jaxformer.inference import LoadedModel, generate_text
+      >>> from jaxformer.nn import build_model
+      >>> cfg, task = resolve(replaced(Config(), model__vocab_size=13, model__d_model=16, model__d_ff=32,
+      ...                              model__num_heads=2, model__num_encoder_layers=1,
+      ...                              model__num_decoder_layers=1, model__max_len=16))   # digit reversal
+      >>> run = LoadedModel(cfg, task.tokenizer, build_model(cfg.model, seed=0), step=0, which="latest")
+      >>> run.cfg.model.vocab_size, type(run.tokenizer).__name__, type(run.model).__name__
+      (13, 'DigitTokenizer', 'Transformer')
+      >>> len(generate_text(run, ["123", "4567"]))                  # any model, untrained here
+      2
+    """
     cfg: Config              # resolved (vocab_size filled in)
     tokenizer: object
     model: nnx.Module
@@ -33,7 +57,27 @@ class LoadedModel:
 
 def abstract_model(cfg: Config, plan: Plan | None = None):
     """(graphdef, abstract model state) of a resolved config: shapes and dtypes with shardings (the plan's, else
-    one device), nothing allocated; the target to restore a model into."""
+    one device), nothing allocated; the target to restore a model into.
+
+    Args:
+      cfg: a resolved `Config` (model.vocab_size filled in: `jaxformer.data.resolve`).
+      plan: a `jaxformer.parallel.Plan`: its shardings (else one device).
+
+    Returns:
+      (graphdef, state): the model's `nnx.GraphDef` and its `nnx.State` of `jax.ShapeDtypeStruct` leaves, each
+        with its sharding; `nnx.merge(graphdef, restored_state)` is the model.
+
+    Examples:
+      >>> import jax
+      >>> from jaxformer.config import Config, replaced
+      >>> from jaxformer.inference import abstract_model
+      >>> cfg = replaced(Config(), model__vocab_size=13, model__d_model=16, model__d_ff=32, model__num_heads=2,
+      ...                model__num_encoder_layers=1, model__num_decoder_layers=1, model__max_len=16)
+      >>> graph, state = abstract_model(cfg)
+      >>> leaf = jax.tree.leaves(state)[0]
+      >>> type(leaf).__name__, leaf.dtype
+      ('ShapeDtypeStruct', dtype('float32'))
+    """
     with no_mesh():
         graph, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg.model, seed=cfg.train.seed)))
     return graph, abstract_with_shardings(abstract, plan)
@@ -48,7 +92,42 @@ def load_model(workdir: str | Path, which: str = "best", plan: Plan | None = Non
     (`jaxformer.quantize`). weights: "trained" (what the run's eval/* metrics are of: the model's weights, or
     schedule-free AdamW's averaged iterate) | "ema" (the weights' EMA of a run with optim.ema set, its
     eval_ema/*); checkpoints hold each as a model item (`jaxformer.inference.weights`). Never writes to the
-    run directory."""
+    run directory.
+
+    Args:
+      workdir: the run directory (`jaxformer.train.loop.train`'s, or `jaxformer import-hf`'s).
+      which: "best" (by train.best_metric) or "latest".
+      plan: a `jaxformer.parallel.Plan` to restore into (None: one device).
+      quantize: None, or "int8" | "int4" | "w8a8" (`jaxformer.quantize.MODES`).
+      weights: "trained" or "ema".
+
+    Returns:
+      A `LoadedModel`: the resolved config, the tokenizer, the model, the step and the kind it came from.
+
+    Raises:
+      ConfigError: `which`, `weights` or `quantize` not one of its values; `workdir` not a run directory (or
+        without tokenizer.json); weights="ema" for a run trained without an EMA.
+      CheckpointError: the run has no checkpoint yet, or none readable (the reasons named).
+
+    Examples:
+      >>> import tempfile
+      >>> from jaxformer.config import Config, replaced
+      >>> from jaxformer.inference import load_model
+      >>> from jaxformer.train.loop import train
+      >>> cfg = replaced(Config(), model__vocab_size=13, model__d_model=16, model__d_ff=32, model__num_heads=2,
+      ...                model__num_encoder_layers=1, model__num_decoder_layers=1, model__max_len=16,
+      ...                data__num_train=64, data__num_eval=16, data__batch_size=16, train__steps=2,
+      ...                train__eval_batch_size=16, train__num_examples=0, train__peak_flops=1e12)
+      >>> workdir = tempfile.mkdtemp()
+      >>> _ = train(cfg, workdir, progress="none")                  # a digit-reversal run of 2 steps
+      >>> run = load_model(workdir)
+      >>> run.step, run.which, type(run.tokenizer).__name__
+      (2, 'best', 'DigitTokenizer')
+      >>> load_model(workdir, "newest")
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.ConfigError: which='newest' must be 'best' or 'latest'
+    """
     if which not in ("best", "latest"):
         raise ConfigError(f"which={which!r} must be 'best' or 'latest'")
     if weights not in ("trained", "ema"):

@@ -69,15 +69,53 @@ def train(cfg: Config, workdir: str | Path, *, stop_after: int | None = None, pr
           on_start: Callable[[Prepared], None] | None = None) -> dict:
     """Train (or resume) `cfg` in `workdir`.
 
-    progress: "bar" (tqdm), "lines" (one line per log interval, for logs and pipes), "none", or "auto" (a bar
-    when stdout is a terminal, else lines). on_start(prepared): called once the state is built or restored.
-    stop_after: stop at that step as if interrupted (tests).
-    Returns {"status": "completed" | "interrupted", "signal": "SIGINT" | "SIGTERM" | None, "step", "eval"
-    (held-out metrics at "step"; empty after a signal unless that step evaluated), "examples" (decoded held-out
-    rows; none after a signal), "workdir", "wall_s", "timings"}. timings (seconds, this attempt; also appended
-    to RUN/timings.jsonl): setup (config, data, building or restoring the state), first_step (tracing, XLA
-    compilation and the first step), steps (every later step, with the loop's host reads), eval (held-out
-    evaluation), checkpoint (saving: each save returns once written), examples (the final decoded examples)."""
+    The run directory holds config.json, tokenizer.json, metrics.jsonl (and TensorBoard's tb/), timings.jsonl
+    and checkpoints/ (latest and best); rerunning the same call resumes from the newest readable checkpoint
+    (module docstring). Stopped by SIGINT/SIGTERM, it saves and returns "interrupted".
+
+    Args:
+      cfg: the run's `Config` (model.vocab_size 0: taken from the data's tokenizer).
+      workdir: the run directory: new, or one this config trained in before (resumed).
+      stop_after: stop at that step as if interrupted (tests).
+      progress: "bar" (tqdm), "lines" (one line per log interval, for logs and pipes), "none", or "auto" (a bar
+        when stdout is a terminal, else lines).
+      on_start: on_start(prepared): called once the state is built or restored.
+
+    Returns:
+      {"status": "completed" | "interrupted", "signal": "SIGINT" | "SIGTERM" | None, "step", "eval"
+        (held-out metrics at "step"; empty after a signal unless that step evaluated), "examples" (decoded
+        held-out rows; none after a signal), "workdir", "wall_s", "timings"}. timings (seconds, this attempt;
+        also appended to RUN/timings.jsonl): setup (config, data, building or restoring the state), first_step
+        (tracing, XLA compilation and the first step), steps (every later step, with the loop's host reads),
+        eval (held-out evaluation), checkpoint (saving: each save returns once written), examples (the final
+        decoded examples).
+
+    Raises:
+      ConfigError: a config the data or the devices cannot run (vocabulary, pad id, batch rows against the
+        mesh, a model that cannot fit); IncompatibleCheckpoint (a ConfigError) when `workdir` holds checkpoints
+        of another config or was trained on other text.
+      DataError: the data cannot be read (`jaxformer.data.build_task`).
+      RunDirError: `workdir` is a file, not writable, or in use by another trainer.
+      NonFiniteLoss: the loss became NaN or infinite (naming the step and the newest checkpoint left).
+
+    Examples:
+      >>> import os, tempfile
+      >>> from jaxformer.config import Config, replaced
+      >>> from jaxformer.train.loop import train
+      >>> cfg = replaced(Config(), model__vocab_size=13, model__d_model=16, model__d_ff=32, model__num_heads=2,
+      ...                model__num_encoder_layers=1, model__num_decoder_layers=1, model__max_len=16,
+      ...                data__num_train=64, data__num_eval=16, data__batch_size=16, train__steps=2,
+      ...                train__eval_batch_size=16, train__num_examples=1, train__peak_flops=1e12)
+      >>> workdir = tempfile.mkdtemp()
+      >>> out = train(cfg, workdir, progress="none")               # digit reversal, shrunk to 2 steps
+      >>> out["status"], out["step"], sorted(out["eval"]), len(out["examples"])
+      ('completed', 2, ['bits_per_byte', 'exact_match', 'loss', 'token_accuracy'], 1)
+      >>> [f for f in sorted(os.listdir(workdir)) if not f.startswith(".")]
+      ['checkpoints', 'config.json', 'data.json', 'levers.jsonl', 'metrics.jsonl', 'tb', 'timings.jsonl',
+       'tokenizer.json']
+      >>> train(cfg, workdir, progress="none")["step"]             # the same call again: resumed, done
+      2
+    """
     initialize(cfg.parallel)                       # multi-host: before any JAX computation
     if cfg.model.runtime.attention_backend == "pallas" and ops.fused.platform() == "cpu":
         logging.getLogger("jaxformer").warning("model.runtime.attention_backend='pallas' on CPU runs the GPU kernel in "

@@ -35,7 +35,27 @@ from jaxformer.train.weights import with_ema, with_master_weights
 
 def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     """constant | noam (linear warmup to lr, then lr·sqrt(warmup/step)) | warmup_cosine (to 0 at total_steps) |
-    wsd (warmup-stable-decay: linear warmup, lr held, then linear to 0 over the last optim.decay_fraction)."""
+    wsd (warmup-stable-decay: linear warmup, lr held, then linear to 0 over the last optim.decay_fraction).
+
+    Schedule-free AdamW (optim.name "schedule_free") has its own: a linear warmup, then constant.
+
+    Args:
+      cfg: the optimizer config: its schedule, lr (the peak), warmup_steps and decay_fraction.
+      total_steps: the run's steps (train.steps): where warmup_cosine and wsd reach 0.
+
+    Returns:
+      The optax schedule: step (an int, or a traced int array) -> the learning rate.
+
+    Examples:
+      >>> from jaxformer.config import OptimConfig
+      >>> from jaxformer.train.step import schedule
+      >>> noam = schedule(OptimConfig(lr=1e-3, schedule="noam", warmup_steps=4), total_steps=100)
+      >>> [round(float(noam(step)), 6) for step in (0, 3, 15)]        # warmup, peak, then 1/sqrt(step)
+      [0.00025, 0.001, 0.0005]
+      >>> wsd = schedule(OptimConfig(lr=1e-3, schedule="wsd", warmup_steps=10, decay_fraction=0.2), 100)
+      >>> [round(float(wsd(step)), 6) for step in (0, 50, 90, 99)]
+      [0.0001, 0.001, 0.0005, 5e-05]
+    """
     if cfg.name == "schedule_free":                     # its own: a linear warmup, then constant
         return (optax.warmup_constant_schedule(0.0, cfg.lr, cfg.warmup_steps) if cfg.warmup_steps else
                 optax.constant_schedule(cfg.lr))
@@ -66,7 +86,37 @@ def optimizer(cfg: OptimConfig, total_steps: int, matrices=None, muon_dims=None,
     or embeddings). muon_dims: Muon's matrix axes per parameter (`nn.params.muon_dims`). master: the parameters
     are stored in a lower precision; the optimizer (inside the EMA) runs on a float32 master copy
     (`train.weights.with_master_weights`). hidden_lr: (mask, factor): the masked parameters' updates times
-    factor (µP's learning rate of the hidden matrices, D₀/D: `jaxformer.mup`)."""
+    factor (µP's learning rate of the hidden matrices, D₀/D: `jaxformer.mup`).
+
+    Args:
+      cfg: the optimizer config (name, lr and schedule, weight decay and its mask, betas, clip_norm, ema).
+      total_steps: the run's steps, for the schedule (`schedule`).
+      matrices: a pytree of bools over the parameters (`nn.params.matrix_mask`); needed when
+        cfg.weight_decay_mask is "matrices" (the default) and the optimizer decays.
+      muon_dims: Muon's matrix axes per parameter (`nn.params.muon_dims`); Muon only.
+      master: run the optimizer on a float32 master copy of lower-precision parameters.
+      hidden_lr: (mask, factor) or None.
+
+    Returns:
+      The optax GradientTransformation (init, update), over the pytree of parameters it is given.
+
+    Raises:
+      ValueError: cfg.weight_decay_mask "matrices" without `matrices` (any optimizer but SGD).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.config import OptimConfig
+      >>> from jaxformer.train.step import optimizer
+      >>> tx = optimizer(OptimConfig(name="sgd", lr=0.1, schedule="constant", clip_norm=0.0), total_steps=10)
+      >>> params = {"w": jnp.ones(2)}
+      >>> updates, opt_state = tx.update({"w": jnp.ones(2)}, tx.init(params), params)
+      >>> updates["w"]
+      Array([-0.1, -0.1], dtype=float32)
+      >>> optimizer(OptimConfig(name="adamw"), total_steps=10)          # decays the matrices: which are they?
+      Traceback (most recent call last):
+      ...
+      ValueError: optim.weight_decay_mask='matrices' needs the parameters' matrix mask
+    """
     lr = schedule(cfg, total_steps)
     mask = None
     if cfg.name != "sgd" and cfg.weight_decay_mask == "matrices":
@@ -140,7 +190,27 @@ def _scaled(sched, factor: float):
 
 
 class Graphs(NamedTuple):
-    """The static halves of the training state: nnx graphdefs of the model and of its optimizer."""
+    """The static halves of the training state: nnx graphdefs of the model and of its optimizer.
+
+    `nnx.merge(graphs.model, state["model"])` is the model of a training state (`init_state`), and
+    `nnx.merge(graphs.opt, state["opt"])` its optimizer.
+
+    Attributes:
+      model: the model's `nnx.GraphDef`.
+      opt: the optimizer's (`nnx.Optimizer` over what trains).
+
+    Examples:
+      >>> from flax import nnx
+      >>> from jaxformer.config import Config, replaced
+      >>> from jaxformer.train.step import abstract_state
+      >>> cfg = replaced(Config(), model__vocab_size=13, model__d_model=16, model__d_ff=32, model__num_heads=2,
+      ...                model__num_encoder_layers=1, model__num_decoder_layers=1, model__max_len=16)
+      >>> graphs, state = abstract_state(cfg)
+      >>> graphs._fields, type(graphs.model).__name__
+      (('model', 'opt'), 'GraphDef')
+      >>> type(nnx.merge(graphs.model, state["model"])).__name__
+      'Transformer'
+    """
     model: nnx.GraphDef
     opt: nnx.GraphDef
 
@@ -168,7 +238,25 @@ def _split(model, opt) -> tuple[Graphs, dict]:
 
 def abstract_state(cfg: Config, plan: Plan | None = None) -> tuple[Graphs, dict]:
     """Shapes and dtypes of the training state (nothing allocated), with the plan's shardings when given:
-    the target to create or restore a state into. -> (graphs, {"model": State, "opt": State})."""
+    the target to create or restore a state into. -> (graphs, {"model": State, "opt": State}).
+
+    Args:
+      cfg: a resolved `Config` (model.vocab_size filled in).
+      plan: a `jaxformer.parallel.Plan`: every leaf with its sharding (checking every sharded dimension).
+
+    Returns:
+      (`Graphs`, {"model": State, "opt": State}), the states' leaves `jax.ShapeDtypeStruct`s.
+
+    Examples:
+      >>> import jax
+      >>> from jaxformer.config import Config, replaced
+      >>> from jaxformer.train.step import abstract_state
+      >>> cfg = replaced(Config(), model__vocab_size=13, model__d_model=16, model__d_ff=32, model__num_heads=2,
+      ...                model__num_encoder_layers=1, model__num_decoder_layers=1, model__max_len=16)
+      >>> graphs, state = abstract_state(cfg)
+      >>> sorted(state), type(jax.tree.leaves(state["model"])[0]).__name__
+      (['model', 'opt'], 'ShapeDtypeStruct')
+    """
     with no_mesh():
         graphs, state = _split(*nnx.eval_shape(lambda: _build(cfg)))
     return graphs, (abstract_with_shardings(state, plan) if plan is not None else state)
@@ -183,7 +271,27 @@ def init_state(cfg: Config, plan: Plan | None = None) -> tuple[Graphs, dict]:
     """A fresh training state for a resolved config (model.vocab_size filled in): (graphs, state).
     One jitted init: under a plan its outputs are created directly in their shards. The seed is an argument,
     not a constant of the program, so runs that differ only in train.seed compile the same program (a
-    persistent compilation cache then serves every seed after the first)."""
+    persistent compilation cache then serves every seed after the first).
+
+    Args:
+      cfg: a resolved `Config` (train.seed: the initial weights).
+      plan: a `jaxformer.parallel.Plan`: create every array in its shards (None: one device).
+
+    Returns:
+      (`Graphs`, {"model": State, "opt": State}): the model's and the optimizer's states, as `make_train_step`
+        takes them.
+
+    Examples:
+      >>> from flax import nnx
+      >>> from jaxformer.config import Config, replaced
+      >>> from jaxformer.train.step import init_state
+      >>> cfg = replaced(Config(), model__vocab_size=13, model__d_model=16, model__d_ff=32, model__num_heads=2,
+      ...                model__num_encoder_layers=1, model__num_decoder_layers=1, model__max_len=16)
+      >>> graphs, state = init_state(cfg)
+      >>> model = nnx.merge(graphs.model, state["model"])
+      >>> model.cfg.d_model, sorted(state)
+      (16, ['model', 'opt'])
+    """
     graphs, abstract = abstract_state(cfg, plan)
     out = shardings_of(abstract) if plan is not None else None
     init = jax.jit(lambda key: _split(*_build(cfg, key))[1], out_shardings=out)
@@ -279,7 +387,42 @@ def make_train_step(graphs: Graphs, cfg: Config, plan: Plan | None = None):
     """train_step(state, batch, rng) -> (state, metrics); state {"model", "opt"} (see `init_state`), donated.
     Under a plan: in/out shardings from it (mode "jit"), or the shard_map data-parallel step. On CPU the
     dropout bits' hash is lowered unrolled (`jaxformer.platforms.lowering.unrolled_threefry`: same bits, fewer ops), and
-    the step compiles with `jaxformer.platforms.lowering.train_compiler_options()` (fewer copies, same results)."""
+    the step compiles with `jaxformer.platforms.lowering.train_compiler_options()` (fewer copies, same results).
+
+    One step: the batch's gradients (optim.accumulate micro-batches, summed), then the optimizer's update; the
+    objective is the mean token loss (label smoothing, z-loss) plus a MoE model's router losses.
+
+    Args:
+      graphs: the state's `Graphs` (`init_state`, `abstract_state`).
+      cfg: the resolved `Config` (its model, optim and parallel sections).
+      plan: a `jaxformer.parallel.Plan` (None: one device).
+
+    Returns:
+      train_step(state, batch, rng) -> (state, metrics): batch in the architecture's layout ([B, T] per field),
+        rng a `jax.random.key` (dropout); the state argument is donated (use the one returned). metrics: "loss"
+        (mean nll per target token), "objective", "token_accuracy", "tokens", "grad_norm", "log_z2", each
+        stack's per-layer gradient norms ("encoder_grad_norm", "decoder_grad_norm": [L]) and a MoE model's
+        router statistics.
+
+    Examples:
+      >>> import jax
+      >>> from jaxformer.config import Config, replaced
+      >>> from jaxformer.data import resolve
+      >>> from jaxformer.train.step import init_state, make_train_step
+      >>> cfg, task = resolve(replaced(Config(), model__vocab_size=13, model__d_model=16, model__d_ff=32,
+      ...                              model__num_heads=2, model__num_encoder_layers=1,
+      ...                              model__num_decoder_layers=1, model__max_len=16, data__num_train=64,
+      ...                              data__num_eval=16, data__batch_size=16))          # digit reversal
+      >>> graphs, state = init_state(cfg)
+      >>> train_step = make_train_step(graphs, cfg)
+      >>> batch = next(iter(task.train_dataset(batch_size=16, seed=0)))
+      >>> state, metrics = train_step(state, batch, jax.random.key(0))
+      >>> sorted(metrics)
+      ['decoder_grad_norm', 'encoder_grad_norm', 'grad_norm', 'log_z2', 'loss', 'objective', 'token_accuracy',
+       'tokens']
+      >>> metrics["decoder_grad_norm"].shape                         # [L]
+      (1,)
+    """
     unrolled_threefry()
     pad, ls, zl = cfg.model.pad_id, cfg.optim.label_smoothing, cfg.optim.z_loss
 
