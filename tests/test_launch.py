@@ -115,3 +115,22 @@ def test_the_suite_adds_only_the_xla_flags_this_jaxlib_knows():
     added = os.environ["JAXFORMER_TEST_FLAGS"].split()
     assert set(added) <= set(CODEGEN_FLAGS) and all(f in os.environ["XLA_FLAGS"] for f in added)
     # (that this jaxlib accepts `added` is shown by this process: it started with them)
+
+
+def test_the_flag_probe_is_kept_per_jaxlib_version_and_xla_flags(tmp_path, monkeypatch):
+    """conftest's `_codegen_flags`: probed once, then read from its file in the cache folder; another jaxlib
+    version or other XLA_FLAGS probe again (a kept answer for another build could add a flag it aborts on)."""
+    import importlib.metadata
+    import conftest
+    probes = []
+    monkeypatch.setattr(conftest, "CACHE", tmp_path)
+    monkeypatch.setattr(conftest, "_accepted", lambda flags: probes.append(list(flags)) or True)
+    monkeypatch.setenv("XLA_FLAGS", "")
+    first = conftest._codegen_flags()
+    assert first == list(conftest.CODEGEN_FLAGS) and len(probes) == 1
+    assert conftest._codegen_flags() == first and len(probes) == 1                 # kept
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "9.9.9")
+    conftest._codegen_flags()
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+    conftest._codegen_flags()
+    assert len(probes) == 3 and len(list(tmp_path.glob("codegen-flags-*.json"))) == 3

@@ -58,3 +58,18 @@ def test_a_judgment_follows_its_mutants_change_not_its_number():
     assert again["survivors"] == [] and again["judged"]["x_f__mutmut_2"] == ["why, for t <= m", "t < m -> t <= m"]
     assert mutation._compact("--- a\n+++ a\n@@ -1 +1 @@\n-    y = f(x)  # a note\n+    y = g(x)  # a note\n") == \
         "y = f(x) -> y = g(x)"
+
+
+def test_the_fork_servers_preload_is_the_tests_imports_then_the_fork_safety_check(tmp_path):
+    """`_preload`: every module a listed test file imports, at any depth or through pytest.importorskip, once
+    each, never a test-local module (helpers, conftest: pytest imports those itself), and last the module that
+    stops the run if a preloaded one started JAX's runtime. Wrong implementations: top-level imports only (the
+    lm-eval/torch imports inside tests re-imported per mutant), a test-local module preloaded from the wrong
+    path, the check first (it would pass before anything ran)."""
+    (tmp_path / "preload").mkdir()
+    names = mutation._preload(tmp_path, ["tests/test_harness_parity.py"]).read_text().split()
+    assert names[-1] == "_mutation_forksafe" and len(names) == len(set(names))
+    assert {"numpy", "jaxformer.inference.tasks", "lm_eval.utils", "lm_eval.filters.extraction"} <= set(names)
+    assert not {"helpers", "conftest", "__future__"} & {n.split(".")[0] for n in names}
+    check = (tmp_path / "preload" / "_mutation_forksafe.py").read_text()
+    assert "backends_are_initialized()" in check and "SystemExit" in check
