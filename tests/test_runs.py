@@ -279,15 +279,16 @@ def test_a_signal_saves_a_checkpoint_and_exits_128_plus_signum(tmp_path, sigs):
     """SIGTERM (a scheduler), SIGINT (Ctrl-C) and SIGHUP (the terminal closed) stop at the current step with a
     checkpoint; signals that follow the first are held until it is written, so they cannot discard it."""
     proc = _endless_training(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    proc.send_signal(signal.SIGSTOP)    # all land together on SIGCONT (lowest number first: SIGHUP, SIGINT, SIGTERM),
-    for sig in sigs:                    # inside the checkpoint's window whatever this busy machine schedules
-        proc.send_signal(sig)
+    proc.send_signal(signal.SIGSTOP)    # all land together on SIGCONT, inside the checkpoint's window whatever
+    for sig in sigs:                    # this busy machine schedules; which one the main thread sees first is the
+        proc.send_signal(sig)           # kernel's and the threads' race (CI once saw SIGINT before SIGHUP)
     proc.send_signal(signal.SIGCONT)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + sigs[0].value, out
-    assert f"interrupted by {sigs[0].name}" in out and "decoded held-out examples" not in out   # exits promptly
-    for later in sigs[1:]:
-        assert f"{later.name} received while stopping on {sigs[0].name}: held" in out
+    first = signal.Signals(proc.returncode - 128) if proc.returncode > 128 else None
+    assert first in sigs, (proc.returncode, out)
+    assert f"interrupted by {first.name}" in out and "decoded held-out examples" not in out   # exits promptly
+    for later in set(sigs) - {first}:
+        assert f"{later.name} received while stopping on {first.name}: held" in out
     last = max(train_losses(tmp_path))
     assert checkpoint_steps(tmp_path)[-1] == last       # saved at the step it stopped at
     assert not list((tmp_path / "checkpoints" / "latest").glob("*tmp*"))     # and completely written
