@@ -157,6 +157,9 @@ def cmd_sae(args) -> int:
 def cmd_viz(args) -> int:
     from jaxformer.viz import write_heatmaps, write_probes
     plots = list(dict.fromkeys(args.plot or ["attention"]))
+    if "patching" in plots:    # its two programs compile for seconds each: a later viz of this model loads them from
+        from jaxformer import compile_cache     # disk (benchmarks/results/patching_tl.md, the warm-cache row)
+        compile_cache.enable()
     paths = write_heatmaps(args.workdir, args.prompt, args.which, args.out, weights=args.weights) \
         if "attention" in plots else []
     if set(plots) - {"attention", "patching"}:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-import os
 from typing import Any
 
 import jax
@@ -57,7 +56,19 @@ assert set(RULES) == set(LOGICAL_AXES)
 
 
 def rules_for(cfg: ParallelConfig) -> dict[str, tuple[str, ...]]:
-    """RULES with the config's overrides ("logical:axis+axis") applied."""
+    """RULES with the config's overrides ("logical:axis+axis") applied.
+
+    Args:
+      cfg: the parallel config (its `rules`).
+
+    Returns:
+      {logical axis: mesh axes}.
+
+    Examples:
+      >>> from jaxformer.config import ParallelConfig; from jaxformer.parallel import rules_for
+      >>> rules_for(ParallelConfig(rules=("embed:", "mlp:tensor+fsdp")))["mlp"]
+      ('tensor', 'fsdp')
+    """
     rules = dict(RULES)
     for r in cfg.rules:
         logical, _, axes = r.partition(":")
@@ -66,14 +77,42 @@ def rules_for(cfg: ParallelConfig) -> dict[str, tuple[str, ...]]:
 
 
 def rules_table(cfg: ParallelConfig = ParallelConfig()) -> str:
-    """The rule table as Markdown (README, `jaxformer plan`)."""
+    """The rule table as Markdown (README, `jaxformer plan`).
+
+    Args:
+      cfg: the parallel config whose overrides apply.
+
+    Returns:
+      A Markdown table, one row per logical axis.
+
+    Examples:
+      >>> from jaxformer.parallel import rules_table
+      >>> print(rules_table().splitlines()[2])
+      | batch | data × fsdp × expert |
+    """
     rows = ["| logical axis | mesh axes |", "|---|---|"]
     rows += [f"| {k} | {' × '.join(v) if v else '— (replicated)'} |" for k, v in rules_for(cfg).items()]
     return "\n".join(rows)
 
 
 def mesh_shape(cfg: ParallelConfig, num_devices: int) -> dict[str, int]:
-    """{axis: size} with -1 resolved; ConfigError unless the sizes multiply to num_devices."""
+    """The mesh's axis sizes, -1 resolved to the devices left.
+
+    Args:
+      cfg: the parallel config (its axis sizes).
+      num_devices: how many devices the mesh spans.
+
+    Returns:
+      {mesh axis: size}, in mesh order.
+
+    Raises:
+      ConfigError: the sizes do not multiply to num_devices.
+
+    Examples:
+      >>> from jaxformer.config import ParallelConfig; from jaxformer.parallel import mesh_shape
+      >>> mesh_shape(ParallelConfig(data=-1, tensor=2), 8)
+      {'stage': 1, 'data': 4, 'fsdp': 1, 'context': 1, 'expert': 1, 'tensor': 2}
+    """
     sizes = {a: getattr(cfg, a) for a in MESH_AXES}
     known = math.prod(v for v in sizes.values() if v != -1)
     for a, v in sizes.items():
@@ -89,7 +128,25 @@ def mesh_shape(cfg: ParallelConfig, num_devices: int) -> dict[str, int]:
 
 
 class Plan:
-    """A mesh plus the rule table: shardings for parameters, optimizer state, batches and activations."""
+    """A mesh plus the rule table: shardings for parameters, optimizer state, batches and activations.
+
+    Args:
+      cfg: the parallel config.
+      devices: the mesh's devices (default: all of jax.devices()).
+
+    Attributes:
+      cfg: the parallel config.
+      rules: {logical axis: mesh axes} (`rules_for`).
+      sizes: {mesh axis: size} (`mesh_shape`).
+      mesh: the jax Mesh.
+      replicated: a NamedSharding replicating over the mesh.
+
+    Examples:
+      >>> import jax; from jaxformer.config import ParallelConfig; from jaxformer.parallel import Plan
+      >>> plan = Plan(ParallelConfig(), devices=jax.devices()[:1])             # a 1-device mesh
+      >>> plan.sizes["data"], plan.spec(("batch", "embed")), plan.batch_shards
+      (1, P(None, None), 1)
+    """
 
     def __init__(self, cfg: ParallelConfig, devices=None):
         devices = jax.devices() if devices is None else list(devices)
@@ -226,13 +283,38 @@ _ACTIVE: contextvars.ContextVar[Plan | None] = contextvars.ContextVar("jaxformer
 
 
 def active_plan() -> "Plan | None":
-    """The plan whose `use()` block this code runs in (None outside one)."""
+    """The plan whose `use()` block this code runs in.
+
+    Returns:
+      That `Plan`, or None outside one.
+
+    Examples:
+      >>> import jax; from jaxformer.config import ParallelConfig; from jaxformer.parallel import Plan, active_plan
+      >>> with Plan(ParallelConfig(), devices=jax.devices()[:1]).use() as plan:
+      ...     active_plan() is plan
+      True
+    """
     return _ACTIVE.get()
 
 
 def abstract_with_shardings(state: Any, plan: "Plan | None" = None) -> Any:
-    """An abstract state (ShapeDtypeStructs, e.g. from nnx.eval_shape) with shardings: the plan's rules, or
-    without a plan this process's first device. What a state is created or restored into."""
+    """An abstract state with shardings: what a state is created or restored into.
+
+    Args:
+      state: a pytree of ShapeDtypeStructs (e.g. from nnx.eval_shape).
+      plan: whose rules shard it; None: this process's first device.
+
+    Returns:
+      The same pytree, each leaf a ShapeDtypeStruct with its sharding.
+
+    Raises:
+      ConfigError: with a plan, a dimension not divisible by its mesh axes.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp; from jaxformer.parallel import abstract_with_shardings
+      >>> abstract_with_shardings({"w": jax.ShapeDtypeStruct((2, 3), jnp.float32)})["w"].sharding
+      SingleDeviceSharding(device=...)
+    """
     if plan is not None:
         shardings = plan.state_shardings(state)
     else:
@@ -243,13 +325,36 @@ def abstract_with_shardings(state: Any, plan: "Plan | None" = None) -> Any:
 
 def no_mesh():
     """A context without jax's mesh: nnx.eval_shape would otherwise read the parameters' logical axis names
-    as mesh axes."""
+    as mesh axes.
+
+    Returns:
+      A context manager.
+
+    Examples:
+      >>> import jax; from jaxformer.parallel import no_mesh
+      >>> with no_mesh():
+      ...     jax.sharding.get_abstract_mesh().empty
+      True
+    """
     return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ()))
 
 
 def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
     """A sharding constraint from logical names under the active plan (identity without one, and inside
-    shard_map's per-device code). Dims not divisible by their mesh axes are left unsharded."""
+    shard_map's per-device code). Dims not divisible by their mesh axes are left unsharded.
+
+    Args:
+      x: an array.
+      names: one logical axis name (or None) per dim.
+
+    Returns:
+      x, constrained.
+
+    Examples:
+      >>> import jax.numpy as jnp; from jaxformer.parallel import constrain
+      >>> constrain(jnp.ones((2, 3)), ("batch", None)).shape
+      (2, 3)
+    """
     plan = _ACTIVE.get()
     if plan is None or plan.mode == "shard_map" or math.prod(plan.sizes.values()) == 1:
         return x
@@ -257,130 +362,20 @@ def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
 
 
 def replicate(x):
-    """Constrain every array of a pytree to be replicated under the active plan (so every process can read it)."""
+    """Constrain every array of a pytree to be replicated under the active plan (so every process can read it).
+
+    Args:
+      x: a pytree of arrays.
+
+    Returns:
+      x, constrained (as it is without a plan or under shard_map).
+
+    Examples:
+      >>> import jax.numpy as jnp; from jaxformer.parallel import replicate
+      >>> replicate({"x": jnp.ones(2)})["x"].shape
+      (2,)
+    """
     plan = _ACTIVE.get()
     if plan is None or plan.mode == "shard_map":
         return x
     return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, plan.replicated), x)
-
-
-def shard_bytes(tree: Any) -> dict[str, int]:
-    """{"total": logical bytes, "per_device_max": the largest sum of shard bytes held by one device}."""
-    per: dict[Any, int] = {}
-    total = 0
-    for a in jax.tree.leaves(tree):
-        total += a.size * a.dtype.itemsize
-        for s in a.addressable_shards:
-            per[s.device] = per.get(s.device, 0) + s.data.size * s.data.dtype.itemsize
-    return {"total": total, "per_device_max": max(per.values(), default=0)}
-
-
-def _free_bytes(device) -> int | None:
-    """Memory a device can still take: the host's available memory for a CPU device (shared by all of them),
-    the allocator's limit for an accelerator; None where unknown."""
-    if device.platform == "cpu":
-        try:
-            for line in open("/proc/meminfo"):
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        try:
-            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return None
-    try:
-        return (device.memory_stats() or {}).get("bytes_limit")
-    except Exception:       # noqa: BLE001 (a backend without memory statistics)
-        return None
-
-
-def min_param_bytes(cfg) -> tuple[int, int]:
-    """(parameter bytes, host bytes) that a model of `cfg` (a ModelConfig) needs at least, by arithmetic: its
-    embedding (and untied head), the attention and FFN matrices of every layer in float32 (norms and biases left
-    out: a lower bound), and the host's float64 copy of a sinusoidal table while it is built."""
-    d, n, k, h, f, v = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.d_ff, cfg.vocab_size
-    attn = 2 * d * n * h + 2 * d * k * h
-    ffn = (3 if cfg.activation in ("swiglu", "geglu", "geglu_tanh") else 2) * d * f
-    moe_layers = cfg.num_decoder_layers // cfg.moe.every if cfg.ffn == "moe" else 0
-    dec = cfg.num_decoder_layers * attn + (cfg.num_decoder_layers - moe_layers) * ffn \
-        + moe_layers * cfg.moe.num_experts * ffn
-    enc = cfg.num_encoder_layers * (attn + ffn) if cfg.arch == "encoder_decoder" else 0
-    cross = cfg.num_decoder_layers * attn if cfg.arch == "encoder_decoder" else 0
-    table = cfg.max_len * d if cfg.positional == "learned" else 0
-    params = v * d * (1 if cfg.tie_embeddings else 2) + enc + dec + cross + table + _lora_params(cfg)
-    return 4 * params, (8 * cfg.max_len * d if cfg.positional == "sinusoidal" else 0)
-
-
-def _lora_params(cfg) -> int:
-    """model.lora's adapter parameters: r·(in + out) per target projection of every attention (self, cross,
-    the encoder's) and dense FFN layer (`jaxformer.nn.lora`)."""
-    r, d, f = cfg.lora.rank, cfg.d_model, cfg.d_ff
-    if not r:
-        return 0
-    nh, kh = cfg.num_heads * cfg.head_size, cfg.kv_heads * cfg.head_size
-    sizes = {"q": d + nh, "k": d + kh, "v": d + kh, "o": nh + d, "gate": d + f, "up": d + f, "down": f + d}
-    attn = sum(sizes[t] for t in cfg.lora.targets if t in ("q", "k", "v", "o"))
-    ffn = sum(sizes[t] for t in cfg.lora.targets if t in ("gate", "up", "down"))
-    enc = cfg.num_encoder_layers if cfg.arch == "encoder_decoder" else 0
-    attentions = cfg.num_decoder_layers * (2 if enc else 1) + enc
-    return r * (attentions * attn + (cfg.num_decoder_layers + enc) * ffn)       # FFN targets: dense FFNs only
-
-
-def check_model_size(cfg) -> None:
-    """ConfigError when a model of `cfg` cannot fit the memory of this process's devices together (or its
-    positional table the host's), counted by arithmetic (`min_param_bytes`) before anything is built: an
-    impossible size is named instead of ending in numpy's or XLA's allocation error."""
-    need, host = min_param_bytes(cfg)
-    devices = jax.local_devices()
-    cpu = [d for d in devices if d.platform == "cpu"]
-    free = [_free_bytes(cpu[0])] if cpu else []
-    free += [_free_bytes(d) for d in devices if d.platform != "cpu"]
-    if any(x is None for x in free) or not free:
-        return
-    host_free = _free_bytes(cpu[0]) if cpu else None
-    gib = lambda x: f"{x / 2 ** 30:,.1f} GiB"                          # noqa: E731
-    over = ([f"{gib(need)} for its parameters ({gib(sum(free))} in this process's memory)"] if need > sum(free)
-            else []) + ([f"{gib(host)} of host memory for its sinusoidal table ({gib(host_free)} available)"]
-                        if host_free is not None and host > host_free else [])
-    if over:
-        raise ConfigError(f"the model (model.d_model={cfg.d_model}, model.d_ff={cfg.d_ff}, model.vocab_size="
-                          f"{cfg.vocab_size}, model.max_len={cfg.max_len}, {cfg.num_encoder_layers}+"
-                          f"{cfg.num_decoder_layers} layers"
-                          + (f", model.lora.rank={cfg.lora.rank}" if cfg.lora.rank else "") + ") needs at least "
-                          + " and ".join(over)
-                          + ", counted before anything is allocated: make it smaller")
-
-
-def check_fits(abstract: dict, what: str = "the training state") -> None:
-    """ConfigError when the arrays of `abstract` ({"model", "opt"} of ShapeDtypeStructs with shardings) and
-    the gradients of "model" cannot fit the local devices' memory: a lower bound (activations come on top),
-    checked before anything is allocated, so that an impossible size is named instead of ending in the
-    allocator's error or the kernel's OOM killer."""
-    per: dict[Any, dict[str, int]] = {}
-    for part, tree in abstract.items():
-        for a in jax.tree.leaves(tree):
-            sharding = getattr(a, "sharding", None)
-            shard = sharding.shard_shape(a.shape) if sharding is not None else a.shape
-            nbytes = math.prod(shard) * a.dtype.itemsize
-            for d in (sharding.addressable_devices if sharding is not None else jax.local_devices()[:1]):
-                parts = per.setdefault(d, {})
-                parts[part] = parts.get(part, 0) + nbytes
-                if part == "model":
-                    parts["gradients"] = parts.get("gradients", 0) + nbytes
-    if not per:
-        return
-    cpu = [d for d in per if d.platform == "cpu"]
-    groups = ([("host memory", cpu, _free_bytes(cpu[0]))] if cpu else []) + [
-        (f"{d.device_kind} {d.id}", [d], _free_bytes(d)) for d in per if d.platform != "cpu"]
-    gib = lambda n: f"{n / 2 ** 30:.1f} GiB"
-    for where, devices, free in groups:
-        need = sum(sum(per[d].values()) for d in devices)
-        if free is not None and need > free:
-            names = {"model": "parameters", "opt": "optimizer state"}
-            parts = {names.get(k, k): sum(per[d].get(k, 0) for d in devices) for k in per[devices[0]]}
-            raise ConfigError(
-                f"{what} needs at least {gib(need)} of {where} ({', '.join(f'{k} {gib(v)}' for k, v in parts.items())}; "
-                f"activations come on top) and {gib(free)} is free: make the model smaller (model.d_model, "
-                f"model.d_ff, the layer counts, model.vocab_size) or shard it over more devices (parallel.fsdp)")
-

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from jaxformer import compile_cache
 from jaxformer.config import SECTIONED, Config
 from jaxformer.configio import apply_overrides, load_config_file, load_python
 from jaxformer.errors import ConfigError, Interrupted, JaxformerError, NonFiniteLoss, SweepError
@@ -290,10 +291,7 @@ def select(all_runs: list[Run], which: list[str]) -> list[Run]:
 
 def use_compilation_cache(root: str | Path) -> None:
     """Point JAX's persistent compilation cache at ROOT/.jax-cache unless one is configured already."""
-    import jax
-    if jax.config.jax_compilation_cache_dir is None:
-        jax.config.update("jax_compilation_cache_dir", str(Path(root).resolve() / ".jax-cache"))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    compile_cache.enable(Path(root) / ".jax-cache")
 
 
 def run_sweep(sweep: Sweep, root: str | Path = "runs/sweeps", jobs: int = 1, only: list[str] | None = None,

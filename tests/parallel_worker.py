@@ -50,7 +50,8 @@ from jaxformer.configio import load_config_file  # noqa: E402
 from jaxformer.data import build_task  # noqa: E402
 from jaxformer.decode import beam_search, generate_lm, generate_seq2seq  # noqa: E402
 from jaxformer.errors import JaxformerError  # noqa: E402
-from jaxformer.parallel import Plan, shard_bytes  # noqa: E402
+from jaxformer.memory import shard_bytes  # noqa: E402
+from jaxformer.parallel import Plan  # noqa: E402
 from jaxformer.inference import load_model  # noqa: E402
 from jaxformer.train.loop import train  # noqa: E402
 from jaxformer.train.step import abstract_state, init_state, make_train_step  # noqa: E402

@@ -227,7 +227,7 @@ def test_a_model_that_cannot_fit_in_memory_is_named_before_anything_is_allocated
                                           r"least [\d,.]+ GiB for its parameters .*make it smaller"):
         train(cfg, tmp_path / "run", progress="none")
     cfg = tiny_lm("model.d_model=12288", "model.d_ff=12288", "model.num_heads=2", "model.num_decoder_layers=2")
-    from jaxformer.parallel import _free_bytes, min_param_bytes
+    from jaxformer.memory import _free_bytes, min_param_bytes
     if not min_param_bytes(cfg.model)[0] < _free_bytes(jax.devices()[0]) < 4 * min_param_bytes(cfg.model)[0]:
         pytest.skip("this machine's memory does not put 6.8 GiB of parameters between fitting and training")
     with pytest.raises(ConfigError, match=r"the training state needs at least [\d.]+ GiB of host memory \("

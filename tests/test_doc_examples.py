@@ -21,6 +21,10 @@ A public object is then one of those names. The examples that build a model, wri
 train a run (hf.checkpoint, inference, train) run in the slow lane; the data and config-only ones (data,
 hf.expressing, hf.families) in the default lane.
 
+The same for jaxformer.nn (`NN`: every module docs/api/nn.md renders; the examples that build modules or models
+run in the slow lane, ~40 s together) and the helpers page's parallel, memory and compile_cache (`HELPERS`,
+default lane: no model is built).
+
 Wrong implementations these catch: an example whose printed output no longer matches what the op returns (a
 changed default, shape or dtype), an example that raises, and a new public op without arguments, return value or
 example documented.
@@ -36,7 +40,12 @@ from pathlib import Path
 import pytest
 
 MODULES = ("attention", "masks", "positional", "norms", "activations", "flash", "fused", "context", "moe", "losses")
-LIBRARY = ("jaxformer.decode", "jaxformer.patching", "jaxformer.sae")   # one docs/api page each
+LIBRARY = ("jaxformer.decode", "jaxformer.patching", "jaxformer.sae")
+HELPERS = ("jaxformer.compile_cache", "jaxformer.parallel", "jaxformer.memory")     # docs/api/helpers.md
+# docs/api/nn.md: every module it renders (`test_the_modules_are_those_the_reference_renders`)
+NN = tuple(f"jaxformer.nn.{m}" for m in ("build", "models", "embed", "layers", "attention", "stack", "pipeline",
+                                         "ring", "cache", "layout", "weights", "sites", "per_layer", "lora",
+                                         "differential"))
 # docs/api/<page>.md: {module: the public names it renders}, the package's API (module docstring)
 PAGES = {
     "hf": {"jaxformer.hf.checkpoint": ("read_config", "from_pretrained", "save_pretrained"),
@@ -55,13 +64,15 @@ PAGES = {
                                        "make_train_step")},
 }
 PUBLIC = {module: names for page in PAGES.values() for module, names in page.items()}
-DOCUMENTED = tuple(f"jaxformer.ops.{m}" for m in MODULES) + LIBRARY + tuple(PUBLIC)
+DOCUMENTED = tuple(f"jaxformer.ops.{m}" for m in MODULES) + LIBRARY + tuple(PUBLIC) + HELPERS + NN
 FLAGS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
 # the library's examples build and run tiny models (~9 s together), the packages' build models, write checkpoint
 # folders and train runs: the slow lane; their sections: the default
 SLOW = {name: pytest.mark.slow for name in LIBRARY + ("jaxformer.hf.checkpoint", "jaxformer.inference.restore",
                                                       "jaxformer.inference.evaluate", "jaxformer.inference.generate",
-                                                      "jaxformer.train.loop", "jaxformer.train.step")}
+                                                      "jaxformer.train.loop", "jaxformer.train.step")
+        # nn's examples that build modules and models (~5-8 s a module in a fresh process)
+        + tuple(m for m in NN if m.split(".")[-1] not in ("pipeline", "ring", "sites", "per_layer"))}
 
 
 def _public(mod) -> list[tuple[str, object]]:
@@ -78,6 +89,10 @@ def test_the_modules_are_those_the_reference_renders():
     api = Path(__file__).resolve().parents[1] / "docs" / "api"
     page = (api / "ops.md").read_text(encoding="utf-8")
     assert [line.split(".")[-1] for line in page.splitlines() if line.startswith(":::")] == list(MODULES)
+    nn = (api / "nn.md").read_text(encoding="utf-8")
+    assert [line[4:] for line in nn.splitlines() if line.startswith(":::")] == list(NN)
+    helpers = (api / "helpers.md").read_text(encoding="utf-8").splitlines()
+    assert all(f"::: {name}" in helpers for name in HELPERS)
     for name in LIBRARY:
         page = (api / f"{name.split('.')[-1]}.md").read_text(encoding="utf-8")
         assert f"::: {name}" in page.splitlines(), f"docs/api/{name.split('.')[-1]}.md does not render {name}"

@@ -153,7 +153,7 @@ def test_a_huge_lora_rank_is_refused_by_the_size_arithmetic(capsys):
 
 def test_the_size_arithmetic_counts_each_adapter_parameter():
     """Exactly the adapters' parameters the model gets: every attention (self, cross, the encoder's) and FFN."""
-    from jaxformer.parallel import min_param_bytes
+    from jaxformer.memory import min_param_bytes
     cfg = tiny_reverse("model.lora.targets=q,k,v,o,up,down", "model.num_kv_heads=1")
     base = min_param_bytes(cfg.model)[0]
     adapted = tiny_reverse("model.lora.rank=3", "model.lora.targets=q,k,v,o,up,down", "model.num_kv_heads=1")

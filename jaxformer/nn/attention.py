@@ -24,11 +24,29 @@ from jaxformer.nn.ring import over_context
 
 
 class MultiHeadAttention(nnx.Module):
-    """Projections wq [D,N,H], wk/wv [D,K,H], wo [N,H,D] (+ the biases model.has_bias names; QK-norm scales
-    q_norm/k_norm [H] with model.attention.qk_norm). RoPE/ALiBi apply to self-attention only.
+    """Multi-head attention (MHA/GQA/MQA), self or cross. RoPE/ALiBi apply to self-attention only. A call returns
+    (out [B,T,D], aux): aux {"kv": LayerKV} (this call's new keys/values [B,T,K,H]) when a cache is passed, else
+    {}. Its probabilities [B,N,T,S] float32 are the `pattern` site (`nn.sites`).
 
-    Returns (out [B,T,D], aux): aux {"kv": LayerKV} (this call's new keys/values [B,T,K,H]) when a cache is
-    passed; else {}. Its probabilities [B,N,T,S] float32 are the `pattern` site (`nn.sites`)."""
+    Attributes:
+      wq: [D, N, H] query projection; wk, wv: [D, K, H]; wo: [N, H, D] output projection.
+      bq, bk, bv, bo: their biases ([N, H], [K, H], [K, H], [D]) for the names model.has_bias gives.
+      q_norm, k_norm: [H] QK-norm scales, with model.attention.qk_norm.
+      self_attention: whether it attends over its own input (else over a source: cross-attention).
+      cfg: the model config.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import MultiHeadAttention
+      >>> from jaxformer.ops import causal_mask
+      >>> cfg = replaced(ModelConfig(), d_model=16, num_heads=2, d_ff=32)
+      >>> attn = MultiHeadAttention(cfg, self_attention=True, rngs=nnx.Rngs(0))
+      >>> out, aux = attn(jnp.ones((1, 3, 16)), mask=causal_mask(3), positions=jnp.arange(3)[None])
+      >>> attn.wq.shape, attn.wo.shape, out.shape, aux
+      ((16, 2, 8), (2, 8, 16), (1, 3, 16), {})
+    """
 
     def __init__(self, cfg: ModelConfig, *, self_attention: bool, stack: str = "decoder", rngs: nnx.Rngs):
         d, n, k, h = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size
@@ -178,8 +196,8 @@ class MultiHeadAttention(nnx.Module):
         model.runtime.attention_backend, ring attention over a context plan): q [B,T,N,H] over a LayerKV view
         (k/v [B,S,K,H] in its own layout, or segments along S) -> (context [B,T,N,H], probabilities [B,N,T,S]
         float32 when `probs` or the pattern site wants them, else None). layer: this layer's settings (its
-        soft-cap and logit scale, when a per-layer rule sets them). What a variant's `context` builds on (e.g. `nn.differential`
-        asks for the probabilities and mixes them itself)."""
+        soft-cap and logit scale, when a per-layer rule sets them). What a variant's `context` builds on (e.g.
+        `nn.differential` asks for the probabilities and mixes them itself)."""
         cfg = self.cfg
         softcap = cfg.attention.softcap if layer.softcap is None else layer.softcap
         scale = logit_scale(cfg) if layer.scale is None else layer.scale
@@ -208,9 +226,25 @@ class MultiHeadAttention(nnx.Module):
 
 
 def mix(w: jax.Array, kv: LayerKV) -> jax.Array:
-    """Attention probabilities w [B,N,T,S] applied to the values of a LayerKV view (in its layout, maybe
-    segments along S) -> the context [B,T,N,H], query head n reading kv head n // (N/K): what a patched `pattern`
-    site gives (no attention dropout)."""
+    """Attention probabilities applied to the values: what a patched `pattern` site gives (no attention dropout).
+
+    Args:
+      w: [B, N, T, S] attention probabilities.
+      kv: a LayerKV view (values [B, S, K, H] in its layout, maybe segments along S); query head n reads kv head
+        n // (N/K).
+
+    Returns:
+      [B, T, N, H] float32 context.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn import LayerKV
+      >>> from jaxformer.nn.attention import mix
+      >>> v = jnp.arange(3.0)[None, :, None, None] * jnp.ones((1, 3, 1, 4))     # values 0, 1, 2; K=1, H=4
+      >>> ctx = mix(jnp.full((1, 2, 1, 3), 1 / 3), LayerKV(jnp.zeros_like(v), v))  # N=2 heads, uniform
+      >>> ctx.shape, ctx[0, 0, :, 0].tolist()
+      ((1, 1, 2, 4), [1.0, 1.0])
+    """
     v = kv.values_bskh()                                                           # [B,S,K,H]
     b, n, t, s = w.shape
     k = v.shape[2]
@@ -219,9 +253,23 @@ def mix(w: jax.Array, kv: LayerKV) -> jax.Array:
 
 
 def logit_scale(cfg) -> float | None:
-    """The attention logits' scale: 1/√H (None: the op's default), 1/√model.attention.scale_dim, or 1 ("none");
-    under µP times √(H₀/H), H₀ the base width's head size (1/H·√H₀ for the default: q·k of correlated
-    coordinates grows like H, Yang et al. 2022 §4)."""
+    """The attention logits' scale: 1/√H, 1/√model.attention.scale_dim, or 1 ("none"); under µP times √(H₀/H),
+    H₀ the base width's head size (1/H·√H₀ for the default: q·k of correlated coordinates grows like H, Yang et
+    al. 2022 §4).
+
+    Args:
+      cfg: the model config (model.attention.scale and scale_dim, head size, width_mult).
+
+    Returns:
+      The scale as a float, or None for the op's default 1/√H.
+
+    Examples:
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn.attention import logit_scale
+      >>> cfg = replaced(ModelConfig(), d_model=16, num_heads=2, d_ff=32)
+      >>> logit_scale(cfg), logit_scale(replaced(cfg, attention=replaced(cfg.attention, scale="none")))
+      (None, 1.0)
+    """
     h = cfg.head_size
     sp = 1.0 if cfg.attention.scale == "none" else (cfg.attention.scale_dim or h) ** -0.5
     if cfg.width_mult == 1.0:

@@ -28,8 +28,20 @@ SLOT_AXIS = 2       # S of a heads-major layer buffer [B,K,S,H]
 
 
 class QuantizedKV(NamedTuple):
-    """An int8 KV cache tensor: values [...,S,K,H] int8 and a float32 scale per slot and kv head [...,S,K,1].
-    Keys and values are rounded when written and dequantized when attended."""
+    """An int8 KV cache tensor: int8 values and a float32 scale per slot and kv head. Keys and values are rounded
+    when written and dequantized when attended.
+
+    Attributes:
+      values: [..., H] int8 (a cache layer's: [B, K, S, H]).
+      scale: [..., 1] float32, one per vector of H values ([B, K, S, 1]).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.cache import quantize_kv
+      >>> q = quantize_kv(jnp.array([[0.5, -1.0, 0.25]]))
+      >>> q.dtype, q.values.shape, q.scale.shape
+      (dtype('int8'), (1, 3), (1, 1))
+    """
     values: jax.Array
     scale: jax.Array
 
@@ -42,17 +54,48 @@ class QuantizedKV(NamedTuple):
 
 
 def quantize_kv(x: jax.Array) -> QuantizedKV:
-    """[..., H] float -> QuantizedKV with a symmetric int8 scale over each vector's H values."""
+    """Round keys or values to int8 with a symmetric scale over each vector's H values.
+
+    Args:
+      x: [..., H] float keys or values.
+
+    Returns:
+      `QuantizedKV`: values [..., H] int8 in [-127, 127], scale [..., 1] float32 (max |x| / 127; 0 for a zero
+        vector).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.cache import quantize_kv
+      >>> q = quantize_kv(jnp.array([[0.5, -1.0, 0.25]]))           # one vector, H = 3
+      >>> q.values.tolist(), round(float(q.scale[0, 0]) * 127, 4)
+      ([[64, -127, 32]], 1.0)
+      >>> q.dequantize(jnp.float32).round(2).tolist()
+      [[0.5, -1.0, 0.25]]
+    """
     scale = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True) / 127.0
     q = jnp.round(x.astype(jnp.float32) / jnp.where(scale > 0, scale, 1.0))
     return QuantizedKV(jnp.clip(q, -127, 127).astype(jnp.int8), scale)
 
 
 class LayerKV(NamedTuple):
-    """Keys and values of attention layers, stacked: k, v [B,S,K,H] for one layer, [L,B,S,K,H] for a stack (float
-    or `QuantizedKV`). As what attention reads, k and v may each be a tuple of segments along S (`then`).
-    `layout` names the axis order, which ops.dot_product_attention's kv_layout takes; the methods below keep it,
-    so attention code never names one."""
+    """Keys and values of attention layers, stacked (float or `QuantizedKV`). As what attention reads, k and v may
+    each be a tuple of segments along S (`then`). The methods keep `layout`, so attention code never names one.
+
+    Attributes:
+      k: [B, S, K, H] keys of one layer, [L, B, S, K, H] of a stack.
+      v: the values, likewise.
+      layout: the axis order, "BSKH" (ops.dot_product_attention's kv_layout).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.cache import LayerKV
+      >>> kv = LayerKV(jnp.zeros((2, 1, 3, 2, 8)), jnp.zeros((2, 1, 3, 2, 8)))    # L=2 layers [L, B, S, K, H]
+      >>> kv.layout, kv.layer(1).k.shape
+      ('BSKH', (1, 3, 2, 8))
+      >>> both, new = kv.layer(0).then(LayerKV(jnp.ones((1, 1, 2, 8)), jnp.ones((1, 1, 2, 8))))
+      >>> len(both.k), both.values_bskh().shape              # the cache's 3 slots then 1 new token
+      (2, (1, 4, 2, 8))
+    """
     k: jax.Array
     v: jax.Array
     layout = "BSKH"
@@ -93,9 +136,21 @@ class LayerKV(NamedTuple):
 
 
 class HeadsMajorKV(LayerKV):
-    """One layer's keys and values stored heads-major: k, v [B,K,S,H] (float or `QuantizedKV`): a layer of a
-    cache laid out for decoding (`LayerwiseKV.layer`). Attention contracts them in this layout
-    (ops.dot_product_attention's kv_layout="BKSH")."""
+    """One layer's keys and values stored heads-major (float or `QuantizedKV`): a layer of a cache laid out for
+    decoding (`LayerwiseKV.layer`). Attention contracts them in this layout.
+
+    Attributes:
+      k: [B, K, S, H] keys.
+      v: [B, K, S, H] values.
+      layout: "BKSH" (ops.dot_product_attention's kv_layout).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.cache import HeadsMajorKV
+      >>> kv = HeadsMajorKV(jnp.zeros((1, 2, 3, 8)), jnp.zeros((1, 2, 3, 8)))     # [B, K, S, H]
+      >>> kv.layout, kv.values_bskh().shape, kv.grouped_values(2).v.shape
+      ('BKSH', (1, 3, 2, 8), (1, 1, 3, 16))
+    """
     layout = "BKSH"
 
     def own(self, kv: LayerKV) -> "HeadsMajorKV":
@@ -122,8 +177,20 @@ def _segments(x, fn):
 
 
 class LayerwiseKV(LayerKV):
-    """Keys and values of L layers kept apart: k, v tuples of L arrays, each stored heads-major [B,K,S,H] (float or
-    `QuantizedKV`); what a token loop reads (`KVCache.layers`; a memory prepared by `model.init_cache(..., memory=)`)."""
+    """Keys and values of L layers kept apart, each stored heads-major (float or `QuantizedKV`): what a token loop
+    reads (`KVCache.layers`; a memory prepared by `model.init_cache(..., memory=)`).
+
+    Attributes:
+      k: tuple of L [B, K, S, H] keys.
+      v: tuple of L [B, K, S, H] values.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.cache import LayerKV, LayerwiseKV
+      >>> kv = LayerwiseKV.collect([LayerKV(jnp.zeros((1, 2, 3, 8)), jnp.zeros((1, 2, 3, 8)))] * 2)
+      >>> len(kv.k), type(kv.layer(1)).__name__, kv.layer(1).k.shape
+      (2, 'HeadsMajorKV', (1, 2, 3, 8))
+    """
 
     def layer(self, i: int) -> HeadsMajorKV:
         return HeadsMajorKV(self.k[i], self.v[i])
@@ -140,12 +207,30 @@ def _readable(a, dtype):
 
 class KVCache(NamedTuple):
     """A model's decoding state (`model.init_cache`; see the module docstring), passed to and returned by its
-    cached calls: k, v tuples of L tensors, each stored heads-major [B,K,S,H] (or QuantizedKV), so that each layer
-    of a token loop reads and writes its own buffer in place, with no slice of a stacked one; positions, segments
-    [B,S]; the next write slot. `stack` is the decoder laid out for the token loop (each layer's weights copied
-    out of the stacked arrays once, when the cache was made: the model's private business, read by its cached
-    call); `memory` an encoder-decoder's encoder memory with each layer's cross-attention keys/values computed
-    once (else None)."""
+    cached calls. Each layer of a token loop reads and writes its own buffer in place, with no slice of a stacked
+    one.
+
+    Attributes:
+      k: tuple of L [B, K, S, H] keys (or `QuantizedKV`).
+      v: tuple of L [B, K, S, H] values, likewise.
+      positions: [B, S] int32 absolute position of the token in each slot.
+      segments: [B, S] int32 segment (document) id of each slot; 0 = empty or padding.
+      index: [] int32, the next slot to write.
+      stack: the decoder laid out for the token loop (`nn.stack.DecodingLayers`: each layer's weights copied out
+        of the stacked arrays once, when the cache was made; read by the model's cached call), or None.
+      memory: an encoder-decoder's `Memory` with each layer's cross-attention keys/values computed once, else None.
+      valid: [B, S] bool, the slot holds a real token (a property).
+      layers: the keys/values as a `LayerwiseKV` (a property).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.cache import LayerKV, LayerwiseKV, init_cache
+      >>> cache = init_cache(2, batch=1, length=4, kv_heads=2, head_dim=8, dtype=jnp.float32)
+      >>> new = LayerwiseKV.collect([LayerKV(jnp.ones((1, 3, 2, 8)), jnp.ones((1, 3, 2, 8)))] * 2)   # [B, T, K, H]
+      >>> cache = cache.write(new, jnp.arange(3)[None], jnp.ones((1, 3), jnp.int32))
+      >>> int(cache.index), cache.valid.tolist(), cache.without_slots().k[0].shape
+      (3, [[True, True, True, False]], (1, 2, 0, 8))
+    """
     k: tuple              # L x [B,K,S,H] (or a QuantizedKV)
     v: tuple              # likewise
     positions: jax.Array  # [B,S] int32 absolute position of the token in each slot
@@ -192,7 +277,20 @@ _LAYER = (CACHE[1], CACHE[3], CACHE[2], CACHE[4])          # one layer's buffer,
 
 
 def heads_major(x):
-    """A pytree of [B,S,K,H] arrays (float or QuantizedKV) <-> [B,K,S,H] (swapping S and K is its own inverse)."""
+    """Swap the slot and head axes: [B,S,K,H] <-> [B,K,S,H] (its own inverse).
+
+    Args:
+      x: a pytree of [B, S, K, H] (or [B, K, S, H]) arrays, float or `QuantizedKV`.
+
+    Returns:
+      The same pytree with axes 1 and 2 swapped: [B, K, S, H] (or [B, S, K, H]).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.cache import heads_major
+      >>> heads_major(jnp.zeros((1, 3, 2, 8))).shape
+      (1, 2, 3, 8)
+    """
     return jax.tree.map(lambda a: jnp.swapaxes(a, 1, 2), x)
 
 
@@ -206,9 +304,29 @@ def _put(buf, new, index):
 
 def init_cache(num_layers: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype,
                stack=None, memory=None) -> KVCache:
-    """An empty cache of `length` slots: per layer k, v [B,K,S,H] zeros of `dtype` (a jnp dtype, or "int8": int8
-    values with float32 scales [B,K,S,1]), no valid slot. Models call this through `model.init_cache`, which
-    passes the laid-out stack (and memory) the cached call reads."""
+    """An empty cache of `length` slots, no valid slot. Models call this through `model.init_cache`, which passes
+    the laid-out stack (and memory) the cached call reads.
+
+    Args:
+      num_layers: number of decoder layers L.
+      batch: rows B.
+      length: cache slots S.
+      kv_heads: kv heads K.
+      head_dim: head dim H.
+      dtype: a jnp dtype, or "int8": int8 values with float32 scales [B, K, S, 1] (`QuantizedKV`).
+      stack: the decoder laid out for the token loop (`nn.stack.DecodingLayers`), or None.
+      memory: an encoder-decoder's `Memory`, or None.
+
+    Returns:
+      `KVCache` with per layer k, v [B, K, S, H] zeros, positions and segments [B, S] zeros, index 0.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.cache import init_cache
+      >>> cache = init_cache(2, batch=1, length=4, kv_heads=2, head_dim=8, dtype="int8")
+      >>> len(cache.k), cache.k[0].values.shape, cache.k[0].scale.shape, bool(cache.valid.any())
+      (2, (1, 2, 4, 8), (1, 2, 4, 1), False)
+    """
     shape = (batch, kv_heads, length, head_dim)
 
     def zeros():
@@ -223,10 +341,22 @@ def init_cache(num_layers: int, batch: int, length: int, kv_heads: int, head_dim
 
 
 class Memory(NamedTuple):
-    """The encoder's output as the decoder reads it: x [B,S,D], the source positions' validity and segment ids
-    [B,S] (segment ids None unless given: then a target token sees only its own document's source), and kv: each
-    decoder layer's cross-attention keys/values (a LayerwiseKV of L heads-major [B,K,S,H], computed once for
-    decoding by `model.init_cache(..., memory=)`) or None (computed from x in each layer)."""
+    """The encoder's output as the decoder reads it.
+
+    Attributes:
+      x: [B, S, D] the encoder output.
+      valid: [B, S] bool, the source positions that are real tokens.
+      segments: [B, S] int segment ids, or None (given: a target token sees only its own document's source).
+      kv: each decoder layer's cross-attention keys/values (a `LayerwiseKV` of L heads-major [B, K, S, H],
+        computed once for decoding by `model.init_cache(..., memory=)`), or None (computed from x in each layer).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.cache import Memory
+      >>> mem = Memory(jnp.zeros((1, 3, 16)), jnp.array([[True, True, False]]))
+      >>> mem.x.shape, mem.segments is None, mem.kv is None
+      ((1, 3, 16), True, True)
+    """
     x: jax.Array
     valid: jax.Array
     segments: jax.Array | None = None

@@ -26,13 +26,43 @@ from jaxformer.ops import norms
 
 
 def lambda_init(layer) -> jax.Array:
-    """The paper's λ_init of layer index `layer` (0-based): 0.8 − 0.6·exp(−0.3·layer), float32."""
+    """The paper's λ_init of a layer: 0.8 − 0.6·exp(−0.3·layer).
+
+    Args:
+      layer: the layer's 0-based index (an int or an int scalar, may be traced).
+
+    Returns:
+      A float32 scalar.
+
+    Examples:
+      >>> from jaxformer.nn.differential import lambda_init
+      >>> round(float(lambda_init(0)), 4), round(float(lambda_init(3)), 4)
+      (0.2, 0.5561)
+    """
     return 0.8 - 0.6 * jnp.exp(-0.3 * jnp.asarray(layer, jnp.float32))
 
 
 class DifferentialAttention(MultiHeadAttention):
-    """`MultiHeadAttention` whose heads read the difference of paired softmax maps (module docstring). Its own
-    parameters: lambda_q1, lambda_k1, lambda_q2, lambda_k2 [H] (normal, std 0.1) and sub_norm [2H]."""
+    """`MultiHeadAttention` whose heads read the difference of paired softmax maps (module docstring); built
+    and called as it is (`check`: ConfigError unless the query and kv heads are even).
+
+    Attributes:
+      lambda_q1, lambda_k1, lambda_q2, lambda_k2: [H] the learned vectors of λ (normal, std 0.1).
+      sub_norm: [2H] the scale of each differential head's RMS norm.
+      cfg: the model's config; wq, wk, wv, wo: the projections, as `MultiHeadAttention`'s.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn.differential import DifferentialAttention
+      >>> from jaxformer.ops import causal_mask
+      >>> cfg = replaced(ModelConfig(), d_model=16, num_heads=2, num_kv_heads=2, attention__kind="differential")
+      >>> attn = DifferentialAttention(cfg, self_attention=True, rngs=nnx.Rngs(0))
+      >>> out, _ = attn(jnp.ones((1, 3, 16)), mask=causal_mask(3))      # x [B, T, D] -> [B, T, D]
+      >>> out.shape, attn.lambda_q1.shape, attn.sub_norm.shape
+      ((1, 3, 16), (8,), (16,))
+    """
 
     def __init__(self, cfg: ModelConfig, *, self_attention: bool, stack: str = "decoder", rngs: nnx.Rngs):
         super().__init__(cfg, self_attention=self_attention, stack=stack, rngs=rngs)

@@ -5,9 +5,9 @@ Norm placement: "post" = LN(x + Sublayer(x)) (2017 paper, seed 000); "pre" = x +
 
 Return convention: every sublayer returns (y, aux), aux a dict that may be empty: "moe" router statistics (a MoE
 FFN) (an attention sublayer given a cache also puts its new keys/values under "kv", which its block takes out);
-attention probabilities are the `pattern` activation site (`nn.sites`), the one route to them. Blocks and stacks return a typed
-`nn.stack.BlockOut(x, aux, kv)`: kv the new keys/values (a LayerKV [B,T,K,H]) when a cache slice was passed in,
-else None. Leaf layers (Norm) return their one array.
+attention probabilities are the `pattern` activation site (`nn.sites`), the one route to them. Blocks and stacks
+return a typed `nn.stack.BlockOut(x, aux, kv)`: kv the new keys/values (a LayerKV [B,T,K,H]) when a cache slice
+was passed in, else None. Leaf layers (Norm) return their one array.
 """
 from __future__ import annotations
 
@@ -34,12 +34,25 @@ from jaxformer.ops import activations, norms
 class Context(NamedTuple):
     """What every block of a stack reads besides its input (the same for every layer).
 
-    positions [B,T] int: the tokens' positions. mask: the self-attention mask over the keys (a cache's S slots
-    then the T new tokens when cached), broadcastable to [B,N,T,S] or a lazy ops.masks.CausalMask.
-    kv_positions [B,S] of those keys (None = positions). valid [B,T] bool: real tokens (MoE routing only).
-    memory [B,S_src,D]: the encoder output for cross-attention when its keys/values are not precomputed per
-    layer; memory_mask its mask, broadcastable to [B,N,T,S_src]. hooks: the activation sites asked for
-    (`nn.sites`)."""
+    Attributes:
+      positions: [B, T] int positions of the tokens.
+      mask: the self-attention mask over the keys (a cache's S slots then the T new tokens when cached),
+        broadcastable to [B, N, T, S], or a lazy ops.masks.CausalMask; None: every key is visible.
+      kv_positions: [B, S] int positions of those keys (None = positions).
+      valid: [B, T] bool, the real tokens (MoE routing only).
+      memory: [B, S_src, D] encoder output for cross-attention when its keys/values are not precomputed
+        per layer.
+      memory_mask: its mask, broadcastable to [B, N, T, S_src].
+      hooks: the activation sites asked for (`nn.sites`), or None.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn import Context
+      >>> from jaxformer.ops import causal_mask
+      >>> ctx = Context(positions=jnp.arange(3)[None], mask=causal_mask(3))
+      >>> ctx.mask.shape, ctx.kv_positions, ctx.memory
+      ((3, 3), None, None)
+    """
     positions: jax.Array | None = None
     mask: Any = None
     kv_positions: jax.Array | None = None
@@ -50,7 +63,26 @@ class Context(NamedTuple):
 
 
 def dropout(layer: nnx.Dropout, x: jax.Array, rngs: nnx.Rngs | None) -> jax.Array:
-    """Dropout only when training, i.e. when a dropout key stream is passed; inference passes none."""
+    """Dropout only when training, i.e. when a dropout key stream is passed; inference passes none.
+
+    Args:
+      layer: the nnx.Dropout holding the rate.
+      x: the activations, any shape.
+      rngs: a training call's dropout stream, or None (inference).
+
+    Returns:
+      x with dropout applied (kept entries scaled by 1/(1-rate)); x itself without rngs or at rate 0.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.nn.layers import dropout
+      >>> x = jnp.ones((1, 4, 16))
+      >>> dropout(nnx.Dropout(0.5), x, None) is x
+      True
+      >>> sorted(set(dropout(nnx.Dropout(0.5), x, nnx.Rngs(dropout=0)).ravel().tolist()))
+      [0.0, 2.0]
+    """
     if rngs is None or layer.rate == 0.0:
         return x
     return layer(x, deterministic=False, rngs=rngs)
@@ -58,8 +90,25 @@ def dropout(layer: nnx.Dropout, x: jax.Array, rngs: nnx.Rngs | None) -> jax.Arra
 
 class Norm(nnx.Module):
     """The norm named by cfg.norm.type, looked up in `ops.norms.NORMS`: LayerNorm (scale + bias), RMSNorm
-    (scale), or any registered with `ops.norms.register_norm`. A scale [D] (ones) always; a bias [D] (zeros)
-    only for norms registered with bias=True."""
+    (scale), or any registered with `ops.norms.register_norm`. Called on [..., D] -> [..., D].
+
+    Attributes:
+      kind: the norm's name (cfg.norm.type).
+      eps: its epsilon (cfg.norm.eps).
+      scale: [D] nnx.Param, initialised to ones.
+      bias: [D] nnx.Param (zeros), only for norms registered with bias=True.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import Norm
+      >>> cfg = replaced(ModelConfig(), d_model=16, num_heads=2, d_ff=32)
+      >>> norm = Norm(cfg, rngs=nnx.Rngs(0))
+      >>> y = norm(jnp.arange(16.0)[None])
+      >>> norm.kind, y.shape, abs(round(float(y.mean()), 4)), round(float(y.std()), 3)
+      ('layernorm', (1, 16), 0.0, 1.0)
+    """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.kind, self.eps = cfg.norm.type, cfg.norm.eps
@@ -74,7 +123,25 @@ class Norm(nnx.Module):
 
 
 class FeedForward(nnx.Module):
-    """Position-wise FFN: w2(act(w1 x)), or w2(swiglu(wg x, w1 x)). w1/wg [D,F], w2 [F,D]."""
+    """Position-wise FFN: w2(act(w1 x)), or w2(swiglu(wg x, w1 x)). Called on x [B,T,D] -> ([B,T,D], {}).
+
+    Attributes:
+      w1: [D, F] input projection; wg: [D, F] the gate's, for a gated activation (cfg.activation).
+      w2: [F, D] output projection.
+      b1, bg, b2: their biases [F], [F], [D] when cfg.has_bias("ffn").
+      activation: cfg.activation's name.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import FeedForward
+      >>> cfg = replaced(ModelConfig(), d_model=16, num_heads=2, d_ff=32)
+      >>> ffn = FeedForward(cfg, rngs=nnx.Rngs(0))
+      >>> y, aux = ffn(jnp.ones((1, 3, 16)))
+      >>> ffn.w1.shape, ffn.w2.shape, y.shape, aux
+      ((16, 32), (32, 16), (1, 3, 16), {})
+    """
 
     def __init__(self, cfg: ModelConfig, *, stack: str = "decoder", rngs: nnx.Rngs):
         d, f = cfg.d_model, cfg.d_ff
@@ -110,8 +177,31 @@ class FeedForward(nnx.Module):
 
 class Residual(nnx.Module):
     """One sublayer's residual wiring (model.norm.position) with training-only dropout:
-    post LN(x + f(x)); pre x + f(LN(x)); sandwich x + LN'(f(LN(x))) (two norms); deepnorm LN(α·x + f(x)) (DeepNet:
-    α per stack, `init.deepnorm`, with its β in the init); rezero x + g·f(x), g a learnable scalar from 0."""
+    post LN(x + f(x)); pre x + f(LN(x)); sandwich x + LN'(f(LN(x))) (two norms); deepnorm LN(α·x + f(x))
+    (DeepNet: α per stack, `init.deepnorm`, with its β in the init); rezero x + g·f(x), g a learnable scalar from 0.
+    Called as residual(x [B,T,D], f, rngs) with f: [B,T,D] -> ([B,T,D], aux) -> (x [B,T,D], aux).
+
+    Attributes:
+      kind: the placement (cfg.norm.position).
+      norm: the `Norm` (all but rezero); post_norm: sandwich's second `Norm`.
+      gate: rezero's scalar nnx.Param g (from 0).
+      alpha: deepnorm's α (1.0 for the others).
+
+    Examples:
+      >>> import jax
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn.layers import Residual
+      >>> cfg = replaced(ModelConfig(), d_model=16, num_heads=2, d_ff=32)
+      >>> x = jax.random.normal(jax.random.key(0), (1, 3, 16))
+      >>> zero = lambda h: (h * 0, {})                          # a sublayer that adds nothing
+      >>> y, _ = Residual(cfg, rngs=nnx.Rngs(0))(x, zero, None)  # post: LN(x)
+      >>> y.shape, round(float(y[0, 0].std()), 3)
+      ((1, 3, 16), 1.0)
+      >>> pre = replaced(cfg, norm=replaced(cfg.norm, position="pre"))
+      >>> bool((Residual(pre, rngs=nnx.Rngs(0))(x, zero, None)[0] == x).all())   # pre: x + 0
+      True
+    """
 
     def __init__(self, cfg: ModelConfig, *, stack: str = "decoder", rngs: nnx.Rngs):
         self.kind = cfg.norm.position
@@ -143,11 +233,34 @@ class Residual(nnx.Module):
 
 def self_attention(cfg: ModelConfig) -> type[MultiHeadAttention]:
     """The self-attention class model.attention.kind names (a name of config.ATTENTION_KINDS or a
-    "package.module:Class" path), imported and checked against the config (its `check`). A research variant of
-    attention is one file: a subclass of `MultiHeadAttention` (e.g. overriding `context`, as nn.differential
-    does), named by its path. ConfigError naming the field when it cannot be imported (a missing module or
-    class, or its module failing: any exception, a syntax error), is not such a class, or its check fails with
-    anything but a jaxformer error (which passes unchanged)."""
+    "package.module:Class" path), imported and checked against the config (its `options` and `check`). A research
+    variant of attention is one file: a subclass of `MultiHeadAttention` (e.g. overriding `context`, as
+    nn.differential does), named by its path.
+
+    Args:
+      cfg: the model config; cfg.attention.kind names the class.
+
+    Returns:
+      The class (a subclass of `MultiHeadAttention`, or itself).
+
+    Raises:
+      ConfigError: naming the field, when the class cannot be imported (a missing module or class, or its module
+        failing: any exception, a syntax error), is not such a class, or its options or check fail with anything
+        but a jaxformer error (which passes unchanged).
+
+    Examples:
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn.layers import self_attention
+      >>> cfg = replaced(ModelConfig(), d_model=16, num_heads=2, d_ff=32)
+      >>> self_attention(cfg).__name__
+      'MultiHeadAttention'
+      >>> self_attention(replaced(cfg, attention=replaced(cfg.attention, kind="differential"))).__name__
+      'DifferentialAttention'
+      >>> self_attention(replaced(cfg, attention=replaced(cfg.attention, kind="no.such:Thing")))
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.ConfigError: model.attention.kind='no.such:Thing' cannot be imported: ModuleNotFoundError: ...
+    """
     kind = cfg.attention.kind
     module, _, name = ATTENTION_KINDS.get(kind, kind).partition(":")
     with _variants_own(kind, " cannot be imported:"):      # a missing module or class, its module failing
@@ -187,14 +300,51 @@ def _failure(e: Exception) -> str:
 
 
 def make_ffn(cfg: ModelConfig, moe: bool, rngs: nnx.Rngs, stack: str = "decoder") -> nnx.Module:
-    """The block's FFN: dense, or (moe=True) the Mixture-of-Experts FFN; both return (y, aux)."""
+    """The block's FFN: dense, or (moe=True) the Mixture-of-Experts FFN; both return (y, aux).
+
+    Args:
+      cfg: the model config (a MoE FFN reads model.moe).
+      moe: True for a `nn.moe.MoEFeedForward`, else a `FeedForward`.
+      rngs: the parameters' key stream.
+      stack: "encoder" or "decoder" (its initialisation may differ, `nn.init`).
+
+    Returns:
+      The FFN module, called as ffn(x [B,T,D], valid, train=, rngs=, sites=) -> ([B,T,D], aux).
+
+    Examples:
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn.layers import make_ffn
+      >>> cfg = replaced(ModelConfig(), d_model=16, num_heads=2, d_ff=32)
+      >>> type(make_ffn(cfg, False, nnx.Rngs(0))).__name__
+      'FeedForward'
+      >>> type(make_ffn(replaced(cfg, ffn="moe"), True, nnx.Rngs(0))).__name__
+      'MoEFeedForward'
+    """
     if moe:
         return MoEFeedForward(cfg, stack=stack, rngs=rngs)
     return FeedForward(cfg, stack=stack, rngs=rngs)
 
 
 class EncoderBlock(Block):
-    """Self-attention -> FFN (dense, or Mixture-of-Experts with moe=True), each wrapped by Residual."""
+    """Self-attention -> FFN (dense, or Mixture-of-Experts with moe=True), each wrapped by Residual.
+
+    Attributes:
+      self_attn: the self-attention (the class model.attention.kind names, `self_attention`).
+      ffn: the FFN (`make_ffn`).
+      res_attn, res_ffn: their `Residual` wirings.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import Context, EncoderBlock
+      >>> cfg = replaced(ModelConfig(), d_model=16, num_heads=2, d_ff=32)
+      >>> block = EncoderBlock(cfg, rngs=nnx.Rngs(0))
+      >>> out = block(jnp.ones((1, 3, 16)), Context(positions=jnp.arange(3)[None]), layer=0)   # no mask: all see all
+      >>> out.x.shape, out.aux, out.kv
+      ((1, 3, 16), {}, None)
+    """
 
     def __init__(self, cfg: ModelConfig, *, moe: bool = False, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -220,7 +370,27 @@ class EncoderBlock(Block):
 
 class DecoderBlock(Block):
     """Masked self-attention -> cross-attention over encoder memory (if cross) -> FFN (dense, or
-    Mixture-of-Experts with moe=True)."""
+    Mixture-of-Experts with moe=True), each wrapped by Residual.
+
+    Attributes:
+      self_attn: the self-attention (the class model.attention.kind names, `self_attention`).
+      cross_attn: a `MultiHeadAttention` over the encoder memory (only with cross=True).
+      ffn: the FFN (`make_ffn`).
+      res_self, res_cross, res_ffn: their `Residual` wirings.
+      cross: whether the block has cross-attention.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import Context, DecoderBlock
+      >>> from jaxformer.ops import causal_mask
+      >>> cfg = replaced(ModelConfig(), d_model=16, num_heads=2, d_ff=32)
+      >>> block = DecoderBlock(cfg, cross=False, rngs=nnx.Rngs(0))
+      >>> out = block(jnp.ones((1, 3, 16)), Context(positions=jnp.arange(3)[None], mask=causal_mask(3)), layer=0)
+      >>> out.x.shape, out.aux, out.kv                     # kv: the new keys/values of a cached call only
+      ((1, 3, 16), {}, None)
+    """
 
     def __init__(self, cfg: ModelConfig, *, cross: bool, moe: bool = False, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -243,9 +413,9 @@ class DecoderBlock(Block):
         sliding window and whether it rotates, handed to the self-attention; activation patches receive it).
         cache: this layer's cached keys/values [B,S,K,H]: the self-attention attends over them followed by the T
         new keys (ctx.mask and ctx.kv_positions cover S+T keys), and kv holds the new keys/values [B,T,K,H] for
-        the caller to write into its cache (None without a cache). memory_kv: this layer's cross-attention keys/values of
-        the encoder memory [B,S,K,H] (else they are projected from ctx.memory). aux holds "moe" statistics,
-        "captured": the activation sites ctx.hooks captures (`nn.sites`)."""
+        the caller to write into its cache (None without a cache). memory_kv: this layer's cross-attention
+        keys/values of the encoder memory [B,S,K,H] (else they are projected from ctx.memory). aux holds "moe"
+        statistics, "captured": the activation sites ctx.hooks captures (`nn.sites`)."""
         settings = per_layer.settings(self.cfg, layer)
         sites = Sites(ctx.hooks, layer)
         x = sites("resid_pre", x)

@@ -25,8 +25,30 @@ from jaxformer.nn.weights import Fused, OutIn, Within
 
 
 def laid_out(block: nnx.Module, batch: int | None) -> nnx.Module:
-    """`block` (a copy of one layer's parameters, changed in place) with its weights laid out for a token loop
-    over `batch` rows (None: not known) -> the block."""
+    """A block's weights laid out for a token loop, as the platform levers ask (see the module docstring).
+
+    Args:
+      block: a copy of one layer's parameters (e.g. a `DecoderBlock`), changed in place.
+      batch: the token loop's rows B (None: not known).
+
+    Returns:
+      The block: a self-attention's wq holds `Fused` [D, (N+2K)·H] (wk, wv `Within`) with decode_fused_qkv; with
+        batch 1 and decode_w2_out_in, each 2-D projection wider in than out (an FFN's w2 [F, D]) holds `OutIn`.
+
+    Examples:
+      >>> from flax import nnx
+      >>> from jaxformer import platforms
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import DecoderBlock
+      >>> from jaxformer.nn.layout import laid_out
+      >>> cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=16, d_model=16, num_heads=2, d_ff=32,
+      ...                num_encoder_layers=0, num_decoder_layers=1, max_len=16)
+      >>> with platforms.override(decode_fused_qkv=True, decode_w2_out_in=True):
+      ...     block = laid_out(DecoderBlock(cfg, cross=False, rngs=nnx.Rngs(0)), batch=1)
+      >>> wq, wk, w2 = (p.get_value() for p in (block.self_attn.wq, block.self_attn.wk, block.ffn.w2))
+      >>> type(wq).__name__, wq.array.shape, type(wk).__name__, type(w2).__name__, w2.array.shape
+      ('Fused', (16, 48), 'Within', 'OutIn', (16, 32))
+    """
     for _, module in nnx.iter_graph(block):
         if not isinstance(module, nnx.Module):
             continue
@@ -60,8 +82,29 @@ def _fuse(module: nnx.Module, names: tuple[str, ...]) -> None:
 
 
 def laid_out_memory(stack, memory: jax.Array) -> LayerwiseKV:
-    """An encoder-decoder's memory as a token loop reads it: each decoder layer's cross-attention keys/values of
-    the encoder output memory [B,S,D], computed once, heads-major [B,K,S,H] like the cache (`stack`: the laid-out
-    decoder, `nn.stack.DecodingLayers`)."""
+    """An encoder-decoder's memory as a token loop reads it: each decoder layer's cross-attention keys/values,
+    computed once, heads-major like the cache.
+
+    Args:
+      stack: the laid-out decoder (`nn.stack.DecodingLayers`), its blocks with cross-attention.
+      memory: [B, S, D] the encoder output.
+
+    Returns:
+      `LayerwiseKV` of L keys and L values [B, K, S, H].
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import DecoderBlock
+      >>> from jaxformer.nn.layout import laid_out_memory
+      >>> from jaxformer.nn.stack import DecodingLayers
+      >>> cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=16, d_model=16, num_heads=2, d_ff=32,
+      ...                num_encoder_layers=0, num_decoder_layers=1, max_len=16)
+      >>> stack = DecodingLayers([DecoderBlock(cfg, cross=True, rngs=nnx.Rngs(0))])
+      >>> kv = laid_out_memory(stack, jnp.ones((1, 3, 16)))                  # memory [B, S, D]
+      >>> type(kv).__name__, len(kv.k), kv.k[0].shape
+      ('LayerwiseKV', 1, (1, 2, 3, 8))
+    """
     return LayerwiseKV.collect([heads_major(blk.cross_attn.project_kv(memory)) for blk in stack.blocks])
 

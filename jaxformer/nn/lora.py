@@ -35,9 +35,26 @@ R = "z"                                                       # the rank's lette
 
 @struct.dataclass
 class LoraWeight:
-    """A weight with its adapter, as one layer's (or the stack's) arrays: base [..., in..., out...] (an array, or
-    a weight with its own matmul, e.g. int8), a [..., in..., r], b [..., r, out...]; scale alpha/r; rate and key:
-    the adapter input's dropout (key None: none)."""
+    """A weight with its adapter, as one layer's (or the stack's) arrays: what `nn.params.project` multiplies by
+    (y = x·W + scale · dropout(x)·A·B).
+
+    Attributes:
+      base: W [..., in..., out...]: an array, or a weight with its own matmul (e.g. int8).
+      a: A [..., in..., r].
+      b: B [..., r, out...].
+      key: the adapter input's dropout key (None: no dropout).
+      scale: alpha / r.
+      rate: the adapter input's dropout rate.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.lora import LoraWeight
+      >>> w = LoraWeight(jnp.eye(2), a=jnp.ones((2, 1)), b=jnp.ones((1, 2)), scale=0.5)
+      >>> w.project("BD,DF->BF", jnp.array([[1.0, 2.0]])).tolist()     # [1, 2] + 0.5 · 3 · [1, 1]
+      [[2.5, 3.5]]
+      >>> w.dequantize().tolist()                                       # W + 0.5 · A·B
+      [[1.5, 0.5], [0.5, 1.5]]
+    """
     base: object
     a: jax.Array
     b: jax.Array
@@ -77,8 +94,25 @@ class LoraWeight:
 
 
 class Adapted(nnx.Module):
-    """A frozen projection weight with its low-rank adapter: `base` (the nnx.Param it replaces, metadata kept),
-    `a`, `b` (nnx.LoRAParam). adapted[...] -> LoraWeight (no dropout); `weight(rngs)` -> with a dropout key."""
+    """A frozen projection weight with its low-rank adapter. adapted[...] -> `LoraWeight` (no dropout; any other
+    index: TypeError); `weight(rngs)` -> with a dropout key. Made by `with_adapters`.
+
+    Attributes:
+      base: the nnx.Param it replaces (metadata kept), frozen.
+      a: nnx.LoRAParam [..., in..., r].
+      b: nnx.LoRAParam [..., r, out...], from zero.
+      scale: alpha / r.
+      rate: the adapter input's dropout rate (training only).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.nn.lora import Adapted
+      >>> w = Adapted(nnx.Param(jnp.eye(2)), nnx.LoRAParam(jnp.ones((2, 1))), nnx.LoRAParam(jnp.zeros((1, 2))),
+      ...             scale=2.0, rate=0.0)
+      >>> type(w[...]).__name__, w[...].dequantize().tolist()           # B = 0: the adapter changes nothing yet
+      ('LoraWeight', [[1.0, 0.0], [0.0, 1.0]])
+    """
 
     def __init__(self, base: nnx.Param, a: nnx.LoRAParam, b: nnx.LoRAParam, scale: float, rate: float):
         self.base, self.a, self.b = base, a, b
@@ -96,7 +130,20 @@ class Adapted(nnx.Module):
 
 
 def trainable(cfg: ModelConfig):
-    """What training differentiates and updates (an nnx filter): the adapters with model.lora, else nnx.Param."""
+    """What training differentiates and updates (an nnx filter).
+
+    Args:
+      cfg: the model's config.
+
+    Returns:
+      nnx.LoRAParam (the adapters) with model.lora.rank > 0, else nnx.Param.
+
+    Examples:
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn.lora import trainable
+      >>> trainable(ModelConfig()).__name__, trainable(replaced(ModelConfig(), lora__rank=2)).__name__
+      ('Param', 'LoRAParam')
+    """
     return nnx.LoRAParam if cfg.lora.rank else nnx.Param
 
 
@@ -118,8 +165,28 @@ def _adapter(w: nnx.Param, cfg: LoraConfig, key: jax.Array) -> Adapted:
 
 
 def with_adapters(model: nnx.Module, cfg: LoraConfig, seed: int | jax.Array = 0) -> nnx.Module:
-    """`model` with the adapters of `cfg` (model.lora) on its targets, in place (no-op at rank 0); returned. Each
-    adapter's A is drawn from its own key (folded from `seed` by the order of the model's modules)."""
+    """`model` with the adapters of `cfg` (model.lora) on its targets, in place (no-op at rank 0).
+
+    Args:
+      model: a module holding MultiHeadAttention and FeedForward modules (a model, or one of them).
+      cfg: model.lora: the rank, alpha, dropout and targets.
+      seed: an int or a key: each adapter's A is drawn from its own key, folded from it by the order of the
+        model's modules.
+
+    Returns:
+      `model`, each target's weight now an `Adapted`.
+
+    Examples:
+      >>> from flax import nnx
+      >>> from jaxformer.config import LoraConfig, ModelConfig, replaced
+      >>> from jaxformer.nn.attention import MultiHeadAttention
+      >>> from jaxformer.nn.lora import with_adapters
+      >>> attn = MultiHeadAttention(replaced(ModelConfig(), d_model=16, num_heads=2), self_attention=True,
+      ...                           rngs=nnx.Rngs(0))
+      >>> attn = with_adapters(attn, LoraConfig(rank=2, alpha=4.0))     # targets q and v
+      >>> type(attn.wq).__name__, type(attn.wk).__name__, attn.wq.a.shape, attn.wq.b.shape, attn.wq.scale
+      ('Adapted', 'Param', (16, 2), (2, 2, 8), 2.0)
+    """
     if not cfg.rank:
         return model
     from jaxformer.nn.attention import MultiHeadAttention
@@ -139,8 +206,26 @@ def with_adapters(model: nnx.Module, cfg: LoraConfig, seed: int | jax.Array = 0)
 
 
 def merged(model: nnx.Module) -> nnx.Module:
-    """`model` with every adapter folded into its weight (W + scale·A·B, in W's float dtype; an int8 base becomes
-    float32), in place; returned. A model without adapters is returned as it is."""
+    """`model` with every adapter folded into its weight, in place.
+
+    Args:
+      model: a module, maybe with `Adapted` weights.
+
+    Returns:
+      `model`, each `Adapted` replaced by its nnx.Param holding W + scale·A·B (in W's float dtype; an int8
+        base becomes float32); a model without adapters as it is.
+
+    Examples:
+      >>> from flax import nnx
+      >>> from jaxformer.config import LoraConfig, ModelConfig, replaced
+      >>> from jaxformer.nn.attention import MultiHeadAttention
+      >>> from jaxformer.nn.lora import merged, with_adapters
+      >>> attn = MultiHeadAttention(replaced(ModelConfig(), d_model=16, num_heads=2), self_attention=True,
+      ...                           rngs=nnx.Rngs(0))
+      >>> attn = merged(with_adapters(attn, LoraConfig(rank=2)))
+      >>> type(attn.wq).__name__, attn.wq.shape
+      ('Param', (16, 2, 8))
+    """
     for _, module in list(nnx.iter_modules(model)):
         for attr, value in list(vars(module).items()):
             if isinstance(value, Adapted):

@@ -21,85 +21,19 @@ the pad id only fills, it never says what attends (the data's batches carry the 
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from jaxformer import ops
-from jaxformer.axes import ACTIVATION, LOGITS
 from jaxformer.config import ConfigError, ModelConfig
-from jaxformer.nn import init
 from jaxformer.nn.cache import KVCache, Memory, init_cache
+from jaxformer.nn.embed import Embedder
 from jaxformer.nn.layout import laid_out_memory
 from jaxformer.nn.inputs import AttentionInputs, decoder_self_mask, default_positions  # noqa: F401 (re-exported)
-from jaxformer.nn.layers import Context, DecoderBlock, EncoderBlock, Norm, dropout
+from jaxformer.nn.layers import Context, DecoderBlock, EncoderBlock, Norm
 from jaxformer.nn.sites import Hooks, Sites, discover, hooks as make_hooks, with_captured
-from jaxformer.nn.params import DTYPES, param
+from jaxformer.nn.params import DTYPES
 from jaxformer.nn.stack import BlockOut, LayerStack
-from jaxformer.ops import positional
-from jaxformer.parallel import constrain
-
-
-class Embedder(nnx.Module):
-    """Token embedding [V,D] (scaled by sqrt(D) if configured) plus absolute positions (sinusoidal/learned),
-    and the output head (tied: x·Eᵀ, else its own [D,V])."""
-
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        d = cfg.d_model
-        self.tokens = param(rngs, init.weight(cfg, "embed"), (cfg.vocab_size, d), ("vocab", "embed"))
-        if cfg.positional == "learned":
-            self.positions = param(rngs, init.weight(cfg, "positions"), (cfg.max_len, d), (None, "embed"))
-        if cfg.positional == "sinusoidal":
-            self.table = nnx.Variable(positional.sinusoidal_table(cfg.max_len, d))  # a constant, not a Param
-        if not cfg.tie_embeddings:
-            self.head = param(rngs, init.weight(cfg, "head"), (d, cfg.vocab_size), ("embed", "vocab"),
-                              matrix=True)
-        self.drop = nnx.Dropout(cfg.runtime.dropout)
-
-    def __call__(self, tokens: jax.Array, positions: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        """tokens [B,T] int, positions [B,T] int -> [B,T,D] in the compute dtype."""
-        self.cfg.check_length(tokens.shape[1])
-        if self.cfg.positional in ("sinusoidal", "learned") and not isinstance(positions, jax.core.Tracer):
-            # eager inputs only: under jit an out-of-table position cannot raise; it gives NaN (generate and
-            # the data pipeline check lengths up front)
-            top = int(np.max(np.asarray(positions), initial=-1))
-            if top >= self.cfg.max_len:
-                raise ConfigError(f"position {top} is outside model.max_len={self.cfg.max_len} "
-                                  f"(model.positional={self.cfg.positional!r} has no position beyond it)")
-        # under a plan, rows are looked up straight into the batch layout (constraining the table too, to
-        # gather its D first, silences an XLA resharding warning on 3-axis meshes but more than doubles FSDP's
-        # temporary memory in the train step: benchmarks/parallel.py)
-        # mode="clip": padding written as -1 (model.pad_id=-1: no token id is padding) reads row 0, never NaN
-        x = constrain(jnp.take(self.tokens[...], tokens, axis=0, mode="clip"), ACTIVATION)
-        if self.cfg.scale_embeddings:                    # µP: √D₀, a constant of the width (`jaxformer.mup`)
-            x = x * math.sqrt(self.cfg.d_model / self.cfg.width_mult)
-        if self.cfg.positional == "sinusoidal":
-            x = x + jnp.take(self.table[...], positions, axis=0)
-        elif self.cfg.positional == "learned":
-            x = x + jnp.take(self.positions[...], positions, axis=0)
-        return dropout(self.drop, x, rngs).astype(DTYPES[self.cfg.runtime.dtype])
-
-    def logits(self, x: jax.Array) -> jax.Array:
-        """x [B,T,D] -> logits [B,T,V] in float32 (× D₀/D under µP; soft-capped: cap · tanh(logits / cap), with
-        model.logit_softcap)."""
-        return constrain(self.head_fn()(x), LOGITS)
-
-    def head_fn(self):
-        """The output head as a pure function of x [B,T,D] -> logits [B,T,V] float32 (unconstrained), closing over
-        the weights read now: what `ops.losses.chunked_token_losses` calls on one slice at a time."""
-        cap, tied, mult = self.cfg.logit_softcap, self.cfg.tie_embeddings, 1.0 / self.cfg.width_mult
-        w = self.tokens[...] if tied else self.head[...]
-
-        def head(x):
-            out = jnp.einsum("BTD,VD->BTV" if tied else "BTD,DV->BTV", x, w.astype(x.dtype),
-                             preferred_element_type=jnp.float32)
-            out = out * mult if mult != 1.0 else out          # µP's output multiplier D₀/D (`jaxformer.mup`)
-            return cap * jnp.tanh(out / cap) if cap else out
-        return head
 
 
 def _makers(cfg: ModelConfig, block):
@@ -110,7 +44,23 @@ def _makers(cfg: ModelConfig, block):
 
 
 class Encoder(nnx.Module):
-    """L encoder blocks (+ final norm for pre-LN) over embedded inputs."""
+    """L encoder blocks (+ final norm for pre-LN) over embedded inputs: x [B,S,D], ctx -> BlockOut.
+
+    Attributes:
+      layers: the `LayerStack` of model.num_encoder_layers `EncoderBlock`s.
+      final_norm: a `Norm` when model.norm.final says so (None: for pre and sandwich), else None.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import Context, Encoder
+      >>> cfg = replaced(ModelConfig(), vocab_size=16, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
+      ...                num_decoder_layers=1, max_len=16)
+      >>> out = Encoder(cfg, rngs=nnx.Rngs(0))(jnp.ones((1, 3, 16)), Context(positions=jnp.arange(3)[None]))
+      >>> out.x.shape, out.aux
+      ((1, 3, 16), {})
+    """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.layers = LayerStack(_makers(cfg, lambda **kw: EncoderBlock(cfg, **kw)), cfg.num_encoder_layers,
@@ -124,7 +74,25 @@ class Encoder(nnx.Module):
 
 
 class Decoder(nnx.Module):
-    """L decoder blocks (with cross-attention when `cross`) (+ final norm for pre-LN)."""
+    """L decoder blocks (with cross-attention when `cross`) (+ final norm for pre-LN): x [B,T,D], ctx -> BlockOut.
+
+    Attributes:
+      layers: the `LayerStack` of model.num_decoder_layers `DecoderBlock`s.
+      final_norm: a `Norm` when model.norm.final says so (None: for pre and sandwich), else None.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import Context, Decoder
+      >>> from jaxformer.ops import causal_mask
+      >>> cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=16, d_model=16, num_heads=2, d_ff=32,
+      ...                num_encoder_layers=0, num_decoder_layers=1, max_len=16)
+      >>> decoder = Decoder(cfg, cross=False, rngs=nnx.Rngs(0))
+      >>> out = decoder(jnp.ones((1, 3, 16)), Context(positions=jnp.arange(3)[None], mask=causal_mask(3)))
+      >>> out.x.shape, out.aux, out.kv
+      ((1, 3, 16), {}, None)
+    """
 
     def __init__(self, cfg: ModelConfig, *, cross: bool, rngs: nnx.Rngs):
         self.layers = LayerStack(_makers(cfg, lambda **kw: DecoderBlock(cfg, cross=cross, **kw)),
@@ -276,7 +244,27 @@ def _out(aux: dict, *more: dict) -> dict:
 
 
 class Transformer(_Model):
-    """Encoder-decoder Transformer (Vaswani et al. 2017) with one shared vocabulary and embedding."""
+    """Encoder-decoder Transformer (Vaswani et al. 2017) with one shared vocabulary and embedding.
+
+    Attributes:
+      cfg: the model config (model.arch="encoder_decoder", else ValueError).
+      embed: the `Embedder` both sides share (and the output head).
+      encoder: the `Encoder`; decoder: the `Decoder`, with cross-attention.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import Transformer
+      >>> cfg = replaced(ModelConfig(), vocab_size=16, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
+      ...                num_decoder_layers=1, max_len=16)
+      >>> model = Transformer(cfg, rngs=nnx.Rngs(0))
+      >>> src, tgt = jnp.array([[3, 4, 5, 6]]), jnp.array([[1, 3]])
+      >>> logits, out = model(src, tgt)
+      >>> memory = model.encode(src)                               # encode once, decode many targets
+      >>> logits.shape, out, memory.x.shape, bool(jnp.allclose(model(memory, tgt)[0], logits, atol=1e-5))
+      ((1, 2, 16), {}, (1, 4, 16), True)
+    """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         if cfg.arch != "encoder_decoder":
@@ -327,7 +315,27 @@ class Transformer(_Model):
 
 
 class TransformerLM(_Model):
-    """Decoder-only causal language model."""
+    """Decoder-only causal language model.
+
+    Attributes:
+      cfg: the model config (model.arch="decoder_only", else ValueError).
+      embed: the `Embedder` (token embedding, positions, output head).
+      decoder: the `Decoder`, without cross-attention.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import TransformerLM
+      >>> cfg = replaced(ModelConfig(), arch="decoder_only", vocab_size=16, d_model=16, num_heads=2, d_ff=32,
+      ...                num_encoder_layers=0, num_decoder_layers=1, max_len=16)
+      >>> model = TransformerLM(cfg, rngs=nnx.Rngs(0))
+      >>> tokens = jnp.array([[1, 2, 3]])
+      >>> logits, out = model(tokens)
+      >>> again, cached = model(tokens, cache=model.init_cache(1, 4), mode="prefill")
+      >>> logits.shape, logits.dtype, out, list(cached), bool(jnp.allclose(again, logits, atol=1e-5))
+      ((1, 3, 16), dtype('float32'), {}, ['cache'], True)
+    """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         if cfg.arch != "decoder_only":

@@ -27,40 +27,137 @@ from jaxformer.axes import ACTIVATION
 
 
 def bubble_fraction(stages: int, microbatches: int) -> float:
-    """GPipe's idle share of the (iteration, stage) slots: (P-1)/(M+P-1)."""
+    """GPipe's idle share of the (iteration, stage) slots: (P-1)/(M+P-1).
+
+    Args:
+      stages: number of pipeline stages P.
+      microbatches: number of micro-batches M.
+
+    Returns:
+      The bubble fraction, a float in [0, 1).
+
+    Examples:
+      >>> from jaxformer.nn.pipeline import bubble_fraction
+      >>> bubble_fraction(2, 3), bubble_fraction(1, 4)
+      (0.25, 0.0)
+    """
     return (stages - 1) / (microbatches + stages - 1)
 
 
 def held(t, stages: int, xp=jnp):
-    """The micro-batch each stage holds at iteration t: [P] ints t-p; outside [0, M) the slot is a bubble."""
+    """The micro-batch each stage holds at iteration t: t-p for stage p; outside [0, M) the slot is a bubble.
+
+    Args:
+      t: the iteration, an int or int array (traced inside `run`; [I, 1] in `schedule`).
+      stages: number of pipeline stages P.
+      xp: the array module, jnp (default) or np.
+
+    Returns:
+      [P] ints t - p (broadcast against t's shape).
+
+    Examples:
+      >>> import numpy as np
+      >>> from jaxformer.nn.pipeline import held
+      >>> held(1, 3, xp=np).tolist()          # stage 0 on micro-batch 1, stage 1 on 0, stage 2 in a bubble
+      [1, 0, -1]
+    """
     return t - xp.arange(stages)
 
 
 def schedule(stages: int, microbatches: int) -> np.ndarray:
-    """[M+P-1, P] the micro-batch that `run` has each stage work on at each iteration (-1: a bubble), from the
-    same `held` the schedule runs with."""
+    """The micro-batch that `run` has each stage work on at each iteration (-1: a bubble), from the same `held`
+    the schedule runs with.
+
+    Args:
+      stages: number of pipeline stages P.
+      microbatches: number of micro-batches M.
+
+    Returns:
+      [M+P-1, P] int array of micro-batch indices, -1 in a bubble.
+
+    Examples:
+      >>> from jaxformer.nn.pipeline import schedule
+      >>> schedule(2, 3).tolist()             # every micro-batch visits every stage once, in order
+      [[0, -1], [1, 0], [2, 1], [-1, 2]]
+    """
     it = np.arange(microbatches + stages - 1)[:, None]
     m = held(it, stages, xp=np)
     return np.where((m >= 0) & (m < microbatches), m, -1)
 
 
 def counted_bubble_fraction(stages: int, microbatches: int) -> float:
-    """The share of (iteration, stage) slots of `schedule` holding no micro-batch."""
+    """The share of (iteration, stage) slots of `schedule` holding no micro-batch (equals `bubble_fraction`).
+
+    Args:
+      stages: number of pipeline stages P.
+      microbatches: number of micro-batches M.
+
+    Returns:
+      The counted bubble fraction, a float in [0, 1).
+
+    Examples:
+      >>> from jaxformer.nn.pipeline import counted_bubble_fraction
+      >>> counted_bubble_fraction(2, 3)
+      0.25
+    """
     return float(np.mean(schedule(stages, microbatches) < 0))
 
 
 def usable_microbatches(rows: int, microbatches: int) -> int:
-    """The largest number of micro-batches ≤ `microbatches` that divides `rows`."""
+    """The largest number of micro-batches ≤ `microbatches` that divides `rows`.
+
+    Args:
+      rows: the batch's rows B (≥ 1).
+      microbatches: the most micro-batches wanted (parallel.microbatches, ≥ 1).
+
+    Returns:
+      The number of micro-batches M to run, an int dividing `rows`.
+
+    Raises:
+      ValueError: rows or microbatches below 1.
+
+    Examples:
+      >>> from jaxformer.nn.pipeline import usable_microbatches
+      >>> usable_microbatches(12, 8), usable_microbatches(7, 4)
+      (6, 1)
+    """
     return max(m for m in range(1, min(rows, microbatches) + 1) if rows % m == 0)
 
 
 def split_rows(a: jax.Array, m: int) -> jax.Array:
-    """[B, ...] -> [M, B/M, ...], row r in micro-batch r mod M."""
+    """Split a batch into strided micro-batches: row r in micro-batch r mod M.
+
+    Args:
+      a: [B, ...] array, B divisible by m.
+      m: number of micro-batches M.
+
+    Returns:
+      [M, B/M, ...] the micro-batches.
+
+    Examples:
+      >>> import numpy as np
+      >>> from jaxformer.nn.pipeline import split_rows
+      >>> split_rows(np.arange(6), 2).tolist()
+      [[0, 2, 4], [1, 3, 5]]
+    """
     return a.reshape(a.shape[0] // m, m, *a.shape[1:]).swapaxes(0, 1)
 
 
 def merge_rows(a: jax.Array) -> jax.Array:
-    """[M, B/M, ...] -> [B, ...], the inverse of `split_rows`."""
+    """Join micro-batches back into a batch, the inverse of `split_rows`.
+
+    Args:
+      a: [M, B/M, ...] micro-batches.
+
+    Returns:
+      [B, ...] the batch, rows in their original order.
+
+    Examples:
+      >>> import numpy as np
+      >>> from jaxformer.nn.pipeline import merge_rows, split_rows
+      >>> merge_rows(split_rows(np.arange(6), 2)).tolist()
+      [0, 1, 2, 3, 4, 5]
+    """
     return a.swapaxes(0, 1).reshape(-1, *a.shape[2:])
 
 
@@ -79,11 +176,38 @@ def _ctx_splitter(ctx, rows: int, m: int):
 
 
 def run(make_body: Callable, xs, carry, ctx, *, plan, stages: int, microbatches: int):
-    """The GPipe schedule of a layer stack. make_body(ctx) -> body(carry, (states, keys, layer)) -> (carry, aux):
-    the stack's per-group step (remat as the stack's) over the layer driver's carry (x [b,T,D], passed: a dict
-    of [b,T,...] arrays, `nn.stack.Block`); xs = (states with leaves [G, ...], dropout keys [G, n] or None, layer
-    indices [G, n]); carry with rows B -> the carry after the last group, equal to scanning body over the G
-    groups."""
+    """The GPipe schedule of a layer stack: equal to scanning make_body(ctx) over the G groups, run as P stages.
+
+    Args:
+      make_body: make_body(ctx) -> body(carry, (states, keys, layer)) -> (carry, aux): the stack's per-group step
+        (remat as the stack's) over the layer driver's carry (`nn.stack.Block`); aux must be empty.
+      xs: (states with leaves [G, ...], dropout keys [G, n] or None, layer indices [G, n]); G divisible by P.
+      carry: the carry, leaves with B rows first (x [B, T, D]; passed: a dict of [B, T, ...] arrays).
+      ctx: what every block reads (`nn.layers.Context`); its [B, ...] leaves are split with the rows.
+      plan: the active `parallel.Plan` (its mesh has the "stage" axis).
+      stages: number of pipeline stages P.
+      microbatches: the most micro-batches M (`usable_microbatches` of B is used).
+
+    Returns:
+      The carry after the last group, leaves as `carry`'s ([B, T, D] ...).
+
+    Raises:
+      ValueError: a body that returns aux (MoE router statistics, captured sites).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxformer.config import ParallelConfig
+      >>> from jaxformer.nn import Context
+      >>> from jaxformer.nn.pipeline import run
+      >>> from jaxformer.parallel import Plan
+      >>> plan = Plan(ParallelConfig(), jax.devices()[:1])          # one device: the stage axis is vmapped
+      >>> make_body = lambda ctx: lambda h, xs: (h * xs[0] + xs[2][0], {})   # group g: h * w[g] + g
+      >>> w, layer, x = jnp.array([2.0, 3.0, 1.0, 2.0]), jnp.arange(4)[:, None], jnp.arange(4.0).reshape(4, 1, 1)
+      >>> with plan.use():
+      ...     y = run(make_body, (w, None, layer), x, Context(), plan=plan, stages=2, microbatches=2)
+      >>> y[:, 0, 0].tolist()                # ((((x·2 + 0)·3 + 1)·1 + 2)·2 + 3) = 12x + 9, row by row
+      [9.0, 21.0, 33.0, 45.0]
+    """
     p, rows = stages, jax.tree.leaves(carry)[0].shape[0]
     m = usable_microbatches(rows, microbatches)
     per_stage = jax.tree.map(lambda a: a.reshape(p, a.shape[0] // p, *a.shape[1:]), xs)   # [P, G/P, ...]

@@ -17,11 +17,30 @@ from jaxformer.parallel import active_plan
 def over_context(q: jax.Array, k, v, mask, *, scale: float | None, softcap,
                  block_size: int) -> jax.Array | None:
     """Attention by `ops.context.ring_attention` over the active plan's context axis when the plan asks for it
-    (parallel.context > 1, parallel.context_attention="ring"): q [B,T,N,H], k/v [B,T,K,H], mask a CausalMask
-    [B,T] -> out [B,T,N,H], inside a shard_map over the whole mesh (rows over the batch axes, T over context, heads
-    over tensor where N and K both split). None where the ring does not apply (no such plan; keys in segments, as
-    a cache gives them; a dense mask; T not split evenly; a per-layer soft-cap or scale, traced): the caller attends as on
-    one device and GSPMD gathers the keys, which gives the same result."""
+    (parallel.context > 1, parallel.context_attention="ring"), inside a shard_map over the whole mesh (rows over
+    the batch axes, T over context, heads over tensor where N and K both split).
+
+    Args:
+      q: [B, T, N, H] queries (T: the whole sequence).
+      k: [B, T, K, H] keys (a tuple of segments, as a cache gives them: no ring).
+      v: [B, T, K, H] values.
+      mask: an `ops.masks.CausalMask` over [B, T] (a dense mask: no ring).
+      scale: the logits' scale (None: 1/sqrt(H)); a traced one: no ring.
+      softcap: the logits' soft-cap (0: none); a traced one: no ring.
+      block_size: the chunked backend's tile, as ring_attention's.
+
+    Returns:
+      [B, T, N, H] attention output, or None where the ring does not apply (no such plan; keys in segments; a
+        dense mask; T not split evenly; a traced per-layer soft-cap or scale): the caller then attends as on one
+        device and GSPMD gathers the keys, which gives the same result.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.ring import over_context
+      >>> q = jnp.ones((1, 4, 2, 8))
+      >>> over_context(q, q, q, None, scale=None, softcap=0.0, block_size=2) is None    # no plan: no ring
+      True
+    """
     plan = active_plan()
     if (plan is None or plan.mode != "jit" or plan.sizes["context"] == 1 or plan.cfg.context_attention != "ring"
             or not isinstance(mask, CausalMask) or isinstance(k, (tuple, list)) or q.shape[1] != k.shape[1]

@@ -35,10 +35,23 @@ Make = Callable[[nnx.Rngs], nnx.Module]
 
 
 class BlockOut(NamedTuple):
-    """What a block, a layer stack and an encoder/decoder return: x [B,T,D]; aux a dict that may be empty (each
-    key's leaves stacked over the layers that returned it, for a stack); kv the new keys/values of a cached call
-    (a LayerKV: [B,T,K,H] from a block; from a laid-out stack, a LayerwiseKV of L of them), else None; passed:
-    what a block passes on to the next layer besides x (`Block.passes`; None: what it was given, unchanged)."""
+    """What a block, a layer stack and an encoder/decoder return.
+
+    Attributes:
+      x: [B, T, D] output activations.
+      aux: a dict that may be empty ("moe", "captured"; for a stack, each key's leaves stacked over the layers
+        that returned it).
+      kv: the new keys/values of a cached call (a LayerKV [B, T, K, H] from a block; from a laid-out stack, a
+        LayerwiseKV of L of them), else None.
+      passed: what a block passes on to the next layer besides x (`Block.passes`; None: what it was given).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.stack import BlockOut
+      >>> out = BlockOut(jnp.zeros((1, 3, 16)), {})
+      >>> out.x.shape, out.aux, out.kv, out.passed
+      ((1, 3, 16), {}, None, None)
+    """
     x: jax.Array
     aux: dict
     kv: LayerKV | None = None
@@ -49,7 +62,18 @@ class Block(nnx.Module):
     """A layer of a stack, as the layer driver (`drive`) calls it: block(x [B,T,D], ctx, layer=, passed=, ...) ->
     BlockOut. Between layers the driver carries x and `passed`, a dict of arrays [B,T,...] a block kind declares
     (`passes`: their values before the first layer) and each block may replace (ResFormer's first-layer values,
-    say); the scan, the token loop and the pipeline stages carry it alike."""
+    say); the scan, the token loop and the pipeline stages carry it alike.
+
+    Attributes:
+      passes: the method giving what this kind passes on before the first layer ({}: nothing, by default).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn import EncoderBlock
+      >>> from jaxformer.nn.stack import Block
+      >>> issubclass(EncoderBlock, Block), Block().passes(jnp.zeros((1, 3, 16)))
+      (True, {})
+    """
 
     def passes(self, x: jax.Array) -> dict:
         """What this kind of block passes on besides the residual stream x [B,T,D], as it is before the first
@@ -58,30 +82,81 @@ class Block(nnx.Module):
 
 
 def drive(block, x: jax.Array, passed: dict, ctx, **kw) -> tuple[jax.Array, dict, BlockOut]:
-    """The layer driver: one block applied to the carry (x [B,T,D] at the block boundary, sharded by the active
-    plan's rules; passed) -> (x, passed, the block's BlockOut). What the scan, the token loop and the pipeline
-    stages each run per layer."""
+    """The layer driver: one block applied to the carry. What the scan, the token loop and the pipeline stages
+    each run per layer.
+
+    Args:
+      block: a `Block`.
+      x: [B, T, D] the residual stream at the block boundary (sharded by the active plan's rules).
+      passed: what the previous layer passed on (`Block.passes`).
+      ctx: what every block reads (`nn.layers.Context`).
+      **kw: the block's other keywords (layer=, rngs=, cache=, ...).
+
+    Returns:
+      (x [B, T, D], passed for the next layer, the block's BlockOut).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import Context, EncoderBlock
+      >>> from jaxformer.nn.stack import drive
+      >>> cfg = replaced(ModelConfig(), d_model=16, num_heads=2, d_ff=32)
+      >>> block = EncoderBlock(cfg, rngs=nnx.Rngs(0))
+      >>> x, passed, out = drive(block, jnp.ones((1, 3, 16)), {}, Context(positions=jnp.arange(3)[None]), layer=0)
+      >>> x.shape, passed, out.aux
+      ((1, 3, 16), {}, {})
+    """
     out = block(constrain(x, ACTIVATION), ctx, passed=passed, **kw)
     return out.x, passed if out.passed is None else out.passed, out
 
 
 def blocks_path(stack: str = "decoder") -> tuple[str, str, str]:
-    """Where a model's state keeps the blocks of its `stack` ("encoder" | "decoder"), parameters [L, ...]: the
-    model's stack module, its `layers` (a LayerStack), their `blocks`. The one spelling of that path (HF
-    mapping, per-layer gradient norms, diagnostics read it)."""
+    """Where a model's state keeps the blocks of its `stack`, parameters [L, ...]: the model's stack module, its
+    `layers` (a LayerStack), their `blocks`. The one spelling of that path (HF mapping, per-layer gradient norms,
+    diagnostics read it).
+
+    Args:
+      stack: "encoder" or "decoder".
+
+    Returns:
+      The path as a tuple of three attribute names.
+
+    Examples:
+      >>> from jaxformer.nn.stack import blocks_path
+      >>> blocks_path(), blocks_path("encoder")
+      (('decoder', 'layers', 'blocks'), ('encoder', 'layers', 'blocks'))
+    """
     return (stack, "layers", "blocks")
 
 
 class LayerStack(nnx.Module):
-    """`make(rngs) -> block` is called once under nnx.vmap, giving parameters [L, ...] (in `self.blocks`).
-    With a sequence of n makers, layer i is made by make[i % n] (L a multiple of n); kind j's parameters are
-    [L/n, ...], in `self.blocks[j]`.
+    """L blocks with stacked parameters, applied with jax.lax.scan: `make(rngs) -> block` is called once under
+    nnx.vmap, giving parameters [L, ...]. With a sequence of n makers, layer i is made by make[i % n] (L a
+    multiple of n). Lever `unrolled_layers` (`jaxformer.platforms`) unrolls the scan.
 
-    remat: what each block (each group of n blocks) keeps for the backward pass (`jax.checkpoint` around the
-    scanned body): "none" everything; "full" only its input (all of it is recomputed); "dots" its input and the
-    outputs of matmuls without batch dimensions (projections, FFN), recomputing the rest (attention, norms,
-    activations); "dots_attention" those and each attention's output (named "attention_out"). Lever
-    `unrolled_layers` (`jaxformer.platforms`) unrolls the scan.
+    Attributes:
+      blocks: the stacked blocks, parameters [L, ...]; with n makers an nnx.List, kind j's parameters [L/n, ...].
+      num_layers: L.
+      pattern: n, the number of block kinds.
+      remat: what each block (each group of n blocks) keeps for the backward pass (`jax.checkpoint` around the
+        scanned body): "none" everything; "full" only its input; "dots" its input and the outputs of matmuls
+        without batch dimensions (projections, FFN), recomputing the rest (attention, norms, activations);
+        "dots_attention" those and each attention's output (named "attention_out").
+
+    Raises:
+      ValueError: num_layers is not a multiple of the pattern's length, or remat is not a name of `REMAT`.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import Context, EncoderBlock, LayerStack
+      >>> cfg = replaced(ModelConfig(), d_model=16, num_heads=2, d_ff=32)
+      >>> stack = LayerStack(lambda r: EncoderBlock(cfg, rngs=r), 2, rngs=nnx.Rngs(0))
+      >>> out = stack(jnp.ones((1, 3, 16)), Context(positions=jnp.arange(3)[None]))
+      >>> stack.blocks.ffn.w1.shape, out.x.shape, out.aux
+      ((2, 16, 32), (1, 3, 16), {})
     """
 
     def __init__(self, make: Make | Sequence[Make], num_layers: int, *, remat: str = "none", rngs: nnx.Rngs):
@@ -166,10 +241,23 @@ class LayerStack(nnx.Module):
 
 class DecodingLayers(nnx.Module):
     """A decoder stack laid out for a token loop (`LayerStack.lay_out`; kept in the cache `model.init_cache`
-    makes): `blocks`, the L blocks each with its own copy of its parameters in the decoding layout. Called with
-    the cache's per-layer keys/values, it applies the blocks one after another, unrolled, reading each layer's
-    buffer without a copy. Inference only: a dropout stream (training) raises, since gradients would reach the
-    copies, not the stacked parameters."""
+    makes). Called with the cache's per-layer keys/values, it applies the blocks one after another, unrolled,
+    reading each layer's buffer without a copy. Inference only: a call with a dropout stream (training) raises
+    ValueError, since gradients would reach the copies, not the stacked parameters.
+
+    Attributes:
+      blocks: the L blocks (an nnx.List), each with its own copy of its parameters in the decoding layout.
+
+    Examples:
+      >>> from flax import nnx
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> from jaxformer.nn import DecoderBlock, LayerStack
+      >>> cfg = replaced(ModelConfig(), d_model=16, num_heads=2, d_ff=32)
+      >>> stack = LayerStack(lambda r: DecoderBlock(cfg, cross=False, rngs=r), 2, rngs=nnx.Rngs(0))
+      >>> laid = stack.lay_out(batch=1)
+      >>> type(laid).__name__, len(laid.blocks), laid.blocks[1].ffn.w1.shape
+      ('DecodingLayers', 2, (16, 32))
+    """
 
     def __init__(self, blocks: list):
         self.blocks = nnx.List(blocks)

@@ -23,8 +23,22 @@ from jaxformer.nn.params import contract, together
 
 @struct.dataclass
 class Quantized:
-    """A quantized weight: qwix's QArray (qvalue int8/int4, scale float32, same rank as the weight) and whether
-    matmuls quantize their activations too (w8a8)."""
+    """A quantized weight, bringing its own matmul (`project`).
+
+    Attributes:
+      array: qwix's QArray (qvalue int8/int4, scale float32, same rank as the weight).
+      dynamic: whether matmuls quantize their activations too (w8a8).
+      shape: the weight's shape (a property).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.weights import quantize_weight
+      >>> q = quantize_weight(jnp.arange(12.0).reshape(4, 3) / 12, ("embed", "mlp"), "int8")   # w [D, F]
+      >>> q.shape, q.array.qvalue.dtype, q.array.scale.shape, q.dynamic
+      ((4, 3), dtype('int8'), (1, 3), False)
+      >>> round(float(q.project("bd,df->bf", jnp.ones((1, 4)))[0, 2]), 2)      # x·w = 2.17 in float
+      2.16
+    """
     array: qwix.QArray
     dynamic: bool = struct.field(pytree_node=False, default=False)
 
@@ -62,7 +76,24 @@ class Quantized:
 
 
 def quantize_weight(w: jax.Array, names: tuple[str, ...], mode: str) -> Quantized:
-    """One weight (with its logical axis names) -> Quantized."""
+    """Quantize one weight, a scale per output channel (int4: per tile of 128 inputs where the one input axis is
+    a multiple of 128 above 128).
+
+    Args:
+      w: the float weight, e.g. [D, F] or [L, D, N, H].
+      names: its logical axis names (`jaxformer.axes`), which say the contracted (input) axes.
+      mode: "int8" (weight-only), "w8a8" (int8, activations quantized too) or "int4".
+
+    Returns:
+      `Quantized` of w's shape.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.weights import quantize_weight
+      >>> q = quantize_weight(jnp.ones((2, 16, 4)), ("layers", "embed", "mlp"), "int4")       # [L, D, F]
+      >>> q.array.qvalue.dtype, q.array.scale.shape
+      (dtype(int4), (2, 1, 4))
+    """
     inputs = contracted_axes(names)
     channels = tuple(i for i in range(w.ndim) if i not in inputs)
     tiles = None
@@ -73,16 +104,53 @@ def quantize_weight(w: jax.Array, names: tuple[str, ...], mode: str) -> Quantize
 
 
 def quantizable(v) -> bool:
-    """A parameter created with quantizable=True (the projections inside the layer stacks: not embeddings, the
-    output head, norms or the MoE router)."""
+    """Whether v is a parameter created with quantizable=True (the projections inside the layer stacks: not
+    embeddings, the output head, norms or the MoE router).
+
+    Args:
+      v: any value of a model's graph.
+
+    Returns:
+      True for an nnx.Param whose metadata has quantizable=True.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxformer.nn.weights import quantizable
+      >>> quantizable(nnx.Param(jnp.ones(2), quantizable=True)), quantizable(nnx.Param(jnp.ones(2)))
+      (True, False)
+    """
     return isinstance(v, nnx.Param) and bool(v.get_metadata().get("quantizable"))
 
 
 def frozen_base(model: nnx.Module, lora=None) -> nnx.Module:
-    """A model with low-rank adapters (model.lora, or `lora` when given) with its frozen projections in
-    lora.base, in place; returned: bfloat16 (cast) or int8 (weight-only, as `quantize_model` "int8") for every projection (the
-    adapted weights' bases and the projections without an adapter; embeddings, head and norms stay as they
-    are). Any other model (no adapters, or a float32 base) is returned as it is."""
+    """A model with low-rank adapters with its frozen projections in lora.base, in place: bfloat16 (cast) or int8
+    (weight-only, as `quantize_model` "int8") for every projection (the adapted weights' bases and the
+    projections without an adapter; embeddings, head and norms stay as they are).
+
+    Args:
+      model: a built model (any nnx.Module whose projections are marked quantizable).
+      lora: a `LoraConfig` (None: model.cfg.lora).
+
+    Returns:
+      The model; any other one (lora rank 0, or a float32 base) as it is.
+
+    Examples:
+      >>> from flax import nnx
+      >>> from jaxformer.config import LoraConfig
+      >>> from jaxformer.nn.params import param
+      >>> from jaxformer.nn.weights import frozen_base
+      >>> class Proj(nnx.Module):                         # a projection w [D, F] and a bias
+      ...     def __init__(self, rngs):
+      ...         self.w = param(rngs, nnx.initializers.ones, (4, 3), ("embed", "mlp"), quantizable=True)
+      ...         self.b = param(rngs, nnx.initializers.zeros, (3,), ("mlp",))
+      >>> m = Proj(nnx.Rngs(0))
+      >>> frozen_base(m, LoraConfig()) is m               # lora rank 0: nothing frozen
+      True
+      >>> m = frozen_base(m, LoraConfig(rank=2, base="int8"))
+      >>> type(m.w.get_value()).__name__, m.b.get_value().dtype
+      ('Quantized', dtype('float32'))
+    """
     lora = model.cfg.lora if lora is None else lora
     if not lora.rank or lora.base == "float32":
         return model
@@ -102,9 +170,23 @@ def _einsum_parts(eq: str) -> tuple[str, str, str]:
 
 @struct.dataclass
 class OutIn:
-    """A projection weight [in..., out...] stored in [out..., in...] order (array): its matmul contracts the
-    inputs on the array's last axes. A token loop's layout of a weight whose input is wider than its output
-    (`nn.layout`: XLA:CPU's matrix-vector product reads it faster in this order)."""
+    """A projection weight [in..., out...] stored in [out..., in...] order: its matmul contracts the inputs on the
+    array's last axes. A token loop's layout of a weight whose input is wider than its output (`nn.layout`:
+    XLA:CPU's matrix-vector product reads it faster in this order).
+
+    Attributes:
+      array: [out..., in...] the stored weight.
+      inputs: how many input axes the weight has (default 1).
+      shape: the weight's own shape [in..., out...] (a property).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.weights import OutIn
+      >>> w = jnp.arange(6.0).reshape(3, 2)                   # [F, D]
+      >>> o = OutIn(w.T)
+      >>> o.shape, bool((o.dequantize() == w).all()), o.project("bf,fd->bd", jnp.ones((1, 3))).tolist()
+      ((3, 2), True, [[6.0, 9.0]])
+    """
     array: jax.Array
     inputs: int = struct.field(pytree_node=False, default=1)
 
@@ -132,9 +214,22 @@ class OutIn:
 
 @struct.dataclass
 class Fused:
-    """Projections that read the same input laid out as one matrix: array [I, O₁+O₂+…] (each weight of `shapes`
-    flattened to its input I and outputs Oᵢ), so that the group projects in one matmul (`project_each`). Held by
-    the group's first weight; the others hold `Within`."""
+    """Projections that read the same input laid out as one matrix, so that the group projects in one matmul
+    (`project_each`). Held by the group's first weight; the others hold `Within`.
+
+    Attributes:
+      array: [I, O₁+O₂+…] each weight of `shapes` flattened to its input I and outputs Oᵢ, side by side.
+      shapes: the group's weights' own shapes.
+      shape: the first weight's shape (a property).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.weights import Fused, Within
+      >>> f = Fused(jnp.ones((2, 5)), ((2, 3), (2, 2)))        # w₁ [D, 3] and w₂ [D, 2] side by side
+      >>> a, b = f.project_each(("bd,df->bf", "bd,df->bf"), jnp.ones((1, 2)), (Within((2, 2)),))
+      >>> f.shape, a.tolist(), b.tolist()
+      ((2, 3), [[2.0, 2.0, 2.0]], [[2.0, 2.0]])
+    """
     array: jax.Array
     shapes: tuple = struct.field(pytree_node=False)
 
@@ -160,7 +255,19 @@ class Fused:
 
 @struct.dataclass
 class Within:
-    """A weight laid out inside its group's `Fused` matrix (held by the group's first weight): no array here."""
+    """A weight laid out inside its group's `Fused` matrix (held by the group's first weight): no array here.
+
+    Attributes:
+      shape: the weight's own shape.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxformer.nn.weights import Within
+      >>> Within((2, 3)).project("bd,df->bf", jnp.ones((1, 2)))
+      Traceback (most recent call last):
+      ...
+      ValueError: this weight is laid out inside its group's fused matrix: ...
+    """
     shape: tuple = struct.field(pytree_node=False)
 
     def __getitem__(self, key) -> "Within":

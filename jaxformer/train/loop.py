@@ -33,7 +33,8 @@ from jaxformer.data import Task, resolve
 from jaxformer.distributed import initialize, is_primary
 from jaxformer.errors import IncompatibleCheckpoint
 from jaxformer.nn import count_params
-from jaxformer.parallel import Plan, check_fits
+from jaxformer.memory import check_fits
+from jaxformer.parallel import Plan
 from jaxformer.runs import RunDir
 from jaxformer.signals import Held, stderr_line
 from jaxformer.inference.evaluate import evaluate, examples, make_eval_step
