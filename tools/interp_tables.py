@@ -45,3 +45,26 @@ def patching() -> str:
             f"grid: Pearson r {r['attribution_pearson']:.3f}, the same largest cell: {r['same_top_cell']}. "
             f"{r['machine']} ([patching.md](benchmarks/results/patching.md), `benchmarks/patching.py`)."]
     return "\n".join(out)
+
+
+def patching_tl() -> str:
+    """The patching grid and attribution patching against TransformerLens on one GPT-2: the first call in a fresh
+    process (no cache, an empty persistent cache, a warm one) and the steady state with its paired interval."""
+    r = _load("patching_tl")
+    a, first, steady = r["args"], r["first"], r["steady"]
+    out = ["| method | first call: jaxformer, no cache | jaxformer, warm cache | TransformerLens | steady: jaxformer "
+           "| TransformerLens | TransformerLens / jaxformer | max abs diff |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, s in steady.items():
+        q = s["tl_over_ours"]
+        out.append(f"| {name} | {first['jaxformer, no cache']['first_ms'][name]:.0f} ms | "
+                   f"{first['jaxformer, warm cache']['first_ms'][name]:.0f} ms | "
+                   f"{first['TransformerLens']['first_ms'][name]:.0f} ms | {s['median_ms']['jaxformer']:.1f} ms | "
+                   f"{s['median_ms']['TransformerLens']:.1f} ms | {q['ratio']:.1f} [{q['lo']:.1f}, {q['hi']:.1f}] | "
+                   f"{s['max_abs_diff']:.0e} |")
+    out += ["", f"GPT-2 with random weights, {a['layers']} layers, width {a['width']}; {a['rows']} × {a['length']} "
+            f"tokens; {steady['grid']['cells']} cells of `z` (layer, position, head). First call: a fresh process "
+            "after imports and loading (JAX traces and compiles; a warm cache loads the compiled programs written "
+            f"by an earlier process); steady: medians of {a['rounds']} paired rounds, 95% paired interval. "
+            f"transformer-lens {r['transformer_lens']}, torch {r['torch']}; {r['machine']} "
+            "([patching_tl.md](benchmarks/results/patching_tl.md), `benchmarks/patching_tl.py`)."]
+    return "\n".join(out)

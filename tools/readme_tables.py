@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tools"))
 from claims_table import _margin, _signed, claims, difference, values  # noqa: E402
 from train_step import TARGETS, paired_ratio, target_verdict  # noqa: E402
-from interp_tables import capture_parity, patching  # noqa: E402
+from interp_tables import capture_parity, patching, patching_tl  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 _BLOCK = re.compile(r"(?s)(<!-- table:(?P<name>[a-z_]+) [^\n]*-->\n).*?(\n<!-- /table:(?P=name) -->)")
 
@@ -428,7 +428,7 @@ def mup_check() -> str:
 
 TABLES = {"context_memory": context_memory, "pipeline_bubble": pipeline_bubble, "hf_keys": hf_keys, "mup_check": mup_check, "lora_memory": lora_memory, "performance": performance, "levers": levers, "make_run": make_run, "claims": claims,
           "attention": attention, "moe_quantize": moe_quantize, "step_profile": step_profile, "tokenizers": tokenizers,
-          "capture_parity": capture_parity, "patching": patching}
+          "capture_parity": capture_parity, "patching": patching, "patching_tl": patching_tl}
 
 
 def render(text: str, page: str = "README.md") -> str:
