@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from helpers import with_devices
 from jaxformer.config import ModelConfig, replaced
-from jaxformer.config.run import ParallelConfig
+from jaxformer.config.parallel import ParallelConfig
 from jaxformer.nn import build_model
 from jaxformer.ops import dot_product_attention
 from jaxformer.ops.context import context_parallel_attention, ring_attention, unzigzag, zigzag

@@ -22,8 +22,8 @@ train a run (hf.checkpoint, inference, train) run in the slow lane; the data and
 hf.expressing, hf.families) in the default lane.
 
 The same for jaxformer.nn (`NN`: every module docs/api/nn.md renders; the examples that build modules or models
-run in the slow lane, ~40 s together) and the helpers page's parallel, memory and compile_cache (`HELPERS`,
-default lane: no model is built).
+run in the slow lane, ~40 s together), the helpers page's parallel, memory, compile_cache and interpret
+(`HELPERS`; interpret's examples build models: slow lane) and the config page's dataclasses (`CONFIG`).
 
 Wrong implementations these catch: an example whose printed output no longer matches what the op returns (a
 changed default, shape or dtype), an example that raises, and a new public op without arguments, return value or
@@ -41,7 +41,8 @@ import pytest
 
 MODULES = ("attention", "masks", "positional", "norms", "activations", "flash", "fused", "context", "moe", "losses")
 LIBRARY = ("jaxformer.decode", "jaxformer.patching", "jaxformer.sae")
-HELPERS = ("jaxformer.compile_cache", "jaxformer.parallel", "jaxformer.memory")     # docs/api/helpers.md
+HELPERS = ("jaxformer.compile_cache", "jaxformer.parallel", "jaxformer.memory", "jaxformer.interpret")  # helpers.md
+CONFIG = tuple(f"jaxformer.config.{m}" for m in ("model", "sections", "run", "parallel"))     # docs/api/config.md
 # docs/api/nn.md: every module it renders (`test_the_modules_are_those_the_reference_renders`)
 NN = tuple(f"jaxformer.nn.{m}" for m in ("build", "models", "embed", "layers", "attention", "stack", "pipeline",
                                          "ring", "cache", "layout", "weights", "sites", "per_layer", "lora",
@@ -64,7 +65,7 @@ PAGES = {
                                        "make_train_step")},
 }
 PUBLIC = {module: names for page in PAGES.values() for module, names in page.items()}
-DOCUMENTED = tuple(f"jaxformer.ops.{m}" for m in MODULES) + LIBRARY + tuple(PUBLIC) + HELPERS + NN
+DOCUMENTED = tuple(f"jaxformer.ops.{m}" for m in MODULES) + LIBRARY + tuple(PUBLIC) + HELPERS + NN + CONFIG
 FLAGS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
 # the library's examples build and run tiny models (~9 s together), the packages' build models, write checkpoint
 # folders and train runs: the slow lane; their sections: the default
@@ -72,7 +73,8 @@ SLOW = {name: pytest.mark.slow for name in LIBRARY + ("jaxformer.hf.checkpoint",
                                                       "jaxformer.inference.evaluate", "jaxformer.inference.generate",
                                                       "jaxformer.train.loop", "jaxformer.train.step")
         # nn's examples that build modules and models (~5-8 s a module in a fresh process)
-        + tuple(m for m in NN if m.split(".")[-1] not in ("pipeline", "ring", "sites", "per_layer"))}
+        + tuple(m for m in NN if m.split(".")[-1] not in ("pipeline", "ring", "sites", "per_layer"))
+        + ("jaxformer.interpret",)}
 
 
 def _public(mod) -> list[tuple[str, object]]:
@@ -91,6 +93,8 @@ def test_the_modules_are_those_the_reference_renders():
     assert [line.split(".")[-1] for line in page.splitlines() if line.startswith(":::")] == list(MODULES)
     nn = (api / "nn.md").read_text(encoding="utf-8")
     assert [line[4:] for line in nn.splitlines() if line.startswith(":::")] == list(NN)
+    config = (api / "config.md").read_text(encoding="utf-8")
+    assert [line[4:] for line in config.splitlines() if line.startswith(":::")] == list(CONFIG)
     helpers = (api / "helpers.md").read_text(encoding="utf-8").splitlines()
     assert all(f"::: {name}" in helpers for name in HELPERS)
     for name in LIBRARY:

@@ -1,4 +1,5 @@
-"""The model's configuration: its sizes and choices at the top, the rest in sections that validate themselves.
+"""The model's configuration: its sizes and choices at the top, the rest in sections that validate themselves
+(`jaxformer.config.sections`).
 
 `model.norm`, `model.rope`, `model.attention`, `model.moe` and `model.ablation` describe the function the weights
 compute; `model.runtime` says how it runs (precision, kernels, recomputation, dropout, the initial distribution,
@@ -10,224 +11,14 @@ MoE token dropping) and changes neither the parameters' shapes nor what trained 
 from __future__ import annotations
 
 import dataclasses
-import re
-from typing import Any
 
 from jaxformer.config.checks import _Validated, check_types, choice, positive
+from jaxformer.config.sections import (AblationConfig, AttentionConfig, LoraConfig, MoEConfig, NormConfig, RopeConfig,
+                                       RuntimeConfig)
 from jaxformer.errors import ConfigError
-from jaxformer.ops import activations, fused, norms, positional
-from jaxformer.ops.attention import BACKENDS
+from jaxformer.ops import activations, fused, positional
 
-REMAT_POLICIES = ("none", "full", "dots", "dots_attention")
 BIASES = ("q", "k", "v", "o", "ffn")           # the projections model.biases may name
-# model.attention.kind: the self-attention module by name; any other "package.module:Class" path is imported as is
-ATTENTION_KINDS = {"softmax": "jaxformer.nn.attention:MultiHeadAttention",
-                   "differential": "jaxformer.nn.differential:DifferentialAttention"}   # Ye et al. 2024
-_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
-
-
-@dataclasses.dataclass(frozen=True)
-class NormConfig(_Validated):
-    """model.norm: where the residual's normalisation sits and which one it is."""
-    position: str = "post"                 # "post": LN(x + f(x)) (paper, seed 000) | "pre": x + f(LN(x)) |
-                                           # "sandwich": x + LN'(f(LN(x))) | "deepnorm": LN(α·x + f(x)), β init |
-                                           # "rezero": x + g·f(x), g from 0 (jaxformer.nn.layers.Residual)
-    type: str = "layernorm"                # "layernorm" | "rmsnorm" | any name in ops.norms.NORMS
-    eps: float = 1e-5
-    final: bool | None = None              # norm after the stack; None = yes for pre and sandwich, else no
-
-    def validate(self) -> None:
-        check_types(self, "model.norm")
-        choice("model.norm.position", self.position, ("pre", "post", "sandwich", "deepnorm", "rezero"))
-        choice("model.norm.type", self.type, tuple(norms.NORMS))        # registered norms
-        positive("model.norm.eps", self.eps)
-
-
-@dataclasses.dataclass(frozen=True)
-class RopeConfig(_Validated):
-    """model.rope: rotary positions (used when model.positional='rope'): the base and its frequency scaling."""
-    base: float = 10000.0
-    scaling: str = "none"                  # none | linear (positions / factor) | llama3 (Llama 3.1: low
-                                           # frequencies / factor, high kept, a smooth band between) | yarn |
-                                           # dynamic (dynamic NTK: the base grows past original_max_len)
-    factor: float = 1.0                    # linear, llama3, yarn: the context extension factor
-    original_max_len: int = 8192           # llama3, yarn: the context the model was pretrained on
-    low_freq_factor: float = 1.0           # llama3: wavelengths above original_max_len / this are scaled
-    high_freq_factor: float = 4.0          # llama3: wavelengths below original_max_len / this are kept
-    beta_fast: float = 32.0                # yarn: dimensions turning more often than this over original_max_len kept
-    beta_slow: float = 1.0                 # yarn: ... less often than this interpolated; a ramp between
-    attention_factor: float = 0.0          # yarn: cos/sin scale (0 = 0.1·ln(factor) + 1)
-    truncate: bool = True                  # yarn: the ramp's ends rounded outwards (transformers' default)
-    nope_every: int = 0                    # k > 0: every k-th self-attention layer (k-1, 2k-1, ...) skips RoPE
-                                           # (NoPE layers, as SmolLM3 / Llama 4); 0 = every layer rotates
-
-    def validate(self) -> None:
-        check_types(self, "model.rope")
-        positive("model.rope.base", self.base)
-        choice("model.rope.scaling", self.scaling, positional.SCALINGS)
-        for f in ("factor", "original_max_len", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow"):
-            positive(f"model.rope.{f}", getattr(self, f))
-        positive("model.rope.attention_factor", self.attention_factor, allow_zero=True)
-        positive("model.rope.nope_every", self.nope_every, allow_zero=True)
-        if self.scaling == "llama3" and self.high_freq_factor <= self.low_freq_factor:
-            raise ConfigError(f"model.rope.high_freq_factor={self.high_freq_factor} must exceed "
-                              f"model.rope.low_freq_factor={self.low_freq_factor}")
-
-    def frequency_scaling(self) -> "positional.RopeScaling | None":
-        """The RoPE frequency scaling (None: plain RoPE)."""
-        if self.scaling == "none":
-            return None
-        return positional.RopeScaling(self.scaling, self.factor, self.original_max_len, self.low_freq_factor,
-                                      self.high_freq_factor, self.beta_fast, self.beta_slow, self.attention_factor,
-                                      self.truncate)
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionConfig(_Validated):
-    """model.attention: how attention scores (the head sizes are model.num_heads / num_kv_heads / head_dim)."""
-    scale: str = "rsqrt"                   # logits scale: "rsqrt" = 1/sqrt(H) (the paper) | "none" = 1
-    softcap: float = 0.0                   # attention logits (scaled q·k) -> cap · tanh(. / cap) (Gemma 2: 50)
-    windows: tuple[int, ...] = ()          # sliding-window (local) self-attention of the decoder, per layer: a
-                                           # pattern of windows repeated over the layers, 0 = global; e.g. (128,)
-                                           # every layer sees its 128 most recent positions, (128, 0) alternates
-    qk_norm: bool = False                  # RMSNorm over H on each query and key head before RoPE (Qwen3, OLMo 2)
-    scale_dim: int = 0                     # scale "rsqrt": 1/sqrt(scale_dim) (0 = the head size H; Gemma 2's
-                                           # query_pre_attn_scalar)
-    kind: str = "softmax"                  # the self-attention module: a name of ATTENTION_KINDS (softmax |
-                                           # differential: Ye et al. 2024, nn/differential.py) or your own
-                                           # "package.module:Class", a subclass of nn.attention.MultiHeadAttention
-                                           # (a research variant is that one file: nn.layers.self_attention)
-    options: tuple[str, ...] = ()          # the kind's own knobs, "name=value" each, e.g. ("temperature=10",):
-                                           # what its Options declares (nn.attention.MultiHeadAttention.options;
-                                           # softmax has none)
-
-    def validate(self) -> None:
-        check_types(self, "model.attention")
-        choice("model.attention.scale", self.scale, ("rsqrt", "none"))
-        names = [o.partition("=")[0] for o in self.options]
-        for o, name in zip(self.options, names):
-            if not isinstance(o, str) or "=" not in o or not name.isidentifier():
-                raise ConfigError(f"model.attention.options={self.options!r}: {o!r} is not name=value")
-        if len(set(names)) < len(names):
-            raise ConfigError(f"model.attention.options={self.options!r} names an option twice")
-        if self.kind not in ATTENTION_KINDS and not _IMPORT_PATH.fullmatch(self.kind):
-            raise ConfigError(f"model.attention.kind={self.kind!r} is neither one of {tuple(ATTENTION_KINDS)} nor "
-                              f"a 'package.module:Class' path")
-        positive("model.attention.scale_dim", self.scale_dim, allow_zero=True)
-        positive("model.attention.softcap", self.softcap, allow_zero=True)
-        if not isinstance(self.windows, (tuple, list)):
-            raise ConfigError(f"model.attention.windows={self.windows!r} must be a tuple of windows (a pattern "
-                              f"repeated over the layers, 0 = global), e.g. (128,) or (128, 0)")
-        for w in self.windows:
-            if not isinstance(w, int) or isinstance(w, bool):
-                raise ConfigError(f"model.attention.windows={self.windows!r}: a window must be an integer; got "
-                                  f"{w!r} ({type(w).__name__})")
-            if w < 0:
-                raise ConfigError(f"model.attention.windows={self.windows!r}: a window must be >= 0 (0 = global); "
-                                  f"got {w}")
-            if w >= 2 ** 31:            # the mask compares int32 position distances with it (`nn.per_layer`)
-                raise ConfigError(f"model.attention.windows={self.windows!r}: a window must fit int32 (< 2**31); "
-                                  f"got {w} (a window at least the sequence length is global attention: use 0 = "
-                                  f"global)")
-
-
-@dataclasses.dataclass(frozen=True)
-class MoEConfig(_Validated):
-    """model.moe (jaxformer.ops.moe): with model.ffn='moe', the FFN of every `every`-th block (the last of each
-    group of `every`) is `num_experts` experts of width model.d_ff, each token routed to its top_k."""
-    num_experts: int = 8                   # E
-    top_k: int = 1                         # 1 (Switch) | 2 (GShard, Mixtral)
-    every: int = 1                         # MoE on every layer (1) or every n-th (layers must be a multiple of n)
-
-    def validate(self) -> None:
-        check_types(self, "model.moe")
-        positive("model.moe.num_experts", self.num_experts)
-        choice("model.moe.top_k", self.top_k, (1, 2))
-        positive("model.moe.every", self.every)
-
-
-@dataclasses.dataclass(frozen=True)
-class AblationConfig(_Validated):
-    """model.ablation: wrong on purpose, to measure what the seeds claim (docs/ablations/masking.md). Training
-    with either away from its default prints a warning; nothing else should flip them."""
-    mask_value: str = "min"                # masked logits: "min" = float32's most negative | "zero" = 0 (leaks)
-    causal: str = "tril"                   # decoder self-attention: "tril" = past | "triu" = future (a bug)
-
-    def validate(self) -> None:
-        check_types(self, "model.ablation")
-        choice("model.ablation.mask_value", self.mask_value, ("min", "zero"))
-        choice("model.ablation.causal", self.causal, ("tril", "triu"))
-
-
-@dataclasses.dataclass(frozen=True)
-class RuntimeConfig(_Validated):
-    """model.runtime: how the model runs, not the function its weights compute (dtype: its rounding)."""
-    # Precision policy. float32: everything. bfloat16/float16 (mixed precision): parameters and optimizer state
-    # stay float32, activations and matmul inputs take this dtype, while attention logits and softmax, norms,
-    # output logits and the loss are computed in float32.
-    dtype: str = "float32"
-    param_dtype: str = "float32"           # the parameters' dtype: float32 | bfloat16 (needs dtype=bfloat16; the
-                                           # optimizer then keeps a float32 master copy and updates from it:
-                                           # train.step.with_master_weights)
-    kv_cache_dtype: str = "auto"           # decoding's KV cache: auto (= dtype) | int8 (a float32 scale per slot
-                                           # and kv head; keys/values rounded when written)
-    attention_backend: str = "reference"   # reference | chunked | cudnn | pallas (ops.attention.BACKENDS)
-    attention_block: int = 512             # the chunked backend's tile edge (queries and keys)
-    remat: str = "none"                    # recompute in the backward pass, per block: none | full | dots |
-                                           # dots_attention (dots: keep the matmul outputs without batch dims,
-                                           # recompute the rest; dots_attention: and each attention's output)
-    dropout: float = 0.1                   # residual + embedding dropout, training only
-    init: str = "glorot"                   # parameter initialisation: glorot | pytorch | gpt2 (jaxformer.nn.init)
-    moe_capacity_factor: float = 1.25      # MoE training: slots per expert = ceil(factor·tokens·k/E), overflow
-                                           # dropped; 0 = dropless. Inference (eval, decoding) always runs dropless.
-    moe_dropless: str = "ragged"           # how dropless MoE runs: ragged (grouped matmuls, M·k rows) | padded
-                                           # (every expert over all M token slots: E/k× the work, plain matmuls)
-
-    def validate(self) -> None:
-        check_types(self, "model.runtime")
-        choice("model.runtime.dtype", self.dtype, ("float32", "bfloat16", "float16"))
-        choice("model.runtime.param_dtype", self.param_dtype, ("float32", "bfloat16"))
-        if self.param_dtype == "bfloat16" and self.dtype != "bfloat16":
-            raise ConfigError(f"model.runtime.param_dtype='bfloat16' computes in bfloat16: it needs "
-                              f"model.runtime.dtype='bfloat16' (got {self.dtype!r})")
-        choice("model.runtime.kv_cache_dtype", self.kv_cache_dtype, ("auto", "int8"))
-        choice("model.runtime.attention_backend", self.attention_backend, BACKENDS)
-        positive("model.runtime.attention_block", self.attention_block)
-        choice("model.runtime.remat", self.remat, REMAT_POLICIES)
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.runtime.dropout={self.dropout!r} must be in [0, 1)")
-        choice("model.runtime.init", self.init, ("glorot", "pytorch", "gpt2"))
-        positive("model.runtime.moe_capacity_factor", self.moe_capacity_factor, allow_zero=True)
-        choice("model.runtime.moe_dropless", self.moe_dropless, ("ragged", "padded"))
-
-
-LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")      # attention projections; the dense FFN's matrices
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraConfig(_Validated):
-    """model.lora (jaxformer.nn.lora): low-rank adapters on the layer stacks' projections, trained while every
-    other weight stays frozen; with rank r each target W [in,out] computes x·W + (alpha/r)·dropout(x)·A·B, A [in,r],
-    B [r,out] from zero (so a fresh adapter changes nothing). Not part of the function the weights compute: an
-    export, `train.init_from` and restoring compare models with the adapters merged (`ModelConfig.function`)."""
-    rank: int = 0                          # r; 0 = no adapters (every parameter trains)
-    alpha: float = 16.0                    # the update's scale is alpha / rank (the LoRA paper's α)
-    dropout: float = 0.0                   # on an adapter's input, training only
-    targets: tuple[str, ...] = ("q", "v")  # any of q, k, v, o (every attention), gate, up, down (the dense FFN)
-    base: str = "float32"                  # the frozen projections: float32 | bfloat16 | int8 (weight-only, one
-                                           # scale per output channel: QLoRA's idea with qwix's int8)
-
-    def validate(self) -> None:
-        check_types(self, "model.lora")
-        positive("model.lora.rank", self.rank, allow_zero=True)
-        positive("model.lora.alpha", self.alpha)
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.lora.dropout={self.dropout!r} must be in [0, 1)")
-        bad = [t for t in self.targets if t not in LORA_TARGETS]
-        if bad or not self.targets or len(set(self.targets)) != len(self.targets):
-            raise ConfigError(f"model.lora.targets={self.targets!r}: expected distinct names of {LORA_TARGETS}")
-        choice("model.lora.base", self.base, ("float32", "bfloat16", "int8"))
-
 
 # The flat model keys before the sections, and where each lives now (configio reads the old names with a warning).
 SECTIONED = {
@@ -247,31 +38,73 @@ SECTIONED = {
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(_Validated):
-    """Transformer hyper-parameters. Defaults are the 2017 paper's base model (seed 000)."""
-    arch: str = "encoder_decoder"          # "encoder_decoder" (Transformer) | "decoder_only" (TransformerLM)
-    vocab_size: int = 32000                # V (0 = take it from the data's tokenizer)
+    """Transformer hyper-parameters. Defaults are the 2017 paper's base model (seed 000).
+
+    Attributes:
+      arch: "encoder_decoder" (`nn.models.Transformer`) | "decoder_only" (`nn.models.TransformerLM`).
+      vocab_size: V (0 = take it from the data's tokenizer: `config.run.resolve_vocab`).
+      d_model: D, the model width (a multiple of num_heads unless head_dim is set).
+      num_heads: N, query heads.
+      num_kv_heads: K, key/value heads (None = N: multi-head; 1: multi-query; else grouped); divides N.
+      head_dim: H (None = D/N); set it for heads whose width N·H is not D.
+      d_ff: F, the FFN width (each expert's with model.ffn="moe").
+      num_encoder_layers: L of the encoder (>= 1 for "encoder_decoder"; 0 allowed for "decoder_only").
+      num_decoder_layers: L of the decoder (>= 1).
+      max_len: the longest sequence for "sinusoidal"/"learned" positions (a table of this many rows).
+      positional: "sinusoidal" | "learned" | "rope" (model.rope) | "alibi" | "none".
+      activation: "relu" | "gelu" | "gelu_tanh" | "swiglu" | "geglu" | "geglu_tanh" (`ops.activations`).
+      ffn: "dense" | "moe" (model.moe).
+      use_bias: biases in every projection (the paper and PyTorch have them).
+      biases: the projections with a bias, replacing use_bias when set: distinct names of BIASES, q, k, v, o
+        (attention) and ffn (every FFN matrix); Qwen2: ("q", "k", "v").
+      tie_embeddings: the output head shares the token embedding.
+      scale_embeddings: multiply embeddings by sqrt(D), as in the paper.
+      logit_softcap: final logits -> cap · tanh(logits / cap) (Gemma 2: 30); 0 = off.
+      pad_id: the tokenizer's padding id: what padding and ignored targets are filled with (-1 = none; else in
+        [0, V)); masks come from segment ids, never from it.
+      parametrization: "sp" (standard) | "mup" (µP, Yang et al. 2022: hyperparameters tuned at base_width transfer
+        across d_model; `jaxformer.mup`).
+      base_width: µP's base width D₀ (0 = d_model: at its base width µP is SP exactly); needs "mup".
+      norm: the residual's normalisation (`NormConfig`).
+      rope: rotary positions and their scaling (`RopeConfig`).
+      attention: how attention scores (`AttentionConfig`).
+      moe: the mixture of experts (`MoEConfig`).
+      ablation: switches wrong on purpose (`AblationConfig`).
+      runtime: how the model runs, not what it computes (`RuntimeConfig`).
+      lora: low-rank adapters (`LoraConfig`).
+
+    Examples:
+      >>> from jaxformer.config import ModelConfig, replaced
+      >>> cfg = replaced(ModelConfig(), arch="decoder_only", d_model=64, num_heads=4, num_kv_heads=2,
+      ...                norm__position="pre")
+      >>> cfg.head_size, cfg.kv_heads, cfg.use_final_norm
+      (16, 2, True)
+      >>> replaced(ModelConfig(), d_model=100)
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.ConfigError: model.d_model=100 is not a multiple of model.num_heads=8
+    """
+    arch: str = "encoder_decoder"          # encoder_decoder | decoder_only
+    vocab_size: int = 32000                # V (0 = from the data's tokenizer)
     d_model: int = 512                     # D
     num_heads: int = 8                     # N
-    num_kv_heads: int | None = None        # K (None = N: multi-head; 1: multi-query; else grouped)
-    head_dim: int | None = None            # H (None = D/N); set it for heads whose width N·H is not D
+    num_kv_heads: int | None = None        # K (None = N)
+    head_dim: int | None = None            # H (None = D/N)
     d_ff: int = 2048                       # F
     num_encoder_layers: int = 6            # L (encoder)
     num_decoder_layers: int = 6            # L (decoder)
     max_len: int = 512                     # longest sequence for table/learned positions
-    positional: str = "sinusoidal"         # sinusoidal | learned | rope (model.rope) | alibi | none
+    positional: str = "sinusoidal"         # sinusoidal | learned | rope | alibi | none
     activation: str = "relu"               # relu | gelu | gelu_tanh | swiglu | geglu | geglu_tanh
-    ffn: str = "dense"                     # dense | moe (model.moe)
-    use_bias: bool = True                  # biases in projections (the paper and PyTorch have them)
-    biases: tuple[str, ...] | None = None  # the projections with a bias, replacing use_bias when set: any of
-                                           # q, k, v, o (attention), ffn (every FFN matrix); Qwen2: (q, k, v)
+    ffn: str = "dense"                     # dense | moe
+    use_bias: bool = True                  # biases in projections
+    biases: tuple[str, ...] | None = None  # names of BIASES with a bias (replaces use_bias when set)
     tie_embeddings: bool = True            # output head shares the token embedding
-    scale_embeddings: bool = True          # multiply embeddings by sqrt(D) as in the paper
-    logit_softcap: float = 0.0             # final logits -> cap · tanh(logits / cap) (Gemma 2: 30); 0 = off
-    pad_id: int = 0                        # the tokenizer's padding id: what padding and ignored targets are
-                                           # filled with (-1 = none); masks come from segment ids, never from it
-    parametrization: str = "sp"            # "sp" (standard) | "mup" (µP, Yang et al. 2022: hyperparameters tuned
-                                           # at model.base_width transfer across d_model; `jaxformer.mup`)
-    base_width: int = 0                    # µP's base width D₀ (0 = d_model: at its base width µP is SP exactly)
+    scale_embeddings: bool = True          # embeddings · sqrt(D)
+    logit_softcap: float = 0.0             # cap · tanh(logits / cap); 0 = off
+    pad_id: int = 0                        # the tokenizer's padding id (-1 = none)
+    parametrization: str = "sp"            # sp | mup
+    base_width: int = 0                    # µP's D₀ (0 = d_model)
     norm: NormConfig = NormConfig()
     rope: RopeConfig = RopeConfig()
     attention: AttentionConfig = AttentionConfig()
@@ -391,7 +224,8 @@ class ModelConfig(_Validated):
                               f"weights' precision is model.lora.base (adapters train in float32)")
 
     @property
-    def head_size(self) -> int:   # H
+    def head_size(self) -> int:
+        """H, each head's width: head_dim, else d_model / num_heads."""
         return self.d_model // self.num_heads if self.head_dim is None else self.head_dim
 
     @property
@@ -400,7 +234,8 @@ class ModelConfig(_Validated):
         return self.d_model / self.base_width if self.parametrization == "mup" and self.base_width else 1.0
 
     @property
-    def kv_heads(self) -> int:   # K
+    def kv_heads(self) -> int:
+        """K, the key/value heads: num_kv_heads, else num_heads."""
         return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
     def has_bias(self, name: str) -> bool:
@@ -416,6 +251,7 @@ class ModelConfig(_Validated):
 
     @property
     def use_final_norm(self) -> bool:
+        """Whether the stack ends in a norm: norm.final, else yes for pre and sandwich norms."""
         return self.norm.position in ("pre", "sandwich") if self.norm.final is None else self.norm.final
 
     def per_layer(self, stack: str = "decoder") -> dict[str, tuple | None]:

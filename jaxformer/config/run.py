@@ -4,19 +4,51 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxformer.axes import LOGICAL_AXES, MESH_AXES
 from jaxformer.config.checks import _Validated, check_types, choice, flat_items, positive, seed_range
 from jaxformer.config.model import ModelConfig
+from jaxformer.config.parallel import ParallelConfig
 from jaxformer.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig(_Validated):
-    """What to train on. task: "reverse" | "copy" (digit seq2seq, seed 004) | "text" (char LM, seed 000) |
-    "tokens" (an LM on token shards made by `jaxformer data prepare`: data.path is their folder) | "chat"
-    (supervised fine-tuning on conversations: data.path a JSONL file of {"messages": [...]}, rendered by the chat
-    template of data.tokenizer's folder, the loss on the assistant's tokens only: `jaxformer.data.sft`)."""
-    task: str = "reverse"
+    """What to train on: the task, its data, the batches and the held-out split.
+
+    Attributes:
+      task: "reverse" | "copy" (digit seq2seq, seed 004) | "text" (a character LM, seed 000) | "tokens" (an LM on
+        the token shards `jaxformer data prepare` wrote to data.path) | "chat" (supervised fine-tuning on data.path,
+        a JSONL file of {"messages": [...]} rendered by data.tokenizer's chat template, the loss on the assistant's
+        tokens only: `jaxformer.data.sft`).
+      batch_size: rows per step (> 0; a multiple of optim.accumulate).
+      seed: the data's seed, an integer in [0, 2**32).
+      num_train: reverse/copy: random digit strings to train on (> 0).
+      num_eval: reverse/copy: held-out strings, disjoint from the training ones (> 0).
+      min_len: reverse/copy: the shortest string (> 0, <= max_len).
+      max_len: reverse/copy: the longest string.
+      eval_min_len: reverse/copy: the shortest held-out string (None = min_len: train short, test long).
+      eval_max_len: reverse/copy: the longest held-out string (None = max_len).
+      path: text: a UTF-8 file or "builtin:alice" (shipped with the package); tokens: the shards' folder; chat: the
+        JSONL file.
+      start: text: the first character used (>= 0).
+      num_chars: text: how many characters (None = to the end).
+      gutenberg: text: strip the Project Gutenberg header and footer.
+      block_size: text, tokens, chat: tokens per row (text and tokens read block_size + 1: the shifted target).
+      eval_fraction: text, chat: the held-out share (the contiguous tail; chat: the last conversations), in (0, 1).
+      packing: tokens: "windows" (attention crosses documents) | "documents" (it does not).
+      eval_tokens: tokens: score the first N held-out tokens (None = all of them).
+      tokenizer: chat: a pretrained folder holding tokenizer.json and its chat template.
+
+    Examples:
+      >>> from jaxformer.config import DataConfig
+      >>> d = DataConfig(min_len=3, max_len=6, eval_max_len=9)
+      >>> d.eval_lengths
+      (3, 9)
+      >>> DataConfig(task="text")
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.ConfigError: data.path='' : data.task='text' needs a text file path (or "builtin:alice")
+    """
+    task: str = "reverse"                  # reverse | copy | text | tokens | chat
     batch_size: int = 32
     seed: int = 0
     # reverse / copy: random digit strings, a train set and a disjoint held-out set
@@ -77,29 +109,58 @@ class DataConfig(_Validated):
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig(_Validated):
-    name: str = "adamw"                    # adamw | lion | muon (attention/FFN matrices; AdamW for the rest) |
-                                           # schedule_free (schedule-free AdamW: optim.schedule must be constant;
-                                           # linear warmup over warmup_steps; evaluates its averaged iterate) | sgd
+    """The optimizer, its learning-rate schedule and the loss's extra terms.
+
+    Attributes:
+      name: "adamw" | "lion" | "muon" (Muon on the attention/FFN matrices, AdamW for the rest) | "schedule_free"
+        (schedule-free AdamW: needs schedule "constant", warms up over warmup_steps, evaluates its averaged
+        iterate) | "sgd".
+      lr: the peak learning rate (> 0).
+      schedule: "constant" | "noam" (linear warmup, then inverse sqrt) | "warmup_cosine" | "wsd" (warmup, stable,
+        a linear decay over the last decay_fraction).
+      warmup_steps: the linear warmup's steps (>= 0).
+      decay_fraction: wsd: the share of steps spent decaying to 0, in (0, 1].
+      muon_adam_lr: muon: the AdamW part's peak lr (None = lr).
+      accumulate: micro-batches per step: data.batch_size rows in k parts, gradients summed and weighted by target
+        tokens (equal to one batch exactly); divides data.batch_size; parallel.mode "jit" only.
+      weight_decay: decoupled weight decay (>= 0): adamw, lion, muon, schedule_free (not sgd).
+      b1: the first-moment (momentum) decay, in [0, 1).
+      b2: the second-moment decay, in [0, 1).
+      clip_norm: global-norm gradient clipping (>= 0; 0 = off).
+      label_smoothing: in [0, 1).
+      z_loss: PaLM's output z-loss: + z_loss · log(Z)² per token (1e-4 in PaLM); mean log(Z)² is logged as log_z2
+        whenever it is set.
+      moe_balance_weight: α · the Switch load-balancing loss of an MoE model, added to the objective.
+      moe_z_weight: β · the router z-loss (ST-MoE) of an MoE model, added to the objective.
+      weight_decay_mask: "matrices" (projection, FFN and output-head weights only) | "all" parameters.
+      ema: the decay of an EMA of the weights, evaluated alongside (eval_ema/*), in [0, 1); 0 = none, e.g. 0.99.
+
+    Examples:
+      >>> from jaxformer.config import OptimConfig
+      >>> OptimConfig(name="lion", lr=3e-4).lr
+      0.0003
+      >>> OptimConfig(name="schedule_free")
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.ConfigError: optim.schedule='warmup_cosine' with optim.name='schedule_free': ...
+    """
+    name: str = "adamw"                    # adamw | lion | muon | schedule_free | sgd
     lr: float = 1e-3                       # peak learning rate
-    schedule: str = "warmup_cosine"        # constant | noam (linear warmup, then inverse sqrt) | warmup_cosine |
-                                           # wsd (warmup, stable, linear decay over the last decay_fraction)
+    schedule: str = "warmup_cosine"        # constant | noam | warmup_cosine | wsd
     warmup_steps: int = 100
     decay_fraction: float = 0.2            # wsd: the share of steps spent decaying to 0
     muon_adam_lr: float | None = None      # muon: the AdamW part's peak lr (None = optim.lr)
-    accumulate: int = 1                    # micro-batches per step: data.batch_size rows in k parts, gradients
-                                           # summed and weighted by target tokens (equal to one batch exactly)
-    weight_decay: float = 0.01             # decoupled; adamw, lion, muon, schedule_free (not sgd)
+    accumulate: int = 1                    # micro-batches per step
+    weight_decay: float = 0.01             # decoupled; not sgd
     b1: float = 0.9
     b2: float = 0.98
     clip_norm: float = 1.0                 # global-norm clipping, 0 = off
     label_smoothing: float = 0.0
-    z_loss: float = 0.0                    # PaLM's output z-loss: + z_loss · log(Z)² per token (1e-4 in PaLM);
-                                           # mean log(Z)² is logged as log_z2 whenever it is set
-    moe_balance_weight: float = 0.01       # α · Switch load-balancing loss of an MoE model, added to the objective
-    moe_z_weight: float = 0.001            # β · router z-loss (ST-MoE) of an MoE model, added to the objective
-    weight_decay_mask: str = "matrices"    # matrices: projection/FFN/output-head weights only | all parameters
-    ema: float = 0.0                       # decay of an EMA of the weights, evaluated alongside (eval_ema/*);
-                                           # 0 = none, e.g. 0.99
+    z_loss: float = 0.0                    # + z_loss · log(Z)² per token
+    moe_balance_weight: float = 0.01       # α · Switch load-balancing loss
+    moe_z_weight: float = 0.001            # β · router z-loss (ST-MoE)
+    weight_decay_mask: str = "matrices"    # matrices | all
+    ema: float = 0.0                       # 0 = no EMA of the weights
 
     def validate(self) -> None:
         check_types(self, "optim")
@@ -136,19 +197,45 @@ class OptimConfig(_Validated):
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig(_Validated):
+    """The training loop: its length, seed, logging, evaluation and checkpoints.
+
+    Attributes:
+      steps: optimizer steps (> 0).
+      seed: parameter init, dropout and data order derive from it; an integer in [0, 2**32).
+      log_every: steps between logged training records (> 0).
+      eval_every: steps between evaluations (> 0).
+      checkpoint_every: steps between checkpoints (> 0).
+      keep_checkpoints: the latest N checkpoints kept (> 0); the best one (by best_metric) is kept apart.
+      best_metric: the eval metric that picks the best checkpoint: "loss" | "token_accuracy" | "exact_match"
+        (seq2seq tasks only).
+      best_mode: "max" | "min": whether the best_metric is better high or low.
+      eval_batch_size: rows per evaluation batch (> 0).
+      num_examples: decoded examples printed after the final eval.
+      peak_flops: per device, for the logged MFU (None = measured once at the start).
+      init_from: a fresh run starts from these weights (fine-tuning): a Hugging Face checkpoint folder or a
+        jaxformer run directory with the same model ("" = a random init).
+
+    Examples:
+      >>> from jaxformer.config import TrainConfig
+      >>> TrainConfig(steps=10, best_metric="loss", best_mode="min").steps
+      10
+      >>> TrainConfig(steps=0)
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.ConfigError: train.steps=0 must be a positive integer
+    """
     steps: int = 1000
-    seed: int = 0                          # parameter init, dropout and data order derive from it
+    seed: int = 0                          # parameter init, dropout and data order
     log_every: int = 50
     eval_every: int = 250
     checkpoint_every: int = 250
-    keep_checkpoints: int = 2              # latest N kept; the best one (by best_metric) is kept apart
-    best_metric: str = "exact_match"       # an eval metric name
+    keep_checkpoints: int = 2              # latest N kept, and the best
+    best_metric: str = "exact_match"       # loss | token_accuracy | exact_match
     best_mode: str = "max"                 # max | min
     eval_batch_size: int = 200
     num_examples: int = 5                  # decoded examples printed after the final eval
-    peak_flops: float | None = None        # per device, for the logged MFU (None = measured once at the start)
-    init_from: str = ""                    # a fresh run starts from these weights (fine-tuning): a Hugging Face
-                                           # checkpoint folder or a jaxformer run directory with the same model
+    peak_flops: float | None = None        # per device (None = measured)
+    init_from: str = ""                    # a Hugging Face folder or a run directory ("" = random init)
 
     def validate(self) -> None:
         check_types(self, "train")
@@ -164,73 +251,25 @@ class TrainConfig(_Validated):
 
 
 @dataclasses.dataclass(frozen=True)
-class ParallelConfig(_Validated):
-    """How one step runs over many devices and hosts: a mesh (data × fsdp × expert × tensor) and rules that map logical
-    axes onto it (the table: `jaxformer.parallel.RULES`, printed by `jaxformer plan`)."""
-    mode: str = "jit"                      # jit: GSPMD over the mesh | shard_map: explicit per-device data parallel
-    data: int = -1                         # mesh axis sizes; one may be -1 = the devices left
-    fsdp: int = 1
-    context: int = 1                       # context parallelism: every activation's sequence split over it
-    context_attention: str = "gather"      # how attention reads the other devices' keys: gather (GSPMD all-gathers
-                                           # them) | ring (`ops.context.ring_attention`: blocks passed round)
-    context_order: str = "contiguous"      # contiguous | zigzag: device i holds chunks i and 2C-1-i (causal balance)
-    expert: int = 1                        # expert parallelism: MoE experts split over it (batch rows too)
-    tensor: int = 1
-    stage: int = 1                         # pipeline parallelism: stacked layers split over it, a GPipe schedule
-    microbatches: int = 1                  # (`jaxformer.nn.pipeline`) over this many micro-batches of each step
-    rules: tuple[str, ...] = ()            # overrides of the rule table: "logical:axis[+axis]" ("logical:" = none)
-    distributed: str = "auto"              # auto (when configured or launched by SLURM/Open MPI) | on | off
-    coordinator: str = ""                  # host:port of process 0 (else $JAX_COORDINATOR_ADDRESS or detected)
-    num_processes: int | None = None       # else $JAX_NUM_PROCESSES or detected
-    process_id: int | None = None          # else $JAX_PROCESS_ID or detected
-    heartbeat_timeout_s: int = 100         # a process that stops answering fails the others after this long
-
-    def validate(self) -> None:
-        check_types(self, "parallel")
-        choice("parallel.mode", self.mode, ("jit", "shard_map"))
-        choice("parallel.distributed", self.distributed, ("auto", "on", "off"))
-        sizes = {a: getattr(self, a) for a in MESH_AXES}
-        for a, v in sizes.items():
-            if v == 0 or v < -1:
-                raise ConfigError(f"parallel.{a}={v} must be a positive mesh axis size or -1 (the devices left)")
-        if sum(v == -1 for v in sizes.values()) > 1:
-            raise ConfigError(f"parallel: only one mesh axis size may be -1; got {sizes}")
-        if self.mode == "shard_map" and (self.fsdp != 1 or self.tensor != 1 or self.expert != 1 or self.context != 1):
-            raise ConfigError(f"parallel.mode='shard_map' is the explicit data-parallel step; it needs "
-                              f"parallel.fsdp=1, parallel.context=1, parallel.expert=1 and parallel.tensor=1 (got "
-                              f"{self.fsdp}, {self.context}, {self.expert}, {self.tensor})")
-        choice("parallel.context_attention", self.context_attention, ("gather", "ring"))
-        choice("parallel.context_order", self.context_order, ("contiguous", "zigzag"))
-        positive("parallel.microbatches", self.microbatches)
-        if self.context_attention == "ring" and self.stage != 1:
-            raise ConfigError(f"parallel.context_attention='ring' with parallel.stage={self.stage}: the ring's "
-                              f"shard_map does not run inside the pipeline's stages; use 'gather' there")
-        if self.stage != 1 and self.mode != "jit":
-            raise ConfigError(f"parallel.stage={self.stage} (pipeline parallelism) runs under parallel.mode='jit' "
-                              f"(got {self.mode!r})")
-        for r in self.rules:
-            logical, sep, axes = r.partition(":")
-            if not sep:
-                raise ConfigError(f"parallel.rules entry {r!r} must look like 'logical:axis[+axis]'")
-            if logical not in LOGICAL_AXES:
-                raise ConfigError(f"parallel.rules entry {r!r} names an unknown logical axis {logical!r} "
-                                  f"(known: {LOGICAL_AXES})")
-            for a in filter(None, axes.split("+")):
-                if a not in MESH_AXES:
-                    raise ConfigError(f"parallel.rules entry {r!r} names an unknown mesh axis {a!r} "
-                                      f"(mesh axes: {MESH_AXES})")
-        if self.num_processes is not None and self.num_processes < 1:
-            raise ConfigError(f"parallel.num_processes={self.num_processes} must be >= 1")
-        if self.process_id is not None and self.num_processes is None:
-            raise ConfigError(f"parallel.process_id={self.process_id} needs parallel.num_processes (how many "
-                              f"processes the run has)")
-        if self.process_id is not None and not 0 <= self.process_id < (self.num_processes or self.process_id + 1):
-            raise ConfigError(f"parallel.process_id={self.process_id} must be in [0, parallel.num_processes)")
-        positive("parallel.heartbeat_timeout_s", self.heartbeat_timeout_s)
-
-
-@dataclasses.dataclass(frozen=True)
 class Config(_Validated):
+    """The whole run: the model and the run's sections, validated together (what `jaxformer.configio` reads).
+
+    Attributes:
+      model: the model (`ModelConfig`).
+      data: what to train on (`DataConfig`); its task must fit model.arch (seq2seq: encoder_decoder).
+      optim: the optimizer (`OptimConfig`).
+      train: the training loop (`TrainConfig`).
+      parallel: devices and hosts (`ParallelConfig`).
+
+    Examples:
+      >>> from jaxformer.config import Config, DataConfig
+      >>> Config().model.arch, Config().data.task
+      ('encoder_decoder', 'reverse')
+      >>> Config(data=DataConfig(task="text", path="builtin:alice"))
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.ConfigError: model.arch='encoder_decoder' does not fit data.task='text' (needs 'decoder_only')
+    """
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
@@ -290,9 +329,29 @@ class Config(_Validated):
 
 
 def resolve_vocab(cfg: Config, vocab_size: int, pad_id: int | None = None) -> Config:
-    """Fill model.vocab_size from the tokenizer's `vocab_size` (0 = take it from the data), or check that the
-    configured one is large enough; pad_id: the tokenizer's, which model.pad_id must equal (padding the model
-    ignores must be the padding the data writes)."""
+    """Fill model.vocab_size from the tokenizer's (0 = take it from the data), or check the configured one.
+
+    Args:
+      cfg: the run's config.
+      vocab_size: the tokenizer's vocabulary size.
+      pad_id: the tokenizer's padding id, which model.pad_id must equal (padding the model ignores must be the
+        padding the data writes); None = not checked.
+
+    Returns:
+      cfg with model.vocab_size = vocab_size where it was 0, else cfg itself.
+
+    Raises:
+      ConfigError: model.pad_id is not pad_id, or model.vocab_size is smaller than vocab_size.
+
+    Examples:
+      >>> from jaxformer.config import Config, replaced, resolve_vocab
+      >>> resolve_vocab(replaced(Config(), model__vocab_size=0), 13).model.vocab_size
+      13
+      >>> resolve_vocab(replaced(Config(), model__vocab_size=8), 13)
+      Traceback (most recent call last):
+      ...
+      jaxformer.errors.ConfigError: model.vocab_size=8 is smaller than the tokenizer's 13
+    """
     if pad_id is not None and cfg.model.pad_id != pad_id:
         raise ConfigError(f"model.pad_id={cfg.model.pad_id} is not the tokenizer's pad id {pad_id}: the model would "
                           f"attend to the data's padding and ignore a real token; set model.pad_id={pad_id}")
@@ -308,12 +367,38 @@ RESUME_MUST_MATCH = ("model", "data", "optim")
 
 
 def resume_differences(saved: Config, new: Config) -> list[str]:
-    """'section.key: old -> new' for every key of RESUME_MUST_MATCH that differs between two resolved configs."""
+    """The keys of the sections RESUME_MUST_MATCH names (model, data, optim) that differ between two configs.
+
+    Args:
+      saved: the resolved config a checkpoint was written with.
+      new: the resolved config of the run that resumes it.
+
+    Returns:
+      'section.key: old -> new' for each differing key (empty: the run may resume; train.* may change).
+
+    Examples:
+      >>> from jaxformer.config import Config, replaced, resume_differences
+      >>> resume_differences(Config(), replaced(Config(), optim__lr=3e-4, train__steps=5))
+      ['optim.lr: 0.001 -> 0.0003']
+    """
     old, cur = flat_items(saved), flat_items(new)
     return [f"{k}: {old[k]!r} -> {v!r}" for k, v in cur.items()
             if k.split(".")[0] in RESUME_MUST_MATCH and old[k] != v]
 
 
 def to_dict(cfg: Any) -> Any:
-    """Dataclass tree -> plain JSON-able dict."""
+    """A config dataclass tree as plain JSON-able dicts.
+
+    Args:
+      cfg: a dataclass (a config or any section); any other value is returned as is.
+
+    Returns:
+      A dict of the fields, sections as nested dicts (tuples stay tuples: `json.dumps` writes them as lists).
+
+    Examples:
+      >>> from jaxformer.config import Config, to_dict
+      >>> d = to_dict(Config())
+      >>> d["model"]["norm"]["position"], d["train"]["steps"]
+      ('post', 1000)
+    """
     return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg

@@ -11,7 +11,7 @@ it gives a `LoraWeight`, a weight that brings its own matmul to `nn.params.proje
 so the modules, the scanned stack, the KV-cached decoder and the parallel plans run it unchanged. Training
 differentiates and updates only nnx.LoRAParam (`trainable`); `merged` folds every adapter into its weight
 (W + (alpha/r)·A·B: what an export writes and what `train.init_from` starts from). Targets: q, k, v, o of every
-attention (self and cross), gate (wg), up (w1) and down (w2) of a dense FFN (`config.model.LORA_TARGETS`).
+attention (self and cross), gate (wg), up (w1) and down (w2) of a dense FFN (`config.sections.LORA_TARGETS`).
 qwix 0.1.8 also ships LoRA (`qwix.LoraProvider`), by intercepting the matmuls of a module's call and creating
 the adapters during it; that cannot reach weights read inside the stack's `jax.lax.scan` (tests/test_lora.py
 shows its error), hence this module.
