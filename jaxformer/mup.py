@@ -11,7 +11,7 @@ Lion (µP's Table 3 in the form of the `mup` package: output multiplier, not a z
   attention logits                              q·k · √H₀ / H instead of q·k/√H   —
   biases, norm scales                           unchanged                         unchanged
 
-(`nn.init`, `nn.embed.Embedder`, `nn.attention.logit_scale`, `train.step.optimizer`). At D = D₀ every rule
+(`nn.init`, `nn.embed.Embedder`, `nn.attention.logit_scale`, `train.optim.optimizer`). At D = D₀ every rule
 is the identity: µP there is SP, bit for bit (tests/test_mup.py). SGD, Muon and schedule-free AdamW need other
 rules and are refused.
 

@@ -72,7 +72,7 @@ MUTANTS = (
     Mutant("dropout-keys-restart", "dropout keys restart from the first step on resume", "jaxformer/train/loop.py",
            "jax.random.fold_in(base_key, step - 1)", "jax.random.fold_in(base_key, step - 1 - p.start)",
            ("tests/test_runs.py", "-k", "truncated-arrays")),
-    Mutant("no-clipping", "optim.clip_norm is ignored", "jaxformer/train/step.py",
+    Mutant("no-clipping", "optim.clip_norm is ignored", "jaxformer/train/optim.py",
            "tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx) if cfg.clip_norm > 0 else tx", "pass",
            ("tests/test_train.py", "-k", "clipping")),
     Mutant("pad-id-unchecked", "model.pad_id may disagree with the tokenizer", "jaxformer/config/run.py",
@@ -343,7 +343,7 @@ MUTANTS = (
            "jaxformer/interpret.py", "        test = 1.0 - w_tr[:, 0]\n", "        test = w_tr[:, 0]\n",
            ("tests/test_interpret.py", "-k", "probe")),
     Mutant("mup-lr-on-every-parameter", "µP's learning-rate factor scales every parameter's update",
-           "jaxformer/train/step.py", "tx = optax.chain(tx, optax.masked(optax.scale(factor), mask))",
+           "jaxformer/train/optim.py", "tx = optax.chain(tx, optax.masked(optax.scale(factor), mask))",
            "tx = optax.chain(tx, optax.scale(factor))", ("tests/test_mup.py", "-k", "one_over_m")),
     Mutant("mup-output-multiplier-inverted", "µP's output logits multiplied by m instead of 1/m",
            "jaxformer/nn/embed.py", "mult = self.cfg.logit_softcap, self.cfg.tie_embeddings, 1.0 / self.cfg.width_mult",
@@ -517,51 +517,51 @@ MUTANTS = (
     # issue 44 (U): optimizers, MoE router losses, EMA restore, DeepNorm per stack
     # killed by test_muon_steps_its_matrices_by_lr_and_the_rest_by_muon_adam_lr
     Mutant("muon-adam-lr-ignored", "optim.muon_adam_lr read but the AdamW part steps at optim.lr",
-           "jaxformer/train/step.py", "else _scaled(lr, cfg.muon_adam_lr / cfg.lr)\n", "else lr\n",
+           "jaxformer/train/optim.py", "else _scaled(lr, cfg.muon_adam_lr / cfg.lr)\n", "else lr\n",
            ("tests/test_train_pins.py", "-k", "muon_steps")),
     # killed by test_muon_steps_its_matrices_by_lr_and_the_rest_by_muon_adam_lr
-    Mutant("muon-adam-lr-inverted", "the AdamW part's lr scaled by lr / muon_adam_lr", "jaxformer/train/step.py",
+    Mutant("muon-adam-lr-inverted", "the AdamW part's lr scaled by lr / muon_adam_lr", "jaxformer/train/optim.py",
            "_scaled(lr, cfg.muon_adam_lr / cfg.lr)", "_scaled(lr, cfg.lr / cfg.muon_adam_lr)",
            ("tests/test_train_pins.py", "-k", "muon_steps")),
     # killed by test_muon_steps_its_matrices_by_lr_and_the_rest_by_muon_adam_lr
-    Mutant("muon-matrices-at-adam-lr", "Muon's matrices step at muon_adam_lr too", "jaxformer/train/step.py",
+    Mutant("muon-matrices-at-adam-lr", "Muon's matrices step at muon_adam_lr too", "jaxformer/train/optim.py",
            "tx = optax.contrib.muon(lr, weight_decay=cfg.weight_decay,",
            "tx = optax.contrib.muon(adam_lr, weight_decay=cfg.weight_decay,",
            ("tests/test_train_pins.py", "-k", "muon_steps")),
     Mutant("muon-adam-part-decays-all", "Muon's AdamW part decays norm scales and embeddings (optax's unmasked "
-           "adam_weight_decay)", "jaxformer/train/step.py",
+           "adam_weight_decay)", "jaxformer/train/optim.py",
            "adam_weight_decay=cfg.weight_decay if mask is None else 0.0", "adam_weight_decay=cfg.weight_decay",
            ("tests/test_train_pins.py", "-k", "muon_leaves")),
     # killed by test_muon_decays_its_matrices_by_lr_and_the_head_by_muon_adam_lr
     Mutant("muon-matrices-undecayed", "Muon's matrices get no weight decay (only its AdamW part does)",
-           "jaxformer/train/step.py", "muon(lr, weight_decay=cfg.weight_decay, weight_decay_mask=mask,",
+           "jaxformer/train/optim.py", "muon(lr, weight_decay=cfg.weight_decay, weight_decay_mask=mask,",
            "muon(lr, weight_decay_mask=mask,", ("tests/test_train_pins.py", "-k", "muon_decays")),
     # killed by test_lion_uses_its_b1_b2_clipping_and_decay_mask_over_three_steps
-    Mutant("lion-default-betas", "Lion with optax's default b1/b2, not optim.b1/b2", "jaxformer/train/step.py",
+    Mutant("lion-default-betas", "Lion with optax's default b1/b2, not optim.b1/b2", "jaxformer/train/optim.py",
            "optax.lion(lr, b1=cfg.b1, b2=cfg.b2,", "optax.lion(lr,", ("tests/test_train_pins.py", "-k", "lion")),
     # killed by test_lion_uses_its_b1_b2_clipping_and_decay_mask_over_three_steps
-    Mutant("lion-betas-swapped", "Lion's b1 and b2 swapped", "jaxformer/train/step.py",
+    Mutant("lion-betas-swapped", "Lion's b1 and b2 swapped", "jaxformer/train/optim.py",
            "optax.lion(lr, b1=cfg.b1, b2=cfg.b2,", "optax.lion(lr, b1=cfg.b2, b2=cfg.b1,",
            ("tests/test_train_pins.py", "-k", "lion")),
     # killed by test_lion_uses_its_b1_b2_clipping_and_decay_mask_over_three_steps
-    Mutant("lion-decays-everything", "Lion decays norms, biases and embeddings too", "jaxformer/train/step.py",
+    Mutant("lion-decays-everything", "Lion decays norms, biases and embeddings too", "jaxformer/train/optim.py",
            "weight_decay=cfg.weight_decay, mask=mask)\n    if cfg.name == \"muon\"",
            "weight_decay=cfg.weight_decay)\n    if cfg.name == \"muon\"", ("tests/test_train_pins.py", "-k", "lion")),
     # killed by test_schedule_free_uses_its_b1_b2_clipping_and_decay_mask_over_three_steps
     Mutant("schedule-free-default-b1", "schedule-free AdamW with optax's default b1, not optim.b1",
-           "jaxformer/train/step.py", "schedule_free(base, learning_rate=lr, b1=cfg.b1)",
+           "jaxformer/train/optim.py", "schedule_free(base, learning_rate=lr, b1=cfg.b1)",
            "schedule_free(base, learning_rate=lr)", ("tests/test_train_pins.py", "-k", "schedule_free")),
     # killed by test_schedule_free_uses_its_b1_b2_clipping_and_decay_mask_over_three_steps
-    Mutant("schedule-free-unclipped", "optim.clip_norm ignored by schedule-free AdamW", "jaxformer/train/step.py",
+    Mutant("schedule-free-unclipped", "optim.clip_norm ignored by schedule-free AdamW", "jaxformer/train/optim.py",
            "*([optax.clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm > 0 else [])", "*[]",
            ("tests/test_train_pins.py", "-k", "schedule_free")),
     # killed by test_schedule_free_uses_its_b1_b2_clipping_and_decay_mask_over_three_steps
     Mutant("schedule-free-decays-everything", "schedule-free AdamW decays norms, biases and embeddings too",
-           "jaxformer/train/step.py", "optax.add_decayed_weights(cfg.weight_decay, mask)",
+           "jaxformer/train/optim.py", "optax.add_decayed_weights(cfg.weight_decay, mask)",
            "optax.add_decayed_weights(cfg.weight_decay)", ("tests/test_train_pins.py", "-k", "schedule_free")),
     # killed by test_schedule_free_uses_its_b1_b2_clipping_and_decay_mask_over_three_steps
     Mutant("schedule-free-default-b2", "schedule-free AdamW's RMS decay fixed at 0.999, not optim.b2",
-           "jaxformer/train/step.py", "optax.scale_by_rms(decay=cfg.b2,", "optax.scale_by_rms(decay=0.999,",
+           "jaxformer/train/optim.py", "optax.scale_by_rms(decay=cfg.b2,", "optax.scale_by_rms(decay=0.999,",
            ("tests/test_train_pins.py", "-k", "schedule_free")),
     # killed by test_accumulated_micro_batches_of_a_moe_model_equal_the_batch_they_repeat (and by
     # test_moe_router_losses_under_accumulation_are_each_micro_batchs_averaged, slow)

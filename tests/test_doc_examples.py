@@ -61,8 +61,8 @@ PAGES = {
              "jaxformer.data.tokenizers": ("DigitTokenizer", "CharTokenizer", "save_tokenizer", "load_tokenizer"),
              "jaxformer.errors": ("DataError",)},
     "train": {"jaxformer.train.loop": ("train",),
-              "jaxformer.train.step": ("schedule", "optimizer", "Graphs", "abstract_state", "init_state",
-                                       "make_train_step")},
+              "jaxformer.train.optim": ("schedule", "optimizer"),
+              "jaxformer.train.step": ("Graphs", "abstract_state", "init_state", "make_train_step")},
 }
 PUBLIC = {module: names for page in PAGES.values() for module, names in page.items()}
 DOCUMENTED = tuple(f"jaxformer.ops.{m}" for m in MODULES) + LIBRARY + tuple(PUBLIC) + HELPERS + NN + CONFIG

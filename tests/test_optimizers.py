@@ -12,7 +12,8 @@ from jaxformer.config import ConfigError, OptimConfig, resolve_vocab, replaced
 from jaxformer.data import build_task
 from jaxformer.nn import build_model
 from jaxformer.nn.params import muon_dims
-from jaxformer.train.step import init_state, make_train_step, schedule
+from jaxformer.train.optim import schedule
+from jaxformer.train.step import init_state, make_train_step
 
 
 def prepared(cfg):

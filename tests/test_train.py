@@ -22,7 +22,8 @@ from jaxformer.nn.params import matrix_mask
 from jaxformer.train import loop, monitor
 from jaxformer.train.loop import train
 from jaxformer.ops.losses import token_losses
-from jaxformer.train.step import forward, init_state, make_train_step, optimizer, schedule
+from jaxformer.train.optim import optimizer, schedule
+from jaxformer.train.step import forward, init_state, make_train_step
 
 
 def prepared(cfg):

@@ -34,7 +34,8 @@ from jaxformer.data import build_task
 from jaxformer.nn import build_model
 from jaxformer.nn.params import matrix_mask, muon_dims
 from jaxformer.ops.losses import token_losses
-from jaxformer.train.step import forward, init_state, make_train_step, optimizer
+from jaxformer.train.optim import optimizer
+from jaxformer.train.step import forward, init_state, make_train_step
 
 def _flat(tree) -> dict[str, np.ndarray]:
     """{"a/b/c": float64 array} of an nnx.State or a plain dict of arrays."""

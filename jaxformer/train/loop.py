@@ -42,7 +42,8 @@ from jaxformer.inference.weights import checkpoint_items, evaluated
 from jaxformer.train import monitor
 from jaxformer.train.flops import flops_per_token, measure_peak_flops
 from jaxformer.train.monitor import Emitter, Watch, check_finite, diverged, train_record
-from jaxformer.train.step import Graphs, abstract_state, init_state, make_train_step, schedule, state_around
+from jaxformer.train.optim import schedule
+from jaxformer.train.step import Graphs, abstract_state, init_state, make_train_step, state_around
 
 
 @dataclasses.dataclass
