@@ -52,12 +52,13 @@ def enable(folder: str | Path | None = None, *, min_compile_secs: float = 0.0) -
     Examples:
       >>> import tempfile, jax
       >>> from jaxformer.compile_cache import enable
+      >>> before = jax.config.jax_compilation_cache_dir               # (this example undoes itself at the end)
       >>> where = enable(tempfile.mkdtemp())           # a later process passing the same folder loads from it
       >>> str(where) == jax.config.jax_compilation_cache_dir
       True
       >>> enable("/elsewhere") == where                  # the first choice stays
       True
-      >>> jax.config.update("jax_compilation_cache_dir", None)      # (this example undoes itself)
+      >>> jax.config.update("jax_compilation_cache_dir", before)
     """
     import jax
     if min_compile_secs < 0:

@@ -1,6 +1,6 @@
 """The documentation: the README stays short and its code is the tested snippet, the snippet runs, every page in
 docs/guide is in the site's navigation, every ablation report is listed, and (where MkDocs is installed: the
-`docs` extra, which CI installs) the site builds with --strict: a broken link, a missing page or an API reference
+`docs` extra, which CI installs; slow lane) the site builds with --strict: a broken link, a missing page or an API reference
 that cannot be resolved fails.
 
 Wrong implementations these catch: a README that grows back past 200 lines, a README code block edited apart from
@@ -44,6 +44,7 @@ def test_every_page_is_in_the_navigation_and_every_report_listed():
         assert report.name == "index.md" or f"]({report.name})" in index, report.name
 
 
+@pytest.mark.slow          # ~6 s; CI's last step builds the same site --strict with the tutorials executed (make docs)
 @pytest.mark.skipif(shutil.which("mkdocs", path=str(ROOT / ".venv" / "bin")) is None and
                     shutil.which("mkdocs") is None, reason="MkDocs is not installed (the docs extra: make docs)")
 def test_the_site_builds_strict(tmp_path):
