@@ -120,7 +120,7 @@ def _studies(sub) -> None:
     a.add_argument("--steps", type=int, default=1000)
     a.add_argument("--d-sae", type=int, default=0, help="latents (default 8 x the site's width)")
     a.add_argument("--k", type=int, default=32, help="topk: active latents per position")
-    a.add_argument("--architecture", choices=("topk", "standard"), default="topk")
+    a.add_argument("--architecture", choices=("topk", "standard", "jumprelu"), default="topk")
     a.add_argument("--batch-size", type=int, default=0, help="rows per step (default the run's data.batch_size)")
     a.add_argument("--which", choices=("best", "latest"), default="best")
     a.add_argument("--out", help="output folder, new or empty: nothing in it is replaced (default RUN/sae/SITE-LAYER, "

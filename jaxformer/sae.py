@@ -13,7 +13,10 @@ Parameters are SAELens' (a dict): W_enc [D,F], b_enc [F], W_dec [F,D], b_dec [D]
 before encoding (SAELens' apply_b_dec_to_input). Architectures: "topk" (Gao et al. 2024: the k largest
 pre-activations, ReLU'd, the rest 0; trained on the reconstruction error plus the AuxK loss, whose top k_aux =
 D/2 dead latents reconstruct the residual, scaled by min(dead / k_aux, 1), as SAELens does) and "standard" (ReLU,
-trained on the reconstruction error plus l1 · Σ_i f_i·‖W_dec_i‖). The reconstruction error is Σ_D (x̂ − x)²
+trained on the reconstruction error plus l1 · Σ_i f_i·‖W_dec_i‖) and "jumprelu" (Rajamanoharan et al. 2024, as
+SAELens 6 trains it: f = pre · [pre > θ] with a learned threshold θ [F] (params["threshold"], kept >= 0), trained
+on the reconstruction error plus l0_coefficient · Σ_i [pre_i > θ_i], the threshold learning through
+`jaxformer.ops.sparse`'s straight-through estimates of bandwidth ε). The reconstruction error is Σ_D (x̂ − x)²
 averaged over rows (SAELens' mse). A latent is dead once it has not fired for `dead_steps` steps; a standard
 SAE's dead latents are resampled every `resample_every` steps (Bricken et al. 2023: each pointed at a row the SAE
 reconstructs worst, its encoder scaled to 0.2 of the live latents' mean norm, its Adam moments reset).
@@ -33,6 +36,7 @@ import optax
 from flax import nnx
 
 from jaxformer.errors import ConfigError, DataError, Interrupted
+from jaxformer.ops import sparse
 from jaxformer.ops.losses import mean_nll
 from jaxformer.saelens import ARCHITECTURES, CFG, WEIGHTS, hook_name
 from jaxformer.signals import pending
@@ -58,6 +62,9 @@ class SAESpec:
       architecture: "topk" or "standard" (module docstring).
       k: topk: the active latents per row, at most d_sae.
       l1: standard: the sparsity coefficient.
+      l0_coefficient: jumprelu: the L0 penalty's coefficient (SAELens' l0_coefficient).
+      threshold: jumprelu: every latent's threshold at the start (SAELens' jumprelu_init_threshold).
+      bandwidth: jumprelu: ε, the width of the threshold's straight-through estimate (jumprelu_bandwidth).
       aux: topk: the AuxK loss's weight (Gao et al.'s α).
       lr: Adam's learning rate (> 0).
       dead_steps: a latent not fired for this many steps is dead.
@@ -65,7 +72,8 @@ class SAESpec:
 
     Raises:
       ConfigError: an unknown architecture or empty site; d_in, d_sae, k or dead_steps not a positive int;
-        layer or resample_every not an int >= 0; a topk k above d_sae; l1, aux or lr not a finite number >= 0
+        layer or resample_every not an int >= 0; a topk k above d_sae; l1, aux, lr, l0_coefficient or threshold
+        not a finite number >= 0
         (lr > 0).
 
     Examples:
@@ -85,6 +93,9 @@ class SAESpec:
     architecture: str = "topk"
     k: int = 32                        # topk: active latents per row
     l1: float = 5.0                    # standard: the sparsity coefficient
+    l0_coefficient: float = 1.0        # jumprelu: the L0 penalty's coefficient
+    threshold: float = 0.01            # jumprelu: the thresholds' start
+    bandwidth: float = 0.05            # jumprelu: ε of the threshold's straight-through estimate
     aux: float = 1 / 32                # topk: the AuxK loss's weight (Gao et al.'s α)
     lr: float = 4e-4
     dead_steps: int = 200              # a latent not fired for this many steps is dead
@@ -103,11 +114,12 @@ class SAESpec:
                 raise ConfigError(f"sae.{name}={getattr(self, name)!r} must be an int >= 0")
         if self.architecture == "topk" and self.k > self.d_sae:
             raise ConfigError(f"sae.k={self.k} exceeds sae.d_sae={self.d_sae}")
-        for name in ("l1", "aux", "lr"):
+        for name in ("l1", "aux", "lr", "l0_coefficient", "threshold", "bandwidth"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
-                    or (name == "lr" and v == 0):
-                raise ConfigError(f"sae.{name}={v!r} must be a finite number " + (">= 0" if name != "lr" else "> 0"))
+                    or (name in ("lr", "bandwidth") and v == 0):
+                raise ConfigError(f"sae.{name}={v!r} must be a finite number "
+                                  + ("> 0" if name in ("lr", "bandwidth") else ">= 0"))
 
 
 def _is_int(v) -> bool:
@@ -124,7 +136,8 @@ def init_sae(spec: SAESpec, key: jax.Array, mean: jax.Array | None = None) -> di
       mean: [D] the activations' mean row, b_dec's start (None: zeros).
 
     Returns:
-      SAELens' parameter dict: W_enc [D, F], b_enc [F], W_dec [F, D], b_dec [D], float32.
+      SAELens' parameter dict: W_enc [D, F], b_enc [F], W_dec [F, D], b_dec [D] (and threshold [F], all
+        spec.threshold, for jumprelu), float32.
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -137,8 +150,11 @@ def init_sae(spec: SAESpec, key: jax.Array, mean: jax.Array | None = None) -> di
     """
     w = jax.random.normal(key, (spec.d_sae, spec.d_in))
     w = w / jnp.linalg.norm(w, axis=-1, keepdims=True)
-    return {"W_enc": w.T, "b_enc": jnp.zeros(spec.d_sae), "W_dec": w,
-            "b_dec": jnp.zeros(spec.d_in) if mean is None else jnp.asarray(mean, jnp.float32)}
+    params = {"W_enc": w.T, "b_enc": jnp.zeros(spec.d_sae), "W_dec": w,
+              "b_dec": jnp.zeros(spec.d_in) if mean is None else jnp.asarray(mean, jnp.float32)}
+    if spec.architecture == "jumprelu":
+        params["threshold"] = jnp.full(spec.d_sae, spec.threshold, jnp.float32)
+    return params
 
 
 def pre_activations(params: dict, x: jax.Array) -> jax.Array:
@@ -164,7 +180,8 @@ def pre_activations(params: dict, x: jax.Array) -> jax.Array:
 def encode(params: dict, x: jax.Array, spec: SAESpec) -> jax.Array:
     """x [..., D] -> the latents f [..., F] (topk: the k largest pre-activations ReLU'd, the rest 0).
 
-    A standard SAE's latents are its pre-activations ReLU'd.
+    A standard SAE's latents are its pre-activations ReLU'd; a jumprelu SAE's, those above its thresholds (ReLU'd,
+    as SAELens' JumpReLUSAE.encode).
 
     Args:
       params: the SAE's parameters (`init_sae`, `train_sae`).
@@ -185,6 +202,8 @@ def encode(params: dict, x: jax.Array, spec: SAESpec) -> jax.Array:
     pre = pre_activations(params, x)
     if spec.architecture == "standard":
         return jax.nn.relu(pre)
+    if spec.architecture == "jumprelu":
+        return jax.nn.relu(pre) * (pre > params["threshold"])
     return _keep_top(pre, spec.k)
 
 
@@ -233,7 +252,7 @@ def sae_loss(params: dict, x: jax.Array, spec: SAESpec, dead: jax.Array,
       w: [R] row weights, 1 for a real row and 0 for padding (None: every row real).
 
     Returns:
-      `(loss, parts)`: loss a float32 scalar (the reconstruction error plus AuxK or the L1 penalty); parts a
+      `(loss, parts)`: loss a float32 scalar (the reconstruction error plus AuxK, the L1 or the L0 penalty); parts a
         dict of mse (scalar, Σ_D (x̂ − x)² averaged over the real rows), l0 (scalar, mean active latents per
         row) and fired ([F] bool, the latents active on some real row).
 
@@ -251,11 +270,14 @@ def sae_loss(params: dict, x: jax.Array, spec: SAESpec, dead: jax.Array,
     w = jnp.ones(x.shape[0], jnp.float32) if w is None else w.astype(jnp.float32)
     mean = lambda v: jnp.sum(v * w) / jnp.maximum(jnp.sum(w), 1.0)                  # noqa: E731
     pre = pre_activations(params, x)
-    f = jax.nn.relu(pre) if spec.architecture == "standard" else _keep_top(pre, spec.k)
+    f = jax.nn.relu(pre) if spec.architecture == "standard" else _keep_top(pre, spec.k) \
+        if spec.architecture == "topk" else sparse.jumprelu(pre, params["threshold"], spec.bandwidth)
     x_hat = decode(params, f)
     mse = mean(jnp.sum((x_hat - x) ** 2, -1))
     if spec.architecture == "standard":
         extra = spec.l1 * mean(jnp.sum(f * jnp.linalg.norm(params["W_dec"], axis=-1), -1))
+    elif spec.architecture == "jumprelu":
+        extra = spec.l0_coefficient * mean(jnp.sum(sparse.step(pre, params["threshold"], spec.bandwidth), -1))
     else:
         k_aux = max(spec.d_in // 2, 1)
         n_dead = jnp.sum(dead)
@@ -414,9 +436,12 @@ def _check_site(model, spec: SAESpec) -> None:
 
 
 def _normalized(params: dict, spec: SAESpec) -> dict:
-    """topk keeps unit-norm decoder rows (Gao et al.); standard's L1 reads the norms instead."""
+    """topk keeps unit-norm decoder rows (Gao et al.); standard's L1 reads the norms instead; jumprelu keeps its
+    thresholds >= 0 (below 0 the gate would pass negative pre-activations; SAELens projects them so)."""
     if spec.architecture == "standard":
         return params
+    if spec.architecture == "jumprelu":
+        return {**params, "threshold": jnp.maximum(params["threshold"], 0.0)}
     return {**params, "W_dec": params["W_dec"] / jnp.linalg.norm(params["W_dec"], axis=-1, keepdims=True)}
 
 

@@ -1,5 +1,5 @@
 """A sparse autoencoder on a trained run: `jaxformer sae --workdir RUN --site resid_post --layer L [--steps N]
-[--d-sae F] [--k K] [--architecture topk|standard] [--out DIR]`.
+[--d-sae F] [--k K] [--architecture topk|standard|jumprelu] [--out DIR]`.
 
 Trains `jaxformer.sae` on the site's activations as the run's model reads its own training data (the run's
 data.* config, its tokenizer; batches streamed, padding left out), then writes into OUT (default RUN/sae/SITE-L,

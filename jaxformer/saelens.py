@@ -14,8 +14,10 @@ exactly as SAELens computes them, or refused by name (DataError), never ignored:
 - `apply_b_dec_to_input: false`: the input is not centred before encoding; folded into b_enc (b_enc + b_dec·W_enc).
 - `reshape_activations: "hook_z"`: the heads [.., N, H] flattened to N·H (our site z, whose SAEs `jaxformer.sae`
   reads so); required for a z SAE, refused elsewhere.
-- refused: other architectures (jumprelu, gated, ...), activation normalisation, a fine-tuning scaling factor, a
-  head index, a hook name no site of ours answers to.
+- jumprelu: its `threshold` [F] (or an older checkpoint's `log_threshold`, exponentiated as SAELens'
+  process_state_dict_for_loading does); a BatchTopK SAE SAELens saved for inference is one (architecture jumprelu).
+- refused: other architectures (gated, ...), activation normalisation, a fine-tuning scaling factor, a head index,
+  a hook name no site of ours answers to.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ HOOKS = {"resid_pre": "blocks.{}.hook_resid_pre", "resid_mid": "blocks.{}.hook_r
          "resid_post": "blocks.{}.hook_resid_post", "attn_out": "blocks.{}.hook_attn_out",
          "mlp_out": "blocks.{}.hook_mlp_out", "mlp_hidden": "blocks.{}.mlp.hook_post",
          "z": "blocks.{}.attn.hook_z"}           # our site -> TransformerLens' hook name (the same activation)
-ARCHITECTURES = ("topk", "standard")
+ARCHITECTURES = ("topk", "standard", "jumprelu")
 _OURS = re.compile(r"^((?:encoder\.)?[a-z_]+)\.(\d+)$")             # SITE.L: our name where TL has none
 _TL = {re.compile("^" + re.escape(h).replace(r"\{\}", r"(\d+)") + "$"): s for s, h in HOOKS.items()}
 
@@ -145,6 +147,10 @@ def _weights(file: Path, fields: dict) -> dict:
         raise DataError(f"{file}: not a readable safetensors file ({e})") from None
     d_in, d_sae = fields["d_in"], fields["d_sae"]
     shapes = {"W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_in), "b_dec": (d_in,)}
+    if fields["architecture"] == "jumprelu":
+        shapes["threshold"] = (d_sae,)
+        if "threshold" not in weights and "log_threshold" in weights:
+            weights["threshold"] = np.exp(weights.pop("log_threshold"))
     for name, shape in shapes.items():
         if name not in weights or weights[name].shape != shape:
             got = weights[name].shape if name in weights else "missing"

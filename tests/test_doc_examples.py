@@ -39,7 +39,8 @@ from pathlib import Path
 
 import pytest
 
-MODULES = ("attention", "masks", "positional", "norms", "activations", "flash", "fused", "context", "moe", "losses")
+MODULES = ("attention", "masks", "positional", "norms", "activations", "flash", "fused", "context", "moe", "losses",
+           "sparse")
 LIBRARY = ("jaxformer.decode", "jaxformer.patching", "jaxformer.sae")
 HELPERS = ("jaxformer.compile_cache", "jaxformer.parallel", "jaxformer.memory", "jaxformer.interpret")  # helpers.md
 CONFIG = tuple(f"jaxformer.config.{m}" for m in ("model", "sections", "run", "parallel"))     # docs/api/config.md

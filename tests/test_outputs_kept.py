@@ -70,6 +70,7 @@ def test_sae_refuses_an_out_holding_a_users_files_before_it_trains(sae_run, tmp_
     assert (out / "frequencies.png").read_bytes() == b"my figure" and listing(tmp_path) == ["mine", "run"]
 
 
+@pytest.mark.slow          # ~5 s, two trainings (CI's slow lane runs it); the default lane: a user's --out refused
 def test_sae_writes_a_fresh_folder_when_the_default_one_is_taken(sae_run, capsys):
     """Before: RUN/sae/resid_post-0 (here holding a user's report.json) was written over; now the SAE goes to
     resid_post-0-2, written whole (no .partial left), and the command says where."""
@@ -132,6 +133,7 @@ def test_the_sae_command_reports_and_saves_the_sae_it_trained(sae_run, lm, monke
     assert listing(run.parent / "mine") == ["frequencies.png", "report.json", "sae", "top_contexts.json"]
 
 
+@pytest.mark.slow          # ~7 s, an encoder-decoder built and trained for it (CI's slow lane runs it)
 def test_the_sae_command_on_an_encoder_decoder_counts_its_real_target_positions_only(monkeypatch, tmp_path):
     """A reversal run's held-out targets are padded (strings of 3-6 digits): report.json is `evaluate_sae` with
     the targets' weights, and the histogram's frequencies count the decoder's real positions only; the site, layer

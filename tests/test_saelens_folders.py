@@ -62,7 +62,8 @@ def _write(kind, path, hook, d_in=D, d_sae=48, seed=0, dec_scale=1.0, **cfg):
     cls, config = {"topk": (sl.TopKSAE, sl.TopKSAEConfig),
                    "topk_training": (sl.TopKTrainingSAE, sl.TopKTrainingSAEConfig),
                    "standard": (sl.StandardSAE, sl.StandardSAEConfig),
-                   "jumprelu": (sl.JumpReLUSAE, sl.JumpReLUSAEConfig)}[kind]
+                   "jumprelu": (sl.JumpReLUSAE, sl.JumpReLUSAEConfig),
+                   "gated": (sl.GatedSAE, sl.GatedSAEConfig)}[kind]
     sae = _randomized(cls(config(d_in=d_in, d_sae=d_sae, metadata=SAEMetadata(hook_name=hook, model_name="tiny"),
                                  **cfg)), seed, dec_scale)
     sae.save_model(path)
@@ -183,7 +184,7 @@ def test_our_z_folder_is_read_by_saelens_with_the_same_latents(model, tmp_path):
 
 
 @pytest.mark.parametrize("case, message", [
-    ("jumprelu", "architecture='jumprelu' is not one of"),
+    ("gated", "architecture='gated' is not one of"),
     ("layer_norm", "normalize_activations='layer_norm' is not supported"),
     ("head", "hook_head_index is set"),
     ("unknown_hook", "hook 'blocks.0.ln1.hook_normalized' names no site"),
@@ -198,7 +199,7 @@ def test_our_z_folder_is_read_by_saelens_with_the_same_latents(model, tmp_path):
 def test_what_cannot_be_read_as_saelens_means_it_is_named(tmp_path, case, message):
     hook = {"unknown_hook": "blocks.0.ln1.hook_normalized", "z_without_reshape": "blocks.0.attn.hook_z"}.get(
         case, "blocks.0.hook_resid_post")
-    path = _write("jumprelu" if case == "jumprelu" else "standard", tmp_path / "f", hook,
+    path = _write("gated" if case == "gated" else "standard", tmp_path / "f", hook,
                   d_in=N * H if case == "z_without_reshape" else D)
     cfg = json.loads((path / "cfg.json").read_text())
     edit = {"layer_norm": {"normalize_activations": "layer_norm"},
