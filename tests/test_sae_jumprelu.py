@@ -54,6 +54,24 @@ def test_the_ops_and_their_gradients_equal_saelens_autograd_functions(fn, ste_to
     np.testing.assert_allclose(np.asarray(gx), want_x, rtol=1e-6, atol=1e-5)
 
 
+def test_the_ops_at_the_threshold_in_bfloat16_and_with_one_shared_threshold():
+    """At x = θ both are off (the gate is strict) and so is x's gradient; the kernel is open: (−½, ½); bfloat16 stays
+    bfloat16 through values and gradients; a scalar threshold gets the sum over every element."""
+    assert sparse.rectangle(jnp.array([-0.5, -0.49, 0.49, 0.5])).tolist() == [0.0, 1.0, 1.0, 0.0]
+    assert sparse.rectangle(jnp.ones(2, jnp.bfloat16)).dtype == jnp.bfloat16
+    x, theta = jnp.array([[1.0, 2.0]]), jnp.array([1.0, 1.0])
+    for fn in (sparse.jumprelu, sparse.step):
+        y, vjp = jax.vjp(lambda a, b: fn(a, b, 0.1), x, theta)
+        assert y[0, 0] == 0.0 and vjp(jnp.ones_like(x))[0][0, 0] == 0.0, fn.__name__
+        xb, tb = x.astype(jnp.bfloat16), theta.astype(jnp.bfloat16)
+        yb, vjpb = jax.vjp(lambda a, b: fn(a, b, 0.1), xb, tb)
+        assert yb.dtype == jnp.bfloat16 and [g.dtype for g in vjpb(jnp.ones_like(xb))] == [jnp.bfloat16] * 2
+        rows = jnp.array([[0.98, 1.03], [1.01, 3.0]])
+        g = jax.grad(lambda t: fn(rows, t, 0.1).sum())(jnp.float32(1.0))
+        per = jax.grad(lambda t: fn(rows, t, 0.1).sum())(jnp.ones(2))
+        assert g.shape == () and float(g) == pytest.approx(float(per.sum())) and float(g) != 0.0
+
+
 def _spec(**kw):
     return SAESpec(d_in=D, d_sae=F, site="resid_post", layer=1, architecture="jumprelu", **kw)
 
@@ -118,7 +136,9 @@ def test_a_folder_saelens_writes_is_read_with_its_latents_and_ours_is_read_by_sa
     assert (f > 0).sum() > R and (f == 0).sum() > R                   # some latents gated off, some on
     np.testing.assert_allclose(f, f_ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(decode(got, jnp.asarray(f))), x_ref, rtol=1e-5, atol=1e-5)
-    save_saelens(params, _spec(), tmp_path / "ours")
+    save_saelens(params, _spec(bandwidth=0.02), tmp_path / "ours")
+    mine, again = load_saelens(tmp_path / "ours")
+    assert again == _spec(bandwidth=0.02) and all(bool(jnp.array_equal(mine[n], params[n])) for n in params)
     back = SAE.load_from_disk(str(tmp_path / "ours"), device="cpu")
     assert type(back).__name__ == "JumpReLUSAE"
     np.testing.assert_array_equal(back.threshold.detach().numpy(), np.asarray(params["threshold"]))
@@ -149,6 +169,19 @@ def test_encode_gates_at_the_threshold_and_the_spec_checks_its_fields():
     for field, bad in (("bandwidth", 0.0), ("threshold", -0.1), ("l0_coefficient", float("nan"))):
         with pytest.raises(ConfigError, match=f"sae.{field}="):
             _spec(**{field: bad})
+
+
+def test_after_each_update_thresholds_below_zero_are_raised_to_it_and_nothing_else_changes():
+    """SAELens projects the threshold onto >= 0 before each step (below 0 the gate would pass negative
+    pre-activations); a jumprelu decoder is not renormalised (SAELens' step mode), a topk one is (Gao et al.)."""
+    from jaxformer.sae import _normalized
+    params = {**_params(), "threshold": jnp.array([-0.5, 0.0, 0.25] * (F // 3))}
+    out = _normalized(params, _spec())
+    assert out["threshold"].tolist() == [0.0, 0.0, 0.25] * (F // 3)
+    assert all(bool(jnp.array_equal(out[n], params[n])) for n in params if n != "threshold")
+    topk = _normalized({n: v for n, v in params.items() if n != "threshold"},
+                       SAESpec(d_in=D, d_sae=F, k=4))
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(topk["W_dec"]), axis=-1), 1.0, rtol=1e-6)
 
 
 @pytest.mark.slow          # 60 steps (~4 s); the default lane checks the loss and its gradients against SAELens

@@ -38,8 +38,7 @@ def rectangle(u: jax.Array) -> jax.Array:
 
 def _shared(t: jax.Array, threshold: jax.Array) -> jax.Array:
     """A per-element gradient summed over the axes the threshold is broadcast along."""
-    lead = t.ndim - threshold.ndim
-    return jnp.sum(t, axis=tuple(range(lead))).reshape(threshold.shape) if threshold.ndim else jnp.sum(t)
+    return jnp.sum(t, axis=tuple(range(t.ndim - threshold.ndim))).reshape(threshold.shape)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3))
